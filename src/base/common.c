@@ -1,0 +1,210 @@
+/* base/common.c — see common.h. */
+#include "base/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Thread_local char err_buf[1024];
+
+int mt_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *mt_last_error(void) { return err_buf; }
+
+void mt_warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("moetrain: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void mt_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "moetrain: internal error: assertion '%s' failed at %s:%d\n", expr, file, line);
+    fflush(stderr);
+    abort();
+}
+
+void *mt_alloc(size_t bytes) {
+    if (bytes == 0) bytes = MT_ALIGN;
+    size_t rounded = (bytes + MT_ALIGN - 1) / MT_ALIGN * MT_ALIGN;
+    void *p = aligned_alloc(MT_ALIGN, rounded);
+    if (!p) {
+        fprintf(stderr, "moetrain: out of memory allocating %zu bytes\n", bytes);
+        abort();
+    }
+    memset(p, 0, rounded);
+    return p;
+}
+
+void mt_free(void *p) { free(p); }
+
+void *mt_xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) { fprintf(stderr, "moetrain: out of memory allocating %zu bytes\n", bytes); abort(); }
+    return p;
+}
+
+void *mt_xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) { fprintf(stderr, "moetrain: out of memory allocating %zu x %zu bytes\n", n, size); abort(); }
+    return p;
+}
+
+void *mt_xrealloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) { fprintf(stderr, "moetrain: out of memory allocating %zu bytes\n", bytes); abort(); }
+    return q;
+}
+
+char *mt_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = mt_xmalloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+double mt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+size_t mt_peak_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) { kb = (size_t)strtoull(line + 6, NULL, 10); break; }
+    fclose(f);
+    return kb * 1024;
+}
+
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t mt_hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+    uint64_t h = mix64(a + 0x9e3779b97f4a7c15ULL);
+    h = mix64(h ^ (b + 0x632be59bd9b4e019ULL));
+    h = mix64(h ^ (c + 0x85ebca6b27d4eb4fULL));
+    h = mix64(h ^ (d + 0xc2b2ae3d27d4eb4fULL));
+    return h;
+}
+
+float mt_u01(uint64_t h) { return (float)(h >> 40) * (1.0f / 16777216.0f); }
+
+float mt_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+    uint64_t h = mt_hash4(seed, stream, index, 0x6e6f726d616cULL);
+    /* two 32-bit uniforms in (0,1] and [0,1) */
+    double u1 = ((double)(h >> 32) + 1.0) / 4294967296.0;
+    double u2 = (double)(h & 0xffffffffULL) / 4294967296.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+int mt_read_file(const char *path, char **data, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return mt_error("%s: cannot seek", path); }
+    long n = ftell(f);
+    if (n < 0) { fclose(f); return mt_error("%s: cannot tell size", path); }
+    rewind(f);
+    char *buf = mt_xmalloc((size_t)n + 1);
+    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        free(buf);
+        return mt_error("%s: read failed", path);
+    }
+    fclose(f);
+    buf[n] = 0;
+    *data = buf;
+    if (len) *len = (size_t)n;
+    return 0;
+}
+
+static int fsync_dir_of(const char *path) {
+    char *tmp = mt_xstrdup(path);
+    int fd = open(dirname(tmp), O_RDONLY | O_DIRECTORY);
+    free(tmp);
+    if (fd < 0) return 0; /* best effort */
+    fsync(fd);
+    close(fd);
+    return 0;
+}
+
+int mt_write_file_atomic(const char *path, const void *data, size_t len) {
+    size_t n = strlen(path) + 8;
+    char *tmp = mt_xmalloc(n);
+    snprintf(tmp, n, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { int r = mt_error("%s: cannot create: %s", tmp, strerror(errno)); free(tmp); return r; }
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int r = mt_error("%s: write failed: %s", tmp, strerror(errno));
+            close(fd); unlink(tmp); free(tmp);
+            return r;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int r = mt_error("%s: fsync/close failed: %s", tmp, strerror(errno));
+        unlink(tmp); free(tmp);
+        return r;
+    }
+    if (rename(tmp, path) != 0) {
+        int r = mt_error("%s: rename failed: %s", path, strerror(errno));
+        unlink(tmp); free(tmp);
+        return r;
+    }
+    free(tmp);
+    return fsync_dir_of(path);
+}
+
+int mt_mkdir_p(const char *path) {
+    char *p = mt_xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            int r = mt_error("%s: cannot create directory: %s", p, strerror(errno));
+            free(p);
+            return r;
+        }
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+        int r = mt_error("%s: cannot create directory: %s", p, strerror(errno));
+        free(p);
+        return r;
+    }
+    struct stat st;
+    if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        int r = mt_error("%s: exists and is not a directory", p);
+        free(p);
+        return r;
+    }
+    free(p);
+    return 0;
+}

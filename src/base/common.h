@@ -1,0 +1,59 @@
+/* base/common.h — errors, checked allocation, timing and the counter-based RNG.
+ *
+ * Error convention (Redis/SQLite style): a function that can fail on user input returns
+ * int (0 = ok, -1 = error) after calling mt_error() with one line naming the thing and the
+ * problem; the caller passes -1 up to the one place that reports mt_last_error().
+ * A broken internal invariant is a bug, not an input error: MT_ASSERT aborts with file
+ * and line. */
+#ifndef MT_BASE_COMMON_H
+#define MT_BASE_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define MT_ALIGN 64
+
+/* Records the error message (printf format) for this thread; always returns -1. */
+int mt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The last message recorded by mt_error() on this thread ("" if none). */
+const char *mt_last_error(void);
+
+/* Warnings and progress go to stderr, prefixed "moetrain: warning: ". */
+void mt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+void mt_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+#define MT_ASSERT(c) do { if (!(c)) mt_assert_fail(#c, __FILE__, __LINE__); } while (0)
+
+/* 64-byte aligned, zero-filled allocation; aborts on out-of-memory (with the size). */
+void *mt_alloc(size_t bytes);
+void mt_free(void *p);
+/* Plain checked allocation helpers for small bookkeeping (abort on OOM). */
+void *mt_xmalloc(size_t bytes);
+void *mt_xcalloc(size_t n, size_t size);
+void *mt_xrealloc(void *p, size_t bytes);
+char *mt_xstrdup(const char *s);
+
+/* Monotonic wall-clock seconds. */
+double mt_now(void);
+
+/* Peak resident set size of this process in bytes (VmHWM). */
+size_t mt_peak_rss(void);
+
+/* Counter-based RNG: a pure function of its inputs, so any thread count or parallel
+ * layout draws the same numbers. mt_hash4 mixes four 64-bit words (splitmix/murmur
+ * finaliser rounds). */
+uint64_t mt_hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
+/* Uniform in [0,1) with 24 bits of resolution from a hash value. */
+float mt_u01(uint64_t h);
+/* Standard normal draw keyed by (seed, stream, index) (Box-Muller in double). */
+float mt_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
+/* Whole-file helpers. mt_read_file returns a malloc'd buffer (NUL-terminated). */
+int mt_read_file(const char *path, char **data, size_t *len);
+/* Writes path atomically: path.tmp, fsync, rename, fsync of the directory. */
+int mt_write_file_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p */
+int mt_mkdir_p(const char *path);
+
+#endif

@@ -1,0 +1,100 @@
+/* cli/cmd_dump.c — `moetrain dump`: logits, losses and gradients of a checkpoint on the first
+ * B rows of T+1 tokens of a shard, written as safetensors for the PyTorch oracle test
+ * (tests/oracle). Row b = tokens[b*(T+1) .. b*(T+1)+T]. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/safetensors.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "data/shard.h"
+#include "kernels/blas.h"
+#include "train/checkpoint.h"
+
+int mt_cmd_dump(int argc, char **argv) {
+    const char *ckpt = NULL, *tokens = NULL, *out = NULL;
+    int B = 2, T = 16;
+    mt_arg specs[] = {
+        {"ckpt", MT_ARG_STR, &ckpt, "checkpoint folder (required)", NULL},
+        {"tokens", MT_ARG_STR, &tokens, "token shard holding B*(T+1) tokens (required)", NULL},
+        {"batch", MT_ARG_INT, &B, "rows (default 2)", NULL},
+        {"seq", MT_ARG_INT, &T, "sequence length (default 16)", NULL},
+        {"out", MT_ARG_STR, &out, "output .safetensors (required)", NULL},
+        {NULL, 0, NULL, NULL, NULL}};
+    int rc = mt_args_parse("dump", "--ckpt DIR --tokens FILE --out FILE [--batch B --seq T]", specs, argc, argv, 2,
+                           NULL, 0, NULL);
+    if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (!ckpt || !tokens || !out) { mt_error("moetrain dump: --ckpt, --tokens and --out are required"); return mt_cli_fail(); }
+    mt_model m;
+    if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) return mt_cli_fail();
+    const mt_config *c = &m.cfg;
+    if (mt_config_check_seq(c, T, "moetrain dump: --seq") != 0) { mt_model_free(&m); return mt_cli_fail(); }
+    uint32_t *tok;
+    size_t n;
+    if (mt_shard_read(tokens, &tok, &n) != 0) { mt_model_free(&m); return mt_cli_fail(); }
+    if (n < (size_t)B * (T + 1)) {
+        mt_error("%s: holds %zu tokens, need %d rows of %d", tokens, n, B, T + 1);
+        free(tok);
+        mt_model_free(&m);
+        return mt_cli_fail();
+    }
+    size_t N = (size_t)B * T;
+    int32_t *in = mt_xmalloc(sizeof(int32_t) * N), *tg = mt_xmalloc(sizeof(int32_t) * N);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            in[(size_t)b * T + t] = (int32_t)tok[(size_t)b * (T + 1) + t];
+            tg[(size_t)b * T + t] = (int32_t)tok[(size_t)b * (T + 1) + t + 1];
+            if (in[(size_t)b * T + t] >= c->vocab_size || tg[(size_t)b * T + t] >= c->vocab_size) {
+                mt_error("%s: token id exceeds vocab_size %d", tokens, c->vocab_size);
+                free(tok); free(in); free(tg); mt_model_free(&m);
+                return mt_cli_fail();
+            }
+        }
+    free(tok);
+    int64_t nvalid = 0;
+    for (size_t i = 0; i < N; i++) nvalid += tg[i] >= 0;
+    float *logits = mt_alloc(sizeof(float) * N * c->vocab_size);
+    mt_acts *a = mt_acts_new(c, B, T, mt_get_threads());
+    mt_step_stats st;
+    mt_model_zero_grads(&m);
+    mt_model_step(&m, a, in, tg, B, T, 1, nvalid ? 1.0f / (float)nvalid : 0.0f, 1.0f / (float)B, logits, &st);
+    int nmoe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);
+    float ce = nvalid ? (float)(st.ce_sum / (double)nvalid) : 0.0f;
+    float *bal = mt_xcalloc((size_t)(nmoe ? nmoe : 1), sizeof(float));
+    double loss = ce;
+    for (int l = 0, j = 0; l < c->num_hidden_layers; l++)
+        if (mt_config_is_moe(c, l)) {
+            bal[j] = (float)(st.bal_sum[l] / B);
+            loss += c->aux_loss_alpha * bal[j++];
+        }
+    float lossf = (float)loss;
+    int ne = 4 + m.ntensors;
+    mt_st_entry *e = mt_xcalloc((size_t)ne, sizeof *e);
+    char **names = mt_xcalloc((size_t)ne, sizeof(char *));
+    e[0] = (mt_st_entry){"logits", logits, 3, {B, T, c->vocab_size}};
+    e[1] = (mt_st_entry){"ce", &ce, 1, {1}};
+    e[2] = (mt_st_entry){"balance", bal, 1, {nmoe}};
+    e[3] = (mt_st_entry){"loss", &lossf, 1, {1}};
+    for (int i = 0; i < m.ntensors; i++) {
+        const mt_tensor *t = &m.tensors[i];
+        size_t len = strlen(t->name) + 6;
+        names[i] = mt_xmalloc(len);
+        snprintf(names[i], len, "grad.%s", t->name);
+        e[4 + i] = (mt_st_entry){names[i], m.grads + t->offset, t->ndim, {t->shape[0], t->shape[1]}};
+    }
+    rc = mt_st_write(out, e, ne, NULL, 0);
+    if (rc == 0) printf("wrote %s: ce %.6f, loss %.6f, %d MoE layers, %d gradients\n", out, ce, loss, nmoe, m.ntensors);
+    for (int i = 0; i < m.ntensors; i++) free(names[i]);
+    free(names);
+    free(e);
+    free(bal);
+    mt_free(logits);
+    free(in);
+    free(tg);
+    mt_acts_free(a);
+    mt_model_free(&m);
+    return rc == 0 ? 0 : mt_cli_fail();
+}

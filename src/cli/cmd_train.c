@@ -1,0 +1,50 @@
+/* cli/cmd_train.c — `moetrain train`. */
+#include <stdio.h>
+
+#include "base/common.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "train/trainer.h"
+
+int mt_cmd_train(int argc, char **argv) {
+    mt_train_opts o;
+    mt_train_defaults(&o);
+    const char *config = NULL;
+    mt_arg specs[] = {
+        {"config", MT_ARG_STR, &config, "model config.json or preset name (configs/NAME.json)", NULL},
+        {"data", MT_ARG_STR, &o.data, "folder of token shards (*train*.bin, optional *val*.bin)", NULL},
+        {"steps", MT_ARG_INT, &o.steps, "total optimizer steps (default 100)", NULL},
+        {"out", MT_ARG_STR, &o.out, "run folder: checkpoints, metrics.jsonl, loss.png", NULL},
+        {"seed", MT_ARG_U64, &o.seed, "seed of init and data order (default 1)", NULL},
+        {"batch", MT_ARG_INT, &o.batch, "sequences per micro-batch (default 8)", &o.set_batch},
+        {"seq", MT_ARG_INT, &o.seq, "sequence length T (default 256)", &o.set_seq},
+        {"accum", MT_ARG_INT, &o.accum, "micro-batches per step (gradient accumulation, default 1)", &o.set_accum},
+        {"lr", MT_ARG_DBL, &o.lr, "peak learning rate (default 3e-4)", &o.set_lr},
+        {"min-lr-ratio", MT_ARG_DBL, &o.min_lr_ratio, "final lr as a fraction of the peak (default 0.1)", NULL},
+        {"warmup", MT_ARG_INT, &o.warmup, "linear warmup steps (default min(100, steps/10))", &o.set_warmup},
+        {"wd", MT_ARG_DBL, &o.wd, "AdamW decoupled weight decay on matrices (default 0.1)", &o.set_wd},
+        {"beta1", MT_ARG_DBL, &o.beta1, "AdamW beta1 (default 0.9)", NULL},
+        {"beta2", MT_ARG_DBL, &o.beta2, "AdamW beta2 (default 0.95)", NULL},
+        {"clip", MT_ARG_DBL, &o.clip, "global gradient-norm clip, 0 = off (default 1.0)", &o.set_clip},
+        {"init-std", MT_ARG_DBL, &o.init_std, "init std of matrices (default sqrt(1/(2*d*L)))", NULL},
+        {"threads", MT_ARG_INT, &o.threads, "threads (default: OMP_NUM_THREADS or all cores)", NULL},
+        {"resume", MT_ARG_STR, &o.resume, "continue a run exactly from a run or checkpoint folder", NULL},
+        {"init", MT_ARG_STR, &o.init, "start a new run from a checkpoint's weights", NULL},
+        {"log-every", MT_ARG_INT, &o.log_every, "steps between progress lines (default 1)", NULL},
+        {"eval-every", MT_ARG_INT, &o.eval_every, "steps between validation losses, 0 = off (default 0)", NULL},
+        {"eval-windows", MT_ARG_INT, &o.eval_windows, "validation windows per evaluation (default 64)", NULL},
+        {"save-every", MT_ARG_INT, &o.save_every, "steps between checkpoints, 0 = only at the end", NULL},
+        {"keep", MT_ARG_INT, &o.keep, "periodic checkpoints kept (default 2)", NULL},
+        {"max-bad-steps", MT_ARG_INT, &o.max_bad, "non-finite steps in a row before stopping (default 5)", NULL},
+        {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", NULL},
+        {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
+        {"plot", MT_ARG_BOOL, &o.plot, "draw OUT/loss.png with gnuplot at the end", NULL},
+        {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},
+        {NULL, 0, NULL, NULL, NULL}};
+    int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,
+                           NULL, 0, NULL);
+    if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (config) o.config = mt_cli_config_path(config);
+    if (mt_train(&o) != 0) return mt_cli_fail();
+    return 0;
+}

@@ -1,0 +1,39 @@
+/* cli/main.c — `moetrain <command> [flags]`: dispatch to the command files. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kernels/blas.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"data", mt_cmd_data, "make token shards: `data math` (synthetic arithmetic) or `data text FILE...`"},
+    {"train", mt_cmd_train, "train a model (new, --resume DIR or --init DIR)"},
+    {"eval", mt_cmd_eval, "validation loss and math exact-match accuracy of a checkpoint"},
+    {"generate", mt_cmd_generate, "sample text from a checkpoint given a prompt"},
+    {"info", mt_cmd_info, "parameters, active parameters, FLOPs per token, memory for a batch shape"},
+    {"bench", mt_cmd_bench, "GEMM GFLOP/s of this machine and training throughput of a config"},
+    {"dump", mt_cmd_dump, "write logits, losses and gradients of a checkpoint on a batch (testing)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "moetrain — train Mixture-of-Experts language models\n\nusage: moetrain <command> [flags]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`moetrain <command> --help` lists a command's flags.\n");
+}
+
+int main(int argc, char **argv) {
+    mt_blas_init(argc, argv);
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc, argv);
+    fprintf(stderr, "moetrain: error: unknown command '%s' (see moetrain --help)\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,101 @@
+/* kernels/blas.c — CBLAS wrappers and the OpenBLAS kernel check (see blas.h). */
+#include "kernels/blas.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/common.h"
+
+char *openblas_get_corename(void);
+void openblas_set_num_threads(int n);
+
+const char *mt_blas_corename(void) { return openblas_get_corename(); }
+
+static int core_has_avx512(const char *c) {
+    static const char *k[] = {"SkylakeX", "Cooperlake", "SapphireRapids", "Zen4", NULL};
+    for (int i = 0; k[i]; i++) if (strcasecmp(c, k[i]) == 0) return 1;
+    return 0;
+}
+
+static int core_has_avx2(const char *c) {
+    static const char *k[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Zen4", NULL};
+    for (int i = 0; k[i]; i++) if (strcasecmp(c, k[i]) == 0) return 1;
+    return 0;
+}
+
+void mt_blas_init(int argc, char **argv) {
+    (void)argc;
+    const char *no = getenv("MT_NO_BLAS_FIX");
+    if (no && *no && strcmp(no, "0") != 0) return;
+    if (getenv("OPENBLAS_CORETYPE")) return; /* the user (or our re-exec) chose */
+    __builtin_cpu_init();
+    const char *core = openblas_get_corename();
+    const char *want = NULL;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+        if (!core_has_avx512(core)) want = "SkylakeX";
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        if (!core_has_avx2(core)) want = "Haswell";
+    }
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with the slow kernel, but say so */
+    mt_warn("OpenBLAS chose kernel %s on a CPU that supports %s; re-exec failed, running slow",
+            core, want);
+}
+
+void mt_set_threads(int n) {
+    if (n < 1) n = 1;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+int mt_get_threads(void) { return omp_get_max_threads(); }
+
+void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= beta;
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, int O, float beta) {
+    mt_sgemm(0, 1, N, O, In, 1.0f, in, In, W, In, beta, out, O);
+}
+
+void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
+                   int N, int In, int O, float beta_in) {
+    if (din) mt_sgemm(0, 0, N, In, O, 1.0f, dout, O, W, In, beta_in, din, In);
+    if (dW && N > 0) mt_sgemm(1, 0, O, In, N, 1.0f, dout, O, in, In, 1.0f, dW, In);
+}
+
+double mt_gemm_gflops(int n, double min_seconds) {
+    float *a = mt_alloc((size_t)n * n * sizeof(float));
+    float *b = mt_alloc((size_t)n * n * sizeof(float));
+    float *c = mt_alloc((size_t)n * n * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        a[i] = mt_u01(mt_hash4(1, 0, i, 0)) - 0.5f;
+        b[i] = mt_u01(mt_hash4(2, 0, i, 0)) - 0.5f;
+    }
+    mt_linear_fwd(c, a, b, n, n, n, 0.0f); /* warm-up */
+    double best = 0;
+    double t_start = mt_now();
+    do {
+        double t0 = mt_now();
+        mt_linear_fwd(c, a, b, n, n, n, 0.0f);
+        double dt = mt_now() - t0;
+        double g = 2.0 * n * (double)n * n / dt / 1e9;
+        if (g > best) best = g;
+    } while (mt_now() - t_start < min_seconds);
+    mt_free(a); mt_free(b); mt_free(c);
+    return best;
+}

@@ -1,0 +1,36 @@
+/* kernels/blas.h — dense matrix products through CBLAS (OpenBLAS, OpenMP flavour), and
+ * the check that OpenBLAS runs a kernel that fits this CPU.
+ *
+ * Layout: row-major; a linear layer's weight W is [O, I] and is applied as y = x W^T
+ * (PyTorch nn.Linear). Shapes: N rows (tokens), I inputs, O outputs. */
+#ifndef MT_KERNELS_BLAS_H
+#define MT_KERNELS_BLAS_H
+
+#include <stddef.h>
+
+/* Call first thing in main(), before any BLAS call. Debian's OpenBLAS 0.3.21 picks its
+ * kernel from a CPU table that may not know this CPU and then falls back to a slow
+ * generic one. If the CPU supports AVX-512 (AVX2) but OpenBLAS chose a kernel without it,
+ * this re-executes the program with OPENBLAS_CORETYPE=SkylakeX (Haswell), which OpenBLAS
+ * reads only at load time. MT_NO_BLAS_FIX=1 disables it. argv must be main's argv. */
+void mt_blas_init(int argc, char **argv);
+/* The kernel name OpenBLAS reports ("SkylakeX", "Haswell", ...). */
+const char *mt_blas_corename(void);
+/* Threads the BLAS and our OpenMP loops use. */
+void mt_set_threads(int n);
+int mt_get_threads(void);
+
+/* out[N,O] = beta*out + in[N,In] @ W[O,In]^T */
+void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, int O, float beta);
+/* din[N,In] = beta_in*din + dout[N,O] @ W[O,In]   (skipped when din == NULL)
+ * dW[O,In] += dout[N,O]^T @ in[N,In]              (skipped when dW == NULL) */
+void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
+                   int N, int In, int O, float beta_in);
+/* General strided SGEMM: C[M,N] = alpha*op(A) op(B) + beta*C, row-major. */
+void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc);
+
+/* Measured GEMM throughput (GFLOP/s) of an n^3 SGEMM with the current threads. */
+double mt_gemm_gflops(int n, double min_seconds);
+
+#endif

@@ -1,0 +1,61 @@
+/* kernels/ops.h — element-wise and attention kernels on raw pointers.
+ *
+ * Dimension letters: N rows (= B*T tokens), B batch, T time, C channels (= d),
+ * H query heads, G kv heads (Hkv), D head_dim, F hidden size of a SwiGLU, V vocab.
+ * A backward "accumulates" (+=) into parameter gradients; activation gradients are
+ * overwritten unless the comment says +=. Every optimised kernel has a plain reference
+ * (kernels/ref.h) that the tests compare against. */
+#ifndef MT_KERNELS_OPS_H
+#define MT_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out[N,C] = x / sqrt(mean(x^2) + eps) * w;  rstd[N] = 1/sqrt(mean(x^2)+eps) */
+void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+/* inverts the line above: dx[N,C] += d/dx,  dw[C] += d/dw  (deterministic row-chunk order) */
+void mt_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                    const float *rstd, int N, int C);
+
+/* RoPE tables, "rotate half": cos/sin[T, D/2] for positions 0..T-1, computed in double. */
+void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta);
+/* In place on x[N, nh, D] where row n has position n % T. inverse=1 rotates by -angle
+ * (the backward of the forward rotation). */
+void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int T, int nh, int D,
+                   int inverse);
+
+/* a[N,F] = silu(g) * u */
+void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);
+/* dg, du from da (overwrite) */
+void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const float *u, size_t n);
+
+/* Causal attention per sequence, tiled by query blocks with BLAS: the T x T score matrix
+ * is never materialised (scratch is linear in T).
+ * q[B,T,H,D] k,v[B,T,G,D] -> out[B,T,H,D], lse[B,H,T] (log-sum-exp of each score row).
+ * scratch: nthr * mt_attention_scratch_floats(T) floats; at most nthr threads are used. */
+size_t mt_attention_scratch_floats(int T);
+void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                      int B, int T, int H, int G, int D, float *scratch, int nthr);
+/* dq (overwrite), dk, dv (overwrite) from dout, given the forward's out and lse. */
+void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                      const float *k, const float *v, const float *out, const float *lse,
+                      int B, int T, int H, int G, int D, float *scratch, int nthr);
+
+/* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
+ * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.
+ * Returns the SUM of per-token losses over valid targets (double). If dx != NULL it
+ * writes dx[N,C] = d(loss_sum * grad_scale)/dx and dW[V,C] += ... (training); if
+ * logits != NULL the full logits[N,V] are also stored (evaluation, small N).
+ * scratch: mt_head_scratch_floats(V) floats. */
+size_t mt_head_scratch_floats(int V);
+double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
+                  const int32_t *targets, int N, int C, int V, float grad_scale, float *scratch);
+
+/* Sum of squares (double, deterministic fixed-chunk order). */
+double mt_sumsq(const float *x, size_t n);
+/* AdamW on n elements: decoupled weight decay wd (0 for norms).
+ * p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p); grads scaled by gscale first. */
+void mt_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+              float beta2, float eps, float wd, float gscale, int step);
+
+#endif

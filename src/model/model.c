@@ -1,0 +1,715 @@
+/* model/model.c — parameter layout, initialisation, and the explicit forward and backward
+ * of the MODEL.md transformer for one micro-batch (see model.h). */
+#include "model/model.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "kernels/blas.h"
+#include "kernels/ops.h"
+
+/* ---------------------------------------------------------------- layout */
+
+static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int64_t d0, int64_t d1,
+                      const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int64_t d0, int64_t d1,
+                      const char *fmt, ...) {
+    size_t numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    if (t) {
+        mt_tensor *x = &t[idx];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(x->name, sizeof x->name, fmt, ap);
+        va_end(ap);
+        x->ndim = d1 > 0 ? 2 : 1;
+        x->shape[0] = d0;
+        x->shape[1] = d1 > 0 ? d1 : 0;
+        x->offset = *off;
+        x->numel = numel;
+        x->decay = decay;
+    }
+    *off += numel;
+    return idx + 1;
+}
+
+int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
+    const int C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
+    const int D = c->head_dim, F = c->intermediate_size, E = c->n_routed_experts;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    size_t off = 0;
+    int n = 0;
+    n = add_tensor(t, n, &off, 1, c->vocab_size, C, "model.embed_tokens.weight");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const char *p = "model.layers";
+        n = add_tensor(t, n, &off, 0, C, 0, "%s.%d.input_layernorm.weight", p, l);
+        n = add_tensor(t, n, &off, 1, (int64_t)H * D, C, "%s.%d.self_attn.q_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, (int64_t)G * D, C, "%s.%d.self_attn.k_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, (int64_t)G * D, C, "%s.%d.self_attn.v_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, C, (int64_t)H * D, "%s.%d.self_attn.o_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 0, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+        if (!mt_config_is_moe(c, l)) {
+            n = add_tensor(t, n, &off, 1, F, C, "%s.%d.mlp.gate_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, F, C, "%s.%d.mlp.up_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, C, F, "%s.%d.mlp.down_proj.weight", p, l);
+        } else {
+            n = add_tensor(t, n, &off, 1, E, C, "%s.%d.mlp.gate.weight", p, l);
+            /* all experts' gate_proj contiguous, then up_proj, then down_proj */
+            for (int e = 0; e < E; e++)
+                n = add_tensor(t, n, &off, 1, Fm, C, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+            for (int e = 0; e < E; e++)
+                n = add_tensor(t, n, &off, 1, Fm, C, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+            for (int e = 0; e < E; e++)
+                n = add_tensor(t, n, &off, 1, C, Fm, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+            if (Fs > 0) {
+                n = add_tensor(t, n, &off, 1, Fs, C, "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, Fs, C, "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, C, Fs, "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
+            }
+        }
+    }
+    n = add_tensor(t, n, &off, 0, C, 0, "model.norm.weight");
+    if (!c->tie_word_embeddings) n = add_tensor(t, n, &off, 1, c->vocab_size, C, "lm_head.weight");
+    if (nparams) *nparams = off;
+    return n;
+}
+
+double mt_model_active_params(const mt_config *c) {
+    const double C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
+    const double D = c->head_dim;
+    double total = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        total += C * H * D * 2 + C * G * D * 2;
+        if (!mt_config_is_moe(c, l))
+            total += 3.0 * C * c->intermediate_size;
+        else
+            total += C * c->n_routed_experts +
+                     3.0 * C * c->moe_intermediate_size * (c->num_experts_per_tok + c->n_shared_experts);
+    }
+    total += (double)c->vocab_size * C;
+    return total;
+}
+
+double mt_model_flops_per_token(const mt_config *c, int T) {
+    /* causal attention: a token at position t attends to t+1 keys; QK^T and PV each
+     * 2*D FLOPs per (head, key); averaged over the sequence: (T+1)/2 keys */
+    double att = 2.0 * 2.0 * c->num_attention_heads * c->head_dim * ((double)T + 1) / 2.0;
+    return 6.0 * mt_model_active_params(c) + 3.0 * att * c->num_hidden_layers;
+}
+
+/* ---------------------------------------------------------------- model */
+
+static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, float **norm,
+                 float **head) {
+    const mt_config *c = &m->cfg;
+    int i = 0;
+    *embed = base + m->tensors[i++].offset;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        mt_layer_w *L = &w[l];
+        memset(L, 0, sizeof *L);
+        L->in_norm = base + m->tensors[i++].offset;
+        L->wq = base + m->tensors[i++].offset;
+        L->wk = base + m->tensors[i++].offset;
+        L->wv = base + m->tensors[i++].offset;
+        L->wo = base + m->tensors[i++].offset;
+        L->post_norm = base + m->tensors[i++].offset;
+        if (!mt_config_is_moe(c, l)) {
+            L->gate = base + m->tensors[i++].offset;
+            L->up = base + m->tensors[i++].offset;
+            L->down = base + m->tensors[i++].offset;
+        } else {
+            int E = c->n_routed_experts;
+            L->router = base + m->tensors[i++].offset;
+            L->egate = base + m->tensors[i].offset; i += E;
+            L->eup = base + m->tensors[i].offset; i += E;
+            L->edown = base + m->tensors[i].offset; i += E;
+            if (c->n_shared_experts > 0) {
+                L->sgate = base + m->tensors[i++].offset;
+                L->sup = base + m->tensors[i++].offset;
+                L->sdown = base + m->tensors[i++].offset;
+            }
+        }
+    }
+    *norm = base + m->tensors[i++].offset;
+    *head = c->tie_word_embeddings ? *embed : base + m->tensors[i++].offset;
+    MT_ASSERT(i == m->ntensors);
+}
+
+int mt_model_init(mt_model *m, const mt_config *cfg) {
+    memset(m, 0, sizeof *m);
+    if (cfg->num_hidden_layers > 256)
+        return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
+                        cfg->num_hidden_layers);
+    if (strcmp(cfg->attention_type, "gqa") != 0)
+        return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
+                        "(only \"gqa\")", cfg->attention_type);
+    m->cfg = *cfg;
+    m->ntensors = mt_model_layout(cfg, NULL, NULL);
+    m->tensors = mt_xcalloc((size_t)m->ntensors, sizeof(mt_tensor));
+    mt_model_layout(cfg, m->tensors, &m->nparams);
+    m->params = mt_alloc(m->nparams * sizeof(float));
+    m->grads = mt_alloc(m->nparams * sizeof(float));
+    m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
+    m->g = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
+    bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
+    bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
+    return 0;
+}
+
+void mt_model_free(mt_model *m) {
+    mt_free(m->params);
+    mt_free(m->grads);
+    free(m->tensors);
+    free(m->w);
+    free(m->g);
+    memset(m, 0, sizeof *m);
+}
+
+void mt_model_init_weights(mt_model *m, uint64_t seed, float std) {
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        if (t->ndim == 1) {
+            for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+            continue;
+        }
+        /* stream = tensor index: the same draw whatever the thread count or layout */
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < t->numel; j++) p[j] = std * mt_normal(seed, (uint64_t)i, j);
+    }
+}
+
+const mt_tensor *mt_model_find(const mt_model *m, const char *name) {
+    for (int i = 0; i < m->ntensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+void mt_model_zero_grads(mt_model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
+
+/* ---------------------------------------------------------------- activations */
+
+typedef struct {
+    float *x;                     /* [N,C] layer input (residual stream) */
+    float *ln1, *rstd1;           /* [N,C], [N] */
+    float *q, *k, *v;             /* [N,H*D], [N,G*D] x2 (after RoPE) */
+    float *att, *lse;             /* [N,H*D], [B,H,T] */
+    float *h;                     /* [N,C] residual after attention */
+    float *ln2, *rstd2;
+    float *g, *u;                 /* dense: [N,F] */
+    float *probs;                 /* MoE: [N,E] selection scores p */
+    int32_t *sel;                 /* [N,k] */
+    float *wsel;                  /* [N,k] final routing weights */
+    int32_t *slot_row;            /* [N*k] permuted row of (token, slot) */
+    int32_t *perm_tok;            /* [N*k] token of permuted row */
+    int32_t *eoff;                /* [E+1] */
+    float *eg, *eu, *ey;          /* [N*k,Fm] x2, [N*k,C] (permuted order) */
+    float *sg, *su;               /* [N,Fs] */
+    float *f;                     /* [B,E] per-sequence routed fraction f_e */
+} layer_acts;
+
+struct mt_acts {
+    int B, T, nthr, nlayers, nexperts;
+    size_t cap;                   /* B*T */
+    layer_acts *L;
+    float *xf, *lnf, *rstdf;      /* final residual, final norm out, rstd */
+    float *cos_t, *sin_t;
+    /* scratch */
+    float *tmp, *dres, *dln, *datt, *dq, *dk, *dv;
+    float *big1, *big2, *big3;
+    float *xe, *dye, *ds, *dw;
+    float *att_scratch, *head_scratch;
+    int64_t *load;
+    char *arena;
+    size_t arena_bytes;
+};
+
+typedef struct { char *base; size_t off; int dry; } carver;
+
+static void *carve(carver *cv, size_t bytes) {
+    size_t a = (bytes + 63) & ~(size_t)63;
+    void *p = cv->dry ? NULL : cv->base + cv->off;
+    cv->off += a;
+    return p;
+}
+
+static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* One function lays out every activation buffer: run dry to size, then for real. */
+static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, carver *cv) {
+    const size_t N = (size_t)B * T, C = c->hidden_size, H = c->num_attention_heads;
+    const size_t G = c->num_key_value_heads, D = c->head_dim, E = c->n_routed_experts;
+    const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
+    const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size;
+    const size_t fl = sizeof(float), il = sizeof(int32_t);
+    size_t bigsz = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        layer_acts *L = &a->L[l];
+        L->x = carve(cv, N * C * fl);
+        L->ln1 = carve(cv, N * C * fl);
+        L->rstd1 = carve(cv, N * fl);
+        L->q = carve(cv, N * H * D * fl);
+        L->k = carve(cv, N * G * D * fl);
+        L->v = carve(cv, N * G * D * fl);
+        L->att = carve(cv, N * H * D * fl);
+        L->lse = carve(cv, N * H * fl);
+        L->h = carve(cv, N * C * fl);
+        L->ln2 = carve(cv, N * C * fl);
+        L->rstd2 = carve(cv, N * fl);
+        if (!mt_config_is_moe(c, l)) {
+            L->g = carve(cv, N * F * fl);
+            L->u = carve(cv, N * F * fl);
+            bigsz = maxz(bigsz, N * F);
+        } else {
+            L->probs = carve(cv, N * E * fl);
+            L->sel = carve(cv, N * K * il);
+            L->wsel = carve(cv, N * K * fl);
+            L->slot_row = carve(cv, N * K * il);
+            L->perm_tok = carve(cv, N * K * il);
+            L->eoff = carve(cv, (E + 1) * il);
+            L->eg = carve(cv, N * K * Fm * fl);
+            L->eu = carve(cv, N * K * Fm * fl);
+            L->ey = carve(cv, N * K * C * fl);
+            if (Fs) {
+                L->sg = carve(cv, N * Fs * fl);
+                L->su = carve(cv, N * Fs * fl);
+            }
+            L->f = carve(cv, (size_t)B * E * fl);
+            bigsz = maxz(bigsz, maxz(N * K * Fm, N * Fs));
+        }
+    }
+    a->xf = carve(cv, N * C * fl);
+    a->lnf = carve(cv, N * C * fl);
+    a->rstdf = carve(cv, N * fl);
+    a->cos_t = carve(cv, (size_t)T * D / 2 * fl);
+    a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
+    a->tmp = carve(cv, N * C * fl);
+    a->dres = carve(cv, N * C * fl);
+    a->dln = carve(cv, N * C * fl);
+    a->datt = carve(cv, N * H * D * fl);
+    a->dq = carve(cv, N * H * D * fl);
+    a->dk = carve(cv, N * G * D * fl);
+    a->dv = carve(cv, N * G * D * fl);
+    a->big1 = carve(cv, bigsz * fl);
+    a->big2 = carve(cv, bigsz * fl);
+    a->big3 = carve(cv, bigsz * fl);
+    if (E) {
+        a->xe = carve(cv, N * K * C * fl);
+        a->dye = carve(cv, N * K * C * fl);
+        a->ds = carve(cv, N * E * fl);
+        a->dw = carve(cv, N * K * fl);
+    }
+    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T) * fl);
+    a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
+}
+
+size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
+    mt_acts a;
+    memset(&a, 0, sizeof a);
+    a.L = mt_xcalloc((size_t)c->num_hidden_layers, sizeof(layer_acts));
+    carver cv = {NULL, 0, 1};
+    acts_layout(&a, c, B, T, nthr, &cv);
+    free(a.L);
+    return cv.off;
+}
+
+mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
+    mt_acts *a = mt_xcalloc(1, sizeof *a);
+    a->B = B;
+    a->T = T;
+    a->nthr = nthr;
+    a->cap = (size_t)B * T;
+    a->L = mt_xcalloc((size_t)c->num_hidden_layers, sizeof(layer_acts));
+    a->arena_bytes = mt_acts_bytes(c, B, T, nthr);
+    a->arena = mt_alloc(a->arena_bytes);
+    carver cv = {a->arena, 0, 0};
+    acts_layout(a, c, B, T, nthr, &cv);
+    mt_rope_table(a->cos_t, a->sin_t, T, c->head_dim, c->rope_theta);
+    a->nlayers = c->num_hidden_layers;
+    a->nexperts = c->n_routed_experts;
+    a->load = mt_xcalloc((size_t)c->num_hidden_layers * (c->n_routed_experts + 1), sizeof(int64_t));
+    return a;
+}
+
+void mt_acts_free(mt_acts *a) {
+    if (!a) return;
+    mt_free(a->arena);
+    free(a->L);
+    free(a->load);
+    free(a);
+}
+
+const int64_t *mt_acts_load(const mt_acts *a) { return a->load; }
+
+void mt_acts_reset_load(mt_acts *a) {
+    memset(a->load, 0, sizeof(int64_t) * (size_t)a->nlayers * (size_t)a->nexperts);
+}
+
+/* ---------------------------------------------------------------- routing */
+
+enum { MAX_E = 4096 };
+
+static inline int better(const float *p, int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
+
+/* picks the best `want` indices of p among [lo, hi) not yet taken, appending to sel */
+static int pick_top(const float *p, int lo, int hi, int want, unsigned char *taken, int *sel, int n) {
+    for (int r = 0; r < want; r++) {
+        int best = -1;
+        for (int e = lo; e < hi; e++)
+            if (!taken[e] && (best < 0 || better(p, e, best))) best = e;
+        MT_ASSERT(best >= 0);
+        taken[best] = 1;
+        sel[n++] = best;
+    }
+    return n;
+}
+
+void mt_route_select(const mt_config *c, const float *p, int *sel) {
+    const int E = c->n_routed_experts, K = c->num_experts_per_tok;
+    unsigned char taken[MAX_E];
+    MT_ASSERT(E <= MAX_E && K <= 512);
+    memset(taken, 0, (size_t)E);
+    int n = 0;
+    if (c->topk_method == MT_TOPK_GREEDY || c->n_group <= 1) {
+        n = pick_top(p, 0, E, K, taken, sel, 0);
+    } else if (c->topk_method == MT_TOPK_MOGE) {
+        int gs = E / c->n_group, per = K / c->n_group;
+        for (int gi = 0; gi < c->n_group; gi++) n = pick_top(p, gi * gs, (gi + 1) * gs, per, taken, sel, n);
+        /* order the selection by score (descending, ties to lower index) */
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && better(p, sel[j], sel[j - 1]); j--) {
+                int t = sel[j]; sel[j] = sel[j - 1]; sel[j - 1] = t;
+            }
+    } else { /* group_limited */
+        int ng = c->n_group, gs = E / ng;
+        float gscore[MAX_E];
+        for (int gi = 0; gi < ng; gi++) {
+            float mx = -INFINITY;
+            for (int e = gi * gs; e < (gi + 1) * gs; e++) mx = p[e] > mx ? p[e] : mx;
+            gscore[gi] = mx;
+        }
+        unsigned char gtaken[MAX_E];
+        memset(gtaken, 0, (size_t)ng);
+        int gsel[MAX_E];
+        pick_top(gscore, 0, ng, c->topk_group, gtaken, gsel, 0);
+        /* experts of unselected groups are unavailable */
+        for (int gi = 0; gi < ng; gi++)
+            if (!gtaken[gi]) memset(taken + gi * gs, 1, (size_t)gs);
+        n = pick_top(p, 0, E, K, taken, sel, 0);
+    }
+    MT_ASSERT(n == K);
+}
+
+/* ---------------------------------------------------------------- forward pieces */
+
+static void swiglu_ffn_fwd(float *out, float *g, float *u, float *abuf, const float *x,
+                           const float *wg, const float *wu, const float *wd, int N, int C, int F,
+                           float beta) {
+    mt_linear_fwd(g, x, wg, N, C, F, 0.0f);
+    mt_linear_fwd(u, x, wu, N, C, F, 0.0f);
+    mt_swiglu_fwd(abuf, g, u, (size_t)N * F);
+    mt_linear_fwd(out, abuf, wd, N, F, C, beta);
+}
+
+/* dx = (beta_in ? dx : 0) + d/dx ; weight grads accumulate. Uses a1, a2, a3 [N,F] scratch. */
+static void swiglu_ffn_bwd(float *dx, float *dwg, float *dwu, float *dwd, const float *dout,
+                           const float *x, const float *g, const float *u, const float *wg,
+                           const float *wu, const float *wd, int N, int C, int F, float beta_in,
+                           float *a1, float *a2, float *a3) {
+    mt_swiglu_fwd(a1, g, u, (size_t)N * F);           /* recompute the activation */
+    mt_linear_bwd(a2, dwd, dout, a1, wd, N, F, C, 0.0f); /* a2 = da */
+    mt_swiglu_bwd(a3, a1, a2, g, u, (size_t)N * F);   /* a3 = dg, a1 = du */
+    mt_linear_bwd(dx, dwg, a3, x, wg, N, C, F, beta_in);
+    mt_linear_bwd(dx, dwu, a1, x, wu, N, C, F, 1.0f);
+}
+
+static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
+                    int B, int T, float *out) {
+    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
+    /* router scores in fp32 */
+    mt_linear_fwd(L->probs, L->ln2, w->router, N, C, E, 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        float *p = L->probs + (size_t)t * E;
+        if (sigmoid) {
+            for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
+        } else {
+            float mx = -INFINITY, sum = 0.0f;
+            for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+            for (int e = 0; e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+            for (int e = 0; e < E; e++) p[e] /= sum;
+        }
+        int sel[512];
+        mt_route_select(c, p, sel);
+        float wsum = 0.0f;
+        for (int j = 0; j < K; j++) wsum += p[sel[j]];
+        for (int j = 0; j < K; j++) {
+            float wj = p[sel[j]];
+            if (c->norm_topk_prob) wj /= (wsum + 1e-20f);
+            L->sel[(size_t)t * K + j] = sel[j];
+            L->wsel[(size_t)t * K + j] = wj * (float)c->routed_scaling_factor;
+        }
+    }
+    /* permutation: rows grouped by expert, in (token, slot) order inside each expert */
+    int32_t *off = L->eoff;
+    memset(off, 0, sizeof(int32_t) * (E + 1));
+    for (int i = 0; i < N * K; i++) off[L->sel[i] + 1]++;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
+    {
+        int32_t fill[MAX_E];
+        for (int e = 0; e < E; e++) fill[e] = off[e];
+        for (int i = 0; i < N * K; i++) {
+            int r = fill[L->sel[i]]++;
+            L->slot_row[i] = r;
+            L->perm_tok[r] = i / K;
+        }
+    }
+    /* per-sequence routed fractions f_e (for the balance loss) */
+    memset(L->f, 0, sizeof(float) * (size_t)B * E);
+    for (int i = 0; i < N * K; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
+    for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
+    /* gather the rows of every expert into one contiguous buffer */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N * K; r++)
+        memcpy(a->xe + (size_t)r * C, L->ln2 + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
+    /* local experts: one job per expert, BLAS single-threaded inside (OpenMP flavour) */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(a->nthr)
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        size_t fo = (size_t)e * Fm * C;
+        float *xe = a->xe + (size_t)r0 * C, *g = L->eg + (size_t)r0 * Fm, *u = L->eu + (size_t)r0 * Fm;
+        float *act = a->big1 + (size_t)r0 * Fm;
+        mt_linear_fwd(g, xe, w->egate + fo, n, C, Fm, 0.0f);
+        mt_linear_fwd(u, xe, w->eup + fo, n, C, Fm, 0.0f);
+        for (size_t i = 0; i < (size_t)n * Fm; i++) act[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        mt_linear_fwd(L->ey + (size_t)r0 * C, act, w->edown + fo, n, Fm, C, 0.0f);
+    }
+    /* shared experts, then combine: out = shared(x) + sum_j w_j * expert_j(x) */
+    if (Fs > 0)
+        swiglu_ffn_fwd(out, L->sg, L->su, a->big1, L->ln2, w->sgate, w->sup, w->sdown, N, C, Fs, 0.0f);
+    else
+        memset(out, 0, sizeof(float) * (size_t)N * C);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * C;
+        for (int j = 0; j < K; j++) {
+            float wj = L->wsel[(size_t)t * K + j];
+            const float *y = L->ey + (size_t)L->slot_row[(size_t)t * K + j] * C;
+            for (int q = 0; q < C; q++) o[q] += wj * y[q];
+        }
+    }
+}
+
+/* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] */
+static void balance_fwd(const mt_config *c, const layer_acts *L, int B, int T, double *sum_out) {
+    const int E = c->n_routed_experts;
+    double total = 0.0, P[MAX_E];
+    for (int b = 0; b < B; b++) {
+        for (int e = 0; e < E; e++) P[e] = 0.0;
+        for (int t = 0; t < T; t++) {
+            const float *p = L->probs + ((size_t)b * T + t) * E;
+            float norm = 1.0f;
+            if (c->scoring_func == MT_SCORING_SIGMOID) {
+                norm = 0.0f;
+                for (int e = 0; e < E; e++) norm += p[e];
+            }
+            for (int e = 0; e < E; e++) P[e] += p[e] / norm;
+        }
+        double bl = 0.0;
+        for (int e = 0; e < E; e++) bl += L->f[(size_t)b * E + e] * (P[e] / T);
+        total += E * bl;
+    }
+    *sum_out += total;
+}
+
+static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w,
+                    mt_layer_w *dw, int B, int T, const float *dout, float *dln2, float bal_coef) {
+    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
+    const float scale = (float)c->routed_scaling_factor;
+    /* shared experts */
+    if (Fs > 0)
+        swiglu_ffn_bwd(dln2, dw->sgate, dw->sup, dw->sdown, dout, L->ln2, L->sg, L->su, w->sgate,
+                       w->sup, w->sdown, N, C, Fs, 0.0f, a->big1, a->big2, a->big3);
+    else
+        memset(dln2, 0, sizeof(float) * (size_t)N * C);
+    /* combine backward: dye = w_j * dout[t]; dw_j = dout[t] . ey */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        const float *d = dout + (size_t)t * C;
+        for (int j = 0; j < K; j++) {
+            size_t r = (size_t)L->slot_row[(size_t)t * K + j];
+            float wj = L->wsel[(size_t)t * K + j];
+            const float *y = L->ey + r * C;
+            float *dy = a->dye + r * C, dot = 0.0f;
+            for (int q = 0; q < C; q++) { dot += d[q] * y[q]; dy[q] = wj * d[q]; }
+            a->dw[(size_t)t * K + j] = dot;
+        }
+    }
+    /* experts backward; the gathered input is re-gathered from ln2 */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N * K; r++)
+        memcpy(a->xe + (size_t)r * C, L->ln2 + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
+    const int32_t *off = L->eoff;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(a->nthr)
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        size_t fo = (size_t)e * Fm * C;
+        const float *g = L->eg + (size_t)r0 * Fm, *u = L->eu + (size_t)r0 * Fm, *xe = a->xe + (size_t)r0 * C;
+        float *a1 = a->big1 + (size_t)r0 * Fm, *a2 = a->big2 + (size_t)r0 * Fm, *a3 = a->big3 + (size_t)r0 * Fm;
+        float *dy = a->dye + (size_t)r0 * C;
+        for (size_t i = 0; i < (size_t)n * Fm; i++) a1[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        mt_linear_bwd(a2, dw->edown + fo, dy, a1, w->edown + fo, n, Fm, C, 0.0f);
+        for (size_t i = 0; i < (size_t)n * Fm; i++) {
+            float z = g[i], sg = 1.0f / (1.0f + expf(-z));
+            a1[i] = a2[i] * z * sg;                                 /* du */
+            a3[i] = a2[i] * u[i] * sg * (1.0f + z * (1.0f - sg));   /* dg */
+        }
+        /* dxe overwrites dye (no longer needed) */
+        mt_linear_bwd(dy, dw->egate + fo, a3, xe, w->egate + fo, n, C, Fm, 0.0f);
+        mt_linear_bwd(dy, dw->eup + fo, a1, xe, w->eup + fo, n, C, Fm, 1.0f);
+    }
+    /* scatter-add dxe back to tokens (fixed slot order) */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        float *d = dln2 + (size_t)t * C;
+        for (int j = 0; j < K; j++) {
+            const float *x = a->dye + (size_t)L->slot_row[(size_t)t * K + j] * C;
+            for (int q = 0; q < C; q++) d[q] += x[q];
+        }
+    }
+    /* router backward: dw -> dp -> ds */
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        const float *p = L->probs + (size_t)t * E;
+        float *dp = a->ds + (size_t)t * E;
+        memset(dp, 0, sizeof(float) * E);
+        const int32_t *sel = L->sel + (size_t)t * K;
+        const float *dwt = a->dw + (size_t)t * K;
+        if (c->norm_topk_prob) {
+            float S = 0.0f, dot = 0.0f;
+            for (int j = 0; j < K; j++) S += p[sel[j]];
+            S += 1e-20f;
+            for (int j = 0; j < K; j++) dot += dwt[j] * p[sel[j]];
+            for (int j = 0; j < K; j++) dp[sel[j]] += scale * (dwt[j] / S - dot / (S * S));
+        } else {
+            for (int j = 0; j < K; j++) dp[sel[j]] += scale * dwt[j];
+        }
+        if (bal_coef != 0.0f) {
+            /* d/dptilde[t,e] = bal_coef * E * f_e / T */
+            const float *f = L->f + (size_t)(t / T) * E;
+            if (!sigmoid) {
+                for (int e = 0; e < E; e++) dp[e] += bal_coef * E * f[e] / T;
+            } else {
+                float S = 0.0f, dot = 0.0f;
+                for (int e = 0; e < E; e++) S += p[e];
+                for (int e = 0; e < E; e++) dot += (bal_coef * E * f[e] / T) * p[e] / S;
+                for (int e = 0; e < E; e++) dp[e] += (bal_coef * E * f[e] / T - dot) / S;
+            }
+        }
+        if (!sigmoid) {
+            float dot = 0.0f;
+            for (int e = 0; e < E; e++) dot += dp[e] * p[e];
+            for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - dot);
+        } else {
+            for (int e = 0; e < E; e++) dp[e] = dp[e] * p[e] * (1.0f - p[e]);
+        }
+    }
+    mt_linear_bwd(dln2, dw->router, a->ds, L->ln2, w->router, N, C, E, 1.0f);
+}
+
+/* ---------------------------------------------------------------- step */
+
+void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
+                   int B, int T, int train, float ce_scale, float bal_scale, float *logits,
+                   mt_step_stats *st) {
+    const mt_config *c = &m->cfg;
+    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
+    const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
+    const int Ln = c->num_hidden_layers, V = c->vocab_size;
+    MT_ASSERT(T <= a->T && (size_t)N <= a->cap);
+    memset(st, 0, sizeof *st);
+
+    /* embedding */
+    float *x0 = a->L[0].x;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        memcpy(x0 + (size_t)n * C, m->embed + (size_t)inputs[n] * C, sizeof(float) * C);
+
+    for (int l = 0; l < Ln; l++) {
+        layer_acts *L = &a->L[l];
+        const mt_layer_w *w = &m->w[l];
+        float *xout = l + 1 < Ln ? a->L[l + 1].x : a->xf;
+        mt_rmsnorm_fwd(L->ln1, L->rstd1, L->x, w->in_norm, N, C, (float)c->rms_norm_eps);
+        mt_linear_fwd(L->q, L->ln1, w->wq, N, C, H * D, 0.0f);
+        mt_linear_fwd(L->k, L->ln1, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd(L->v, L->ln1, w->wv, N, C, G * D, 0.0f);
+        mt_rope_apply(L->q, a->cos_t, a->sin_t, N, T, H, D, 0);
+        mt_rope_apply(L->k, a->cos_t, a->sin_t, N, T, G, D, 0);
+        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, B, T, H, G, D, a->att_scratch, a->nthr);
+        memcpy(L->h, L->x, sizeof(float) * (size_t)N * C);
+        mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+        mt_rmsnorm_fwd(L->ln2, L->rstd2, L->h, w->post_norm, N, C, (float)c->rms_norm_eps);
+        memcpy(xout, L->h, sizeof(float) * (size_t)N * C);
+        if (!mt_config_is_moe(c, l)) {
+            swiglu_ffn_fwd(xout, L->g, L->u, a->big1, L->ln2, w->gate, w->up, w->down, N, C, F, 1.0f);
+        } else {
+            moe_fwd(c, a, L, w, l, B, T, a->tmp);
+            float *o = xout;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < (size_t)N * C; i++) o[i] += a->tmp[i];
+            balance_fwd(c, L, B, T, &st->bal_sum[l]);
+        }
+    }
+    mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, N, C, (float)c->rms_norm_eps);
+    int64_t nv = 0;
+    for (int n = 0; n < N; n++) nv += targets[n] >= 0;
+    st->n_valid = nv;
+    st->ce_sum = mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf,
+                            m->head, targets, N, C, V, ce_scale, a->head_scratch);
+    if (!train) return;
+
+    /* backward */
+    float *d = a->dres;
+    memset(d, 0, sizeof(float) * (size_t)N * C);
+    mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, N, C);
+    const float bal_coef = (float)(c->aux_loss_alpha * bal_scale);
+    for (int l = Ln - 1; l >= 0; l--) {
+        layer_acts *L = &a->L[l];
+        const mt_layer_w *w = &m->w[l];
+        mt_layer_w *dw = &m->g[l];
+        /* ffn: d is the gradient of the layer output */
+        if (!mt_config_is_moe(c, l))
+            swiglu_ffn_bwd(a->dln, dw->gate, dw->up, dw->down, d, L->ln2, L->g, L->u, w->gate, w->up,
+                           w->down, N, C, F, 0.0f, a->big1, a->big2, a->big3);
+        else
+            moe_bwd(c, a, L, w, dw, B, T, d, a->dln, bal_coef);
+        mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, N, C);
+        /* attention: d is now the gradient of h */
+        mt_linear_bwd(a->datt, dw->wo, d, L->att, w->wo, N, H * D, C, 0.0f);
+        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, B, T, H, G, D,
+                         a->att_scratch, a->nthr);
+        mt_rope_apply(a->dq, a->cos_t, a->sin_t, N, T, H, D, 1);
+        mt_rope_apply(a->dk, a->cos_t, a->sin_t, N, T, G, D, 1);
+        mt_linear_bwd(a->dln, dw->wq, a->dq, L->ln1, w->wq, N, C, H * D, 0.0f);
+        mt_linear_bwd(a->dln, dw->wk, a->dk, L->ln1, w->wk, N, C, G * D, 1.0f);
+        mt_linear_bwd(a->dln, dw->wv, a->dv, L->ln1, w->wv, N, C, G * D, 1.0f);
+        mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, N, C);
+    }
+    /* embedding backward (serial: fixed order, tokens may repeat) */
+    for (int n = 0; n < N; n++) {
+        float *de = m->d_embed + (size_t)inputs[n] * C;
+        const float *dn = d + (size_t)n * C;
+        for (int q = 0; q < C; q++) de[q] += dn[q];
+    }
+}

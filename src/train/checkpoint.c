@@ -1,0 +1,244 @@
+/* train/checkpoint.c — checkpoint folders: save, verify, load (see checkpoint.h). */
+#include "train/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include "base/common.h"
+#include "base/safetensors.h"
+
+static const char *const ckpt_files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
+                                         "trainer_state.json", NULL};
+
+static int file_xxh64(const char *path, unsigned long long *out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    XXH64_state_t *st = XXH64_createState();
+    XXH64_reset(st, 0);
+    static _Thread_local char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) XXH64_update(st, buf, n);
+    int err = ferror(f);
+    fclose(f);
+    *out = XXH64_digest(st);
+    XXH64_freeState(st);
+    return err ? mt_error("%s: read error", path) : 0;
+}
+
+static void join(char *out, size_t cap, const char *dir, const char *name) {
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int write_params(const char *path, const mt_model *m, const float *base, const char *prefix) {
+    mt_st_entry *e = mt_xcalloc((size_t)m->ntensors, sizeof *e);
+    char **names = mt_xcalloc((size_t)m->ntensors, sizeof(char *));
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        size_t n = strlen(prefix) + strlen(t->name) + 1;
+        names[i] = mt_xmalloc(n);
+        snprintf(names[i], n, "%s%s", prefix, t->name);
+        e[i].name = names[i];
+        e[i].data = base + t->offset;
+        e[i].ndim = t->ndim;
+        e[i].shape[0] = t->shape[0];
+        e[i].shape[1] = t->shape[1];
+    }
+    int rc = mt_st_write(path, e, m->ntensors, NULL, 0);
+    for (int i = 0; i < m->ntensors; i++) free(names[i]);
+    free(names);
+    free(e);
+    return rc;
+}
+
+int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
+                 const char *state_json) {
+    char path[4096];
+    if (mt_mkdir_p(dir) != 0) return -1;
+    join(path, sizeof path, dir, "checksums.json");
+    remove(path); /* the folder is incomplete until the new manifest lands */
+    join(path, sizeof path, dir, "config.json");
+    if (mt_config_save(&m->cfg, path) != 0) return -1;
+    join(path, sizeof path, dir, "model.safetensors");
+    if (write_params(path, m, m->params, "") != 0) return -1;
+    if (m_adam && v_adam) {
+        /* one file, two tensors per parameter */
+        int n = m->ntensors;
+        mt_st_entry *e = mt_xcalloc((size_t)2 * n, sizeof *e);
+        char **names = mt_xcalloc((size_t)2 * n, sizeof(char *));
+        for (int i = 0; i < 2 * n; i++) {
+            const mt_tensor *t = &m->tensors[i % n];
+            const char *pre = i < n ? "exp_avg." : "exp_avg_sq.";
+            size_t len = strlen(pre) + strlen(t->name) + 1;
+            names[i] = mt_xmalloc(len);
+            snprintf(names[i], len, "%s%s", pre, t->name);
+            e[i].name = names[i];
+            e[i].data = (i < n ? m_adam : v_adam) + t->offset;
+            e[i].ndim = t->ndim;
+            e[i].shape[0] = t->shape[0];
+            e[i].shape[1] = t->shape[1];
+        }
+        join(path, sizeof path, dir, "optimizer.safetensors");
+        int rc = mt_st_write(path, e, 2 * n, NULL, 0);
+        for (int i = 0; i < 2 * n; i++) free(names[i]);
+        free(names);
+        free(e);
+        if (rc != 0) return -1;
+    }
+    if (state_json) {
+        join(path, sizeof path, dir, "trainer_state.json");
+        if (mt_write_file_atomic(path, state_json, strlen(state_json)) != 0) return -1;
+    }
+    cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "algorithm", "xxh64");
+    for (int i = 0; ckpt_files[i]; i++) {
+        join(path, sizeof path, dir, ckpt_files[i]);
+        if (!exists(path)) continue;
+        unsigned long long h;
+        if (file_xxh64(path, &h) != 0) { cJSON_Delete(root); cJSON_Delete(files); return -1; }
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", h);
+        cJSON_AddStringToObject(files, ckpt_files[i], hex);
+    }
+    cJSON_AddItemToObject(root, "files", files);
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    join(path, sizeof path, dir, "checksums.json");
+    int rc = mt_write_file_atomic(path, txt, strlen(txt));
+    free(txt);
+    return rc;
+}
+
+int mt_ckpt_set_latest(const char *run_dir, const char *name) {
+    char path[4096], line[512];
+    join(path, sizeof path, run_dir, "latest");
+    snprintf(line, sizeof line, "%s\n", name);
+    return mt_write_file_atomic(path, line, strlen(line));
+}
+
+int mt_ckpt_resolve(const char *path, char *out, size_t cap) {
+    char p[4096];
+    struct stat st;
+    if (stat(path, &st) != 0) return mt_error("%s: no such checkpoint or run folder", path);
+    if (!S_ISDIR(st.st_mode)) return mt_error("%s: not a folder (expected a checkpoint folder)", path);
+    join(p, sizeof p, path, "latest");
+    if (exists(p)) {
+        char *txt;
+        if (mt_read_file(p, &txt, NULL) != 0) return -1;
+        txt[strcspn(txt, "\r\n")] = 0;
+        snprintf(out, cap, "%s/%s", path, txt);
+        free(txt);
+        return 0;
+    }
+    join(p, sizeof p, path, "config.json");
+    if (!exists(p)) return mt_error("%s: neither a checkpoint (no config.json) nor a run folder (no latest)", path);
+    snprintf(out, cap, "%s", path);
+    return 0;
+}
+
+int mt_ckpt_verify(const char *dir, int required) {
+    char path[4096];
+    join(path, sizeof path, dir, "checksums.json");
+    if (!exists(path)) {
+        if (required) return mt_error("%s: checkpoint is incomplete (no checksums.json)", dir);
+        mt_warn("%s: no checksums.json (not written by moetrain?); loading without verification", dir);
+        return 0;
+    }
+    char *txt;
+    if (mt_read_file(path, &txt, NULL) != 0) return -1;
+    cJSON *root = cJSON_Parse(txt);
+    free(txt);
+    cJSON *files = root ? cJSON_GetObjectItemCaseSensitive(root, "files") : NULL;
+    if (!cJSON_IsObject(files)) { cJSON_Delete(root); return mt_error("%s: malformed checksums.json", dir); }
+    int rc = 0;
+    cJSON *it;
+    cJSON_ArrayForEach(it, files) {
+        if (!cJSON_IsString(it)) { rc = mt_error("%s: malformed checksums.json", dir); break; }
+        join(path, sizeof path, dir, it->string);
+        unsigned long long h;
+        if (file_xxh64(path, &h) != 0) { rc = -1; break; }
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", h);
+        if (strcmp(hex, it->valuestring) != 0) {
+            rc = mt_error("%s: checksum mismatch (file is corrupt or was changed after saving)", path);
+            break;
+        }
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+int mt_ckpt_load_config(const char *dir, mt_config *c) {
+    char path[4096];
+    join(path, sizeof path, dir, "config.json");
+    return mt_config_load(c, path);
+}
+
+static int load_set(mt_st_reader *r, const char *what, const mt_model *m, float *base,
+                    const char *prefix, int allow_tied_head) {
+    char name[256];
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        snprintf(name, sizeof name, "%s%s", prefix, t->name);
+        if (mt_st_read_f32(r, name, base + t->offset, t->ndim, t->shape) != 0) return -1;
+    }
+    /* extra tensors */
+    for (int i = 0; i < mt_st_count(r); i++) {
+        const char *nm = mt_st_name(r, i);
+        if (strncmp(nm, prefix, strlen(prefix)) != 0) continue;
+        if (mt_model_find(m, nm + strlen(prefix))) continue;
+        if (allow_tied_head && strcmp(nm, "lm_head.weight") == 0) {
+            mt_warn("%s: lm_head.weight present with tie_word_embeddings=true; ignored", what);
+            continue;
+        }
+        return mt_error("%s: unexpected tensor %s (not part of the model described by config.json)", what, nm);
+    }
+    return 0;
+}
+
+int mt_ckpt_load_weights(const char *dir, mt_model *m) {
+    mt_st_reader *r;
+    if (mt_st_open(&r, dir) != 0) return -1;
+    int rc = load_set(r, dir, m, m->params, "", m->cfg.tie_word_embeddings);
+    mt_st_close(r);
+    return rc;
+}
+
+int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam) {
+    char path[4096];
+    join(path, sizeof path, dir, "optimizer.safetensors");
+    if (!exists(path)) return mt_error("%s: missing (cannot resume the optimizer state)", path);
+    mt_st_reader *r;
+    if (mt_st_open(&r, path) != 0) return -1;
+    int rc = load_set(r, path, m, m_adam, "exp_avg.", 0);
+    if (rc == 0) rc = load_set(r, path, m, v_adam, "exp_avg_sq.", 0);
+    mt_st_close(r);
+    return rc;
+}
+
+int mt_ckpt_load_state(const char *dir, char **json) {
+    char path[4096];
+    join(path, sizeof path, dir, "trainer_state.json");
+    return mt_read_file(path, json, NULL);
+}
+
+int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap) {
+    char dir[4096];
+    mt_config cfg;
+    if (mt_ckpt_resolve(path, dir, sizeof dir) != 0) return -1;
+    if (mt_ckpt_verify(dir, 0) != 0) return -1;
+    if (mt_ckpt_load_config(dir, &cfg) != 0) return -1;
+    if (mt_model_init(m, &cfg) != 0) return -1;
+    if (mt_ckpt_load_weights(dir, m) != 0) { mt_model_free(m); return -1; }
+    if (resolved) snprintf(resolved, cap, "%s", dir);
+    return 0;
+}

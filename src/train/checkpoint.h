@@ -1,0 +1,39 @@
+/* train/checkpoint.h — checkpoint folders (spec/MODEL.md): config.json, model.safetensors,
+ * plus what an exact resume needs: optimizer.safetensors (AdamW moments named
+ * exp_avg.<param> / exp_avg_sq.<param>) and trainer_state.json (step, data position,
+ * seed, hyper-parameters). checksums.json (XXH64 of every file) is written last; a folder
+ * without it is incomplete. A run folder holds step_NNNNNNNN/ checkpoints and a file
+ * `latest` naming the newest complete one. */
+#ifndef MT_TRAIN_CHECKPOINT_H
+#define MT_TRAIN_CHECKPOINT_H
+
+#include <stddef.h>
+
+#include "model/model.h"
+
+/* Writes a complete checkpoint into dir (created). m_adam / v_adam may be NULL (weights
+ * only). state_json may be NULL. Every file is written atomically; checksums.json last. */
+int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
+                 const char *state_json);
+/* Resolves a run folder (with `latest`) or a checkpoint folder to the checkpoint folder. */
+int mt_ckpt_resolve(const char *path, char *out, size_t cap);
+/* Verifies checksums.json of a checkpoint. If it is absent: error when `required`,
+ * otherwise a warning (a checkpoint written by another tool). */
+int mt_ckpt_verify(const char *dir, int required);
+/* Loads dir/config.json. */
+int mt_ckpt_load_config(const char *dir, mt_config *c);
+/* Loads every parameter of m from dir/model.safetensors (or shards): a missing, extra or
+ * wrong-shaped tensor is an error naming it; with tied embeddings a present
+ * lm_head.weight is ignored with a warning. */
+int mt_ckpt_load_weights(const char *dir, mt_model *m);
+/* Loads the AdamW moments. */
+int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam);
+/* Reads trainer_state.json (malloc'd string). */
+int mt_ckpt_load_state(const char *dir, char **json);
+/* Opens a run or checkpoint folder for inference or as a starting point: resolves it,
+ * verifies checksums when present, loads config.json, builds the model, loads weights. */
+int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap);
+/* Writes `latest` in run_dir pointing at the checkpoint folder name (atomically). */
+int mt_ckpt_set_latest(const char *run_dir, const char *name);
+
+#endif

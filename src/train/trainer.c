@@ -1,0 +1,427 @@
+/* train/trainer.c — the training loop (see trainer.h). */
+#include "train/trainer.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "data/loader.h"
+#include "kernels/blas.h"
+#include "kernels/ops.h"
+#include "train/checkpoint.h"
+
+void mt_train_defaults(mt_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->steps = 100;
+    o->batch = 8;
+    o->seq = 256;
+    o->accum = 1;
+    o->threads = 0;
+    o->seed = 1;
+    o->lr = 3e-4;
+    o->min_lr_ratio = 0.1;
+    o->wd = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->clip = 1.0;
+    o->init_std = 0.0; /* 0 = sqrt(1/(2*d*L)) */
+    o->warmup = -1;    /* -1 = min(100, steps/10) */
+    o->log_every = 1;
+    o->eval_every = 0;
+    o->eval_windows = 64;
+    o->save_every = 0;
+    o->keep = 2;
+    o->max_bad = 5;
+    o->load_every = 0;
+}
+
+double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio) {
+    if (warmup > 0 && s <= warmup) return lr * s / warmup;
+    if (total <= warmup) return lr;
+    double prog = (double)(s - warmup) / (double)(total - warmup);
+    if (prog > 1) prog = 1;
+    double minlr = lr * min_ratio;
+    return minlr + 0.5 * (lr - minlr) * (1.0 + cos(M_PI * prog));
+}
+
+double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows) {
+    uint64_t W = mt_loader_windows(val);
+    if (windows <= 0 || (uint64_t)windows > W) windows = (int64_t)W;
+    int32_t *in = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
+    int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
+    double sum = 0;
+    int64_t cnt = 0;
+    mt_step_stats st;
+    for (int64_t w0 = 0; w0 < windows; w0 += B) {
+        int nb = (int)(windows - w0 < B ? windows - w0 : B);
+        for (int b = 0; b < nb; b++) mt_loader_window(val, (uint64_t)(w0 + b), in + (size_t)b * T, tg + (size_t)b * T);
+        mt_model_step(m, a, in, tg, nb, T, 0, 0.0f, 0.0f, NULL, &st);
+        sum += st.ce_sum;
+        cnt += st.n_valid;
+    }
+    free(in);
+    free(tg);
+    return cnt ? sum / (double)cnt : 0.0;
+}
+
+static void fmt_hms(char *buf, size_t cap, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+static char *state_to_json(const mt_train_opts *o, int step, uint64_t samples, int bad) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "step", step);
+    cJSON_AddNumberToObject(r, "samples", (double)samples);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    cJSON_AddStringToObject(r, "seed", seed);
+    cJSON_AddNumberToObject(r, "steps", o->steps);
+    cJSON_AddNumberToObject(r, "batch", o->batch);
+    cJSON_AddNumberToObject(r, "seq", o->seq);
+    cJSON_AddNumberToObject(r, "accum", o->accum);
+    cJSON_AddNumberToObject(r, "lr", o->lr);
+    cJSON_AddNumberToObject(r, "min_lr_ratio", o->min_lr_ratio);
+    cJSON_AddNumberToObject(r, "warmup", o->warmup);
+    cJSON_AddNumberToObject(r, "weight_decay", o->wd);
+    cJSON_AddNumberToObject(r, "beta1", o->beta1);
+    cJSON_AddNumberToObject(r, "beta2", o->beta2);
+    cJSON_AddNumberToObject(r, "eps", o->eps);
+    cJSON_AddNumberToObject(r, "clip", o->clip);
+    cJSON_AddNumberToObject(r, "bad_streak", bad);
+    char *s = cJSON_Print(r);
+    cJSON_Delete(r);
+    return s;
+}
+
+static double jnum(const cJSON *r, const char *k, double def) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, k);
+    return cJSON_IsNumber(x) ? x->valuedouble : def;
+}
+
+/* restores step, samples and the hyper-parameters not overridden on the command line */
+static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, int *step, uint64_t *samples) {
+    cJSON *r = cJSON_Parse(txt);
+    if (!r) return mt_error("%s/trainer_state.json: malformed JSON", dir);
+    const cJSON *sd = cJSON_GetObjectItemCaseSensitive(r, "seed");
+    if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "step")) || !cJSON_IsString(sd)) {
+        cJSON_Delete(r);
+        return mt_error("%s/trainer_state.json: missing step or seed", dir);
+    }
+    *step = (int)jnum(r, "step", 0);
+    *samples = (uint64_t)jnum(r, "samples", 0);
+    o->seed = strtoull(sd->valuestring, NULL, 10);
+    if (!o->set_batch) o->batch = (int)jnum(r, "batch", o->batch);
+    if (!o->set_seq) o->seq = (int)jnum(r, "seq", o->seq);
+    if (!o->set_accum) o->accum = (int)jnum(r, "accum", o->accum);
+    if (!o->set_lr) o->lr = jnum(r, "lr", o->lr);
+    if (!o->set_warmup) o->warmup = (int)jnum(r, "warmup", o->warmup);
+    if (!o->set_wd) o->wd = jnum(r, "weight_decay", o->wd);
+    if (!o->set_clip) o->clip = jnum(r, "clip", o->clip);
+    o->min_lr_ratio = jnum(r, "min_lr_ratio", o->min_lr_ratio);
+    o->beta1 = jnum(r, "beta1", o->beta1);
+    o->beta2 = jnum(r, "beta2", o->beta2);
+    o->eps = jnum(r, "eps", o->eps);
+    cJSON_Delete(r);
+    return 0;
+}
+
+static void draw_plot(const char *out) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal pngcairo size 900,500 2>/dev/null; "
+             "set terminal png size 900,500; set output '%s/loss.png'; set xlabel 'step'; set ylabel 'loss'; "
+             "set grid; set title 'moetrain training loss'; "
+             "plot '%s/loss.tsv' using 1:2 with lines title 'train loss', "
+             "'%s/loss.tsv' using 1:3 with points pt 7 title 'val loss'\" 2>/dev/null",
+             out, out, out);
+    if (system(cmd) != 0) mt_warn("gnuplot not available or failed; no %s/loss.png", out);
+}
+
+typedef struct {
+    mt_model m;
+    mt_acts *acts;
+    mt_loader *train, *val;
+    float *adam_m, *adam_v;
+    int32_t *in, *tg;
+    FILE *metrics, *tsv;
+} run_state;
+
+static void run_free(run_state *r) {
+    mt_acts_free(r->acts);
+    mt_model_free(&r->m);
+    if (r->train) mt_loader_free(r->train);
+    if (r->val) mt_loader_free(r->val);
+    mt_free(r->adam_m);
+    mt_free(r->adam_v);
+    free(r->in);
+    free(r->tg);
+    if (r->metrics) fclose(r->metrics);
+    if (r->tsv) fclose(r->tsv);
+}
+
+static int save_checkpoint(const mt_train_opts *o, run_state *r, int step, uint64_t samples, int bad,
+                           char *last_good, size_t cap) {
+    char name[64], dir[4096];
+    snprintf(name, sizeof name, "step_%08d", step);
+    snprintf(dir, sizeof dir, "%s/%s", o->out, name);
+    char *st = state_to_json(o, step, samples, bad);
+    int rc = mt_ckpt_save(dir, &r->m, r->adam_m, r->adam_v, st);
+    free(st);
+    if (rc != 0) return -1;
+    if (mt_ckpt_set_latest(o->out, name) != 0) return -1;
+    snprintf(last_good, cap, "%s", dir);
+    /* keep the newest o->keep checkpoints */
+    if (o->keep > 0 && o->save_every > 0) {
+        int old = step - o->keep * o->save_every;
+        if (old > 0) {
+            char cmd[4200];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s/step_%08d'", o->out, old);
+            if (system(cmd) != 0) mt_warn("could not remove old checkpoint step_%08d", old);
+        }
+    }
+    return 0;
+}
+
+int mt_train(const mt_train_opts *opts) {
+    mt_train_opts o = *opts;
+    run_state r;
+    memset(&r, 0, sizeof r);
+    mt_config cfg;
+    char ckdir[4096] = "";
+    int start_step = 0;
+    uint64_t samples = 0;
+    if (o.threads > 0) mt_set_threads(o.threads);
+    const int nthr = mt_get_threads();
+
+    /* configuration: resume > init > --config */
+    if (o.resume) {
+        if (mt_ckpt_resolve(o.resume, ckdir, sizeof ckdir) != 0) return -1;
+        if (mt_ckpt_verify(ckdir, 1) != 0) return -1;
+        if (mt_ckpt_load_config(ckdir, &cfg) != 0) return -1;
+        char *st;
+        if (mt_ckpt_load_state(ckdir, &st) != 0) return -1;
+        int rc = state_from_json(ckdir, st, &o, &start_step, &samples);
+        free(st);
+        if (rc != 0) return -1;
+    } else if (o.init) {
+        if (mt_ckpt_resolve(o.init, ckdir, sizeof ckdir) != 0) return -1;
+        if (mt_ckpt_verify(ckdir, 0) != 0) return -1;
+        if (mt_ckpt_load_config(ckdir, &cfg) != 0) return -1;
+        if (o.config) mt_warn("--init given: the model config comes from %s/config.json", ckdir);
+    } else {
+        if (!o.config) return mt_error("train: --config FILE is required (or --resume / --init)");
+        if (mt_config_load(&cfg, o.config) != 0) return -1;
+    }
+    if (o.batch < 1 || o.seq < 1 || o.accum < 1 || o.steps < 1)
+        return mt_error("train: --batch, --seq, --accum and --steps must be positive");
+    if (o.seq > cfg.max_position_embeddings)
+        return mt_error("train: --seq %d exceeds max_position_embeddings %d of the config", o.seq,
+                        cfg.max_position_embeddings);
+    if (o.warmup < 0) o.warmup = o.steps / 10 < 100 ? o.steps / 10 : 100;
+    if (start_step >= o.steps)
+        return mt_error("train: checkpoint %s is at step %d, nothing to do for --steps %d", ckdir,
+                        start_step, o.steps);
+    if (!o.out) return mt_error("train: --out DIR is required");
+    if (mt_mkdir_p(o.out) != 0) return -1;
+
+    /* data */
+    if (!o.data) return mt_error("train: --data DIR is required");
+    if (mt_loader_open(&r.train, o.data, "train", o.seq, o.seed) != 0) { run_free(&r); return -1; }
+    uint32_t maxtok = mt_loader_max_token(r.train);
+    if ((int64_t)maxtok >= cfg.vocab_size) {
+        run_free(&r);
+        return mt_error("%s: token id %u does not fit vocab_size %d of the model config", o.data, maxtok,
+                        cfg.vocab_size);
+    }
+    if (mt_loader_open(&r.val, o.data, "val", o.seq, o.seed) != 0) {
+        r.val = NULL; /* optional */
+    } else if ((int64_t)mt_loader_max_token(r.val) >= cfg.vocab_size) {
+        run_free(&r);
+        return mt_error("%s: validation token id does not fit vocab_size %d", o.data, cfg.vocab_size);
+    }
+
+    /* model and state */
+    if (mt_model_init(&r.m, &cfg) != 0) { run_free(&r); return -1; }
+    r.adam_m = mt_alloc(r.m.nparams * sizeof(float));
+    r.adam_v = mt_alloc(r.m.nparams * sizeof(float));
+    if (o.resume) {
+        if (mt_ckpt_load_weights(ckdir, &r.m) != 0 || mt_ckpt_load_optimizer(ckdir, &r.m, r.adam_m, r.adam_v) != 0) {
+            run_free(&r);
+            return -1;
+        }
+    } else if (o.init) {
+        if (mt_ckpt_load_weights(ckdir, &r.m) != 0) { run_free(&r); return -1; }
+    } else {
+        float std = o.init_std > 0 ? (float)o.init_std
+                                   : sqrtf(1.0f / (2.0f * cfg.hidden_size * cfg.num_hidden_layers));
+        mt_model_init_weights(&r.m, o.seed, std);
+    }
+    r.acts = mt_acts_new(&cfg, o.batch, o.seq, nthr);
+    const size_t BT = (size_t)o.batch * o.seq;
+    r.in = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
+    r.tg = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
+
+    char path[4096];
+    if (o.metrics) snprintf(path, sizeof path, "%s", o.metrics);
+    else snprintf(path, sizeof path, "%s/metrics.jsonl", o.out);
+    r.metrics = fopen(path, start_step ? "a" : "w");
+    if (!r.metrics) { run_free(&r); return mt_error("%s: cannot open metrics file", path); }
+    snprintf(path, sizeof path, "%s/loss.tsv", o.out);
+    r.tsv = fopen(path, start_step ? "a" : "w");
+    if (!r.tsv) { run_free(&r); return mt_error("%s: cannot open", path); }
+
+    const double peak = mt_gemm_gflops(1024, 0.3);
+    const double flops_tok = mt_model_flops_per_token(&cfg, o.seq);
+    const double act_params = mt_model_active_params(&cfg);
+    const int n_moe = cfg.num_hidden_layers - (cfg.n_routed_experts > 0 ? cfg.first_k_dense_replace : cfg.num_hidden_layers);
+    if (!o.quiet) {
+        printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
+               "%d threads, BLAS kernel %s (%.0f GFLOP/s peak measured)\n",
+               r.m.nparams, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, mt_blas_corename(), peak);
+        printf("  batch %d x seq %d x accum %d = %zu tokens/step, %d steps, lr %.2e warmup %d, "
+               "activations %.1f MiB, data %llu train tokens%s\n",
+               o.batch, o.seq, o.accum, BT * o.accum, o.steps, o.lr, o.warmup,
+               (double)mt_acts_bytes(&cfg, o.batch, o.seq, nthr) / 1048576.0,
+               (unsigned long long)mt_loader_tokens(r.train), r.val ? "" : " (no val split)");
+        if (start_step) printf("  resumed from %s at step %d\n", ckdir, start_step);
+        fflush(stdout);
+    }
+
+    char last_good[4096] = "(none)";
+    if (o.resume) snprintf(last_good, sizeof last_good, "%s", ckdir);
+    int bad = 0, rc = 0;
+    const double t_begin = mt_now();
+    double t_timed = 0, tok_timed = 0; /* excludes the first step (warm-up) */
+    double ema_tps = 0;
+    for (int step = start_step + 1; step <= o.steps; step++) {
+        double t0 = mt_now();
+        for (int mb = 0; mb < o.accum; mb++)
+            mt_loader_batch(r.train, samples + (uint64_t)mb * o.batch, o.batch, r.in + mb * BT, r.tg + mb * BT);
+        int64_t nvalid = 0;
+        for (size_t i = 0; i < BT * o.accum; i++) nvalid += r.tg[i] >= 0;
+        mt_model_zero_grads(&r.m);
+        double ce_sum = 0, bal[256] = {0};
+        mt_step_stats st;
+        const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
+        const float bal_scale = 1.0f / (float)(o.batch * o.accum);
+        for (int mb = 0; mb < o.accum; mb++) {
+            mt_model_step(&r.m, r.acts, r.in + mb * BT, r.tg + mb * BT, o.batch, o.seq, 1, ce_scale, bal_scale,
+                          NULL, &st);
+            ce_sum += st.ce_sum;
+            for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] += st.bal_sum[l];
+        }
+        double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
+        for (int l = 0; l < cfg.num_hidden_layers; l++) bal_total += bal[l] * bal_scale;
+        double loss = ce + cfg.aux_loss_alpha * bal_total;
+        double gnorm = sqrt(mt_sumsq(r.m.grads, r.m.nparams));
+        double lr = mt_lr_at(step, o.steps, o.warmup, o.lr, o.min_lr_ratio);
+        samples += (uint64_t)o.batch * o.accum;
+        int finite = isfinite(loss) && isfinite(gnorm);
+        if (!finite) {
+            bad++;
+            mt_warn("step %d: non-finite %s (loss %g, grad norm %g); update skipped (%d in a row)", step,
+                    isfinite(loss) ? "gradient" : "loss", loss, gnorm, bad);
+            fprintf(r.metrics, "{\"event\":\"skip\",\"step\":%d,\"loss\":\"%g\",\"grad_norm\":\"%g\"}\n", step, loss, gnorm);
+            fflush(r.metrics);
+            if (bad > o.max_bad) {
+                rc = mt_error("train: stopping after %d non-finite steps in a row (step %d); last good checkpoint: %s",
+                              bad, step, last_good);
+                break;
+            }
+        } else {
+            bad = 0;
+            float gscale = (o.clip > 0 && gnorm > o.clip) ? (float)(o.clip / (gnorm + 1e-6)) : 1.0f;
+            for (int i = 0; i < r.m.ntensors; i++) {
+                const mt_tensor *t = &r.m.tensors[i];
+                mt_adamw(r.m.params + t->offset, r.m.grads + t->offset, r.adam_m + t->offset, r.adam_v + t->offset,
+                         t->numel, (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps,
+                         t->decay ? (float)o.wd : 0.0f, gscale, step);
+            }
+        }
+        double dt = mt_now() - t0;
+        double tps = (double)(BT * o.accum) / dt;
+        if (step > start_step + 1) { t_timed += dt; tok_timed += (double)(BT * o.accum); }
+        ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
+        double mfu = flops_tok * tps / (peak * 1e9);
+        double elapsed = mt_now() - t_begin;
+        double eta = (o.steps - step) * (elapsed / (step - start_step));
+        double vloss = NAN;
+        if (r.val && o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps))
+            vloss = mt_eval_loss(&r.m, r.acts, r.val, o.batch, o.seq, o.eval_windows);
+        if (finite) {
+            fprintf(r.metrics,
+                    "{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"ce\":%.6f,\"balance\":%.6f,\"lr\":%.6e,"
+                    "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"elapsed\":%.2f",
+                    step, loss, ce, bal_total, lr, gnorm, tps, mfu, elapsed);
+            if (!isnan(vloss)) fprintf(r.metrics, ",\"val_loss\":%.6f", vloss);
+            fprintf(r.metrics, "}\n");
+            fflush(r.metrics);
+            if (isnan(vloss)) fprintf(r.tsv, "%d\t%.6f\tNaN\n", step, loss);
+            else fprintf(r.tsv, "%d\t%.6f\t%.6f\n", step, loss, vloss);
+            fflush(r.tsv);
+        }
+        if (!o.quiet && (step % o.log_every == 0 || step == o.steps || step == start_step + 1)) {
+            char el[32], et[32];
+            fmt_hms(el, sizeof el, elapsed);
+            fmt_hms(et, sizeof et, eta);
+            printf("step %*d/%d | loss %.4f | bal %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | MFU %.1f%% | %s elapsed | ETA %s",
+                   (int)(log10(o.steps) + 1), step, o.steps, loss, bal_total, lr, gnorm, ema_tps, 100 * mfu, el, et);
+            if (!isnan(vloss)) printf(" | val %.4f", vloss);
+            printf("\n");
+            fflush(stdout);
+        }
+        if (o.load_every > 0 && n_moe > 0 && (step % o.load_every == 0 || step == o.steps)) {
+            const int64_t *ld = mt_acts_load(r.acts);
+            const int E = cfg.n_routed_experts;
+            if (!o.quiet) printf("  expert load (max/mean tokens per expert):");
+            fprintf(r.metrics, "{\"event\":\"expert_load\",\"step\":%d,\"layers\":{", step);
+            int first = 1;
+            for (int l = 0; l < cfg.num_hidden_layers; l++) {
+                if (!mt_config_is_moe(&cfg, l)) continue;
+                int64_t mx = 0, tot = 0;
+                for (int e = 0; e < E; e++) { tot += ld[(size_t)l * E + e]; mx = ld[(size_t)l * E + e] > mx ? ld[(size_t)l * E + e] : mx; }
+                double ratio = tot ? (double)mx / ((double)tot / E) : 0;
+                if (!o.quiet) printf(" L%d %.2f", l, ratio);
+                fprintf(r.metrics, "%s\"%d\":{\"max\":%lld,\"mean\":%.2f}", first ? "" : ",", l, (long long)mx, (double)tot / E);
+                first = 0;
+            }
+            fprintf(r.metrics, "}}\n");
+            if (!o.quiet) printf("\n");
+            mt_acts_reset_load(r.acts);
+        }
+        if (o.save_every > 0 && step % o.save_every == 0 && step != o.steps) {
+            if (save_checkpoint(&o, &r, step, samples, bad, last_good, sizeof last_good) != 0) { rc = -1; break; }
+        }
+    }
+    if (rc == 0) {
+        int final_step = o.steps;
+        if (save_checkpoint(&o, &r, final_step, samples, bad, last_good, sizeof last_good) != 0) rc = -1;
+    }
+    if (rc == 0) {
+        double tps = t_timed > 0 ? tok_timed / t_timed : 0;
+        double mfu = flops_tok * tps / (peak * 1e9);
+        size_t rss = mt_peak_rss();
+        fprintf(r.metrics,
+                "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"peak_gflops\":%.1f,"
+                "\"peak_rss_bytes\":%zu,\"checkpoint\":\"%s\"}\n",
+                o.steps, tps, mfu, peak, rss, last_good);
+        if (!o.quiet)
+            printf("done: %.0f tok/s (steady state), MFU %.1f%% of %.0f GFLOP/s, peak RSS %.0f MiB\n"
+                   "  checkpoint %s\n  metrics    %s/metrics.jsonl\n",
+                   tps, 100 * mfu, peak, (double)rss / 1048576.0, last_good, o.out);
+        fflush(r.metrics);
+        fflush(r.tsv);
+        if (o.plot) {
+            draw_plot(o.out);
+            if (!o.quiet) printf("  plot       %s/loss.png\n", o.out);
+        }
+    }
+    run_free(&r);
+    return rc;
+}

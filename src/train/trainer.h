@@ -1,0 +1,40 @@
+/* train/trainer.h — the single-process training loop: micro-batches with gradient
+ * accumulation, global-norm clipping, AdamW with warmup + cosine LR, non-finite step
+ * skipping, periodic checkpoints, progress line, JSONL metrics, expert-load reports. */
+#ifndef MT_TRAIN_TRAINER_H
+#define MT_TRAIN_TRAINER_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct {
+    const char *config;      /* config.json path (or preset resolved by the CLI) */
+    const char *data;        /* shard folder */
+    const char *out;         /* run folder */
+    const char *resume;      /* run or checkpoint folder to resume exactly */
+    const char *init;        /* checkpoint whose weights start a new run */
+    const char *metrics;     /* JSONL path (default out/metrics.jsonl) */
+    int steps, batch, seq, accum, threads;
+    uint64_t seed;
+    double lr, min_lr_ratio, wd, beta1, beta2, eps, clip, init_std;
+    int warmup;
+    int log_every, eval_every, eval_windows, save_every, keep, max_bad, load_every;
+    int plot;                /* draw loss.png with gnuplot at the end */
+    int quiet;
+    int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip; /* given on the command line */
+} mt_train_opts;
+
+void mt_train_defaults(mt_train_opts *o);
+/* Runs training; returns 0 on success, -1 with mt_last_error() set. */
+int mt_train(const mt_train_opts *o);
+
+/* Learning rate at step s (1-based) of total: linear warmup then cosine to min_ratio*lr. */
+double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio);
+
+/* Mean validation CE over the first `windows` windows (file order) of the val split
+ * (all when windows <= 0), micro-batches of B. */
+struct mt_loader;
+double mt_eval_loss(mt_model *m, mt_acts *a, const struct mt_loader *val, int B, int T, int64_t windows);
+
+#endif

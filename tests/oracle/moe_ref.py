@@ -1,0 +1,971 @@
+#!/usr/bin/python3
+"""moe_ref.py - independent PyTorch implementation of moetrain's model contract
+(docs: /work/shared/spec/MODEL.md).  Test oracle and benchmark peer.
+
+Run with Debian's PyTorch:  /usr/bin/python3 tests/oracle/moe_ref.py <command> ...
+
+Commands
+  make-case --config CFG.json --out DIR [--seed S --std 0.3 --batch B --seq T]
+  compare   --case DIR --dump FILE.safetensors
+  train     --config CFG.json --data DIR --steps N --batch B --seq T [--threads 2
+            --lr 3e-4 --warmup 10 --init DIR --out DIR --seed S]
+  eval      --ckpt DIR --data DIR --seq T --windows N [--threads 2]
+  gradcheck [--config CFG.json]   (float64 autograd vs finite differences, self test)
+
+Everything is plain torch code in fp32 (or fp64 for gradcheck); nothing is shared with
+the C implementation.
+"""
+import os
+import sys
+
+# --- threading / BLAS environment: must be fixed before torch is imported -------------
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _cpu_has_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " avx512f " in (line.rstrip("\n") + " ")
+    except OSError:
+        pass
+    return False
+
+
+if "OPENBLAS_CORETYPE" not in os.environ and _cpu_has_avx512():
+    # Debian's OpenBLAS may mis-detect AMD EPYC (Zen4) cores and fall back to a
+    # generic/Haswell kernel; SkylakeX is the AVX-512 sgemm kernel.
+    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+
+
+def _threads_from_argv():
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return None
+
+
+_t = _threads_from_argv()
+if _t is not None:
+    # OpenBLAS (pthread build) keeps its own pool; size it like torch's.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", _t)
+    os.environ.setdefault("OMP_NUM_THREADS", _t)
+
+import argparse  # noqa: E402
+import glob  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import struct  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+# ======================================================================================
+# safetensors (json + struct + numpy)
+# ======================================================================================
+
+_ST_DTYPES = {"F32": np.float32, "F64": np.float64, "BF16": None, "F16": np.float16,
+              "I32": np.int32, "I64": np.int64}
+
+
+def st_read(path):
+    """Returns an ordered dict name -> float32 torch tensor (BF16/F16 widened)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    if 8 + hlen > len(raw):
+        raise ValueError(f"{path}: header length {hlen} exceeds file size")
+    header = json.loads(raw[8:8 + hlen].decode("utf-8"))
+    base = 8 + hlen
+    out = {}
+    items = [(k, v) for k, v in header.items() if k != "__metadata__"]
+    items.sort(key=lambda kv: kv[1]["data_offsets"][0])
+    for name, info in items:
+        dt, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
+        buf = raw[base + b: base + e]
+        if dt == "BF16":
+            u = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
+            arr = u.view(np.float32)
+        elif dt in _ST_DTYPES:
+            arr = np.frombuffer(buf, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
+            arr = arr.astype(np.float32)
+        else:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {dt}")
+        n = int(np.prod(shape)) if shape else 1
+        if arr.size != n:
+            raise ValueError(f"{path}: tensor {name}: {arr.size} elements, shape {shape}")
+        out[name] = torch.from_numpy(arr.reshape(shape).copy())
+    return out
+
+
+def st_write(path, tensors):
+    """tensors: dict name -> tensor/ndarray, written as F32 in insertion order."""
+    header = {"__metadata__": {"format": "pt"}}
+    blobs, off = [], 0
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            a = t.detach().to(torch.float32).contiguous().cpu().numpy()
+        else:
+            a = np.ascontiguousarray(np.asarray(t, dtype=np.float32))
+        b = a.astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+# ======================================================================================
+# token shards (llm.c format)
+# ======================================================================================
+
+def shard_read(path):
+    hdr = np.fromfile(path, dtype="<i4", count=256)
+    if hdr.size < 256:
+        raise ValueError(f"{path}: shorter than the 1024-byte header")
+    magic, version, n = int(hdr[0]), int(hdr[1]), int(hdr[2])
+    if (magic, version) == (20240520, 1):
+        dt, w = "<u2", 2
+    elif (magic, version) == (20240801, 7):
+        dt, w = "<u4", 4
+    else:
+        raise ValueError(f"{path}: unknown shard magic/version {magic}/{version}")
+    size = os.path.getsize(path)
+    if size != 1024 + n * w:
+        raise ValueError(f"{path}: size {size} disagrees with header ({n} tokens)")
+    return np.memmap(path, dtype=dt, mode="r", offset=1024, shape=(n,))
+
+
+def shard_write(path, tokens):
+    tokens = np.asarray(tokens, dtype=np.int64)
+    hdr = np.zeros(256, dtype="<i4")
+    if tokens.max(initial=0) < 65536:
+        hdr[0], hdr[1], data = 20240520, 1, tokens.astype("<u2")
+    else:
+        hdr[0], hdr[1], data = 20240801, 7, tokens.astype("<u4")
+    hdr[2] = tokens.size
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes())
+        f.write(data.tobytes())
+
+
+# ======================================================================================
+# config
+# ======================================================================================
+
+REQUIRED = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"]
+INT_KEYS = REQUIRED + ["first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
+                       "n_shared_experts", "moe_intermediate_size", "n_group", "topk_group"]
+
+
+class Config:
+    pass
+
+
+def load_config(path_or_dict):
+    if isinstance(path_or_dict, dict):
+        raw = dict(path_or_dict)
+    else:
+        with open(path_or_dict) as f:
+            raw = json.load(f)
+    for k in REQUIRED:
+        if k not in raw:
+            raise ValueError(f"config: missing required key '{k}'")
+    c = Config()
+    c.raw = raw
+
+    def geti(k, default):
+        v = raw.get(k, default)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+            raise ValueError(f"config: '{k}' must be an integer, got {v!r}")
+        return int(v)
+
+    c.V = geti("vocab_size", None)
+    c.d = geti("hidden_size", None)
+    c.L = geti("num_hidden_layers", None)
+    c.H = geti("num_attention_heads", None)
+    c.Hkv = geti("num_key_value_heads", None)
+    c.hd = geti("head_dim", None)
+    c.ffn = geti("intermediate_size", None)
+    c.max_pos = geti("max_position_embeddings", None)
+    c.first_dense = geti("first_k_dense_replace", c.L)
+    c.E = geti("n_routed_experts", 0)
+    c.k = geti("num_experts_per_tok", 0)
+    c.n_shared = geti("n_shared_experts", 0)
+    c.moe_ffn = geti("moe_intermediate_size", 0)
+    c.scoring = raw.get("scoring_func", "softmax")
+    c.norm_topk = raw.get("norm_topk_prob", True)
+    c.rsf = float(raw.get("routed_scaling_factor", 1.0))
+    c.n_group = geti("n_group", 1)
+    c.topk_group = geti("topk_group", 1)
+    c.topk_method = raw.get("topk_method", "greedy")
+    c.alpha = float(raw.get("aux_loss_alpha", 0.0))
+    c.rope_theta = float(raw.get("rope_theta", 10000.0))
+    c.eps = float(raw.get("rms_norm_eps", 1e-6))
+    c.attn_type = raw.get("attention_type", "gqa")
+    c.tied = raw.get("tie_word_embeddings", False)
+    for k, bad in (("rope_scaling", lambda v: v is not None), ("moe_layer_freq", lambda v: v != 1),
+                   ("attention_bias", lambda v: v is True)):
+        if k in raw and bad(raw[k]):
+            raise ValueError(f"config: '{k}'={raw[k]!r} is unsupported")
+    if c.attn_type != "gqa":
+        raise ValueError(f"config: attention_type '{c.attn_type}' unsupported by the oracle")
+    if c.scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"config: scoring_func '{c.scoring}' unknown")
+    if c.topk_method not in ("greedy", "group_limited", "moge"):
+        raise ValueError(f"config: topk_method '{c.topk_method}' unknown")
+    if c.H % c.Hkv != 0:
+        raise ValueError("config: num_attention_heads % num_key_value_heads != 0")
+    if c.hd % 2:
+        raise ValueError("config: head_dim is odd")
+    c.n_moe = max(0, c.L - c.first_dense)
+    if c.n_moe:
+        if c.E <= 0 or c.moe_ffn <= 0:
+            raise ValueError("config: MoE layers present but n_routed_experts/moe_intermediate_size missing")
+        if c.k < 1 or c.k > c.E:
+            raise ValueError("config: num_experts_per_tok out of range (k > n_routed_experts)")
+        if c.E % c.n_group:
+            raise ValueError("config: n_routed_experts % n_group != 0")
+        if c.topk_group > c.n_group:
+            raise ValueError("config: topk_group > n_group")
+        if c.topk_method == "group_limited" and c.k > c.topk_group * c.E // c.n_group:
+            raise ValueError("config: num_experts_per_tok > topk_group * E / n_group")
+        if c.topk_method == "moge" and c.k % c.n_group:
+            raise ValueError("config: num_experts_per_tok % n_group != 0 with moge")
+    return c
+
+
+def is_moe(c, l):
+    return l >= c.first_dense and c.n_moe > 0
+
+
+def param_shapes(c):
+    """Ordered list of (name, shape) exactly as MODEL.md names them."""
+    s = [("model.embed_tokens.weight", (c.V, c.d))]
+    for l in range(c.L):
+        p = f"model.layers.{l}."
+        s += [(p + "input_layernorm.weight", (c.d,)),
+              (p + "self_attn.q_proj.weight", (c.H * c.hd, c.d)),
+              (p + "self_attn.k_proj.weight", (c.Hkv * c.hd, c.d)),
+              (p + "self_attn.v_proj.weight", (c.Hkv * c.hd, c.d)),
+              (p + "self_attn.o_proj.weight", (c.d, c.H * c.hd)),
+              (p + "post_attention_layernorm.weight", (c.d,))]
+        if not is_moe(c, l):
+            s += [(p + "mlp.gate_proj.weight", (c.ffn, c.d)), (p + "mlp.up_proj.weight", (c.ffn, c.d)),
+                  (p + "mlp.down_proj.weight", (c.d, c.ffn))]
+        else:
+            s += [(p + "mlp.gate.weight", (c.E, c.d))]
+            for e in range(c.E):
+                q = p + f"mlp.experts.{e}."
+                s += [(q + "gate_proj.weight", (c.moe_ffn, c.d)), (q + "up_proj.weight", (c.moe_ffn, c.d)),
+                      (q + "down_proj.weight", (c.d, c.moe_ffn))]
+            if c.n_shared:
+                q = p + "mlp.shared_experts."
+                S = c.n_shared * c.moe_ffn
+                s += [(q + "gate_proj.weight", (S, c.d)), (q + "up_proj.weight", (S, c.d)),
+                      (q + "down_proj.weight", (c.d, S))]
+    s += [("model.norm.weight", (c.d,))]
+    if not c.tied:
+        s += [("lm_head.weight", (c.V, c.d))]
+    return s
+
+
+def load_checkpoint(ckdir):
+    c = load_config(os.path.join(ckdir, "config.json"))
+    idx = os.path.join(ckdir, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            wm = json.load(f)["weight_map"]
+        t = {}
+        for fn in sorted(set(wm.values())):
+            t.update(st_read(os.path.join(ckdir, fn)))
+    else:
+        t = st_read(os.path.join(ckdir, "model.safetensors"))
+    params = {}
+    for name, shape in param_shapes(c):
+        if name not in t:
+            raise ValueError(f"{ckdir}: missing tensor {name}")
+        if tuple(t[name].shape) != tuple(shape):
+            raise ValueError(f"{ckdir}: tensor {name} has shape {tuple(t[name].shape)}, expected {shape}")
+        params[name] = t.pop(name)
+    if c.tied and "lm_head.weight" in t:
+        print("warning: tied embeddings: ignoring lm_head.weight", file=sys.stderr)
+        t.pop("lm_head.weight")
+    if t:
+        raise ValueError(f"{ckdir}: unexpected tensor {sorted(t)[0]}")
+    return c, params
+
+
+# ======================================================================================
+# model (functional; params is a dict name -> tensor)
+# ======================================================================================
+
+def rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def swiglu(x, wg, wu, wd):
+    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+_rope_cache = {}
+
+
+def rope_tables(T, hd, theta, dtype):
+    key = (T, hd, theta, dtype)
+    if key not in _rope_cache:
+        i = torch.arange(hd // 2, dtype=torch.float64)
+        inv = theta ** (-2.0 * i / hd)                        # double
+        ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+        # cos/sin in double, then rounded to fp32 (then widened for fp64 runs)
+        cos = torch.cos(ang).to(torch.float32).to(dtype)
+        sin = torch.sin(ang).to(torch.float32).to(dtype)
+        _rope_cache[key] = (cos, sin)
+    return _rope_cache[key]
+
+
+def apply_rope(x, cos, sin):
+    # x [B, heads, T, hd]; rotate-half
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+_mask_cache = {}
+
+
+def attention(c, P, p, x):
+    B, T, _ = x.shape
+    q = F.linear(x, P[p + "self_attn.q_proj.weight"]).view(B, T, c.H, c.hd).transpose(1, 2)
+    k = F.linear(x, P[p + "self_attn.k_proj.weight"]).view(B, T, c.Hkv, c.hd).transpose(1, 2)
+    v = F.linear(x, P[p + "self_attn.v_proj.weight"]).view(B, T, c.Hkv, c.hd).transpose(1, 2)
+    cos, sin = rope_tables(T, c.hd, c.rope_theta, x.dtype)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    rep = c.H // c.Hkv
+    # query head h uses kv head h // rep: group the query heads by kv head
+    q = q.reshape(B, c.Hkv, rep * T, c.hd)                     # [B, Hkv, rep*T, hd]
+    att = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(c.hd))  # [B,Hkv,rep*T,T]
+    mkey = (T, x.device)
+    if mkey not in _mask_cache:
+        _mask_cache[mkey] = torch.ones(T, T, dtype=torch.bool).triu(1)
+    att = att.view(B, c.Hkv, rep, T, T).masked_fill(_mask_cache[mkey], float("-inf"))
+    att = torch.softmax(att, dim=-1).view(B, c.Hkv, rep * T, T)
+    o = torch.matmul(att, v).view(B, c.H, T, c.hd).transpose(1, 2).reshape(B, T, c.H * c.hd)
+    return F.linear(o, P[p + "self_attn.o_proj.weight"])
+
+
+def _desc_stable(v):
+    """indices sorting v descending along the last dim; ties -> lower index."""
+    return torch.sort(v, dim=-1, descending=True, stable=True).indices
+
+
+def route(c, p):
+    """p: [N, E] selection probabilities (fp32/fp64, detached usage).
+    Returns (idx [N, k] long, margin [N] of the selection: min over the relevant gaps)."""
+    N, E = p.shape
+    k, G = c.k, c.n_group
+    big = torch.tensor(float("inf"), dtype=p.dtype)
+    if c.topk_method == "greedy" or G <= 1 and c.topk_method != "moge":
+        order = _desc_stable(p)
+        idx = order[:, :k]
+        if k < E:
+            srt = p.gather(1, order)
+            margin = srt[:, k - 1] - srt[:, k]
+        else:
+            margin = big.expand(N)
+        return idx, margin
+    per = E // G
+    pg = p.view(N, G, per)
+    if c.topk_method == "group_limited":
+        gscore = pg.max(dim=-1).values                        # [N, G]
+        gorder = _desc_stable(gscore)
+        kept = gorder[:, :c.topk_group]
+        gmask = torch.zeros(N, G, dtype=torch.bool).scatter_(1, kept, True)
+        emask = gmask[:, :, None].expand(N, G, per).reshape(N, E)
+        masked = p.masked_fill(~emask, float("-inf"))
+        order = _desc_stable(masked)
+        idx = order[:, :k]
+        srt = masked.gather(1, order)
+        m = big.expand(N).clone()
+        if k < c.topk_group * per:
+            m = torch.minimum(m, srt[:, k - 1] - srt[:, k])
+        if c.topk_group < G:
+            gs = gscore.gather(1, gorder)
+            m = torch.minimum(m, gs[:, c.topk_group - 1] - gs[:, c.topk_group])
+        return idx, m
+    # moge: k / G experts from every group
+    kg = k // G
+    order = _desc_stable(pg)                                   # [N, G, per]
+    sel = order[:, :, :kg] + (torch.arange(G) * per)[None, :, None]
+    idx = sel.reshape(N, k)
+    if kg < per:
+        srt = pg.gather(2, order)
+        m = (srt[:, :, kg - 1] - srt[:, :, kg]).min(dim=-1).values
+    else:
+        m = big.expand(N)
+    return idx, m
+
+
+def moe_block(c, P, p, x, stats):
+    """x [B, T, d] -> y, balance (mean over sequences). stats collects margins."""
+    B, T, d = x.shape
+    N = B * T
+    xf = x.reshape(N, d)
+    s = F.linear(xf, P[p + "mlp.gate.weight"])                # [N, E]
+    if c.scoring == "softmax":
+        prob = torch.softmax(s, dim=-1)
+    else:
+        prob = torch.sigmoid(s)
+    with torch.no_grad():
+        idx, margin = route(c, prob.detach())
+    if stats is not None:
+        stats.append(margin)
+    w = prob.gather(1, idx)                                    # [N, k]
+    if c.norm_topk:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    w = w * c.rsf
+    y = torch.zeros_like(xf)
+    flat_e = idx.reshape(-1)                                   # [N*k]
+    flat_w = w.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    counts = torch.bincount(flat_e, minlength=c.E).tolist()
+    tok_sorted = order // c.k
+    w_sorted = flat_w.index_select(0, order)
+    start = 0
+    for e in range(c.E):
+        n = counts[e]
+        if n == 0:
+            continue
+        tok = tok_sorted[start:start + n]
+        q = p + f"mlp.experts.{e}."
+        out = swiglu(xf.index_select(0, tok), P[q + "gate_proj.weight"], P[q + "up_proj.weight"],
+                     P[q + "down_proj.weight"])
+        y = y.index_add(0, tok, out * w_sorted[start:start + n, None])
+        start += n
+    if c.n_shared:
+        q = p + "mlp.shared_experts."
+        y = y + swiglu(xf, P[q + "gate_proj.weight"], P[q + "up_proj.weight"], P[q + "down_proj.weight"])
+    # balance loss, per sequence
+    with torch.no_grad():
+        cnt = torch.zeros(B, c.E, dtype=x.dtype)
+        cnt.scatter_add_(1, idx.reshape(B, T * c.k), torch.ones(B, T * c.k, dtype=x.dtype))
+        f = cnt / (T * c.k)
+    pn = prob if c.scoring == "softmax" else prob / prob.sum(-1, keepdim=True)
+    Pe = pn.view(B, T, c.E).mean(1)                            # [B, E]
+    bal = (c.E * (f * Pe).sum(-1)).mean()
+    return y.view(B, T, d), bal
+
+
+def forward(c, P, tokens, targets=None, stats=None):
+    """tokens [B, T] long. Returns logits [B,T,V], ce, balances (list), loss."""
+    x = F.embedding(tokens, P["model.embed_tokens.weight"])
+    bals = []
+    for l in range(c.L):
+        p = f"model.layers.{l}."
+        h = x + attention(c, P, p, rmsnorm(x, P[p + "input_layernorm.weight"], c.eps))
+        hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], c.eps)
+        if is_moe(c, l):
+            y, bal = moe_block(c, P, p, hn, stats)
+            bals.append(bal)
+        else:
+            y = swiglu(hn, P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"], P[p + "mlp.down_proj.weight"])
+        x = h + y
+    x = rmsnorm(x, P["model.norm.weight"], c.eps)
+    W = P["model.embed_tokens.weight"] if c.tied else P["lm_head.weight"]
+    logits = F.linear(x, W)
+    ce = None
+    loss = None
+    if targets is not None:
+        valid = targets >= 0
+        nv = int(valid.sum())
+        if nv == 0:
+            ce = logits.sum() * 0.0
+        else:
+            ce = F.cross_entropy(logits.reshape(-1, c.V), targets.reshape(-1).clamp_min(0),
+                                 reduction="none").masked_select(valid.reshape(-1)).sum() / nv
+        loss = ce
+        if bals:
+            loss = ce + c.alpha * torch.stack(bals).sum()
+    return logits, ce, bals, loss
+
+
+# ======================================================================================
+# commands
+# ======================================================================================
+
+def draw_params(c, seed, std):
+    g = torch.Generator().manual_seed(seed)
+    P = {}
+    for name, shape in param_shapes(c):
+        t = torch.randn(shape, generator=g, dtype=torch.float32)
+        if len(shape) == 1:
+            t = 1.0 + 0.3 * t          # norm weights
+        else:
+            t = t * std
+        P[name] = t
+    return P
+
+
+def cmd_make_case(a):
+    c = load_config(a.config)
+    os.makedirs(a.out, exist_ok=True)
+    B, T = a.batch, a.seq
+    if T > c.max_pos:
+        raise ValueError("sequence longer than max_position_embeddings")
+    seed = a.seed
+    for attempt in range(200):
+        P = draw_params(c, seed, a.std)
+        rng = np.random.default_rng(seed)
+        toks = rng.integers(0, min(c.V, 65536), size=B * (T + 1), dtype=np.int64)
+        rows = torch.from_numpy(toks.reshape(B, T + 1))
+        stats = []
+        with torch.no_grad():
+            forward(c, P, rows[:, :T], rows[:, 1:], stats)
+        mm = min([float(m.min()) for m in stats], default=float("inf"))
+        if mm > 1e-5:
+            break
+        print(f"make-case: seed {seed}: routing margin {mm:.3g} <= 1e-5, redrawing")
+        seed += 1
+    else:
+        raise RuntimeError("make-case: could not draw a case with routing margins > 1e-5")
+    shutil.copyfile(a.config, os.path.join(a.out, "config.json"))
+    st_write(os.path.join(a.out, "model.safetensors"), P)
+    shard_write(os.path.join(a.out, "tokens.bin"), toks)
+    print(f"make-case: {a.out}: seed {seed}, B={B} T={T}, min routing margin "
+          f"{mm:.3g}, {sum(t.numel() for t in P.values())} parameters")
+
+
+def case_tokens(case, B, T):
+    toks = np.asarray(shard_read(os.path.join(case, "tokens.bin")), dtype=np.int64)
+    if toks.size < B * (T + 1):
+        raise ValueError(f"tokens.bin holds {toks.size} tokens, need {B * (T + 1)}")
+    rows = torch.from_numpy(toks[:B * (T + 1)].reshape(B, T + 1).copy())
+    return rows[:, :T], rows[:, 1:]
+
+
+def reference(c, P, inp, tgt):
+    Pg = {k: v.clone().requires_grad_(True) for k, v in P.items()}
+    stats = []
+    logits, ce, bals, loss = forward(c, Pg, inp, tgt, stats)
+    loss.backward()
+    grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in Pg.items()}
+    margin = min([float(m.min()) for m in stats], default=float("inf"))
+    return logits.detach(), ce.detach(), [b.detach() for b in bals], loss.detach(), grads, margin
+
+
+def relnorm(a, b):
+    a = a.double()
+    b = b.double()
+    na = float(a.norm())
+    diff = float((a - b).norm())
+    return diff / na if na > 0 else diff
+
+
+def cmd_compare(a):
+    c, P = load_checkpoint(a.case)
+    D = st_read(a.dump)
+    fails = []
+    if "logits" not in D:
+        print(f"compare: {a.dump}: no 'logits' tensor")
+        return 1
+    B, T, V = D["logits"].shape
+    inp, tgt = case_tokens(a.case, B, T)
+    logits, ce, bals, loss, grads, margin = reference(c, P, inp, tgt)
+    rows = []
+
+    def check(name, ref, got, kind, tol):
+        if got is None:
+            rows.append((name, "MISSING", "", "FAIL"))
+            fails.append(f"{name}: missing from dump")
+            return
+        if tuple(got.shape) != tuple(ref.shape):
+            rows.append((name, f"shape {tuple(got.shape)} vs {tuple(ref.shape)}", "", "FAIL"))
+            fails.append(f"{name}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
+            return
+        if kind == "norm":
+            err = relnorm(ref, got)
+            ok = err < tol
+            desc = f"||a-b||/||a|| = {err:.3e}"
+        else:
+            r, g = ref.double().reshape(-1), got.double().reshape(-1)
+            errs = []
+            ok = True
+            for x, y in zip(r.tolist(), g.tolist()):
+                if abs(x) < 1e-6:
+                    e = abs(x - y)
+                    ok &= e <= 1e-7
+                else:
+                    e = abs(x - y) / abs(x)
+                    ok &= e < tol
+                errs.append(e)
+            err = max(errs) if errs else 0.0
+            desc = f"rel err {err:.3e} (ref {', '.join(f'{x:.7g}' for x in r.tolist()[:4])})"
+        rows.append((name, desc, f"< {tol:g}", "ok" if ok else "FAIL"))
+        if not ok:
+            fails.append(f"{name}: {desc} exceeds {tol:g}")
+        return err
+
+    check("logits", logits, D.get("logits"), "norm", 1e-4)
+    check("ce", ce.reshape(1), D.get("ce"), "scalar", 1e-5)
+    if c.n_moe:
+        check("balance", torch.stack(bals), D.get("balance"), "scalar", 1e-5)
+    elif "balance" in D and D["balance"].numel() != 0:
+        fails.append("balance: dump has balance values but the model has no MoE layer")
+    check("loss", loss.reshape(1), D.get("loss"), "scalar", 1e-5)
+    worst = (None, -1.0)
+    gfails = 0
+    for name, g in grads.items():
+        got = D.get("grad." + name)
+        nrow = len(rows)
+        err = check("grad." + name, g, got, "norm", 1e-3)
+        if err is not None and err > worst[1]:
+            worst = (name, err)
+        if rows[-1][3] == "FAIL":
+            gfails += 1
+        elif not a.verbose:
+            rows.pop()
+        del nrow
+    extra = [k for k in D if k.startswith("grad.") and k[5:] not in grads]
+    for k in extra:
+        fails.append(f"{k}: dump has a gradient for a tensor that is not a parameter")
+    print(f"compare: case {a.case}  B={B} T={T} V={V}  min routing margin {margin:.3g}")
+    w = max(len(r[0]) for r in rows)
+    for r in rows:
+        print(f"  {r[0]:<{w}}  {r[1]:<60} {r[2]:<8} {r[3]}")
+    print(f"  gradients: {len(grads)} tensors, {gfails} failed, worst {worst[0]} "
+          f"||a-b||/||a|| = {worst[1]:.3e} (< 1e-3)")
+    if fails:
+        print("compare: FAILED:")
+        for f in fails:
+            print("  " + f)
+        return 1
+    print("compare: OK")
+    return 0
+
+
+def cmd_selfdump(a):
+    """Writes the oracle's own dump of a case (same format as `moetrain dump`), for
+    testing compare itself; --perturb NAME scales that tensor of the dump by 1.01."""
+    c, P = load_checkpoint(a.case)
+    inp, tgt = case_tokens(a.case, a.batch, a.seq)
+    logits, ce, bals, loss, grads, _ = reference(c, P, inp, tgt)
+    D = {"logits": logits, "ce": ce.reshape(1), "balance": torch.stack(bals) if bals else torch.zeros(0),
+         "loss": loss.reshape(1)}
+    for n, g in grads.items():
+        D["grad." + n] = g if g is not None else torch.zeros_like(P[n])
+    if a.perturb:
+        D[a.perturb] = D[a.perturb] * 1.01
+    st_write(a.out, D)
+    return 0
+
+
+# --- gradcheck (self test of the autograd path) ----------------------------------------
+
+def cmd_gradcheck(a):
+    cfgs = []
+    if a.config:
+        cfgs.append(load_config(a.config).raw)
+    else:
+        base = dict(vocab_size=37, hidden_size=16, num_hidden_layers=2, first_k_dense_replace=1,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, intermediate_size=24,
+                    max_position_embeddings=64, n_routed_experts=8, num_experts_per_tok=2,
+                    n_shared_experts=1, moe_intermediate_size=8, aux_loss_alpha=0.1)
+        cfgs = [base, dict(base, scoring_func="sigmoid", norm_topk_prob=False, routed_scaling_factor=2.5),
+                dict(base, topk_method="group_limited", n_group=4, topk_group=2, tie_word_embeddings=True),
+                dict(base, topk_method="moge", n_group=2, scoring_func="sigmoid")]
+    worst_all = 0.0
+    for raw in cfgs:
+        c = load_config(raw)
+        P = {k: v.double() for k, v in draw_params(c, 1, 0.3).items()}
+        rng = np.random.default_rng(0)
+        B, T = 2, 6
+        rows = torch.from_numpy(rng.integers(0, c.V, size=(B, T + 1)))
+        inp, tgt = rows[:, :T], rows[:, 1:].clone()
+        tgt[0, 2] = -1   # one invalid target
+        Pg = {k: v.clone().requires_grad_(True) for k, v in P.items()}
+        stats = []
+        _, _, _, loss = forward(c, Pg, inp, tgt, stats)
+        loss.backward()
+        base_idx = None
+        g = torch.Generator().manual_seed(3)
+        worst = 0.0
+        for name, t in P.items():
+            # a few random coordinates per tensor, central differences
+            n = t.numel()
+            for j in torch.randint(0, n, (3,), generator=g).tolist():
+                h = 1e-6
+                def f(delta):
+                    Q = dict(P)
+                    tt = t.clone().view(-1)
+                    tt[j] += delta
+                    Q[name] = tt.view(t.shape)
+                    st = []
+                    lo = forward(c, Q, inp, tgt, st)[3]
+                    return float(lo), st
+                lp, st1 = f(h)
+                lm, st2 = f(-h)
+                fd = (lp - lm) / (2 * h)
+                gr = Pg[name].grad
+                ad = float(gr.reshape(-1)[j]) if gr is not None else 0.0
+                err = abs(fd - ad) / max(1e-4, abs(fd) + abs(ad))
+                worst = max(worst, err)
+                if err > 1e-5:
+                    print(f"  {name}[{j}]: autograd {ad:.9g} finite diff {fd:.9g} rel {err:.2e}")
+        del base_idx
+        worst_all = max(worst_all, worst)
+        print(f"gradcheck {c.topk_method}/{c.scoring}/norm={c.norm_topk}/tied={c.tied}: "
+              f"min margin {min(float(m.min()) for m in stats):.2e}, worst rel err {worst:.2e}")
+    ok = worst_all < 1e-5
+    print("gradcheck:", "OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+# --- training / eval -------------------------------------------------------------------
+
+def vm_hwm_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def blas_report():
+    libs = set()
+    a = torch.randn(1024, 1024)
+    b = torch.randn(1024, 1024)
+    torch.mm(a, b)
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split()[-1] if len(line.split()) >= 6 else ""
+                base = os.path.basename(p)
+                if any(s in base for s in ("blas", "blis", "mkl", "dnnl", "gomp", "lapack")):
+                    libs.add(os.path.realpath(p))
+    except OSError:
+        pass
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt > 0.5 and n >= 3:
+            break
+    gf = 2.0 * 1024 ** 3 * n / dt / 1e9
+    print(f"blas: {', '.join(sorted(libs)) or '?'}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')}"
+          f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} threads={torch.get_num_threads()};"
+          f" sgemm 1024^3: {gf:.1f} GFLOP/s", flush=True)
+    return gf
+
+
+def init_params(c, seed):
+    g = torch.Generator().manual_seed(seed)
+    std = math.sqrt(1.0 / (2.0 * c.d * c.L))
+    P = {}
+    for name, shape in param_shapes(c):
+        if len(shape) == 1:
+            P[name] = torch.ones(shape)
+        else:
+            P[name] = torch.randn(shape, generator=g) * std
+    return P
+
+
+class ShardSampler:
+    def __init__(self, data_dir, pattern, seed):
+        files = sorted(glob.glob(os.path.join(data_dir, f"*{pattern}*.bin")))
+        if not files:
+            raise ValueError(f"{data_dir}: no *{pattern}*.bin shards")
+        self.shards = [shard_read(f) for f in files]
+        self.rng = np.random.default_rng(seed)
+
+    def batch(self, B, T):
+        rows = np.empty((B, T + 1), dtype=np.int64)
+        sizes = np.array([s.size for s in self.shards])
+        ok = np.nonzero(sizes >= T + 1)[0]
+        if ok.size == 0:
+            raise ValueError("no shard holds T+1 tokens")
+        w = (sizes[ok] - T).astype(np.float64)
+        for b in range(B):
+            si = ok[self.rng.choice(ok.size, p=w / w.sum())]
+            s = self.shards[si]
+            o = int(self.rng.integers(0, s.size - T))
+            rows[b] = s[o:o + T + 1]
+        t = torch.from_numpy(rows)
+        return t[:, :T], t[:, 1:]
+
+
+def save_checkpoint(out, c, P):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(c.raw, f, indent=2)
+    st_write(os.path.join(out, "model.safetensors"), {n: P[n] for n, _ in param_shapes(c)})
+
+
+def cmd_train(a):
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    blas_report()
+    if a.init:
+        c, P = load_checkpoint(a.init)
+    else:
+        c = load_config(a.config)
+        P = init_params(c, a.seed)
+    if a.seq > c.max_pos:
+        raise ValueError("sequence longer than max_position_embeddings")
+    for t in P.values():
+        t.requires_grad_(True)
+    decay = [t for n, t in P.items() if t.dim() >= 2]
+    nodecay = [t for n, t in P.items() if t.dim() < 2]
+    kw = {}
+    try:
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                 {"params": nodecay, "weight_decay": 0.0}],
+                                lr=a.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+        kw["foreach"] = True
+    except TypeError:
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                 {"params": nodecay, "weight_decay": 0.0}],
+                                lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    data = ShardSampler(a.data, "train", a.seed)
+    params = list(P.values())
+    nparam = sum(t.numel() for t in params)
+    print(f"train: {nparam / 1e6:.2f}M parameters, {c.L} layers ({c.n_moe} MoE), "
+          f"batch {a.batch} x seq {a.seq}, {a.steps} steps, threads {a.threads}", flush=True)
+    tok_timed, t_timed = 0, 0.0
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        if step < a.warmup:
+            lr = a.lr * (step + 1) / a.warmup
+        else:
+            prog = (step - a.warmup) / max(1, a.steps - a.warmup)
+            lr = a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog)))
+        for gidx in opt.param_groups:
+            gidx["lr"] = lr
+        inp, tgt = data.batch(a.batch, a.seq)
+        _, ce, bals, loss = forward(c, P, inp, tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step > 0:
+            tok_timed += a.batch * a.seq
+            t_timed += dt
+        bal = float(torch.stack(bals).sum()) if bals else 0.0
+        print(f"step {step + 1}/{a.steps} loss {float(loss):.6f} ce {float(ce):.6f} balance_sum {bal:.5f} "
+              f"lr {lr:.3e} gnorm {float(gn):.4f} {dt * 1000:.0f} ms {a.batch * a.seq / dt:.0f} tok/s", flush=True)
+    if a.out:
+        save_checkpoint(a.out, c, {n: t.detach() for n, t in P.items()})
+        print(f"train: wrote {a.out}")
+    tps = tok_timed / t_timed if t_timed > 0 else float("nan")
+    print(f"summary tokens_per_s={tps:.3f} peak_rss_mb={vm_hwm_mb():.1f} steps={a.steps}", flush=True)
+    return 0
+
+
+def cmd_eval(a):
+    torch.set_num_threads(a.threads)
+    c, P = load_checkpoint(a.ckpt)
+    T = a.seq
+    files = sorted(glob.glob(os.path.join(a.data, "*val*.bin")))
+    if not files:
+        raise ValueError(f"{a.data}: no *val*.bin shards")
+    wins = []
+    for fn in files:
+        s = shard_read(fn)
+        nw = (s.size - 1) // T if s.size > T else 0
+        for w in range(nw):
+            if len(wins) >= a.windows:
+                break
+            wins.append(np.asarray(s[w * T: w * T + T + 1], dtype=np.int64))
+        if len(wins) >= a.windows:
+            break
+    if len(wins) < a.windows:
+        print(f"eval: only {len(wins)} windows available (asked {a.windows})")
+    tot, cnt = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(wins), 8):
+            rows = torch.from_numpy(np.stack(wins[i:i + 8]))
+            inp, tgt = rows[:, :T], rows[:, 1:]
+            logits = forward(c, P, inp)[0]
+            l = F.cross_entropy(logits.reshape(-1, c.V).double(), tgt.reshape(-1), reduction="sum")
+            tot += float(l)
+            cnt += tgt.numel()
+    print(f"eval: {len(wins)} windows of {T} tokens from {len(files)} val shard(s)")
+    print(f"val_loss={tot / max(cnt, 1):.7f}")
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="moe_ref.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make-case")
+    m.add_argument("--config", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--std", type=float, default=0.3)
+    m.add_argument("--batch", type=int, default=2)
+    m.add_argument("--seq", type=int, default=16)
+    cp = sub.add_parser("compare")
+    cp.add_argument("--case", required=True)
+    cp.add_argument("--dump", required=True)
+    cp.add_argument("--verbose", action="store_true", help="list every gradient")
+    t = sub.add_parser("train")
+    t.add_argument("--config")
+    t.add_argument("--data", required=True)
+    t.add_argument("--steps", type=int, required=True)
+    t.add_argument("--batch", type=int, required=True)
+    t.add_argument("--seq", type=int, required=True)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--warmup", type=int, default=10)
+    t.add_argument("--init")
+    t.add_argument("--out")
+    t.add_argument("--seed", type=int, default=1)
+    e = sub.add_parser("eval")
+    e.add_argument("--ckpt", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--seq", type=int, required=True)
+    e.add_argument("--windows", type=int, required=True)
+    e.add_argument("--threads", type=int, default=2)
+    sd = sub.add_parser("selfdump")
+    sd.add_argument("--case", required=True)
+    sd.add_argument("--out", required=True)
+    sd.add_argument("--batch", type=int, default=2)
+    sd.add_argument("--seq", type=int, default=16)
+    sd.add_argument("--perturb")
+    g = sub.add_parser("gradcheck")
+    g.add_argument("--config")
+    a = ap.parse_args(argv)
+    if a.cmd == "train" and not (a.config or a.init):
+        ap.error("train needs --config or --init")
+    try:
+        return {"make-case": cmd_make_case, "compare": cmd_compare, "train": cmd_train,
+                "eval": cmd_eval, "gradcheck": cmd_gradcheck, "selfdump": cmd_selfdump}[a.cmd](a)
+    except (ValueError, RuntimeError, OSError) as ex:
+        print(f"moe_ref.py {a.cmd}: error: {ex}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# PyTorch oracle test: moetrain's forward/backward against tests/oracle/moe_ref.py, an
+# independent PyTorch implementation of docs MODEL.md, and the reverse direction (a
+# checkpoint written by PyTorch trains and evaluates in moetrain with the same loss).
+#
+# Usage: bash tests/test_oracle.sh /path/to/moetrain
+# Env:   MT_SRC (source root; default: this script's ..), MT_TEST_TMP (scratch dir)
+# Exit:  0 pass, 1 fail, 77 skipped (no python3-torch).
+set -u
+MOETRAIN=${1:?usage: bash tests/test_oracle.sh /path/to/moetrain}
+SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+PY=/usr/bin/python3
+REF="$SRC/tests/oracle/moe_ref.py"
+
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
+  echo "SKIPPED: python3-torch not installed (apt-get install python3-torch)"
+  exit 77
+fi
+[ -x "$MOETRAIN" ] || { echo "FAIL: $MOETRAIN is not an executable"; exit 1; }
+
+TMP=${MT_TEST_TMP:-/tmp}/oracle.$$
+rm -rf "$TMP"; mkdir -p "$TMP"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+FAILS=()
+fail() { echo "FAIL: $*"; FAILS+=("$*"); }
+
+# ---- tiny configs ------------------------------------------------------------------------
+# base: vocab 300, d 64, 3 layers (first dense), H 4, Hkv 2, hd 16, ffn 96, E 8, k 2,
+# moe ffn 32, 1 shared expert, aux 0.01.  Every variant is base + a JSON patch.
+"$PY" - "$TMP" <<'EOF'
+import json, sys, os
+tmp = sys.argv[1]
+base = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 3, "first_k_dense_replace": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+        "max_position_embeddings": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "n_shared_experts": 1, "aux_loss_alpha": 0.01,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "model_type": "moetrain"}
+variants = {
+    "softmax_greedy": {},
+    "sigmoid_greedy": {"scoring_func": "sigmoid"},
+    "group_limited": {"topk_method": "group_limited", "n_group": 4, "topk_group": 2},
+    "sigmoid_group_limited_noshared": {"scoring_func": "sigmoid", "topk_method": "group_limited",
+                                       "n_group": 4, "topk_group": 2, "n_shared_experts": 0},
+    "moge": {"topk_method": "moge", "n_group": 2, "num_experts_per_tok": 2},
+    "nonorm_rsf2.5": {"norm_topk_prob": False, "routed_scaling_factor": 2.5},
+    "sigmoid_nonorm_rsf2.5": {"scoring_func": "sigmoid", "norm_topk_prob": False, "routed_scaling_factor": 2.5},
+    "tied": {"tie_word_embeddings": True},
+    "all_dense": None,
+    "mha_hkv_eq_h": {"num_key_value_heads": 4},
+}
+for name, patch in variants.items():
+    if patch is None:   # no MoE keys at all: every layer dense (defaults)
+        cfg = {k: v for k, v in base.items() if k not in (
+            "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
+            "moe_intermediate_size", "n_shared_experts", "aux_loss_alpha")}
+    else:
+        cfg = dict(base, **patch)
+    with open(os.path.join(tmp, name + ".json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    print(name)
+EOF
+[ $? -eq 0 ] || { echo "FAIL: could not write the test configs"; exit 1; }
+
+CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h"
+B=2; T=16
+for name in $CASES; do
+  case_dir="$TMP/case_$name"
+  echo "=== oracle case $name"
+  if ! "$PY" "$REF" make-case --config "$TMP/$name.json" --out "$case_dir" --seed 7 --std 0.3 \
+       --batch $B --seq $T; then
+    fail "$name: make-case failed"; continue
+  fi
+  if ! "$MOETRAIN" dump --ckpt "$case_dir" --tokens "$case_dir/tokens.bin" --batch $B --seq $T \
+       --out "$case_dir/dump.safetensors" > "$case_dir/dump.log" 2>&1; then
+    sed 's/^/    /' "$case_dir/dump.log" | tail -20
+    fail "$name: moetrain dump failed (log $case_dir/dump.log)"; continue
+  fi
+  if ! "$PY" "$REF" compare --case "$case_dir" --dump "$case_dir/dump.safetensors"; then
+    fail "$name: moetrain disagrees with the PyTorch oracle (see table above)"
+  fi
+done
+
+# ---- reverse direction: a checkpoint written by PyTorch -----------------------------------
+echo "=== reverse direction: PyTorch-written checkpoint in moetrain"
+REV="$TMP/reverse"; mkdir -p "$REV"
+DATA="$REV/data"; OCK="$REV/oracle_ckpt"; RUN="$REV/run"
+SEQ=32; WIN=8
+if ! "$MOETRAIN" data math --out "$DATA" > "$REV/data.log" 2>&1; then
+  tail -20 "$REV/data.log"; fail "reverse: moetrain data math failed"
+elif ! "$PY" "$REF" train --config "$TMP/softmax_greedy.json" --data "$DATA" --steps 3 --batch 2 \
+       --seq $SEQ --threads 2 --warmup 1 --lr 1e-3 --out "$OCK" > "$REV/oracle_train.log" 2>&1; then
+  tail -20 "$REV/oracle_train.log"; fail "reverse: moe_ref.py train failed"
+else
+  grep -E '^(blas|step|summary)' "$REV/oracle_train.log" | sed 's/^/    oracle: /'
+  if ! "$MOETRAIN" train --config "$OCK/config.json" --init "$OCK" --data "$DATA" --steps 3 --batch 2 \
+       --seq $SEQ --out "$RUN" > "$REV/mt_train.log" 2>&1; then
+    tail -20 "$REV/mt_train.log"; fail "reverse: moetrain train --init <oracle checkpoint> failed"
+  else
+    echo "    moetrain train --init oracle checkpoint: ok"
+  fi
+  mt_val=$("$MOETRAIN" eval --ckpt "$OCK" --data "$DATA" --seq $SEQ --windows $WIN 2> "$REV/mt_eval.err" \
+           | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
+  py_val=$("$PY" "$REF" eval --ckpt "$OCK" --data "$DATA" --seq $SEQ --windows $WIN 2> "$REV/py_eval.err" \
+           | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
+  if [ -z "$mt_val" ]; then
+    cat "$REV/mt_eval.err" | tail -5; fail "reverse: moetrain eval printed no val_loss="
+  elif [ -z "$py_val" ]; then
+    cat "$REV/py_eval.err" | tail -5; fail "reverse: moe_ref.py eval printed no val_loss="
+  elif ! "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-4*abs(a) else 1)" "$py_val" "$mt_val"; then
+    fail "reverse: val loss of the oracle checkpoint: moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
+  else
+    echo "    val_loss (seq $SEQ, $WIN windows): PyTorch $py_val  moetrain $mt_val  ok"
+  fi
+fi
+
+echo
+if [ ${#FAILS[@]} -gt 0 ]; then
+  echo "test_oracle: ${#FAILS[@]} failure(s):"
+  for f in "${FAILS[@]}"; do echo "  - $f"; done
+  echo "(scratch kept in $TMP)"
+  exit 1
+fi
+echo "test_oracle: all cases agree with the PyTorch oracle"
+rm -rf "$TMP"
+exit 0
