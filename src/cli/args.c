@@ -103,8 +103,8 @@ const char *mt_cli_config_path(const char *name) {
         if (slash) *slash = 0;
         const char *rel[] = {"../configs", "configs", "../../configs", NULL};
         for (int i = 0; rel[i]; i++) {
-            snprintf(buf, sizeof buf, "%s/%s/%s.json", exe, rel[i], name);
-            if (stat(buf, &st) == 0) return buf;
+            int len = snprintf(buf, sizeof buf, "%s/%s/%s.json", exe, rel[i], name);
+            if (len > 0 && (size_t)len < sizeof buf && stat(buf, &st) == 0) return buf;
         }
     }
     snprintf(buf, sizeof buf, "configs/%s.json", name);

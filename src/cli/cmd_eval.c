@@ -102,6 +102,10 @@ int mt_cmd_eval(int argc, char **argv) {
     int rc = mt_args_parse("eval", "--ckpt DIR --data DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!ckpt || !data) { mt_error("moetrain eval: --ckpt DIR and --data DIR are required"); return mt_cli_fail(); }
+    if (batch < 1 || T < 0 || windows < 0 || nprob < 0 || max_new < 1 || show < 0) {
+        mt_error("moetrain eval: --batch and --max-new must be positive; --seq, --windows, --problems, --show >= 0");
+        return mt_cli_fail();
+    }
     if (threads > 0) mt_set_threads(threads);
     mt_model m;
     char dir[4096];

@@ -214,7 +214,7 @@ typedef struct {
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts;
-    size_t cap;                   /* B*T */
+    size_t cap, last_n;            /* capacity B*T; tokens of the last step */                   /* B*T */
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* final residual, final norm out, rstd */
     float *cos_t, *sin_t;
@@ -347,6 +347,16 @@ const int64_t *mt_acts_load(const mt_acts *a) { return a->load; }
 
 void mt_acts_reset_load(mt_acts *a) {
     memset(a->load, 0, sizeof(int64_t) * (size_t)a->nlayers * (size_t)a->nexperts);
+}
+
+uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *c) {
+    uint64_t h = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (!mt_config_is_moe(c, l)) continue;
+        for (size_t i = 0; i < a->last_n * (size_t)c->num_experts_per_tok; i++)
+            h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[l].sel[i]);
+    }
+    return h;
 }
 
 /* ---------------------------------------------------------------- routing */
@@ -639,6 +649,7 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
     const int Ln = c->num_hidden_layers, V = c->vocab_size;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap);
     memset(st, 0, sizeof *st);
+    a->last_n = (size_t)N;
 
     /* embedding */
     float *x0 = a->L[0].x;

@@ -84,6 +84,10 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
 const int64_t *mt_acts_load(const mt_acts *a);
 void mt_acts_reset_load(mt_acts *a);
 
+/* A hash of every routing decision (selected experts) of the last mt_model_step: tests use
+ * it to tell a smooth change of the loss from a routing flip. */
+uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *cfg);
+
 /* Routing of one token (exposed for tests): p[E] selection scores -> sel[k] (descending by
  * p, ties to the lower index) per the config's topk_method. */
 void mt_route_select(const mt_config *c, const float *p, int *sel);

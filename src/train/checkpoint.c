@@ -31,7 +31,8 @@ static int file_xxh64(const char *path, unsigned long long *out) {
 }
 
 static void join(char *out, size_t cap, const char *dir, const char *name) {
-    snprintf(out, cap, "%s/%s", dir, name);
+    int n = snprintf(out, cap, "%s/%s", dir, name);
+    MT_ASSERT(n > 0 && (size_t)n < cap); /* paths are bounded by the callers' 4096-byte buffers */
 }
 
 static int exists(const char *path) {

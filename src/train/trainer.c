@@ -200,8 +200,18 @@ int mt_train(const mt_train_opts *opts) {
     const int nthr = mt_get_threads();
 
     /* configuration: resume > init > --config */
+    char resume_out[4096];
     if (o.resume) {
         if (mt_ckpt_resolve(o.resume, ckdir, sizeof ckdir) != 0) return -1;
+        if (o.config) mt_warn("--resume given: --config is ignored, the model config comes from %s/config.json", ckdir);
+        if (!o.out) { /* continue writing into the run folder the checkpoint belongs to */
+            snprintf(resume_out, sizeof resume_out, "%s", ckdir);
+            char *slash = strrchr(resume_out, '/');
+            if (slash && strcmp(ckdir, o.resume) != 0) snprintf(resume_out, sizeof resume_out, "%s", o.resume);
+            else if (slash) *slash = 0;
+            else snprintf(resume_out, sizeof resume_out, ".");
+            o.out = resume_out;
+        }
         if (mt_ckpt_verify(ckdir, 1) != 0) return -1;
         if (mt_ckpt_load_config(ckdir, &cfg) != 0) return -1;
         char *st;
@@ -220,6 +230,17 @@ int mt_train(const mt_train_opts *opts) {
     }
     if (o.batch < 1 || o.seq < 1 || o.accum < 1 || o.steps < 1)
         return mt_error("train: --batch, --seq, --accum and --steps must be positive");
+    if (!(o.lr > 0) || !isfinite(o.lr)) return mt_error("train: --lr must be a positive finite number");
+    if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) return mt_error("train: --min-lr-ratio must be in [0, 1]");
+    if (!(o.wd >= 0) || !isfinite(o.wd)) return mt_error("train: --wd must be a finite number >= 0");
+    if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
+        return mt_error("train: --beta1 and --beta2 must be in [0, 1)");
+    if (!(o.clip >= 0) || !isfinite(o.clip)) return mt_error("train: --clip must be a finite number >= 0 (0 = off)");
+    if (!(o.init_std >= 0) || !isfinite(o.init_std)) return mt_error("train: --init-std must be a finite number >= 0 (0 = default)");
+    if (o.max_bad < 1) return mt_error("train: --max-bad-steps must be at least 1");
+    if (o.log_every < 1) return mt_error("train: --log-every must be at least 1");
+    if (o.save_every < 0 || o.eval_every < 0 || o.load_every < 0 || o.keep < 0)
+        return mt_error("train: --save-every, --eval-every, --load-every and --keep must be >= 0");
     if (o.seq > cfg.max_position_embeddings)
         return mt_error("train: --seq %d exceeds max_position_embeddings %d of the config", o.seq,
                         cfg.max_position_embeddings);
@@ -329,7 +350,7 @@ int mt_train(const mt_train_opts *opts) {
                     isfinite(loss) ? "gradient" : "loss", loss, gnorm, bad);
             fprintf(r.metrics, "{\"event\":\"skip\",\"step\":%d,\"loss\":\"%g\",\"grad_norm\":\"%g\"}\n", step, loss, gnorm);
             fflush(r.metrics);
-            if (bad > o.max_bad) {
+            if (bad >= o.max_bad) {
                 rc = mt_error("train: stopping after %d non-finite steps in a row (step %d); last good checkpoint: %s",
                               bad, step, last_good);
                 break;
@@ -395,11 +416,14 @@ int mt_train(const mt_train_opts *opts) {
             if (!o.quiet) printf("\n");
             mt_acts_reset_load(r.acts);
         }
-        if (o.save_every > 0 && step % o.save_every == 0 && step != o.steps) {
+        /* a checkpoint is written only after a finite step: it must be one to go back to */
+        if (o.save_every > 0 && step % o.save_every == 0 && step != o.steps && bad == 0) {
             if (save_checkpoint(&o, &r, step, samples, bad, last_good, sizeof last_good) != 0) { rc = -1; break; }
         }
     }
-    if (rc == 0) {
+    if (rc == 0 && bad > 0) {
+        mt_warn("the last step was non-finite: no final checkpoint; last good checkpoint: %s", last_good);
+    } else if (rc == 0) {
         int final_step = o.steps;
         if (save_checkpoint(&o, &r, final_step, samples, bad, last_good, sizeof last_good) != 0) rc = -1;
     }

@@ -1,0 +1,220 @@
+/* tests/test_model_grad.c — finite-difference checks of the full model's gradient, tensor by
+ * tensor (directional derivatives), for every routing method and scoring function, tied
+ * embeddings, a dense-only model, and ignored targets. Also checks that a forward gives the
+ * same loss whatever the thread count and that grads accumulate across micro-batches like a
+ * single batch. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "kernels/blas.h"
+#include "model/model.h"
+
+static int failures = 0;
+#define CHECK(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); failures++; } } while (0)
+
+static void base_config(mt_config *c) {
+    mt_config_defaults(c);
+    c->vocab_size = 37;
+    c->hidden_size = 16;
+    c->num_hidden_layers = 3;
+    c->num_attention_heads = 4;
+    c->num_key_value_heads = 2;
+    c->head_dim = 8;
+    c->intermediate_size = 24;
+    c->max_position_embeddings = 64;
+    c->first_k_dense_replace = 1;
+    c->n_routed_experts = 8;
+    c->num_experts_per_tok = 2;
+    c->n_shared_experts = 1;
+    c->moe_intermediate_size = 12;
+    c->aux_loss_alpha = 0.05;
+    c->routed_scaling_factor = 1.0;
+    c->norm_topk_prob = 1;
+}
+
+enum { B = 2, T = 9 };
+
+static double loss_of(mt_model *m, mt_acts *a, const int32_t *in, const int32_t *tg, float ce_scale, int train) {
+    mt_step_stats st;
+    float bal_scale = 1.0f / B;
+    mt_model_step(m, a, in, tg, B, T, train, ce_scale, bal_scale, NULL, &st);
+    double bal = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) bal += st.bal_sum[l];
+    return st.ce_sum * ce_scale + m->cfg.aux_loss_alpha * bal_scale * bal;
+}
+
+static void check_config(const char *what, const mt_config *c, int ignore_some) {
+    mt_model m;
+    if (mt_model_init(&m, c) != 0) { CHECK(0, "%s: init: %s", what, mt_last_error()); return; }
+    mt_model_init_weights(&m, 42, 0.2f);
+    /* norms away from 1 so their gradients matter */
+    for (int i = 0; i < m.ntensors; i++)
+        if (m.tensors[i].ndim == 1)
+            for (size_t j = 0; j < m.tensors[i].numel; j++)
+                m.params[m.tensors[i].offset + j] = 1.0f + 0.3f * mt_normal(9, (uint64_t)i, j);
+    mt_acts *a = mt_acts_new(c, B, T, mt_get_threads());
+    int32_t in[B * T], tg[B * T];
+    int nvalid = 0;
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)(mt_hash4(3, (uint64_t)i, 0, 0) % (uint64_t)c->vocab_size);
+        tg[i] = (int32_t)(mt_hash4(4, (uint64_t)i, 0, 0) % (uint64_t)c->vocab_size);
+        if (ignore_some && i % 4 == 1) tg[i] = -1;
+        nvalid += tg[i] >= 0;
+    }
+    float ce_scale = 1.0f / (float)nvalid;
+    mt_model_zero_grads(&m);
+    double L0 = loss_of(&m, a, in, tg, ce_scale, 1);
+    const uint64_t h0 = mt_acts_routing_hash(a, c);
+    int skipped = 0;
+    CHECK(isfinite(L0), "%s: loss not finite", what);
+    float *grad = mt_alloc(m.nparams * sizeof(float));
+    memcpy(grad, m.grads, m.nparams * sizeof(float));
+    double worst = 0;
+    const char *worst_name = "";
+    int checked = 0;
+    for (int i = 0; i < m.ntensors; i++) {
+        const mt_tensor *t = &m.tensors[i];
+        float *p = m.params + t->offset;
+        /* direction v = g/rms(g) + N(0,1) on this tensor only: the g part gives the
+         * difference quotient a large signal over float32 noise, the random part checks the
+         * directions the gradient itself does not point to */
+        float *v = mt_alloc(t->numel * sizeof(float));
+        double gv = 0, gnorm = 0;
+        for (size_t j = 0; j < t->numel; j++) gnorm += (double)grad[t->offset + j] * grad[t->offset + j];
+        double grms = sqrt(gnorm / (double)t->numel);
+        for (size_t j = 0; j < t->numel; j++) {
+            v[j] = (grms > 0 ? (float)(grad[t->offset + j] / grms) : 0.0f) + mt_normal(77, (uint64_t)i, j);
+            gv += (double)grad[t->offset + j] * v[j];
+        }
+        if (gnorm == 0) {  /* an expert no token reached has zero gradient: check the loss ignores it */
+            mt_free(v);
+            continue;
+        }
+        /* central difference; a step that flips a routing decision is not smooth: shrink it */
+        float *saved = mt_alloc(t->numel * sizeof(float));
+        memcpy(saved, p, t->numel * sizeof(float));
+        double eps = fmin(4e-3, 2e-3 / fabs(gv)), fd = 0; /* loss moves by ~2e-3: linear regime */
+        int smooth = 0;
+        for (int tries = 0; tries < 4 && !smooth; tries++, eps /= 4) {
+            double D[2];
+            smooth = 1;
+            for (int r = 0; r < 2; r++) {
+                double e = r ? eps / 2 : eps;
+                for (size_t j = 0; j < t->numel; j++) p[j] = saved[j] + (float)e * v[j];
+                double Lp = loss_of(&m, a, in, tg, ce_scale, 0);
+                smooth &= mt_acts_routing_hash(a, c) == h0;
+                for (size_t j = 0; j < t->numel; j++) p[j] = saved[j] - (float)e * v[j];
+                double Lm = loss_of(&m, a, in, tg, ce_scale, 0);
+                smooth &= mt_acts_routing_hash(a, c) == h0;
+                D[r] = (Lp - Lm) / (2 * e);
+            }
+            fd = (4 * D[1] - D[0]) / 3; /* Richardson: cancels the O(eps^2) term */
+        }
+        memcpy(p, saved, t->numel * sizeof(float));
+        if (!smooth) { skipped++; mt_free(saved); mt_free(v); continue; }
+        double err = fabs(fd - gv) / fmax(fabs(gv), 1e-2);
+        if (err > worst) { worst = err; worst_name = t->name; }
+        CHECK(err < 2e-2, "%s: %s: analytic %.6e vs numeric %.6e (rel err %.2e)", what, t->name, gv, fd, err);
+        checked++;
+        mt_free(saved);
+        mt_free(v);
+    }
+    printf("%-28s loss %.5f, %d tensors checked (%d skipped: routing flips), worst rel err %.2e (%s)\n", what, L0,
+           checked, skipped, worst, worst_name);
+    CHECK(skipped * 4 <= checked, "%s: too many tensors skipped for routing flips (%d)", what, skipped);
+    mt_free(grad);
+    mt_acts_free(a);
+    mt_model_free(&m);
+}
+
+/* micro-batch accumulation: two micro-batches of B/2 accumulate the gradient of one batch of B */
+static void check_accumulation(void) {
+    mt_config c;
+    base_config(&c);
+    mt_model m;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 5, 0.3f);
+    mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads());
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)(mt_hash4(13, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
+        tg[i] = (int32_t)(mt_hash4(14, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
+    }
+    mt_step_stats st;
+    mt_model_zero_grads(&m);
+    mt_model_step(&m, a, in, tg, B, T, 1, 1.0f / (B * T), 1.0f / B, NULL, &st);
+    float *g1 = mt_alloc(m.nparams * sizeof(float));
+    memcpy(g1, m.grads, m.nparams * sizeof(float));
+    mt_model_zero_grads(&m);
+    for (int mb = 0; mb < B; mb++)
+        mt_model_step(&m, a, in + mb * T, tg + mb * T, 1, T, 1, 1.0f / (B * T), 1.0f / B, NULL, &st);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < m.nparams; i++) {
+        num += ((double)g1[i] - m.grads[i]) * ((double)g1[i] - m.grads[i]);
+        den += (double)g1[i] * g1[i];
+    }
+    double rel = sqrt(num / den);
+    printf("%-28s rel diff %.2e\n", "accumulation 1x2 vs 2x1", rel);
+    CHECK(rel < 1e-5, "gradient accumulation differs from one batch: %.3e", rel);
+    /* thread-count independence of the forward */
+    mt_set_threads(1);
+    double l1 = loss_of(&m, a, in, tg, 1.0f / (B * T), 0);
+    mt_set_threads(2);
+    double l2 = loss_of(&m, a, in, tg, 1.0f / (B * T), 0);
+    printf("%-28s 1 thread %.9f, 2 threads %.9f\n", "thread count", l1, l2);
+    CHECK(fabs(l1 - l2) <= 1e-6 * fabs(l1), "loss depends on thread count: %.9f vs %.9f", l1, l2);
+    mt_free(g1);
+    mt_acts_free(a);
+    mt_model_free(&m);
+}
+
+/* routing selection rules, including ties */
+static void check_routing(void) {
+    mt_config c;
+    base_config(&c);
+    int sel[8];
+    float p[8] = {0.1f, 0.3f, 0.3f, 0.05f, 0.05f, 0.1f, 0.05f, 0.05f};
+    c.topk_method = MT_TOPK_GREEDY;
+    mt_route_select(&c, p, sel);
+    CHECK(sel[0] == 1 && sel[1] == 2, "greedy tie: got %d %d", sel[0], sel[1]);
+    /* group_limited: 4 groups of 2, keep 2 groups by max: groups 0 (0.3), 1 (0.3) */
+    float q[8] = {0.01f, 0.2f, 0.3f, 0.02f, 0.25f, 0.25f, 0.1f, 0.05f};
+    c.n_group = 4; c.topk_group = 2; c.topk_method = MT_TOPK_GROUP_LIMITED;
+    mt_route_select(&c, q, sel);
+    /* group maxima: g0 .2, g1 .3, g2 .25, g3 .1 -> keep g1, g2 -> experts 2 (.3), 4 (.25, tie with 5 -> lower) */
+    CHECK(sel[0] == 2 && sel[1] == 4, "group_limited: got %d %d", sel[0], sel[1]);
+    c.n_group = 2; c.topk_method = MT_TOPK_MOGE;
+    mt_route_select(&c, q, sel);
+    /* moge: 1 per group of 4: g0 -> 2 (.3), g1 -> 4 (.25 tie 5 -> lower) */
+    CHECK((sel[0] == 2 && sel[1] == 4), "moge: got %d %d", sel[0], sel[1]);
+}
+
+int main(void) {
+    mt_set_threads(2);
+    check_routing();
+    mt_config c;
+    base_config(&c);
+    check_config("softmax greedy", &c, 0);
+    base_config(&c); c.scoring_func = MT_SCORING_SIGMOID;
+    check_config("sigmoid greedy", &c, 0);
+    base_config(&c); c.n_group = 4; c.topk_group = 2; c.topk_method = MT_TOPK_GROUP_LIMITED;
+    check_config("softmax group_limited", &c, 0);
+    base_config(&c); c.n_group = 2; c.topk_method = MT_TOPK_MOGE; c.scoring_func = MT_SCORING_SIGMOID;
+    check_config("sigmoid moge", &c, 0);
+    base_config(&c); c.n_group = 2; c.topk_method = MT_TOPK_MOGE;
+    check_config("softmax moge", &c, 0);
+    base_config(&c); c.norm_topk_prob = 0; c.routed_scaling_factor = 2.5; c.n_shared_experts = 0;
+    check_config("no norm, scale 2.5, no shared", &c, 0);
+    base_config(&c); c.tie_word_embeddings = 1; c.num_key_value_heads = 4;
+    check_config("tied embeddings, MHA", &c, 1);
+    base_config(&c); c.n_routed_experts = 0; c.num_experts_per_tok = 0; c.first_k_dense_replace = 3;
+    check_config("dense only, ignored targets", &c, 1);
+    check_accumulation();
+    if (failures) { printf("%d check(s) failed\n", failures); return 1; }
+    printf("all model gradient checks passed\n");
+    return 0;
+}
