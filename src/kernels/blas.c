@@ -61,7 +61,7 @@ void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const fl
     if (M == 0 || N == 0) return;
     if (K == 0) {
         for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= beta;
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,

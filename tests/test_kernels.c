@@ -1,0 +1,746 @@
+/* tests/test_kernels.c — every optimised kernel (kernels/ops.h, kernels/blas.h) against its
+ * plain reference (kernels/ref.h), in the spirit of ggml's test-backend-ops:
+ *  1. optimised vs reference over odd shapes, measured by the normalised error
+ *     ||a - b|| / ||b|| (b = reference) against a per-op tolerance;
+ *  2. the reference backwards against central finite differences of the reference
+ *     forwards, through the scalar loss L = sum(out * R) for a fixed random R (the
+ *     optimised backwards are checked there too);
+ *  3. determinism: mt_sumsq and mt_rmsnorm_bwd give the same bits with 1, 2 and 3
+ *     threads; the attention forward gives the same bits with 1 and nthr threads.
+ * Outputs that a kernel must overwrite, and all scratch, are pre-filled with NaN so a
+ * missed element or a read of stale scratch shows up as a failure. Buffers are allocated
+ * at their exact size (not rounded up) so the sanitizer build sees any overrun.
+ * One summary line per kernel; exit 1 on any failure. */
+#include "base/common.h"
+#include "kernels/blas.h"
+#include "kernels/ops.h"
+#include "kernels/ref.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+#define CHECK(c) do { if (!(c)) { \
+    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); failures++; } } while (0)
+/* Two doubles with the same bits (determinism checks); prints both. */
+#define CHECK_SAME_D(a, b) do { double a_ = (a), b_ = (b); \
+    if (memcmp(&a_, &b_, sizeof(double)) != 0) { \
+        fprintf(stderr, "%s:%d: CHECK failed: %s == %s bit-for-bit (%.17g vs %.17g) [%s]\n", \
+                __FILE__, __LINE__, #a, #b, a_, b_, where); failures++; } } while (0)
+/* Two float arrays with the same bits; prints the first difference. */
+#define CHECK_SAME_F(a, b, n) check_same_f((a), (b), (n), #a, #b, __FILE__, __LINE__)
+
+/* ---- statistics: one line per kernel ------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    double tol;
+    double maxerr;
+    int cases;
+} stat;
+
+enum {
+    S_SGEMM, S_LINEAR_FWD, S_LINEAR_BWD, S_RMSNORM_FWD, S_RMSNORM_BWD, S_ROPE, S_SWIGLU_FWD,
+    S_SWIGLU_BWD, S_ATT_FWD, S_ATT_BWD, S_HEAD_LOSS, S_HEAD_GRAD, S_SUMSQ, S_ADAMW,
+    S_FD_LINEAR, S_FD_RMSNORM, S_FD_ROPE, S_FD_SWIGLU, S_FD_ATT, S_FD_HEAD, S_COUNT
+};
+
+/* Tolerances are on the normalised error ||opt - ref|| / ||ref|| (float kernels vs
+ * double references: a few float ulps times sqrt of the reduction length), except the
+ * fd_ rows: max over sampled coordinates of |analytic - numeric| / max(|numeric|,
+ * 0.1 * rms(gradient)). */
+static stat stats[S_COUNT] = {
+    [S_SGEMM] = {"sgemm", 1e-5, 0, 0},
+    [S_LINEAR_FWD] = {"linear_fwd", 1e-5, 0, 0},
+    [S_LINEAR_BWD] = {"linear_bwd", 1e-5, 0, 0},
+    [S_RMSNORM_FWD] = {"rmsnorm_fwd", 1e-5, 0, 0},
+    [S_RMSNORM_BWD] = {"rmsnorm_bwd", 1e-5, 0, 0},
+    [S_ROPE] = {"rope_apply", 1e-5, 0, 0},
+    [S_SWIGLU_FWD] = {"swiglu_fwd", 1e-5, 0, 0},
+    [S_SWIGLU_BWD] = {"swiglu_bwd", 1e-5, 0, 0},
+    [S_ATT_FWD] = {"attention_fwd", 1e-4, 0, 0},
+    [S_ATT_BWD] = {"attention_bwd", 1e-4, 0, 0},
+    [S_HEAD_LOSS] = {"head_ce loss+logits", 1e-5, 0, 0},
+    [S_HEAD_GRAD] = {"head_ce dx,dW", 1e-4, 0, 0},
+    [S_SUMSQ] = {"sumsq (rel)", 1e-10, 0, 0},
+    [S_ADAMW] = {"adamw", 1e-5, 0, 0},
+    [S_FD_LINEAR] = {"fd linear (din,dW)", 1e-2, 0, 0},
+    [S_FD_RMSNORM] = {"fd rmsnorm (dx,dw)", 1e-2, 0, 0},
+    [S_FD_ROPE] = {"fd rope (inverse)", 1e-2, 0, 0},
+    [S_FD_SWIGLU] = {"fd swiglu (dg,du)", 1e-2, 0, 0},
+    [S_FD_ATT] = {"fd attention (dq,dk,dv)", 1e-2, 0, 0},
+    [S_FD_HEAD] = {"fd head_ce (dx,dW)", 1e-2, 0, 0},
+};
+
+static char where[256]; /* description of the current case, for failure messages */
+
+/* Records err for stat s; a failure (err > tol, or NaN) prints file:line and the case. */
+#define RECORD(s, what, err) record_err((s), (what), (err), __FILE__, __LINE__)
+static void record_err(int s, const char *what, double err, const char *file, int line) {
+    stat *st = &stats[s];
+    st->cases++;
+    if (err > st->maxerr || isnan(err)) st->maxerr = isnan(st->maxerr) ? st->maxerr : err;
+    if (!(err <= st->tol)) {
+        fprintf(stderr, "%s:%d: %s %s [%s]: error %.3e > tol %.1e\n", file, line, st->name,
+                what, where, err, st->tol);
+        failures++;
+    }
+}
+
+static void check_same_f(const float *a, const float *b, size_t n, const char *ea,
+                         const char *eb, const char *file, int line) {
+    if (memcmp(a, b, sizeof(float) * n) == 0) return;
+    size_t i = 0;
+    while (i < n && memcmp(&a[i], &b[i], sizeof(float)) == 0) i++;
+    fprintf(stderr, "%s:%d: CHECK failed: %s == %s bit-for-bit: [%zu] %.9g vs %.9g [%s]\n",
+            file, line, ea, eb, i, (double)a[i], (double)b[i], where);
+    failures++;
+}
+
+/* ---- buffers and data -------------------------------------------------------------- */
+
+static float *falloc(size_t n) { return mt_xmalloc(sizeof(float) * (n ? n : 1)); }
+
+/* a[i] = lo + (hi - lo) * u01, keyed by (seed, i). */
+static void fill(float *a, size_t n, uint64_t seed, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) a[i] = lo + (hi - lo) * mt_u01(mt_hash4(seed, i, 0x6b65726eULL, 0));
+}
+static void fill_nan(float *a, size_t n) {
+    for (size_t i = 0; i < n; i++) a[i] = NAN;
+}
+static float *rnd(size_t n, uint64_t seed, float lo, float hi) {
+    float *a = falloc(n);
+    fill(a, n, seed, lo, hi);
+    return a;
+}
+static float *dup(const float *a, size_t n) {
+    float *b = falloc(n);
+    memcpy(b, a, sizeof(float) * n);
+    return b;
+}
+
+/* ||a - b|| / ||b||  (||a - b|| when b == 0); NaN anywhere gives NaN. */
+static double nerr(const float *a, const float *b, size_t n) {
+    double d = 0.0, r = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        d += e * e;
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+static double dot_d(const float *a, const float *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+static double rms(const float *a, size_t n) { return n ? sqrt(dot_d(a, a, n) / n) : 0.0; }
+
+/* ---- 1. optimised vs reference ------------------------------------------------------ */
+
+static void test_sgemm(void) {
+    static const int Ms[] = {1, 7, 33}, Ns[] = {1, 5, 65}, Ks[] = {0, 1, 17, 64};
+    for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+    for (size_t a = 0; a < 3; a++)
+    for (size_t b = 0; b < 3; b++)
+    for (size_t c = 0; c < 4; c++) {
+        int M = Ms[a], N = Ns[b], K = Ks[c];
+        /* padded leading dimensions: strided views like the attention kernel's */
+        int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+        size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+        float *A = rnd(na, 1 + c, -1, 1), *B = rnd(nb, 2 + b, -1, 1), *C0 = rnd(nc, 3, -1, 1);
+        float *C1 = dup(C0, nc), *C2 = dup(C0, nc);
+        float beta = (a + b + c) % 2 ? 0.3f : 1.0f;
+        snprintf(where, sizeof where, "tA=%d tB=%d M=%d N=%d K=%d beta=%g", ta, tb, M, N, K, beta);
+        mt_sgemm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
+        mt_ref_sgemm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
+        RECORD(S_SGEMM, "C", nerr(C1, C2, nc));
+        free(A); free(B); free(C0); free(C1); free(C2);
+    }
+}
+
+static void test_linear(void) {
+    static const int Ns[] = {1, 7, 33, 130}, Is[] = {1, 3, 17, 64, 129}, Os[] = {1, 5, 67};
+    static const float betas[] = {0.0f, 1.0f, 0.5f};
+    for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 5; b++)
+    for (size_t c = 0; c < 3; c++) {
+        int N = Ns[a], In = Is[b], O = Os[c];
+        float beta = betas[(a + b + c) % 3];
+        size_t nin = (size_t)N * In, nw = (size_t)O * In, nout = (size_t)N * O;
+        float *x = rnd(nin, 10, -1, 1), *W = rnd(nw, 11, -1, 1), *dy = rnd(nout, 12, -1, 1);
+        float *y1 = rnd(nout, 13, -1, 1), *y2 = dup(y1, nout);
+        if (beta == 0.0f) { fill_nan(y1, nout); fill_nan(y2, nout); } /* beta 0: not read */
+        snprintf(where, sizeof where, "N=%d In=%d O=%d beta=%g", N, In, O, beta);
+        mt_linear_fwd(y1, x, W, N, In, O, beta);
+        mt_ref_linear_fwd(y2, x, W, N, In, O, beta);
+        RECORD(S_LINEAR_FWD, "out", nerr(y1, y2, nout));
+
+        float *dx1 = rnd(nin, 14, -1, 1), *dx2 = dup(dx1, nin);
+        if (beta == 0.0f) { fill_nan(dx1, nin); fill_nan(dx2, nin); }
+        float *dW1 = rnd(nw, 15, -1, 1), *dW2 = dup(dW1, nw); /* dW accumulates */
+        mt_linear_bwd(dx1, dW1, dy, x, W, N, In, O, beta);
+        mt_ref_linear_bwd(dx2, dW2, dy, x, W, N, In, O, beta);
+        RECORD(S_LINEAR_BWD, "din", nerr(dx1, dx2, nin));
+        RECORD(S_LINEAR_BWD, "dW", nerr(dW1, dW2, nw));
+        /* the NULL-skips: dW only, then din only */
+        float *dW3 = rnd(nw, 15, -1, 1), *dx3 = rnd(nin, 14, -1, 1);
+        mt_linear_bwd(NULL, dW3, dy, x, W, N, In, O, beta);
+        mt_linear_bwd(dx3, NULL, dy, x, W, N, In, O, 1.0f);
+        RECORD(S_LINEAR_BWD, "dW (din NULL)", nerr(dW3, dW2, nw));
+        float *dx4 = rnd(nin, 14, -1, 1);
+        mt_ref_linear_bwd(dx4, NULL, dy, x, W, N, In, O, 1.0f);
+        RECORD(S_LINEAR_BWD, "din (dW NULL)", nerr(dx3, dx4, nin));
+        free(x); free(W); free(dy); free(y1); free(y2); free(dx1); free(dx2); free(dW1);
+        free(dW2); free(dW3); free(dx3); free(dx4);
+    }
+}
+
+static void test_rmsnorm(void) {
+    static const int Ns[] = {1, 7, 33, 130, 4099}, Cs[] = {1, 3, 17, 64, 257};
+    const float eps = 1e-5f;
+    for (size_t a = 0; a < 5; a++)
+    for (size_t b = 0; b < 5; b++) {
+        int N = Ns[a], C = Cs[b];
+        if (N == 4099 && C != 64) continue; /* long reduction over rows for dw */
+        size_t n = (size_t)N * C;
+        /* row scales from 1e-2 to 10 */
+        float *x = rnd(n, 20 + b, -1, 1), *w = rnd((size_t)C, 21, 0.5f, 1.5f);
+        for (int r = 0; r < N; r++)
+            for (int j = 0; j < C; j++) x[(size_t)r * C + j] *= powf(10.0f, (float)(r % 4) - 2.0f);
+        float *dy = rnd(n, 22, -1, 1);
+        float *y1 = falloc(n), *y2 = falloc(n), *r1 = falloc((size_t)N), *r2 = falloc((size_t)N);
+        fill_nan(y1, n); fill_nan(r1, (size_t)N);
+        snprintf(where, sizeof where, "N=%d C=%d", N, C);
+        mt_rmsnorm_fwd(y1, r1, x, w, N, C, eps);
+        mt_ref_rmsnorm_fwd(y2, r2, x, w, N, C, eps);
+        RECORD(S_RMSNORM_FWD, "out", nerr(y1, y2, n));
+        RECORD(S_RMSNORM_FWD, "rstd", nerr(r1, r2, (size_t)N));
+
+        /* both from the reference rstd, so only the backward differs; dx from 0 */
+        float *dx1 = falloc(n), *dx2 = falloc(n);
+        memset(dx1, 0, sizeof(float) * n); memset(dx2, 0, sizeof(float) * n);
+        float *dw1 = rnd((size_t)C, 23, -1, 1), *dw2 = dup(dw1, (size_t)C);
+        mt_rmsnorm_bwd(dx1, dw1, dy, x, w, r2, N, C);
+        mt_ref_rmsnorm_bwd(dx2, dw2, dy, x, w, r2, N, C);
+        /* C = 1: dx = r w dy (1 - x^2 r^2) = r^3 eps w dy is a cancellation of two terms
+         * of size r w dy; measure it against that size instead of its own. */
+        if (C == 1) {
+            double d = 0, s = 0;
+            for (int r = 0; r < N; r++) {
+                double e = (double)dx1[r] - dx2[r], t = (double)r2[r] * w[0] * dy[r];
+                d += e * e; s += t * t;
+            }
+            RECORD(S_RMSNORM_BWD, "dx (C=1, vs |r w dy|)", sqrt(d / s));
+        } else {
+            RECORD(S_RMSNORM_BWD, "dx", nerr(dx1, dx2, n));
+        }
+        RECORD(S_RMSNORM_BWD, "dw", nerr(dw1, dw2, (size_t)C));
+        /* dx accumulates (+=) and dw may be NULL */
+        float *dx3 = rnd(n, 24, -1, 1), *dx4 = dup(dx3, n);
+        mt_rmsnorm_bwd(dx3, NULL, dy, x, w, r2, N, C);
+        mt_ref_rmsnorm_bwd(dx4, NULL, dy, x, w, r2, N, C);
+        RECORD(S_RMSNORM_BWD, "dx += (dw NULL)", nerr(dx3, dx4, n));
+        free(x); free(w); free(dy); free(y1); free(y2); free(r1); free(r2); free(dx1);
+        free(dx2); free(dw1); free(dw2); free(dx3); free(dx4);
+    }
+}
+
+static void test_rope(void) {
+    static const int Ns[] = {1, 7, 33, 130}, Ts[] = {1, 5, 64}, nhs[] = {1, 3}, Ds[] = {2, 16, 64};
+    static const double thetas[] = {1e4, 1e6};
+    for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 3; b++)
+    for (size_t c = 0; c < 2; c++)
+    for (size_t d = 0; d < 3; d++)
+    for (size_t e = 0; e < 2; e++)
+    for (int inv = 0; inv < 2; inv++) {
+        int N = Ns[a], T = Ts[b], nh = nhs[c], D = Ds[d];
+        size_t n = (size_t)N * nh * D, nt = (size_t)T * (D / 2);
+        float *ct = falloc(nt), *st = falloc(nt);
+        mt_rope_table(ct, st, T, D, thetas[e]);
+        float *x1 = rnd(n, 30, -1, 1), *x2 = dup(x1, n);
+        snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d theta=%g inverse=%d", N, T, nh, D,
+                 thetas[e], inv);
+        mt_rope_apply(x1, ct, st, N, T, nh, D, inv);
+        mt_ref_rope_apply(x2, N, T, nh, D, thetas[e], inv);
+        RECORD(S_ROPE, "x", nerr(x1, x2, n));
+        free(ct); free(st); free(x1); free(x2);
+    }
+    /* long positions (angles up to 4095 rad), and forward then inverse = identity */
+    int N = 4100, T = 4096, nh = 2, D = 64;
+    size_t n = (size_t)N * nh * D, nt = (size_t)T * (D / 2);
+    float *ct = falloc(nt), *st = falloc(nt);
+    mt_rope_table(ct, st, T, D, 1e4);
+    float *x0 = rnd(n, 31, -1, 1), *x1 = dup(x0, n), *x2 = dup(x0, n);
+    snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d theta=1e4", N, T, nh, D);
+    mt_rope_apply(x1, ct, st, N, T, nh, D, 0);
+    mt_ref_rope_apply(x2, N, T, nh, D, 1e4, 0);
+    RECORD(S_ROPE, "x (long)", nerr(x1, x2, n));
+    mt_rope_apply(x1, ct, st, N, T, nh, D, 1);
+    RECORD(S_ROPE, "inverse(forward(x)) vs x", nerr(x1, x0, n));
+    free(ct); free(st); free(x0); free(x1); free(x2);
+}
+
+static void test_swiglu(void) {
+    static const size_t ns[] = {1, 7, 33, 130, 100003};
+    for (size_t a = 0; a < 5; a++) {
+        size_t n = ns[a];
+        float *g = rnd(n, 40, -8, 8), *u = rnd(n, 41, -2, 2), *da = rnd(n, 42, -1, 1);
+        float *a1 = falloc(n), *a2 = falloc(n), *dg1 = falloc(n), *du1 = falloc(n);
+        float *dg2 = falloc(n), *du2 = falloc(n);
+        fill_nan(a1, n); fill_nan(dg1, n); fill_nan(du1, n);
+        snprintf(where, sizeof where, "n=%zu", n);
+        mt_swiglu_fwd(a1, g, u, n);
+        mt_ref_swiglu_fwd(a2, g, u, n);
+        RECORD(S_SWIGLU_FWD, "a", nerr(a1, a2, n));
+        mt_swiglu_bwd(dg1, du1, da, g, u, n);
+        mt_ref_swiglu_bwd(dg2, du2, da, g, u, n);
+        RECORD(S_SWIGLU_BWD, "dg", nerr(dg1, dg2, n));
+        RECORD(S_SWIGLU_BWD, "du", nerr(du1, du2, n));
+        free(g); free(u); free(da); free(a1); free(a2); free(dg1); free(du1); free(dg2); free(du2);
+    }
+    /* saturating gates: exp overflow must give 0 / identity, never NaN */
+    static const float ext[] = {-1000, -100, -88.8f, -30, -1e-8f, 0, 1e-8f, 30, 88.8f, 100, 1000};
+    size_t n = sizeof ext / sizeof ext[0];
+    float u[11], da[11], a1[11], a2[11], dg1[11], du1[11], dg2[11], du2[11];
+    for (size_t i = 0; i < n; i++) { u[i] = 0.5f + (float)i * 0.1f; da[i] = 1.0f - (float)i * 0.15f; }
+    snprintf(where, sizeof where, "saturating gates");
+    mt_swiglu_fwd(a1, ext, u, n);
+    mt_ref_swiglu_fwd(a2, ext, u, n);
+    mt_swiglu_bwd(dg1, du1, da, ext, u, n);
+    mt_ref_swiglu_bwd(dg2, du2, da, ext, u, n);
+    for (size_t i = 0; i < n; i++)
+        if (!(isfinite(a1[i]) && isfinite(dg1[i]) && isfinite(du1[i]))) {
+            fprintf(stderr, "%s:%d: swiglu g=%g: a=%g dg=%g du=%g not finite\n", __FILE__,
+                    __LINE__, (double)ext[i], (double)a1[i], (double)dg1[i], (double)du1[i]);
+            failures++;
+        }
+    RECORD(S_SWIGLU_FWD, "a (saturating)", nerr(a1, a2, n));
+    RECORD(S_SWIGLU_BWD, "dg (saturating)", nerr(dg1, dg2, n));
+    RECORD(S_SWIGLU_BWD, "du (saturating)", nerr(du1, du2, n));
+}
+
+/* One attention case: optimised fwd+bwd vs the unfused reference. amp scales q and k
+ * (amp 3 gives peaked softmax rows). */
+static void attention_case(int B, int T, int H, int G, int D, float amp, int nthr, float *scratch) {
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    uint64_t s = (uint64_t)(B * 1000003 + T * 1009 + H * 101 + G * 11 + D);
+    float *q = rnd(nq, 50 + s, -amp, amp), *k = rnd(nk, 51 + s, -amp, amp);
+    float *v = rnd(nk, 52 + s, -1, 1), *dout = rnd(nq, 53 + s, -1, 1);
+    float *o1 = falloc(nq), *o2 = falloc(nq), *l1 = falloc(nl), *l2 = falloc(nl);
+    float *dq1 = falloc(nq), *dk1 = falloc(nk), *dv1 = falloc(nk);
+    float *dq2 = falloc(nq), *dk2 = falloc(nk), *dv2 = falloc(nk);
+    fill_nan(o1, nq); fill_nan(l1, nl); fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk);
+    fill_nan(scratch, (size_t)nthr * mt_attention_scratch_floats(T));
+    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d amp=%g", B, T, H, G, D, amp);
+    mt_attention_fwd(o1, l1, q, k, v, B, T, H, G, D, scratch, nthr);
+    mt_ref_attention_fwd(o2, l2, q, k, v, B, T, H, G, D);
+    RECORD(S_ATT_FWD, "out", nerr(o1, o2, nq));
+    RECORD(S_ATT_FWD, "lse", nerr(l1, l2, nl));
+    fill_nan(scratch, (size_t)nthr * mt_attention_scratch_floats(T));
+    mt_attention_bwd(dq1, dk1, dv1, dout, q, k, v, o1, l1, B, T, H, G, D, scratch, nthr);
+    mt_ref_attention_bwd(dq2, dk2, dv2, dout, q, k, v, B, T, H, G, D);
+    RECORD(S_ATT_BWD, "dq", nerr(dq1, dq2, nq));
+    RECORD(S_ATT_BWD, "dk", nerr(dk1, dk2, nk));
+    RECORD(S_ATT_BWD, "dv", nerr(dv1, dv2, nk));
+    if (nthr > 1 && T == 65 && D == 16) {
+        /* one (b, h) task per thread: the thread count must not change a bit */
+        float *o3 = falloc(nq), *l3 = falloc(nl);
+        mt_attention_fwd(o3, l3, q, k, v, B, T, H, G, D, scratch, 1);
+        CHECK_SAME_F(o3, o1, nq);
+        CHECK_SAME_F(l3, l1, nl);
+        free(o3); free(l3);
+    }
+    free(q); free(k); free(v); free(dout); free(o1); free(o2); free(l1); free(l2);
+    free(dq1); free(dk1); free(dv1); free(dq2); free(dk2); free(dv2);
+}
+
+static void test_attention(void) {
+    static const int Ts[] = {1, 5, 63, 64, 65, 200}, Ds[] = {2, 16, 64};
+    static const int HG[][2] = {{1, 1}, {4, 2}, {4, 1}, {3, 3}};
+    int nthr = omp_get_max_threads();
+    float *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(200));
+    for (size_t a = 0; a < 6; a++)
+    for (size_t b = 0; b < 4; b++)
+    for (size_t c = 0; c < 3; c++) {
+        int T = Ts[a], H = HG[b][0], G = HG[b][1], D = Ds[c];
+        int B = (T == 5 || T == 65) ? 2 : 1;
+        if (T == 200 && H * D > 64) continue; /* keep the O(T^2) reference cheap */
+        attention_case(B, T, H, G, D, 1.0f, nthr, scratch);
+    }
+    attention_case(2, 130, 4, 2, 16, 3.0f, nthr, scratch); /* peaked rows, three tiles */
+    attention_case(1, 200, 4, 2, 64, 1.0f, nthr, scratch);
+    free(scratch);
+}
+
+static void head_case(int N, int C, int V, int ignore_all) {
+    size_t nx = (size_t)N * C, nw = (size_t)V * C, nl = (size_t)N * V;
+    uint64_t s = (uint64_t)(N * 10007 + C * 101 + V);
+    float *x = rnd(nx, 60 + s, -1, 1), *W = rnd(nw, 61 + s, -0.5f, 0.5f);
+    int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)N);
+    int valid = 0;
+    for (int n = 0; n < N; n++) {
+        uint64_t h = mt_hash4(62 + s, (uint64_t)n, 0, 0);
+        tg[n] = (ignore_all || h % 5 == 0) ? -1 : (int32_t)((h >> 8) % (uint64_t)V);
+        valid += tg[n] >= 0;
+    }
+    float gs = 1.0f / (float)(valid ? valid : 1);
+    float *dx1 = falloc(nx), *dx2 = falloc(nx), *lg1 = falloc(nl), *lg2 = falloc(nl);
+    float *dW1 = rnd(nw, 63, -1, 1), *dW2 = dup(dW1, nw), *lg3 = falloc(nl);
+    float *scratch = falloc(mt_head_scratch_floats(V));
+    fill_nan(dx1, nx); fill_nan(lg1, nl); fill_nan(lg3, nl);
+    fill_nan(scratch, mt_head_scratch_floats(V));
+    snprintf(where, sizeof where, "N=%d C=%d V=%d valid=%d", N, C, V, valid);
+    double L1 = mt_head_ce(dx1, dW1, lg1, x, W, tg, N, C, V, gs, scratch);
+    double L2 = mt_ref_head_ce(dx2, dW2, lg2, x, W, tg, N, C, V, gs);
+    CHECK(isfinite(L1));
+    RECORD(S_HEAD_LOSS, "loss", L2 != 0 ? fabs(L1 - L2) / fabs(L2) : fabs(L1));
+    RECORD(S_HEAD_LOSS, "logits", nerr(lg1, lg2, nl));
+    RECORD(S_HEAD_GRAD, "dx", nerr(dx1, dx2, nx));
+    RECORD(S_HEAD_GRAD, "dW", nerr(dW1, dW2, nw));
+    if (ignore_all) {
+        CHECK_SAME_D(L1, 0.0);
+        float *zero = falloc(nx);
+        memset(zero, 0, sizeof(float) * nx);
+        CHECK_SAME_F(dx1, zero, nx);
+        free(zero);
+    }
+    /* evaluation path (no gradients) returns the same loss bits */
+    fill_nan(scratch, mt_head_scratch_floats(V));
+    double L3 = mt_head_ce(NULL, NULL, lg3, x, W, tg, N, C, V, gs, scratch);
+    CHECK_SAME_D(L3, L1);
+    CHECK_SAME_F(lg3, lg1, nl);
+    double L4 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, gs, scratch);
+    CHECK_SAME_D(L4, L1);
+    free(x); free(W); free(tg); free(dx1); free(dx2); free(lg1); free(lg2); free(dW1);
+    free(dW2); free(lg3); free(scratch);
+}
+
+static void test_head(void) {
+    static const int Ns[] = {1, 7, 130, 257}, Cs[] = {3, 16, 64}, Vs[] = {5, 33, 300};
+    for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 3; b++)
+    for (size_t c = 0; c < 3; c++) head_case(Ns[a], Cs[b], Vs[c], 0);
+    head_case(130, 16, 33, 1);
+    head_case(1, 16, 33, 1);
+}
+
+static void test_sumsq(void) {
+    static const size_t ns[] = {0, 1, 7, 65536, 65537 * 3 + 1, (size_t)65536 * 257 + 5};
+    int saved = omp_get_max_threads();
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        size_t n = ns[a];
+        float *x = rnd(n, 70, -2, 2);
+        snprintf(where, sizeof where, "n=%zu", n);
+        double s0 = mt_sumsq(x, n), r = mt_ref_sumsq(x, n);
+        RECORD(S_SUMSQ, "sum", r != 0 ? fabs(s0 - r) / r : fabs(s0));
+        /* bit-identical for any thread count */
+        double st[3];
+        for (int t = 1; t <= 3; t++) {
+            omp_set_num_threads(t);
+            st[t - 1] = mt_sumsq(x, n);
+        }
+        omp_set_num_threads(saved);
+        CHECK_SAME_D(st[0], st[1]);
+        CHECK_SAME_D(st[0], st[2]);
+        CHECK_SAME_D(st[0], s0);
+        free(x);
+    }
+}
+
+static void test_rmsnorm_bwd_threads(void) {
+    int saved = omp_get_max_threads();
+    int N = 1031, C = 257;
+    size_t n = (size_t)N * C;
+    snprintf(where, sizeof where, "N=%d C=%d, threads 1 vs 2, 3", N, C);
+    float *x = rnd(n, 80, -1, 1), *w = rnd((size_t)C, 81, 0.5f, 1.5f), *dy = rnd(n, 82, -1, 1);
+    float *y = falloc(n), *r = falloc((size_t)N);
+    mt_rmsnorm_fwd(y, r, x, w, N, C, 1e-5f);
+    float *dx[3], *dw[3];
+    for (int t = 1; t <= 3; t++) {
+        dx[t - 1] = rnd(n, 83, -1, 1);
+        dw[t - 1] = rnd((size_t)C, 84, -1, 1);
+        omp_set_num_threads(t);
+        mt_rmsnorm_bwd(dx[t - 1], dw[t - 1], dy, x, w, r, N, C);
+    }
+    omp_set_num_threads(saved);
+    for (int t = 1; t < 3; t++) {
+        CHECK_SAME_F(dw[t], dw[0], (size_t)C);
+        CHECK_SAME_F(dx[t], dx[0], n);
+    }
+    for (int t = 0; t < 3; t++) { free(dx[t]); free(dw[t]); }
+    free(x); free(w); free(dy); free(y); free(r);
+}
+
+static void test_adamw(void) {
+    static const size_t ns[] = {1, 7, 33, 4099};
+    static const float wds[] = {0.0f, 0.1f}, gss[] = {1.0f, 0.5f};
+    for (size_t a = 0; a < 4; a++)
+    for (size_t b = 0; b < 2; b++)
+    for (size_t c = 0; c < 2; c++) {
+        size_t n = ns[a];
+        const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+        float *p0 = rnd(n, 90, -0.05f, 0.05f);
+        float *p1 = dup(p0, n), *p2 = dup(p0, n);
+        float *m1 = falloc(n), *v1 = falloc(n), *m2 = falloc(n), *v2 = falloc(n);
+        memset(m1, 0, sizeof(float) * n); memset(v1, 0, sizeof(float) * n);
+        memset(m2, 0, sizeof(float) * n); memset(v2, 0, sizeof(float) * n);
+        float *g = falloc(n), *d1 = falloc(n), *d2 = falloc(n);
+        /* steps 1..5 with fresh gradients (some exactly 0), then a late step 1000 */
+        for (int step = 1; step <= 6; step++) {
+            int st = step <= 5 ? step : 1000;
+            fill(g, n, 91 + (uint64_t)step, -1, 1);
+            for (size_t i = 4; i < n; i += 5) g[i] = 0.0f;
+            float *pb = dup(p1, n);
+            mt_adamw(p1, g, m1, v1, n, lr, b1, b2, eps, wds[b], gss[c], st);
+            mt_ref_adamw(p2, g, m2, v2, n, lr, b1, b2, eps, wds[b], gss[c], st);
+            for (size_t i = 0; i < n; i++) { d1[i] = p1[i] - pb[i]; d2[i] = p2[i] - pb[i]; }
+            snprintf(where, sizeof where, "n=%zu wd=%g gscale=%g step=%d", n, wds[b], gss[c], st);
+            RECORD(S_ADAMW, "p", nerr(p1, p2, n));
+            RECORD(S_ADAMW, "m", nerr(m1, m2, n));
+            RECORD(S_ADAMW, "v", nerr(v1, v2, n));
+            RECORD(S_ADAMW, "update", nerr(d1, d2, n));
+            memcpy(p2, p1, sizeof(float) * n); /* compare each step from the same state */
+            memcpy(m2, m1, sizeof(float) * n);
+            memcpy(v2, v1, sizeof(float) * n);
+            free(pb);
+        }
+        free(p0); free(p1); free(p2); free(m1); free(v1); free(m2); free(v2); free(g);
+        free(d1); free(d2);
+    }
+}
+
+/* ---- 2. finite differences ---------------------------------------------------------- */
+
+/* Loss closure: evaluates the scalar loss of the reference forward at the current inputs. */
+typedef double (*loss_fn)(void *ctx);
+
+/* Central differences of f with respect to param[i] at nco random coordinates, compared
+ * with each of the analytic gradients g_ref (reference backward) and g_opt (optimised
+ * backward, may be NULL). eps is absolute; the step actually taken is the float
+ * difference of the perturbed values, so rounding of param[i] +- eps cancels. */
+static void fd_check(int s, const char *what, float *param, size_t n, const float *g_ref,
+                     const float *g_opt, loss_fn f, void *ctx, uint64_t seed, int nco, double eps) {
+    double floor = 0.1 * rms(g_ref, n);
+    if (floor == 0.0) floor = 1e-12;
+    double worst = 0.0;
+    for (int c = 0; c < nco; c++) {
+        size_t i = (size_t)(mt_hash4(seed, (uint64_t)c, 0xfdULL, 0) % n);
+        float x0 = param[i], xp = (float)(x0 + eps), xm = (float)(x0 - eps);
+        param[i] = xp;
+        double Lp = f(ctx);
+        param[i] = xm;
+        double Lm = f(ctx);
+        param[i] = x0;
+        double num = (Lp - Lm) / ((double)xp - (double)xm);
+        double den = fabs(num) > floor ? fabs(num) : floor;
+        double e = fabs(g_ref[i] - num) / den;
+        if (g_opt) {
+            double e2 = fabs(g_opt[i] - num) / den;
+            if (e2 > e || isnan(e2)) e = e2;
+        }
+        if (!(e <= stats[s].tol))
+            fprintf(stderr, "  %s[%zu]: numeric %.6e ref %.6e opt %.6e\n", what, i, num,
+                    (double)g_ref[i], g_opt ? (double)g_opt[i] : NAN);
+        if (e > worst || isnan(e)) worst = e;
+    }
+    RECORD(s, what, worst);
+}
+
+typedef struct {
+    int N, In, O;
+    float *x, *W, *R, *y;
+} fd_linear_ctx;
+static double fd_linear_loss(void *p) {
+    fd_linear_ctx *c = p;
+    mt_ref_linear_fwd(c->y, c->x, c->W, c->N, c->In, c->O, 0.0f);
+    return dot_d(c->y, c->R, (size_t)c->N * c->O);
+}
+static void fd_linear(void) {
+    fd_linear_ctx c = {.N = 4, .In = 5, .O = 3};
+    size_t nx = (size_t)c.N * c.In, nw = (size_t)c.O * c.In, ny = (size_t)c.N * c.O;
+    c.x = rnd(nx, 100, -1, 1); c.W = rnd(nw, 101, -1, 1); c.R = rnd(ny, 102, -1, 1);
+    c.y = falloc(ny);
+    float *dx = falloc(nx), *dW = falloc(nw), *dx2 = falloc(nx), *dW2 = falloc(nw);
+    memset(dW, 0, sizeof(float) * nw); memset(dW2, 0, sizeof(float) * nw);
+    mt_ref_linear_bwd(dx, dW, c.R, c.x, c.W, c.N, c.In, c.O, 0.0f);
+    mt_linear_bwd(dx2, dW2, c.R, c.x, c.W, c.N, c.In, c.O, 0.0f);
+    snprintf(where, sizeof where, "N=%d In=%d O=%d", c.N, c.In, c.O);
+    fd_check(S_FD_LINEAR, "din", c.x, nx, dx, dx2, fd_linear_loss, &c, 103, 20, 1e-3);
+    fd_check(S_FD_LINEAR, "dW", c.W, nw, dW, dW2, fd_linear_loss, &c, 104, 15, 1e-3);
+    free(c.x); free(c.W); free(c.R); free(c.y); free(dx); free(dW); free(dx2); free(dW2);
+}
+
+typedef struct {
+    int N, C;
+    float eps;
+    float *x, *w, *R, *y, *r;
+} fd_rms_ctx;
+static double fd_rms_loss(void *p) {
+    fd_rms_ctx *c = p;
+    mt_ref_rmsnorm_fwd(c->y, c->r, c->x, c->w, c->N, c->C, c->eps);
+    return dot_d(c->y, c->R, (size_t)c->N * c->C);
+}
+static void fd_rmsnorm(void) {
+    fd_rms_ctx c = {.N = 3, .C = 8, .eps = 1e-5f};
+    size_t n = (size_t)c.N * c.C;
+    c.x = rnd(n, 110, -1, 1); c.w = rnd((size_t)c.C, 111, 0.5f, 1.5f); c.R = rnd(n, 112, -1, 1);
+    c.y = falloc(n); c.r = falloc((size_t)c.N);
+    float *dx = falloc(n), *dw = falloc((size_t)c.C), *dx2 = falloc(n), *dw2 = falloc((size_t)c.C);
+    float *r2 = falloc((size_t)c.N);
+    memset(dx, 0, sizeof(float) * n); memset(dw, 0, sizeof(float) * (size_t)c.C);
+    memset(dx2, 0, sizeof(float) * n); memset(dw2, 0, sizeof(float) * (size_t)c.C);
+    fd_rms_loss(&c);
+    mt_ref_rmsnorm_bwd(dx, dw, c.R, c.x, c.w, c.r, c.N, c.C);
+    mt_rmsnorm_fwd(c.y, r2, c.x, c.w, c.N, c.C, c.eps);
+    mt_rmsnorm_bwd(dx2, dw2, c.R, c.x, c.w, r2, c.N, c.C);
+    snprintf(where, sizeof where, "N=%d C=%d", c.N, c.C);
+    fd_check(S_FD_RMSNORM, "dx", c.x, n, dx, dx2, fd_rms_loss, &c, 113, 20, 1e-3);
+    fd_check(S_FD_RMSNORM, "dw", c.w, (size_t)c.C, dw, dw2, fd_rms_loss, &c, 114, 8, 1e-3);
+    free(c.x); free(c.w); free(c.R); free(c.y); free(c.r); free(dx); free(dw); free(dx2);
+    free(dw2); free(r2);
+}
+
+typedef struct {
+    int N, T, nh, D;
+    double theta;
+    float *x, *R, *y;
+} fd_rope_ctx;
+static double fd_rope_loss(void *p) {
+    fd_rope_ctx *c = p;
+    size_t n = (size_t)c->N * c->nh * c->D;
+    memcpy(c->y, c->x, sizeof(float) * n);
+    mt_ref_rope_apply(c->y, c->N, c->T, c->nh, c->D, c->theta, 0);
+    return dot_d(c->y, c->R, n);
+}
+static void fd_rope(void) {
+    fd_rope_ctx c = {.N = 6, .T = 4, .nh = 2, .D = 8, .theta = 10.0}; /* big angles */
+    size_t n = (size_t)c.N * c.nh * c.D, nt = (size_t)c.T * (c.D / 2);
+    c.x = rnd(n, 120, -1, 1); c.R = rnd(n, 121, -1, 1); c.y = falloc(n);
+    /* the backward of the rotation is the inverse rotation applied to dL/dout = R */
+    float *g = dup(c.R, n), *g2 = dup(c.R, n), *ct = falloc(nt), *st = falloc(nt);
+    mt_ref_rope_apply(g, c.N, c.T, c.nh, c.D, c.theta, 1);
+    mt_rope_table(ct, st, c.T, c.D, c.theta);
+    mt_rope_apply(g2, ct, st, c.N, c.T, c.nh, c.D, 1);
+    snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d", c.N, c.T, c.nh, c.D);
+    fd_check(S_FD_ROPE, "dx", c.x, n, g, g2, fd_rope_loss, &c, 122, 20, 1e-3);
+    free(c.x); free(c.R); free(c.y); free(g); free(g2); free(ct); free(st);
+}
+
+typedef struct {
+    size_t n;
+    float *g, *u, *R, *a;
+} fd_swiglu_ctx;
+static double fd_swiglu_loss(void *p) {
+    fd_swiglu_ctx *c = p;
+    mt_ref_swiglu_fwd(c->a, c->g, c->u, c->n);
+    return dot_d(c->a, c->R, c->n);
+}
+static void fd_swiglu(void) {
+    fd_swiglu_ctx c = {.n = 50};
+    c.g = rnd(c.n, 130, -5, 5); c.u = rnd(c.n, 131, -2, 2); c.R = rnd(c.n, 132, -1, 1);
+    c.a = falloc(c.n);
+    float *dg = falloc(c.n), *du = falloc(c.n), *dg2 = falloc(c.n), *du2 = falloc(c.n);
+    mt_ref_swiglu_bwd(dg, du, c.R, c.g, c.u, c.n);
+    mt_swiglu_bwd(dg2, du2, c.R, c.g, c.u, c.n);
+    snprintf(where, sizeof where, "n=%zu", c.n);
+    fd_check(S_FD_SWIGLU, "dg", c.g, c.n, dg, dg2, fd_swiglu_loss, &c, 133, 20, 1e-3);
+    fd_check(S_FD_SWIGLU, "du", c.u, c.n, du, du2, fd_swiglu_loss, &c, 134, 20, 1e-3);
+    free(c.g); free(c.u); free(c.R); free(c.a); free(dg); free(du); free(dg2); free(du2);
+}
+
+typedef struct {
+    int B, T, H, G, D;
+    float *q, *k, *v, *R, *out, *lse;
+} fd_att_ctx;
+static double fd_att_loss(void *p) {
+    fd_att_ctx *c = p;
+    mt_ref_attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->G, c->D);
+    return dot_d(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
+}
+static void fd_attention_case(int B, int T, int H, int G, int D, uint64_t seed) {
+    fd_att_ctx c = {.B = B, .T = T, .H = H, .G = G, .D = D};
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D;
+    c.q = rnd(nq, seed, -1, 1); c.k = rnd(nk, seed + 1, -1, 1); c.v = rnd(nk, seed + 2, -1, 1);
+    c.R = rnd(nq, seed + 3, -1, 1);
+    c.out = falloc(nq); c.lse = falloc((size_t)B * H * T);
+    float *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
+    float *dq2 = falloc(nq), *dk2 = falloc(nk), *dv2 = falloc(nk);
+    float *o2 = falloc(nq), *l2 = falloc((size_t)B * H * T);
+    int nthr = omp_get_max_threads();
+    float *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(T));
+    mt_ref_attention_bwd(dq, dk, dv, c.R, c.q, c.k, c.v, B, T, H, G, D);
+    mt_attention_fwd(o2, l2, c.q, c.k, c.v, B, T, H, G, D, scratch, nthr);
+    mt_attention_bwd(dq2, dk2, dv2, c.R, c.q, c.k, c.v, o2, l2, B, T, H, G, D, scratch, nthr);
+    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
+    fd_check(S_FD_ATT, "dq", c.q, nq, dq, dq2, fd_att_loss, &c, seed + 4, 20, 1e-2);
+    fd_check(S_FD_ATT, "dk", c.k, nk, dk, dk2, fd_att_loss, &c, seed + 5, 20, 1e-2);
+    fd_check(S_FD_ATT, "dv", c.v, nk, dv, dv2, fd_att_loss, &c, seed + 6, 20, 1e-2);
+    free(c.q); free(c.k); free(c.v); free(c.R); free(c.out); free(c.lse); free(dq); free(dk);
+    free(dv); free(dq2); free(dk2); free(dv2); free(o2); free(l2); free(scratch);
+}
+static void fd_attention(void) {
+    fd_attention_case(2, 7, 4, 2, 8, 140);  /* GQA, one tile */
+    fd_attention_case(1, 70, 2, 1, 4, 150); /* crosses the 64-row tile boundary */
+}
+
+typedef struct {
+    int N, C, V;
+    float gs;
+    float *x, *W;
+    int32_t *tg;
+} fd_head_ctx;
+static double fd_head_loss(void *p) {
+    fd_head_ctx *c = p;
+    return c->gs * mt_ref_head_ce(NULL, NULL, NULL, c->x, c->W, c->tg, c->N, c->C, c->V, 0.0f);
+}
+static void fd_head(void) {
+    int32_t tg[5] = {3, -1, 0, 6, 3};
+    fd_head_ctx c = {.N = 5, .C = 6, .V = 7, .gs = 0.25f, .tg = tg};
+    size_t nx = (size_t)c.N * c.C, nw = (size_t)c.V * c.C;
+    c.x = rnd(nx, 160, -1, 1); c.W = rnd(nw, 161, -1, 1);
+    float *dx = falloc(nx), *dW = falloc(nw), *dx2 = falloc(nx), *dW2 = falloc(nw);
+    float *scratch = falloc(mt_head_scratch_floats(c.V));
+    memset(dW, 0, sizeof(float) * nw); memset(dW2, 0, sizeof(float) * nw);
+    mt_ref_head_ce(dx, dW, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs);
+    mt_head_ce(dx2, dW2, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs, scratch);
+    snprintf(where, sizeof where, "N=%d C=%d V=%d", c.N, c.C, c.V);
+    fd_check(S_FD_HEAD, "dx", c.x, nx, dx, dx2, fd_head_loss, &c, 162, 20, 1e-3);
+    fd_check(S_FD_HEAD, "dW", c.W, nw, dW, dW2, fd_head_loss, &c, 163, 20, 1e-3);
+    free(c.x); free(c.W); free(dx); free(dW); free(dx2); free(dW2); free(scratch);
+}
+
+int main(int argc, char **argv) {
+    mt_blas_init(argc, argv);
+    double t0 = mt_now();
+    test_sgemm();
+    test_linear();
+    test_rmsnorm();
+    test_rmsnorm_bwd_threads();
+    test_rope();
+    test_swiglu();
+    test_attention();
+    test_head();
+    test_sumsq();
+    test_adamw();
+    fd_linear();
+    fd_rmsnorm();
+    fd_rope();
+    fd_swiglu();
+    fd_attention();
+    fd_head();
+    printf("%-26s %6s %12s %9s\n", "kernel", "cases", "max err", "tol");
+    for (int s = 0; s < S_COUNT; s++)
+        printf("%-26s %6d %12.3e %9.1e%s\n", stats[s].name, stats[s].cases, stats[s].maxerr,
+               stats[s].tol, stats[s].maxerr <= stats[s].tol ? "" : "  FAIL");
+    printf("test_kernels: %d failure(s), %.1f s, %d threads, BLAS core %s\n", failures,
+           mt_now() - t0, omp_get_max_threads(), mt_blas_corename());
+    return failures ? 1 : 0;
+}
