@@ -5,8 +5,8 @@ MT=${1:-build/moetrain}
 OUT=${2:-demo_out}
 STEPS=${DEMO_STEPS:-1200}
 mkdir -p "$OUT"
-echo "== 1/3 data: synthetic arithmetic corpus (1-2 digit additions) -> $OUT/data"
-"$MT" data math --out "$OUT/data" --seed 1 --train 200000 --val 2000
+echo "== 1/3 data: synthetic arithmetic corpus (2-digit additions; 500 held-out problems never seen in training) -> $OUT/data"
+"$MT" data math --out "$OUT/data" --seed 1 --train 200000 --val 500 --min-digits 2 --max-digits 2
 echo "== 2/3 train: configs/demo.json ($("$MT" info --config demo | sed -n 2p | awk '{print $2}') parameters, 8 experts top-2 + 1 shared), $STEPS steps"
 rm -rf "$OUT/run"
 "$MT" train --config demo --data "$OUT/data" --out "$OUT/run" --steps "$STEPS" --batch 32 --seq 128 \

@@ -38,10 +38,13 @@ base = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 3, "first_k_d
 variants = {
     "softmax_greedy": {},
     "sigmoid_greedy": {"scoring_func": "sigmoid"},
-    "group_limited": {"topk_method": "group_limited", "n_group": 4, "topk_group": 2},
+    # k 3 > topk_group 2: with k <= topk_group group_limited can never differ from greedy
+    "group_limited": {"topk_method": "group_limited", "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3},
     "sigmoid_group_limited_noshared": {"scoring_func": "sigmoid", "topk_method": "group_limited",
-                                       "n_group": 4, "topk_group": 2, "n_shared_experts": 0},
+                                       "n_group": 4, "topk_group": 2, "n_shared_experts": 0,
+                                       "num_experts_per_tok": 3},
     "moge": {"topk_method": "moge", "n_group": 2, "num_experts_per_tok": 2},
+    "sigmoid_moge_k4": {"scoring_func": "sigmoid", "topk_method": "moge", "n_group": 2, "num_experts_per_tok": 4},
     "nonorm_rsf2.5": {"norm_topk_prob": False, "routed_scaling_factor": 2.5},
     "sigmoid_nonorm_rsf2.5": {"scoring_func": "sigmoid", "norm_topk_prob": False, "routed_scaling_factor": 2.5},
     "tied": {"tie_word_embeddings": True},
@@ -61,7 +64,7 @@ for name, patch in variants.items():
 EOF
 [ $? -eq 0 ] || { echo "FAIL: could not write the test configs"; exit 1; }
 
-CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h"
+CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h"
 B=2; T=16
 for name in $CASES; do
   case_dir="$TMP/case_$name"

@@ -75,7 +75,8 @@ static size_t math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n,
             int ok = strcmp(out, probs[p0 + b].answer) == 0;
             correct += ok;
             if (show > 0 && p0 + b < (size_t)show)
-                printf("  %s%-24s -> %-12s %s\n", probs[p0 + b].prompt, "", out, ok ? "ok" : "WRONG");
+                printf("  %-16s -> %-10s %s%s%s\n", probs[p0 + b].prompt, out, ok ? "ok" : "WRONG (want ",
+                       ok ? "" : probs[p0 + b].answer, ok ? "" : ")");
         }
     }
     mt_free(logits);

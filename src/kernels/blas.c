@@ -29,23 +29,29 @@ static int core_has_avx2(const char *c) {
 void mt_blas_init(int argc, char **argv) {
     (void)argc;
     const char *no = getenv("MT_NO_BLAS_FIX");
-    if (no && *no && strcmp(no, "0") != 0) return;
-    if (getenv("OPENBLAS_CORETYPE")) return; /* the user (or our re-exec) chose */
-    __builtin_cpu_init();
+    if ((no && *no && strcmp(no, "0") != 0) || getenv("MT_REEXECUTED")) return;
+    int changed = 0;
+    /* OpenMP threads that spin while waiting starve everything else on a shared or
+     * oversubscribed machine (measured: 2.7x slower training with one busy neighbour, no
+     * difference on an idle machine), so wait passively unless the user chose. */
+    if (!getenv("OMP_WAIT_POLICY")) { setenv("OMP_WAIT_POLICY", "passive", 1); changed = 1; }
     const char *core = openblas_get_corename();
-    const char *want = NULL;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-        if (!core_has_avx512(core)) want = "SkylakeX";
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        if (!core_has_avx2(core)) want = "Haswell";
+    if (!getenv("OPENBLAS_CORETYPE")) {
+        __builtin_cpu_init();
+        const char *want = NULL;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+            if (!core_has_avx512(core)) want = "SkylakeX";
+        } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+            if (!core_has_avx2(core)) want = "Haswell";
+        }
+        if (want) { setenv("OPENBLAS_CORETYPE", want, 1); changed = 1; }
     }
-    if (!want) return;
-    setenv("OPENBLAS_CORETYPE", want, 1);
+    if (!changed) return;
+    /* both variables are read only when the libraries load: start again with them set */
+    setenv("MT_REEXECUTED", "1", 1);
     execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the slow kernel, but say so */
-    mt_warn("OpenBLAS chose kernel %s on a CPU that supports %s; re-exec failed, running slow",
-            core, want);
+    mt_warn("re-executing with OPENBLAS_CORETYPE/OMP_WAIT_POLICY set failed; BLAS kernel %s", core);
 }
 
 void mt_set_threads(int n) {

@@ -12,7 +12,9 @@
  * kernel from a CPU table that may not know this CPU and then falls back to a slow
  * generic one. If the CPU supports AVX-512 (AVX2) but OpenBLAS chose a kernel without it,
  * this re-executes the program with OPENBLAS_CORETYPE=SkylakeX (Haswell), which OpenBLAS
- * reads only at load time. MT_NO_BLAS_FIX=1 disables it. argv must be main's argv. */
+ * reads only at load time. It also sets OMP_WAIT_POLICY=passive when unset (spinning
+ * OpenMP threads starve a shared machine). MT_NO_BLAS_FIX=1 disables both. argv must be
+ * main's argv. */
 void mt_blas_init(int argc, char **argv);
 /* The kernel name OpenBLAS reports ("SkylakeX", "Haswell", ...). */
 const char *mt_blas_corename(void);

@@ -18,8 +18,38 @@ the C implementation.
 import os
 import sys
 
-# --- threading / BLAS environment: must be fixed before torch is imported -------------
+# --- threading / BLAS / malloc environment: must be fixed before torch is imported ----
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# For `train` (the benchmark peer) re-exec once with glibc malloc tunables: PyTorch on CPU
+# has no caching allocator, and glibc hands every tensor > 32 MiB (and, with the default
+# dynamic threshold, many smaller ones) back to the kernel on free, so each training step
+# page-faults gigabytes of fresh memory (measured: ~1M minor faults and ~8 s system time
+# per step of the "small" config).  A fixed mmap threshold, no trimming and transparent
+# huge pages for the remaining mmapped blocks remove most of it (the usual advice is
+# jemalloc/tcmalloc, which Debian's python3-torch does not pull in).  MOE_REF_MALLOC=0
+# disables this.
+_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
+                    "glibc.malloc.trim_threshold=17179869184:glibc.malloc.top_pad=268435456")
+#
+# BLAS: Debian's torch calls the libblas.so.3 of the alternatives system, which is the
+# pthread build of OpenBLAS by default.  Its worker threads spin (sched_yield) after each
+# GEMM while torch's own OpenMP threads run the elementwise ops, so on few cores the two
+# pools fight.  For `train` we load the OpenMP build of the same OpenBLAS (one shared
+# libgomp pool with a passive wait policy; moetrain links this build too) when it is
+# installed.  MOE_REF_BLAS=system keeps the alternatives' choice.
+_OPENMP_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+if (len(sys.argv) > 1 and sys.argv[1] == "train" and "MOE_REF_MALLOC" not in os.environ):
+    _env = dict(os.environ)
+    _env["MOE_REF_MALLOC"] = "1"
+    _env["GLIBC_TUNABLES"] = (_env["GLIBC_TUNABLES"] + ":" if _env.get("GLIBC_TUNABLES") else "") + _MALLOC_TUNABLES
+    if (_env.get("MOE_REF_BLAS", "openmp") == "openmp" and os.path.exists(_OPENMP_BLAS + "/libblas.so.3")
+            and "blas" not in _env.get("LD_LIBRARY_PATH", "")):
+        _env["LD_LIBRARY_PATH"] = _OPENMP_BLAS + (":" + _env["LD_LIBRARY_PATH"] if _env.get("LD_LIBRARY_PATH") else "")
+    try:
+        os.execve(sys.executable, [sys.executable] + sys.argv, _env)
+    except OSError:
+        pass
 
 
 def _cpu_has_avx512():
@@ -323,7 +353,10 @@ def rmsnorm(x, w, eps):
 
 
 def swiglu(x, wg, wu, wd):
-    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+    # gate and up projections as one GEMM (same dot products as two separate ones)
+    gu = F.linear(x, torch.cat([wg, wu], 0))
+    g, u = gu.split(wg.shape[0], dim=-1)
+    return F.linear(F.silu(g) * u, wd)
 
 
 _rope_cache = {}
@@ -349,27 +382,38 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-_mask_cache = {}
+_bias_cache = {}
+
+
+def causal_bias(T, rep, dtype):
+    """[rep*T, T] additive causal mask (0 / -inf), rows = (query head in group, position)."""
+    key = (T, rep, dtype)
+    if key not in _bias_cache:
+        m = torch.zeros(T, T, dtype=dtype).masked_fill_(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        _bias_cache[key] = m.repeat(rep, 1).contiguous()
+    return _bias_cache[key]
 
 
 def attention(c, P, p, x):
     B, T, _ = x.shape
-    q = F.linear(x, P[p + "self_attn.q_proj.weight"]).view(B, T, c.H, c.hd).transpose(1, 2)
-    k = F.linear(x, P[p + "self_attn.k_proj.weight"]).view(B, T, c.Hkv, c.hd).transpose(1, 2)
-    v = F.linear(x, P[p + "self_attn.v_proj.weight"]).view(B, T, c.Hkv, c.hd).transpose(1, 2)
-    cos, sin = rope_tables(T, c.hd, c.rope_theta, x.dtype)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
-    rep = c.H // c.Hkv
+    H, Hkv, hd = c.H, c.Hkv, c.hd
+    # q, k, v projections as one GEMM (same dot products as three separate ones)
+    W = torch.cat([P[p + "self_attn.q_proj.weight"], P[p + "self_attn.k_proj.weight"],
+                   P[p + "self_attn.v_proj.weight"]], 0)
+    qkv = F.linear(x, W).view(B, T, H + 2 * Hkv, hd).transpose(1, 2)   # [B, H+2Hkv, T, hd]
+    cos, sin = rope_tables(T, hd, c.rope_theta, x.dtype)
+    q = apply_rope(qkv[:, :H], cos, sin)                                # [B, H, T, hd]
+    k = apply_rope(qkv[:, H:H + Hkv], cos, sin)                         # [B, Hkv, T, hd]
+    v = qkv[:, H + Hkv:]
+    rep = H // Hkv
     # query head h uses kv head h // rep: group the query heads by kv head
-    q = q.reshape(B, c.Hkv, rep * T, c.hd)                     # [B, Hkv, rep*T, hd]
-    att = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(c.hd))  # [B,Hkv,rep*T,T]
-    mkey = (T, x.device)
-    if mkey not in _mask_cache:
-        _mask_cache[mkey] = torch.ones(T, T, dtype=torch.bool).triu(1)
-    att = att.view(B, c.Hkv, rep, T, T).masked_fill(_mask_cache[mkey], float("-inf"))
-    att = torch.softmax(att, dim=-1).view(B, c.Hkv, rep * T, T)
-    o = torch.matmul(att, v).view(B, c.H, T, c.hd).transpose(1, 2).reshape(B, T, c.H * c.hd)
+    q3 = q.reshape(B * Hkv, rep * T, hd)
+    k3 = k.reshape(B * Hkv, T, hd)
+    v3 = v.reshape(B * Hkv, T, hd)
+    # scores = q k^T / sqrt(hd) + causal mask (-inf above the diagonal), in one batched GEMM
+    att = torch.baddbmm(causal_bias(T, rep, x.dtype), q3, k3.transpose(1, 2), alpha=1.0 / math.sqrt(hd))
+    att = torch.softmax(att, dim=-1)
+    o = torch.bmm(att, v3).view(B, H, T, hd).transpose(1, 2).reshape(B, T, H * hd)
     return F.linear(o, P[p + "self_attn.o_proj.weight"])
 
 
@@ -438,29 +482,31 @@ def moe_block(c, P, p, x, stats):
     with torch.no_grad():
         idx, margin = route(c, prob.detach())
     if stats is not None:
-        stats.append(margin)
+        stats.append((margin, idx, prob.detach()))
     w = prob.gather(1, idx)                                    # [N, k]
     if c.norm_topk:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     w = w * c.rsf
-    y = torch.zeros_like(xf)
+    # dispatch: sort the (token, slot) pairs by expert, gather their rows once, run each
+    # expert on its contiguous slice, scale by the routing weight, scatter-add back.
     flat_e = idx.reshape(-1)                                   # [N*k]
-    flat_w = w.reshape(-1)
     order = torch.argsort(flat_e, stable=True)
     counts = torch.bincount(flat_e, minlength=c.E).tolist()
     tok_sorted = order // c.k
-    w_sorted = flat_w.index_select(0, order)
+    w_sorted = w.reshape(-1).index_select(0, order)
+    xs = xf.index_select(0, tok_sorted)                        # [N*k, d]
+    outs = []
     start = 0
     for e in range(c.E):
         n = counts[e]
         if n == 0:
             continue
-        tok = tok_sorted[start:start + n]
         q = p + f"mlp.experts.{e}."
-        out = swiglu(xf.index_select(0, tok), P[q + "gate_proj.weight"], P[q + "up_proj.weight"],
-                     P[q + "down_proj.weight"])
-        y = y.index_add(0, tok, out * w_sorted[start:start + n, None])
+        outs.append(swiglu(xs[start:start + n], P[q + "gate_proj.weight"], P[q + "up_proj.weight"],
+                           P[q + "down_proj.weight"]))
         start += n
+    out = torch.cat(outs, 0) * w_sorted[:, None]
+    y = torch.zeros_like(xf).index_add_(0, tok_sorted, out)
     if c.n_shared:
         q = p + "mlp.shared_experts."
         y = y + swiglu(xf, P[q + "gate_proj.weight"], P[q + "up_proj.weight"], P[q + "down_proj.weight"])
@@ -540,10 +586,19 @@ def cmd_make_case(a):
         stats = []
         with torch.no_grad():
             forward(c, P, rows[:, :T], rows[:, 1:], stats)
-        mm = min([float(m.min()) for m in stats], default=float("inf"))
-        if mm > 1e-5:
+        mm = min([float(m[0].min()) for m in stats], default=float("inf"))
+        # how many token-layers a grouped method routes differently from plain greedy top-k
+        ndiff, ntot = 0, 0
+        for _, idx, prob in stats:
+            greedy = _desc_stable(prob)[:, :c.k]
+            ndiff += int((idx.sort(-1).values != greedy.sort(-1).values).any(-1).sum())
+            ntot += idx.shape[0]
+        if mm <= 1e-5:
+            print(f"make-case: seed {seed}: routing margin {mm:.3g} <= 1e-5, redrawing")
+        elif c.topk_method != "greedy" and c.n_group > 1 and ndiff == 0:
+            print(f"make-case: seed {seed}: {c.topk_method} selects like greedy on every token, redrawing")
+        else:
             break
-        print(f"make-case: seed {seed}: routing margin {mm:.3g} <= 1e-5, redrawing")
         seed += 1
     else:
         raise RuntimeError("make-case: could not draw a case with routing margins > 1e-5")
@@ -551,7 +606,9 @@ def cmd_make_case(a):
     st_write(os.path.join(a.out, "model.safetensors"), P)
     shard_write(os.path.join(a.out, "tokens.bin"), toks)
     print(f"make-case: {a.out}: seed {seed}, B={B} T={T}, min routing margin "
-          f"{mm:.3g}, {sum(t.numel() for t in P.values())} parameters")
+          f"{mm:.3g}, {sum(t.numel() for t in P.values())} parameters"
+          + (f", {c.topk_method} differs from greedy on {ndiff}/{ntot} token-layers"
+             if c.n_moe and c.topk_method != "greedy" else ""))
 
 
 def case_tokens(case, B, T):
@@ -568,7 +625,7 @@ def reference(c, P, inp, tgt):
     logits, ce, bals, loss = forward(c, Pg, inp, tgt, stats)
     loss.backward()
     grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in Pg.items()}
-    margin = min([float(m.min()) for m in stats], default=float("inf"))
+    margin = min([float(m[0].min()) for m in stats], default=float("inf"))
     return logits.detach(), ce.detach(), [b.detach() for b in bals], loss.detach(), grads, margin
 
 
@@ -733,7 +790,7 @@ def cmd_gradcheck(a):
         del base_idx
         worst_all = max(worst_all, worst)
         print(f"gradcheck {c.topk_method}/{c.scoring}/norm={c.norm_topk}/tied={c.tied}: "
-              f"min margin {min(float(m.min()) for m in stats):.2e}, worst rel err {worst:.2e}")
+              f"min margin {min(float(m[0].min()) for m in stats):.2e}, worst rel err {worst:.2e}")
     ok = worst_all < 1e-5
     print("gradcheck:", "OK" if ok else "FAILED")
     return 0 if ok else 1
@@ -773,7 +830,8 @@ def blas_report():
             break
     gf = 2.0 * 1024 ** 3 * n / dt / 1e9
     print(f"blas: {', '.join(sorted(libs)) or '?'}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')}"
-          f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} threads={torch.get_num_threads()};"
+          f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} threads={torch.get_num_threads()}"
+          f" malloc={'tuned' if os.environ.get('MOE_REF_MALLOC') == '1' else 'default'};"
           f" sgemm 1024^3: {gf:.1f} GFLOP/s", flush=True)
     return gf
 
@@ -862,6 +920,8 @@ def cmd_train(a):
         for gidx in opt.param_groups:
             gidx["lr"] = lr
         inp, tgt = data.batch(a.batch, a.seq)
+        if int(inp.max()) >= c.V or int(tgt.max()) >= c.V:
+            raise ValueError(f"{a.data}: token id {max(int(inp.max()), int(tgt.max()))} >= vocab_size {c.V}")
         _, ce, bals, loss = forward(c, P, inp, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -905,6 +965,8 @@ def cmd_eval(a):
     with torch.no_grad():
         for i in range(0, len(wins), 8):
             rows = torch.from_numpy(np.stack(wins[i:i + 8]))
+            if int(rows.max()) >= c.V:
+                raise ValueError(f"{a.data}: token id {int(rows.max())} >= vocab_size {c.V}")
             inp, tgt = rows[:, :T], rows[:, 1:]
             logits = forward(c, P, inp)[0]
             l = F.cross_entropy(logits.reshape(-1, c.V).double(), tgt.reshape(-1), reduction="sum")
