@@ -1,4 +1,4 @@
-/* kernels/ops.c — optimised element-wise, attention, head/CE and optimizer kernels
+/* kernels/ops.c — optimised element-wise, head/CE and optimizer kernels
  * (contracts in ops.h; plain references in ref.c). */
 #include "kernels/ops.h"
 
@@ -95,98 +95,6 @@ void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const 
         float silu = z * sg;
         du[i] = da[i] * silu;
         dg[i] = da[i] * u[i] * sg * (1.0f + z * (1.0f - sg));
-    }
-}
-
-enum { ATT_BQ = 64 };
-
-size_t mt_attention_scratch_floats(int T) { return 2 * (size_t)ATT_BQ * (size_t)T; }
-
-void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                      int B, int T, int H, int G, int D, float *scratch, int nthr) {
-    MT_ASSERT(H % G == 0);
-    const int rep = H / G;
-    const float scale = 1.0f / sqrtf((float)D);
-    const size_t per = mt_attention_scratch_floats(T);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
-    for (int task = 0; task < B * H; task++) {
-        int b = task / H, h = task % H, g = h / rep;
-        float *S = scratch + (size_t)omp_get_thread_num() * per;
-        const float *kb = k + ((size_t)b * T * G + g) * D;
-        const float *vb = v + ((size_t)b * T * G + g) * D;
-        for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
-            int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-            int nk = t0 + nq;
-            const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
-            mt_sgemm(0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, S, nk);
-            for (int i = 0; i < nq; i++) {
-                float *s = S + (size_t)i * nk;
-                int last = t0 + i; /* causal: keys 0..last */
-                float m = -INFINITY;
-                for (int j = 0; j <= last; j++) m = s[j] > m ? s[j] : m;
-                float sum = 0.0f;
-                for (int j = 0; j <= last; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
-                float inv = 1.0f / sum;
-                for (int j = 0; j <= last; j++) s[j] *= inv;
-                for (int j = last + 1; j < nk; j++) s[j] = 0.0f;
-                lse[((size_t)b * H + h) * T + t0 + i] = m + logf(sum);
-            }
-            float *ot = out + (((size_t)b * T + t0) * H + h) * D;
-            mt_sgemm(0, 0, nq, D, nk, 1.0f, S, nk, vb, G * D, 0.0f, ot, H * D);
-        }
-    }
-}
-
-void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                      const float *k, const float *v, const float *out, const float *lse,
-                      int B, int T, int H, int G, int D, float *scratch, int nthr) {
-    MT_ASSERT(H % G == 0);
-    const int rep = H / G;
-    const float scale = 1.0f / sqrtf((float)D);
-    const size_t per = mt_attention_scratch_floats(T);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
-    for (int task = 0; task < B * G; task++) {
-        int b = task / G, g = task % G;
-        float *P = scratch + (size_t)omp_get_thread_num() * per;
-        float *dP = P + (size_t)ATT_BQ * T;
-        const float *kb = k + ((size_t)b * T * G + g) * D;
-        const float *vb = v + ((size_t)b * T * G + g) * D;
-        float *dkb = dk + ((size_t)b * T * G + g) * D;
-        float *dvb = dv + ((size_t)b * T * G + g) * D;
-        for (int t = 0; t < T; t++) {
-            memset(dkb + (size_t)t * G * D, 0, sizeof(float) * D);
-            memset(dvb + (size_t)t * G * D, 0, sizeof(float) * D);
-        }
-        for (int h = g * rep; h < (g + 1) * rep; h++) {
-            for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
-                int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-                int nk = t0 + nq;
-                size_t row0 = ((size_t)b * T + t0) * H + h;
-                const float *qt = q + row0 * D, *dot = dout + row0 * D, *ot = out + row0 * D;
-                const float *l = lse + ((size_t)b * H + h) * T + t0;
-                mt_sgemm(0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, P, nk);
-                for (int i = 0; i < nq; i++) {
-                    float *p = P + (size_t)i * nk;
-                    int last = t0 + i;
-                    for (int j = 0; j <= last; j++) p[j] = expf(p[j] - l[i]);
-                    for (int j = last + 1; j < nk; j++) p[j] = 0.0f;
-                }
-                /* dV += P^T dO */
-                mt_sgemm(1, 0, nk, D, nq, 1.0f, P, nk, dot, H * D, 1.0f, dvb, G * D);
-                /* dP = dO V^T */
-                mt_sgemm(0, 1, nq, nk, D, 1.0f, dot, H * D, vb, G * D, 0.0f, dP, nk);
-                for (int i = 0; i < nq; i++) {
-                    const float *o = ot + (size_t)i * H * D, *d = dot + (size_t)i * H * D;
-                    float Di = 0.0f;
-                    for (int c = 0; c < D; c++) Di += o[c] * d[c];
-                    float *p = P + (size_t)i * nk, *dp = dP + (size_t)i * nk;
-                    for (int j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di) * scale;
-                }
-                /* dQ = dS K ; dK += dS^T Q */
-                mt_sgemm(0, 0, nq, D, nk, 1.0f, dP, nk, kb, G * D, 0.0f, dq + row0 * D, H * D);
-                mt_sgemm(1, 0, nk, D, nq, 1.0f, dP, nk, qt, H * D, 1.0f, dkb, G * D);
-            }
-        }
     }
 }
 

@@ -1,4 +1,5 @@
-/* kernels/ops.h — element-wise and attention kernels on raw pointers.
+/* kernels/ops.h — element-wise, head/CE and optimizer kernels on raw pointers
+ * (attention: kernels/attention.h).
  *
  * Dimension letters: N rows (= B*T tokens), B batch, T time, C channels (= d),
  * H query heads, G kv heads (Hkv), D head_dim, F hidden size of a SwiGLU, V vocab.
@@ -29,18 +30,6 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);
 /* dg, du from da (overwrite) */
 void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const float *u, size_t n);
-
-/* Causal attention per sequence, tiled by query blocks with BLAS: the T x T score matrix
- * is never materialised (scratch is linear in T).
- * q[B,T,H,D] k,v[B,T,G,D] -> out[B,T,H,D], lse[B,H,T] (log-sum-exp of each score row).
- * scratch: nthr * mt_attention_scratch_floats(T) floats; at most nthr threads are used. */
-size_t mt_attention_scratch_floats(int T);
-void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                      int B, int T, int H, int G, int D, float *scratch, int nthr);
-/* dq (overwrite), dk, dv (overwrite) from dout, given the forward's out and lse. */
-void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                      const float *k, const float *v, const float *out, const float *lse,
-                      int B, int T, int H, int G, int D, float *scratch, int nthr);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.

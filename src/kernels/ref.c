@@ -139,16 +139,23 @@ static size_t kidx(int b, int t, int g, int T, int G, int D) {
     return (((size_t)b * T + t) * G + g) * D;
 }
 
-/* P[T,T] = causal softmax of the scaled scores of (b, h); lse[T] of each row. Entries
- * above the diagonal are 0. */
-static void ref_attention_probs(double *P, double *lse, const float *q, const float *k, int b,
-                                int h, int T, int H, int G, int D) {
+/* First key row i of sequence b sees (0 without pos). */
+static int ref_first_key(const int32_t *pos, int b, int i, int T) {
+    return pos ? i - pos[(size_t)b * T + i] : 0;
+}
+
+/* P[T,T] = masked softmax of the scaled scores of (b, h); lse[T] of each row. Entries a
+ * row does not see (after it, or before its document) are 0. */
+static void ref_attention_probs(double *P, double *lse, const float *q, const float *k,
+                                const int32_t *pos, int b, int h, int T, int H, int G, int D) {
     int g = h / (H / G);
     double scale = 1.0 / sqrt((double)D);
     for (int i = 0; i < T; i++) {
         double *p = P + (size_t)i * T, m = -INFINITY;
+        int j0 = ref_first_key(pos, b, i, T);
+        MT_ASSERT(j0 >= 0 && j0 <= i);
         for (int j = 0; j < T; j++) {
-            if (j > i) { p[j] = 0.0; continue; }
+            if (j > i || j < j0) { p[j] = 0.0; continue; }
             const float *qi = q + qidx(b, i, h, T, H, D), *kj = k + kidx(b, j, g, T, G, D);
             double s = 0.0;
             for (int c = 0; c < D; c++) s += (double)qi[c] * kj[c];
@@ -156,21 +163,22 @@ static void ref_attention_probs(double *P, double *lse, const float *q, const fl
             if (p[j] > m) m = p[j];
         }
         double sum = 0.0;
-        for (int j = 0; j <= i; j++) sum += exp(p[j] - m);
+        for (int j = j0; j <= i; j++) sum += exp(p[j] - m);
         lse[i] = m + log(sum);
-        for (int j = 0; j <= i; j++) p[j] = exp(p[j] - lse[i]);
+        for (int j = j0; j <= i; j++) p[j] = exp(p[j] - lse[i]);
     }
 }
 
 void mt_ref_attention_fwd(float *out, float *lse, const float *q, const float *k,
-                          const float *v, int B, int T, int H, int G, int D) {
+                          const float *v, const int32_t *pos, int B, int T, int H, int G,
+                          int D) {
     MT_ASSERT(G > 0 && H % G == 0);
     double *P = mt_xmalloc(sizeof(double) * (size_t)T * T);
     double *l = mt_xmalloc(sizeof(double) * (size_t)T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int g = h / (H / G);
-            ref_attention_probs(P, l, q, k, b, h, T, H, G, D);
+            ref_attention_probs(P, l, q, k, pos, b, h, T, H, G, D);
             for (int i = 0; i < T; i++) {
                 lse[((size_t)b * H + h) * T + i] = (float)l[i];
                 float *o = out + qidx(b, i, h, T, H, D);
@@ -189,7 +197,8 @@ void mt_ref_attention_fwd(float *out, float *lse, const float *q, const float *k
  *   dv_j += sum_i P_ij do_i;  dP_ij = do_i . v_j;  dS_ij = P_ij (dP_ij - sum_l P_il dP_il)
  *   dq_i = scale sum_j dS_ij k_j;  dk_j += scale sum_i dS_ij q_i. */
 void mt_ref_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, int B, int T, int H, int G, int D) {
+                          const float *k, const float *v, const int32_t *pos, int B, int T,
+                          int H, int G, int D) {
     MT_ASSERT(G > 0 && H % G == 0);
     const double scale = 1.0 / sqrt((double)D);
     size_t nkv = (size_t)B * T * G * D;
@@ -201,7 +210,7 @@ void mt_ref_attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int g = h / (H / G);
-            ref_attention_probs(P, l, q, k, b, h, T, H, G, D);
+            ref_attention_probs(P, l, q, k, pos, b, h, T, H, G, D);
             for (int i = 0; i < T; i++) {
                 const float *doi = dout + qidx(b, i, h, T, H, D);
                 double rowdot = 0.0;

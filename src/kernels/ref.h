@@ -49,14 +49,18 @@ void mt_ref_swiglu_bwd(float *dg, float *du, const float *da, const float *g, co
 
 /* Causal GQA attention, unfused: the full T x T score matrix of each (b, h) is built.
  * q[B,T,H,D], k,v[B,T,G,D] -> out[B,T,H,D], lse[B,H,T] (natural log-sum-exp of each row
- * of scaled scores s = q.k / sqrt(D)). Query head h reads kv head h / (H/G). */
+ * of scaled scores s = q.k / sqrt(D)). Query head h reads kv head h / (H/G). Query t
+ * sees keys j with t - pos[t] <= j <= t (pos[B*T]: position inside the document, as in
+ * kernels/attention.h; NULL = positions 0..T-1, plain causal). */
 void mt_ref_attention_fwd(float *out, float *lse, const float *q, const float *k,
-                          const float *v, int B, int T, int H, int G, int D);
+                          const float *v, const int32_t *pos, int B, int T, int H, int G,
+                          int D);
 /* dq[B,T,H,D], dk, dv[B,T,G,D] (all overwrite) from dout[B,T,H,D]; recomputes the
  * softmax from q and k (no out/lse inputs, so a wrong forward cannot hide a wrong
  * backward). */
 void mt_ref_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, int B, int T, int H, int G, int D);
+                          const float *k, const float *v, const int32_t *pos, int B, int T,
+                          int H, int G, int D);
 
 /* LM head + cross-entropy: logits[N,V] = x[N,C] @ W[V,C]^T; returns the SUM over rows with
  * targets[n] >= 0 of lse(logits[n]) - logits[n][targets[n]] (rows with target < 0 are

@@ -11,6 +11,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/attention.h"
 #include "kernels/ops.h"
 
 /* ---------------------------------------------------------------- layout */
@@ -303,7 +304,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->ds = carve(cv, N * E * fl);
         a->dw = carve(cv, N * K * fl);
     }
-    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T) * fl);
+    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
     a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
 }
 
@@ -667,7 +668,7 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         mt_linear_fwd(L->v, L->ln1, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply(L->q, a->cos_t, a->sin_t, N, T, H, D, 0);
         mt_rope_apply(L->k, a->cos_t, a->sin_t, N, T, G, D, 0);
-        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, B, T, H, G, D, a->att_scratch, a->nthr);
+        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, NULL, B, T, H, G, D, a->att_scratch, a->nthr);
         memcpy(L->h, L->x, sizeof(float) * (size_t)N * C);
         mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
         mt_rmsnorm_fwd(L->ln2, L->rstd2, L->h, w->post_norm, N, C, (float)c->rms_norm_eps);
@@ -708,7 +709,7 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, N, C);
         /* attention: d is now the gradient of h */
         mt_linear_bwd(a->datt, dw->wo, d, L->att, w->wo, N, H * D, C, 0.0f);
-        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, B, T, H, G, D,
+        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, NULL, B, T, H, G, D,
                          a->att_scratch, a->nthr);
         mt_rope_apply(a->dq, a->cos_t, a->sin_t, N, T, H, D, 1);
         mt_rope_apply(a->dk, a->cos_t, a->sin_t, N, T, G, D, 1);

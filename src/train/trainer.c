@@ -131,16 +131,25 @@ static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, i
     return 0;
 }
 
-static void draw_plot(const char *out) {
-    char cmd[8192];
+/* Draws OUT/loss.png from OUT/loss.tsv with gnuplot; returns 0 if the file was made. */
+static int draw_plot(const char *out) {
+    char cmd[8192], png[4200];
+    snprintf(png, sizeof png, "%s/loss.png", out);
+    remove(png);
     snprintf(cmd, sizeof cmd,
-             "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal pngcairo size 900,500 2>/dev/null; "
-             "set terminal png size 900,500; set output '%s/loss.png'; set xlabel 'step'; set ylabel 'loss'; "
-             "set grid; set title 'moetrain training loss'; "
+             "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal png size 900,500; "
+             "set output '%s'; set xlabel 'step'; set ylabel 'loss'; set grid; "
+             "set title 'moetrain training loss'; set datafile missing 'NaN'; "
              "plot '%s/loss.tsv' using 1:2 with lines title 'train loss', "
-             "'%s/loss.tsv' using 1:3 with points pt 7 title 'val loss'\" 2>/dev/null",
-             out, out, out);
-    if (system(cmd) != 0) mt_warn("gnuplot not available or failed; no %s/loss.png", out);
+             "'' using 1:3 with points pt 7 title 'validation loss'\" 2>&1",
+             png, out);
+    FILE *f = NULL;
+    if (system(cmd) != 0 || !(f = fopen(png, "rb"))) {
+        mt_warn("gnuplot is missing or failed (apt-get install gnuplot-nox): no %s", png);
+        return -1;
+    }
+    fclose(f);
+    return 0;
 }
 
 typedef struct {
@@ -441,10 +450,7 @@ int mt_train(const mt_train_opts *opts) {
                    tps, 100 * mfu, peak, (double)rss / 1048576.0, last_good, o.out);
         fflush(r.metrics);
         fflush(r.tsv);
-        if (o.plot) {
-            draw_plot(o.out);
-            if (!o.quiet) printf("  plot       %s/loss.png\n", o.out);
-        }
+        if (o.plot && draw_plot(o.out) == 0 && !o.quiet) printf("  plot       %s/loss.png\n", o.out);
     }
     run_free(&r);
     return rc;

@@ -1,0 +1,43 @@
+/* kernels/attention.h — fused causal GQA attention for the CPU (FlashAttention-2 style).
+ *
+ * The sequence is tiled into query blocks and key blocks; the forward keeps a running
+ * max and sum per query row (online softmax) and never builds a score row or the T x T
+ * matrix, so the per-thread scratch does not depend on T. The backward recomputes the
+ * probabilities block by block from the forward's log-sum-exp.
+ *
+ * Dimension letters as in ops.h: B batch, T time, H query heads, G kv heads (H % G == 0,
+ * query head h reads kv head h / (H/G)), D head_dim (even). Scores s = q.k / sqrt(D).
+ *
+ * Masking: a query at row index t sees keys s with t - pos[t] <= s <= t. pos[B*T] is the
+ * position of each token inside its document (0 after an end-of-text token: "document
+ * mode", packed sequences); pos == NULL means positions 0..T-1 of the row (plain causal).
+ * Requires 0 <= pos[t] <= t (position restarts, never exceeds the row index).
+ *
+ * Determinism: each output element is computed by one thread in a fixed order, so the
+ * results are the same bits for any thread count. */
+#ifndef MT_KERNELS_ATTENTION_H
+#define MT_KERNELS_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Scratch floats needed PER THREAD by the forward and the backward (independent of T). */
+size_t mt_attention_scratch_floats(int T, int D);
+
+/* q[B,T,H,D] k,v[B,T,G,D] pos[B*T] or NULL -> out[B,T,H,D] (overwrite), lse[B,H,T]
+ * (natural log-sum-exp of each row of scaled, masked scores; overwrite).
+ * scratch: nthr * mt_attention_scratch_floats(T, D) floats; at most nthr threads, over
+ * (batch, head). */
+void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                      const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                      int nthr);
+
+/* Inverts the line above: dq[B,T,H,D], dk,dv[B,T,G,D] (all overwrite) from dout[B,T,H,D],
+ * given the forward's out and lse and the same pos. Threads over (batch, kv head).
+ * scratch as for the forward. */
+void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                      const float *k, const float *v, const float *out, const float *lse,
+                      const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                      int nthr);
+
+#endif
