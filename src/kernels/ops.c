@@ -98,6 +98,29 @@ void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const 
     }
 }
 
+void mt_swiglu_rows_fwd(float *a, const float *gu, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * F, *u = g + F;
+        float *o = a + (size_t)n * F;
+        for (int f = 0; f < F; f++) o[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+    }
+}
+
+void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * F, *u = g + F, *d = da + (size_t)n * F;
+        float *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+        float ws = wscale ? wscale[n] : 1.0f;
+        for (int f = 0; f < F; f++) {
+            float z = g[f], sg = 1.0f / (1.0f + expf(-z)), dd = d[f] * ws;
+            du[f] = dd * z * sg;
+            dg[f] = dd * u[f] * sg * (1.0f + z * (1.0f - sg));
+        }
+    }
+}
+
 enum { HEAD_ROWS = 128 };
 
 size_t mt_head_scratch_floats(int V) { return (size_t)HEAD_ROWS * V + HEAD_ROWS; }

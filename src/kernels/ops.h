@@ -30,6 +30,11 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);
 /* dg, du from da (overwrite) */
 void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const float *u, size_t n);
+/* Fused gate|up layout: gu[N, 2F] holds row n as [g(F) | u(F)] (one GEMM computes both).
+ * a[N,F] = silu(g) * u ;  the backward writes dgu[N,2F] = [dg | du] from da[N,F]. When
+ * wscale != NULL, da of row n is first multiplied by wscale[n] (MoE routing weight). */
+void mt_swiglu_rows_fwd(float *a, const float *gu, int N, int F);
+void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.

@@ -11,6 +11,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/moe.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 
@@ -59,11 +60,12 @@ int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
             n = add_tensor(t, n, &off, 1, C, F, "%s.%d.mlp.down_proj.weight", p, l);
         } else {
             n = add_tensor(t, n, &off, 1, E, C, "%s.%d.mlp.gate.weight", p, l);
-            /* all experts' gate_proj contiguous, then up_proj, then down_proj */
-            for (int e = 0; e < E; e++)
+            /* expert e's gate_proj and up_proj adjacent ([2Fm, C]: one GEMM computes both),
+             * then every expert's down_proj */
+            for (int e = 0; e < E; e++) {
                 n = add_tensor(t, n, &off, 1, Fm, C, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
-            for (int e = 0; e < E; e++)
                 n = add_tensor(t, n, &off, 1, Fm, C, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+            }
             for (int e = 0; e < E; e++)
                 n = add_tensor(t, n, &off, 1, C, Fm, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
             if (Fs > 0) {
@@ -125,9 +127,11 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
         } else {
             int E = c->n_routed_experts;
             L->router = base + m->tensors[i++].offset;
-            L->egate = base + m->tensors[i].offset; i += E;
-            L->eup = base + m->tensors[i].offset; i += E;
-            L->edown = base + m->tensors[i].offset; i += E;
+            L->egate = base + m->tensors[i].offset;
+            L->eup = base + m->tensors[i + 1].offset;
+            i += 2 * E;
+            L->edown = base + m->tensors[i].offset;
+            i += E;
             if (c->n_shared_experts > 0) {
                 L->sgate = base + m->tensors[i++].offset;
                 L->sup = base + m->tensors[i++].offset;
@@ -194,35 +198,39 @@ void mt_model_zero_grads(mt_model *m) { memset(m->grads, 0, m->nparams * sizeof(
 
 /* ---------------------------------------------------------------- activations */
 
+/* What the backward of a layer needs from its forward (named, so a memory policy can later
+ * keep, recompute or swap each). The normed inputs of attention and FFN are not kept: the
+ * backward recomputes them from x / h and the saved 1/rms (cheap, element-wise). */
 typedef struct {
     float *x;                     /* [N,C] layer input (residual stream) */
-    float *ln1, *rstd1;           /* [N,C], [N] */
+    float *rstd1;                 /* [N] 1/rms of x */
     float *q, *k, *v;             /* [N,H*D], [N,G*D] x2 (after RoPE) */
     float *att, *lse;             /* [N,H*D], [B,H,T] */
     float *h;                     /* [N,C] residual after attention */
-    float *ln2, *rstd2;
-    float *g, *u;                 /* dense: [N,F] */
+    float *rstd2;                 /* [N] */
+    float *gu;                    /* dense: [N,2F] gate|up */
     float *probs;                 /* MoE: [N,E] selection scores p */
     int32_t *sel;                 /* [N,k] */
     float *wsel;                  /* [N,k] final routing weights */
     int32_t *slot_row;            /* [N*k] permuted row of (token, slot) */
     int32_t *perm_tok;            /* [N*k] token of permuted row */
     int32_t *eoff;                /* [E+1] */
-    float *eg, *eu, *ey;          /* [N*k,Fm] x2, [N*k,C] (permuted order) */
-    float *sg, *su;               /* [N,Fs] */
+    float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order) */
+    float *sgu;                   /* [N,2Fs] shared experts gate|up */
     float *f;                     /* [B,E] per-sequence routed fraction f_e */
 } layer_acts;
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts;
-    size_t cap, last_n;            /* capacity B*T; tokens of the last step */                   /* B*T */
+    size_t cap, last_n;           /* capacity B*T; tokens of the last step */
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* final residual, final norm out, rstd */
     float *cos_t, *sin_t;
-    /* scratch */
+    /* scratch shared by all layers */
+    float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
     float *tmp, *dres, *dln, *datt, *dq, *dk, *dv;
-    float *big1, *big2, *big3;
-    float *xe, *dye, *ds, *dw;
+    float *big1, *big2, *big3;    /* [max(N*2F, R*2Fm, N*2Fs)] */
+    float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
     int64_t *load;
     char *arena;
@@ -246,12 +254,11 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     const size_t G = c->num_key_value_heads, D = c->head_dim, E = c->n_routed_experts;
     const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
     const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size;
-    const size_t fl = sizeof(float), il = sizeof(int32_t);
+    const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
     size_t bigsz = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->L[l];
         L->x = carve(cv, N * C * fl);
-        L->ln1 = carve(cv, N * C * fl);
         L->rstd1 = carve(cv, N * fl);
         L->q = carve(cv, N * H * D * fl);
         L->k = carve(cv, N * G * D * fl);
@@ -259,28 +266,21 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         L->att = carve(cv, N * H * D * fl);
         L->lse = carve(cv, N * H * fl);
         L->h = carve(cv, N * C * fl);
-        L->ln2 = carve(cv, N * C * fl);
         L->rstd2 = carve(cv, N * fl);
         if (!mt_config_is_moe(c, l)) {
-            L->g = carve(cv, N * F * fl);
-            L->u = carve(cv, N * F * fl);
-            bigsz = maxz(bigsz, N * F);
+            L->gu = carve(cv, N * 2 * F * fl);
+            bigsz = maxz(bigsz, N * 2 * F);
         } else {
             L->probs = carve(cv, N * E * fl);
-            L->sel = carve(cv, N * K * il);
-            L->wsel = carve(cv, N * K * fl);
-            L->slot_row = carve(cv, N * K * il);
-            L->perm_tok = carve(cv, N * K * il);
+            L->sel = carve(cv, R * il);
+            L->wsel = carve(cv, R * fl);
+            L->slot_row = carve(cv, R * il);
+            L->perm_tok = carve(cv, R * il);
             L->eoff = carve(cv, (E + 1) * il);
-            L->eg = carve(cv, N * K * Fm * fl);
-            L->eu = carve(cv, N * K * Fm * fl);
-            L->ey = carve(cv, N * K * C * fl);
-            if (Fs) {
-                L->sg = carve(cv, N * Fs * fl);
-                L->su = carve(cv, N * Fs * fl);
-            }
+            L->egu = carve(cv, R * 2 * Fm * fl);
+            if (Fs) L->sgu = carve(cv, N * 2 * Fs * fl);
             L->f = carve(cv, (size_t)B * E * fl);
-            bigsz = maxz(bigsz, maxz(N * K * Fm, N * Fs));
+            bigsz = maxz(bigsz, maxz(R * 2 * Fm, N * 2 * Fs));
         }
     }
     a->xf = carve(cv, N * C * fl);
@@ -288,6 +288,8 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->rstdf = carve(cv, N * fl);
     a->cos_t = carve(cv, (size_t)T * D / 2 * fl);
     a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
+    a->ln = carve(cv, N * C * fl);
+    a->rstd_tmp = carve(cv, N * fl);
     a->tmp = carve(cv, N * C * fl);
     a->dres = carve(cv, N * C * fl);
     a->dln = carve(cv, N * C * fl);
@@ -299,10 +301,11 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->big2 = carve(cv, bigsz * fl);
     a->big3 = carve(cv, bigsz * fl);
     if (E) {
-        a->xe = carve(cv, N * K * C * fl);
-        a->dye = carve(cv, N * K * C * fl);
+        a->xe = carve(cv, R * C * fl);
+        a->ye = carve(cv, R * C * fl);
         a->ds = carve(cv, N * E * fl);
-        a->dw = carve(cv, N * K * fl);
+        a->dw = carve(cv, R * fl);
+        a->wrow = carve(cv, R * fl);
     }
     a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
     a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
@@ -417,34 +420,34 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
 
 /* ---------------------------------------------------------------- forward pieces */
 
-static void swiglu_ffn_fwd(float *out, float *g, float *u, float *abuf, const float *x,
-                           const float *wg, const float *wu, const float *wd, int N, int C, int F,
-                           float beta) {
-    mt_linear_fwd(g, x, wg, N, C, F, 0.0f);
-    mt_linear_fwd(u, x, wu, N, C, F, 0.0f);
-    mt_swiglu_fwd(abuf, g, u, (size_t)N * F);
+/* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout).
+ * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. */
+static void swiglu_ffn_fwd(float *out, float *gu, float *abuf, const float *x, const float *wgu,
+                           const float *wd, int N, int C, int F, float beta) {
+    mt_linear_fwd(gu, x, wgu, N, C, 2 * F, 0.0f);
+    mt_swiglu_rows_fwd(abuf, gu, N, F);
     mt_linear_fwd(out, abuf, wd, N, F, C, beta);
 }
 
-/* dx = (beta_in ? dx : 0) + d/dx ; weight grads accumulate. Uses a1, a2, a3 [N,F] scratch. */
-static void swiglu_ffn_bwd(float *dx, float *dwg, float *dwu, float *dwd, const float *dout,
-                           const float *x, const float *g, const float *u, const float *wg,
-                           const float *wu, const float *wd, int N, int C, int F, float beta_in,
-                           float *a1, float *a2, float *a3) {
-    mt_swiglu_fwd(a1, g, u, (size_t)N * F);           /* recompute the activation */
-    mt_linear_bwd(a2, dwd, dout, a1, wd, N, F, C, 0.0f); /* a2 = da */
-    mt_swiglu_bwd(a3, a1, a2, g, u, (size_t)N * F);   /* a3 = dg, a1 = du */
-    mt_linear_bwd(dx, dwg, a3, x, wg, N, C, F, beta_in);
-    mt_linear_bwd(dx, dwu, a1, x, wu, N, C, F, 1.0f);
+/* dx = (beta_in ? dx : 0) + d/dx ; weight grads accumulate (dwgu is [2F, C]).
+ * Scratch a1 [N,F], a2 [N,F], a3 [N,2F]. */
+static void swiglu_ffn_bwd(float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
+                           const float *gu, const float *wgu, const float *wd, int N, int C, int F,
+                           float beta_in, float *a1, float *a2, float *a3) {
+    mt_swiglu_rows_fwd(a1, gu, N, F);                    /* recompute the activation */
+    mt_linear_bwd(a2, dwd, dout, a1, wd, N, F, C, 0.0f);  /* a2 = da */
+    mt_swiglu_rows_bwd(a3, a2, gu, NULL, N, F);          /* a3 = dg|du */
+    mt_linear_bwd(dx, dwgu, a3, x, wgu, N, C, 2 * F, beta_in);
 }
 
+/* MoE block forward on the normed input ln[N,C]: out[N,C] = shared(ln) + sum_j w_j E_j(ln). */
 static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                    int B, int T, float *out) {
+                    int B, int T, const float *ln, float *out) {
     const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
-    /* router scores in fp32 */
-    mt_linear_fwd(L->probs, L->ln2, w->router, N, C, E, 0.0f);
+    /* router scores in fp32, selection, routing weights */
+    mt_linear_fwd(L->probs, ln, w->router, N, C, E, 0.0f);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         float *p = L->probs + (size_t)t * E;
@@ -467,56 +470,21 @@ static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
             L->wsel[(size_t)t * K + j] = wj * (float)c->routed_scaling_factor;
         }
     }
-    /* permutation: rows grouped by expert, in (token, slot) order inside each expert */
-    int32_t *off = L->eoff;
-    memset(off, 0, sizeof(int32_t) * (E + 1));
-    for (int i = 0; i < N * K; i++) off[L->sel[i] + 1]++;
-    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    /* fused permute: rows grouped by expert, gathered into xe */
+    mt_moe_permute(a->xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
+    const int32_t *off = L->eoff;
     for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
-    {
-        int32_t fill[MAX_E];
-        for (int e = 0; e < E; e++) fill[e] = off[e];
-        for (int i = 0; i < N * K; i++) {
-            int r = fill[L->sel[i]]++;
-            L->slot_row[i] = r;
-            L->perm_tok[r] = i / K;
-        }
-    }
     /* per-sequence routed fractions f_e (for the balance loss) */
     memset(L->f, 0, sizeof(float) * (size_t)B * E);
-    for (int i = 0; i < N * K; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
+    for (int i = 0; i < R; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
     for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
-    /* gather the rows of every expert into one contiguous buffer */
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < N * K; r++)
-        memcpy(a->xe + (size_t)r * C, L->ln2 + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
-    /* local experts: one job per expert, BLAS single-threaded inside (OpenMP flavour) */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(a->nthr)
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        size_t fo = (size_t)e * Fm * C;
-        float *xe = a->xe + (size_t)r0 * C, *g = L->eg + (size_t)r0 * Fm, *u = L->eu + (size_t)r0 * Fm;
-        float *act = a->big1 + (size_t)r0 * Fm;
-        mt_linear_fwd(g, xe, w->egate + fo, n, C, Fm, 0.0f);
-        mt_linear_fwd(u, xe, w->eup + fo, n, C, Fm, 0.0f);
-        for (size_t i = 0; i < (size_t)n * Fm; i++) act[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        mt_linear_fwd(L->ey + (size_t)r0 * C, act, w->edown + fo, n, Fm, C, 0.0f);
-    }
-    /* shared experts, then combine: out = shared(x) + sum_j w_j * expert_j(x) */
-    if (Fs > 0)
-        swiglu_ffn_fwd(out, L->sg, L->su, a->big1, L->ln2, w->sgate, w->sup, w->sdown, N, C, Fs, 0.0f);
-    else
-        memset(out, 0, sizeof(float) * (size_t)N * C);
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++) {
-        float *o = out + (size_t)t * C;
-        for (int j = 0; j < K; j++) {
-            float wj = L->wsel[(size_t)t * K + j];
-            const float *y = L->ey + (size_t)L->slot_row[(size_t)t * K + j] * C;
-            for (int q = 0; q < C; q++) o[q] += wj * y[q];
-        }
-    }
+    /* grouped expert GEMMs: gate|up, SwiGLU, down */
+    mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    mt_swiglu_rows_fwd(a->big1, L->egu, R, Fm);
+    mt_grouped_linear_fwd(a->ye, a->big1, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
+    /* shared experts, then combine */
+    if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 0.0f);
+    mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, Fs > 0);
 }
 
 /* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] */
@@ -541,64 +509,51 @@ static void balance_fwd(const mt_config *c, const layer_acts *L, int B, int T, d
     *sum_out += total;
 }
 
+/* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. */
 static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w,
-                    mt_layer_w *dw, int B, int T, const float *dout, float *dln2, float bal_coef) {
+                    mt_layer_w *dw, int B, int T, const float *ln, const float *dout, float *dln,
+                    float bal_coef) {
     const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
     const float scale = (float)c->routed_scaling_factor;
+    const int32_t *off = L->eoff;
     /* shared experts */
     if (Fs > 0)
-        swiglu_ffn_bwd(dln2, dw->sgate, dw->sup, dw->sdown, dout, L->ln2, L->sg, L->su, w->sgate,
-                       w->sup, w->sdown, N, C, Fs, 0.0f, a->big1, a->big2, a->big3);
-    else
-        memset(dln2, 0, sizeof(float) * (size_t)N * C);
-    /* combine backward: dye = w_j * dout[t]; dw_j = dout[t] . ey */
+        swiglu_ffn_bwd(dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, 0.0f,
+                       a->big1, a->big2, a->big3);
+    /* Routed experts. With y = sum_j w_j E_j(x): the unweighted dout rows go through the down
+     * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
+     * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++) {
-        const float *d = dout + (size_t)t * C;
-        for (int j = 0; j < K; j++) {
-            size_t r = (size_t)L->slot_row[(size_t)t * K + j];
-            float wj = L->wsel[(size_t)t * K + j];
-            const float *y = L->ey + r * C;
-            float *dy = a->dye + r * C, dot = 0.0f;
-            for (int q = 0; q < C; q++) { dot += d[q] * y[q]; dy[q] = wj * d[q]; }
-            a->dw[(size_t)t * K + j] = dot;
-        }
+    for (int r = 0; r < R; r++) {
+        memcpy(a->xe + (size_t)r * C, ln + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
+        memcpy(a->ye + (size_t)r * C, dout + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
     }
-    /* experts backward; the gathered input is re-gathered from ln2 */
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < N * K; r++)
-        memcpy(a->xe + (size_t)r * C, L->ln2 + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
-    const int32_t *off = L->eoff;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(a->nthr)
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        size_t fo = (size_t)e * Fm * C;
-        const float *g = L->eg + (size_t)r0 * Fm, *u = L->eu + (size_t)r0 * Fm, *xe = a->xe + (size_t)r0 * C;
-        float *a1 = a->big1 + (size_t)r0 * Fm, *a2 = a->big2 + (size_t)r0 * Fm, *a3 = a->big3 + (size_t)r0 * Fm;
-        float *dy = a->dye + (size_t)r0 * C;
-        for (size_t i = 0; i < (size_t)n * Fm; i++) a1[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        mt_linear_bwd(a2, dw->edown + fo, dy, a1, w->edown + fo, n, Fm, C, 0.0f);
-        for (size_t i = 0; i < (size_t)n * Fm; i++) {
-            float z = g[i], sg = 1.0f / (1.0f + expf(-z));
-            a1[i] = a2[i] * z * sg;                                 /* du */
-            a3[i] = a2[i] * u[i] * sg * (1.0f + z * (1.0f - sg));   /* dg */
-        }
-        /* dxe overwrites dye (no longer needed) */
-        mt_linear_bwd(dy, dw->egate + fo, a3, xe, w->egate + fo, n, C, Fm, 0.0f);
-        mt_linear_bwd(dy, dw->eup + fo, a1, xe, w->eup + fo, n, C, Fm, 1.0f);
-    }
-    /* scatter-add dxe back to tokens (fixed slot order) */
+    for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
+    float *act = a->big1, *dact = a->big2, *dgu = a->big3;
+    mt_swiglu_rows_fwd(act, L->egu, R, Fm);
+    mt_grouped_linear_bwd_data(dact, a->ye, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++) {
-        float *d = dln2 + (size_t)t * C;
-        for (int j = 0; j < K; j++) {
-            const float *x = a->dye + (size_t)L->slot_row[(size_t)t * K + j] * C;
-            for (int q = 0; q < C; q++) d[q] += x[q];
-        }
+    for (int i = 0; i < R; i++) {
+        size_t r = (size_t)L->slot_row[i];
+        const float *x = act + r * Fm, *y = dact + r * Fm;
+        float dot = 0.0f;
+        for (int f = 0; f < Fm; f++) dot += x[f] * y[f];
+        a->dw[i] = dot;
     }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        float wr = a->wrow[r];
+        float *x = act + (size_t)r * Fm;
+        for (int f = 0; f < Fm; f++) x[f] *= wr;
+    }
+    mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, a->ye, act, off, E, Fm, C);
+    mt_swiglu_rows_bwd(dgu, dact, L->egu, a->wrow, R, Fm);
+    mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, a->xe, off, E, C, 2 * Fm);
+    mt_grouped_linear_bwd_data(a->ye, dgu, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    mt_moe_permute_bwd(dln, a->ye, L->slot_row, N, K, C, Fs > 0);
     /* router backward: dw -> dp -> ds */
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
@@ -636,7 +591,7 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
             for (int e = 0; e < E; e++) dp[e] = dp[e] * p[e] * (1.0f - p[e]);
         }
     }
-    mt_linear_bwd(dln2, dw->router, a->ds, L->ln2, w->router, N, C, E, 1.0f);
+    mt_linear_bwd(dln, dw->router, a->ds, ln, w->router, N, C, E, 1.0f);
 }
 
 /* ---------------------------------------------------------------- step */
@@ -648,6 +603,7 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
     const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
     const int Ln = c->num_hidden_layers, V = c->vocab_size;
+    const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap);
     memset(st, 0, sizeof *st);
     a->last_n = (size_t)N;
@@ -662,28 +618,29 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         layer_acts *L = &a->L[l];
         const mt_layer_w *w = &m->w[l];
         float *xout = l + 1 < Ln ? a->L[l + 1].x : a->xf;
-        mt_rmsnorm_fwd(L->ln1, L->rstd1, L->x, w->in_norm, N, C, (float)c->rms_norm_eps);
-        mt_linear_fwd(L->q, L->ln1, w->wq, N, C, H * D, 0.0f);
-        mt_linear_fwd(L->k, L->ln1, w->wk, N, C, G * D, 0.0f);
-        mt_linear_fwd(L->v, L->ln1, w->wv, N, C, G * D, 0.0f);
+        mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, N, C, eps);
+        mt_linear_fwd(L->q, a->ln, w->wq, N, C, H * D, 0.0f);
+        mt_linear_fwd(L->k, a->ln, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd(L->v, a->ln, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply(L->q, a->cos_t, a->sin_t, N, T, H, D, 0);
         mt_rope_apply(L->k, a->cos_t, a->sin_t, N, T, G, D, 0);
         mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, NULL, B, T, H, G, D, a->att_scratch, a->nthr);
+        /* residual add fused into the output projection (beta = 1) */
         memcpy(L->h, L->x, sizeof(float) * (size_t)N * C);
         mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
-        mt_rmsnorm_fwd(L->ln2, L->rstd2, L->h, w->post_norm, N, C, (float)c->rms_norm_eps);
+        mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, N, C, eps);
         memcpy(xout, L->h, sizeof(float) * (size_t)N * C);
         if (!mt_config_is_moe(c, l)) {
-            swiglu_ffn_fwd(xout, L->g, L->u, a->big1, L->ln2, w->gate, w->up, w->down, N, C, F, 1.0f);
+            swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
         } else {
-            moe_fwd(c, a, L, w, l, B, T, a->tmp);
+            moe_fwd(c, a, L, w, l, B, T, a->ln, a->tmp);
             float *o = xout;
 #pragma omp parallel for schedule(static)
             for (size_t i = 0; i < (size_t)N * C; i++) o[i] += a->tmp[i];
             balance_fwd(c, L, B, T, &st->bal_sum[l]);
         }
     }
-    mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, N, C, (float)c->rms_norm_eps);
+    mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, N, C, eps);
     int64_t nv = 0;
     for (int n = 0; n < N; n++) nv += targets[n] >= 0;
     st->n_valid = nv;
@@ -700,22 +657,24 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         layer_acts *L = &a->L[l];
         const mt_layer_w *w = &m->w[l];
         mt_layer_w *dw = &m->g[l];
-        /* ffn: d is the gradient of the layer output */
+        /* ffn: d is the gradient of the layer output; recompute its normed input */
+        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, N, C, eps);
         if (!mt_config_is_moe(c, l))
-            swiglu_ffn_bwd(a->dln, dw->gate, dw->up, dw->down, d, L->ln2, L->g, L->u, w->gate, w->up,
-                           w->down, N, C, F, 0.0f, a->big1, a->big2, a->big3);
+            swiglu_ffn_bwd(a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, 0.0f,
+                           a->big1, a->big2, a->big3);
         else
-            moe_bwd(c, a, L, w, dw, B, T, d, a->dln, bal_coef);
+            moe_bwd(c, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
         mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, N, C);
         /* attention: d is now the gradient of h */
+        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->x, w->in_norm, N, C, eps);
         mt_linear_bwd(a->datt, dw->wo, d, L->att, w->wo, N, H * D, C, 0.0f);
         mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, NULL, B, T, H, G, D,
                          a->att_scratch, a->nthr);
         mt_rope_apply(a->dq, a->cos_t, a->sin_t, N, T, H, D, 1);
         mt_rope_apply(a->dk, a->cos_t, a->sin_t, N, T, G, D, 1);
-        mt_linear_bwd(a->dln, dw->wq, a->dq, L->ln1, w->wq, N, C, H * D, 0.0f);
-        mt_linear_bwd(a->dln, dw->wk, a->dk, L->ln1, w->wk, N, C, G * D, 1.0f);
-        mt_linear_bwd(a->dln, dw->wv, a->dv, L->ln1, w->wv, N, C, G * D, 1.0f);
+        mt_linear_bwd(a->dln, dw->wq, a->dq, a->ln, w->wq, N, C, H * D, 0.0f);
+        mt_linear_bwd(a->dln, dw->wk, a->dk, a->ln, w->wk, N, C, G * D, 1.0f);
+        mt_linear_bwd(a->dln, dw->wv, a->dv, a->ln, w->wv, N, C, G * D, 1.0f);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, N, C);
     }
     /* embedding backward (serial: fixed order, tokens may repeat) */

@@ -24,10 +24,12 @@ typedef struct {
 
 typedef struct {
     float *in_norm, *wq, *wk, *wv, *wo, *post_norm;
-    float *gate, *up, *down;        /* dense SwiGLU: [F,C], [F,C], [C,F] */
+    float *gate, *up, *down;        /* dense SwiGLU: [F,C], [F,C] (adjacent: [2F,C]), [C,F] */
     float *router;                  /* [E,C] */
-    float *egate, *eup, *edown;     /* experts, expert e at + e*Fm*C: [Fm,C], [Fm,C], [C,Fm] */
-    float *sgate, *sup, *sdown;     /* shared experts: [Fs,C], [Fs,C], [C,Fs] (NULL if none) */
+    float *egate, *eup, *edown;     /* experts: gate_e = egate + e*2*Fm*C [Fm,C], up_e right after
+                                     * it (gate|up of an expert is one [2Fm,C] matrix);
+                                     * down_e = edown + e*C*Fm [C,Fm] */
+    float *sgate, *sup, *sdown;     /* shared experts: [Fs,C], [Fs,C] (adjacent), [C,Fs] (NULL if none) */
 } mt_layer_w;
 
 typedef struct {

@@ -1,0 +1,144 @@
+/* kernels/moe.c — fused MoE permute/unpermute and grouped expert GEMMs (see moe.h). */
+#include "kernels/moe.h"
+
+#include <omp.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "kernels/blas.h"
+
+enum { PERM_MAX_THREADS = 64, PERM_MAX_E = 4096 };
+
+void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
+                    const int32_t *sel, int N, int K, int E, int C) {
+    const int R = N * K;
+    MT_ASSERT(E <= PERM_MAX_E);
+    int nthr = omp_get_max_threads();
+    if (nthr > PERM_MAX_THREADS) nthr = PERM_MAX_THREADS;
+    if (R < 4096) nthr = 1; /* not worth a parallel region */
+    /* per-thread histograms over contiguous chunks of pairs; chunk boundaries depend on the
+     * thread count but the resulting order (pairs in index order inside an expert) does not */
+    static _Thread_local int32_t hist_store[PERM_MAX_THREADS * 256];
+    int32_t *hist = E * nthr <= (int)(sizeof hist_store / sizeof hist_store[0]) ? hist_store : NULL;
+    int32_t *heap = NULL;
+    if (!hist) hist = heap = mt_xcalloc((size_t)E * nthr, sizeof(int32_t));
+#pragma omp parallel num_threads(nthr)
+    {
+        int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        int i0 = (int)((long)R * tid / nt), i1 = (int)((long)R * (tid + 1) / nt);
+        int32_t *h = hist + (size_t)tid * E;
+        memset(h, 0, sizeof(int32_t) * E);
+        for (int i = i0; i < i1; i++) h[sel[i]]++;
+#pragma omp barrier
+#pragma omp single
+        {
+            /* exclusive prefix over (expert, thread): expert-major so experts are contiguous */
+            int32_t run = 0;
+            for (int e = 0; e < E; e++) {
+                off[e] = run;
+                for (int t = 0; t < nt; t++) {
+                    int32_t c = hist[(size_t)t * E + e];
+                    hist[(size_t)t * E + e] = run;
+                    run += c;
+                }
+            }
+            off[E] = run;
+        }
+        /* scatter: row of each pair, and the gathered token row, in one pass */
+        for (int i = i0; i < i1; i++) {
+            int32_t r = h[sel[i]]++;
+            slot_row[i] = r;
+            row_tok[r] = i / K;
+            if (xe) memcpy(xe + (size_t)r * C, x + (size_t)(i / K) * C, sizeof(float) * C);
+        }
+    }
+    mt_free(heap);
+}
+
+void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
+                        int accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        float *d = dx + (size_t)t * C;
+        if (!accumulate) memset(d, 0, sizeof(float) * C);
+        for (int j = 0; j < K; j++) {
+            const float *s = dxe + (size_t)slot_row[(size_t)t * K + j] * C;
+            for (int c = 0; c < C; c++) d[c] += s[c];
+        }
+    }
+}
+
+void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t *slot_row, int N,
+                      int K, int C, int accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * C;
+        if (!accumulate) memset(o, 0, sizeof(float) * C);
+        for (int j = 0; j < K; j++) {
+            float wj = w[(size_t)t * K + j];
+            const float *y = ye + (size_t)slot_row[(size_t)t * K + j] * C;
+            for (int c = 0; c < C; c++) o[c] += wj * y[c];
+        }
+    }
+}
+
+enum { TILE_ROWS = 64, TILE_OUT = 64, MAX_TILES = 1 << 16 };
+
+/* tiles (expert, first row) of the permuted rows */
+static int row_tiles(const int32_t *off, int E, int32_t *te, int32_t *tr) {
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r += TILE_ROWS) {
+            MT_ASSERT(n < MAX_TILES);
+            te[n] = e;
+            tr[n++] = r;
+        }
+    return n;
+}
+
+static _Thread_local int32_t tile_e[MAX_TILES], tile_r[MAX_TILES];
+
+void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
+                           const int32_t *off, int E, int In, int O, float beta) {
+    int n = row_tiles(off, E, tile_e, tile_r);
+    const int32_t *te = tile_e, *tr = tile_r;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        int e = te[i], r = tr[i], rows = off[e + 1] - r < TILE_ROWS ? off[e + 1] - r : TILE_ROWS;
+        mt_sgemm(0, 1, rows, O, In, 1.0f, in + (size_t)r * In, In, W + (size_t)e * wstride, In, beta,
+                 out + (size_t)r * O, O);
+    }
+}
+
+void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
+                                const int32_t *off, int E, int In, int O, float beta) {
+    int n = row_tiles(off, E, tile_e, tile_r);
+    const int32_t *te = tile_e, *tr = tile_r;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        int e = te[i], r = tr[i], rows = off[e + 1] - r < TILE_ROWS ? off[e + 1] - r : TILE_ROWS;
+        mt_sgemm(0, 0, rows, In, O, 1.0f, dout + (size_t)r * O, O, W + (size_t)e * wstride, In, beta,
+                 din + (size_t)r * In, In);
+    }
+}
+
+void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
+                                  const int32_t *off, int E, int In, int O) {
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        if (off[e + 1] > off[e])
+            for (int o = 0; o < O; o += TILE_OUT) {
+                MT_ASSERT(n < MAX_TILES);
+                tile_e[n] = e;
+                tile_r[n++] = o;
+            }
+    const int32_t *te = tile_e, *tr = tile_r;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        int e = te[i], o0 = tr[i], no = O - o0 < TILE_OUT ? O - o0 : TILE_OUT;
+        int r0 = off[e], rows = off[e + 1] - off[e];
+        /* dW_e[o0:o0+no, :] += dout[r0:, o0:o0+no]^T in[r0:, :] */
+        mt_sgemm(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, O, in + (size_t)r0 * In, In, 1.0f,
+                 dW + (size_t)e * wstride + (size_t)o0 * In, In);
+    }
+}

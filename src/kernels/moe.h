@@ -1,0 +1,40 @@
+/* kernels/moe.h — the MoE dispatch path on one device: fused permute / unpermute of the
+ * (token, slot) pairs and the grouped expert GEMMs.
+ *
+ * Letters: N tokens, K slots per token (top-k), E experts, C channels, R = N*K rows of the
+ * permuted buffer. sel[N*K] holds the expert of each pair (i = t*K + j). The permutation
+ * groups rows by expert, pairs in (token, slot) order inside an expert: off[E+1] are the
+ * expert boundaries, slot_row[i] the row of pair i, row_tok[r] the token of row r. */
+#ifndef MT_KERNELS_MOE_H
+#define MT_KERNELS_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Fused permute: counting sort of the pairs by expert and gather of the token rows into
+ * xe[R,C] in one pass over the pairs (after a histogram), parallel and deterministic.
+ * xe may be NULL (routing tables only). */
+void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
+                    const int32_t *sel, int N, int K, int E, int C);
+/* dx[N,C] (+= when accumulate) sum over slots of dxe[slot_row[t*K+j]]  (backward of the gather) */
+void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
+                        int accumulate);
+/* out[N,C] (+= when accumulate) sum_j w[t*K+j] * ye[slot_row[t*K+j]]  (combine) */
+void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t *slot_row, int N,
+                      int K, int C, int accumulate);
+
+/* Grouped linear over experts: for every expert e, rows off[e]..off[e+1] of in[R,In] times
+ * W_e^T where W_e = W + e*wstride is [O,In] (row-major): out[R,O] = beta*out + in W_e^T.
+ * One parallel job: tiles of rows of every expert, dynamically scheduled, so the work is
+ * balanced whatever the token counts (experts with 0 rows cost nothing). */
+void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
+                           const int32_t *off, int E, int In, int O, float beta);
+/* din[R,In] = beta*din + dout[R,O] W_e  (tiles of rows) */
+void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
+                                const int32_t *off, int E, int In, int O, float beta);
+/* dW_e[O,In] += dout_e^T in_e  for every expert (tiles of output rows: each element of dW is
+ * summed by one tile over all of the expert's rows, in order: deterministic) */
+void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
+                                  const int32_t *off, int E, int In, int O);
+
+#endif
