@@ -6,12 +6,17 @@
  *     forwards, through the scalar loss L = sum(out * R) for a fixed random R (the
  *     optimised backwards are checked there too);
  *  3. determinism: mt_sumsq and mt_rmsnorm_bwd give the same bits with 1, 2 and 3
- *     threads; the attention forward gives the same bits with 1 and nthr threads.
+ *     threads; the attention forward and backward give the same bits with 1 and nthr
+ *     threads (and with pos NULL or explicit positions 0..T-1).
+ * MT_BENCH=1 runs only the attention benchmark instead (flash vs the unfused reference
+ * and the previous query-block kernel; see bench_attention; MT_BENCH_NOREF=1 skips the
+ * slow reference).
  * Outputs that a kernel must overwrite, and all scratch, are pre-filled with NaN so a
  * missed element or a read of stale scratch shows up as a failure. Buffers are allocated
  * at their exact size (not rounded up) so the sanitizer build sees any overrun.
  * One summary line per kernel; exit 1 on any failure. */
 #include "base/common.h"
+#include "kernels/attention.h"
 #include "kernels/blas.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
@@ -61,8 +66,8 @@ static stat stats[S_COUNT] = {
     [S_ROPE] = {"rope_apply", 1e-5, 0, 0},
     [S_SWIGLU_FWD] = {"swiglu_fwd", 1e-5, 0, 0},
     [S_SWIGLU_BWD] = {"swiglu_bwd", 1e-5, 0, 0},
-    [S_ATT_FWD] = {"attention_fwd", 1e-4, 0, 0},
-    [S_ATT_BWD] = {"attention_bwd", 1e-4, 0, 0},
+    [S_ATT_FWD] = {"attention_fwd", 1e-5, 0, 0},
+    [S_ATT_BWD] = {"attention_bwd", 1e-5, 0, 0},
     [S_HEAD_LOSS] = {"head_ce loss+logits", 1e-5, 0, 0},
     [S_HEAD_GRAD] = {"head_ce dx,dW", 1e-4, 0, 0},
     [S_SUMSQ] = {"sumsq (rel)", 1e-10, 0, 0},
@@ -327,57 +332,114 @@ static void test_swiglu(void) {
     RECORD(S_SWIGLU_BWD, "du (saturating)", nerr(du1, du2, n));
 }
 
-/* One attention case: optimised fwd+bwd vs the unfused reference. amp scales q and k
- * (amp 3 gives peaked softmax rows). */
-static void attention_case(int B, int T, int H, int G, int D, float amp, int nthr, float *scratch) {
+/* Positions for document mode: row b of pos[B*T] holds documents of the given lengths
+ * (lens, terminated by 0; the last document takes what is left of the row). */
+static int32_t *make_pos(int B, int T, const int *const *lens) {
+    int32_t *pos = mt_xmalloc(sizeof(int32_t) * (B > 0 && T > 0 ? (size_t)B * T : 1));
+    for (int b = 0; b < B; b++) {
+        const int *len = lens[b];
+        int t = 0;
+        for (int d = 0; t < T; d++) {
+            int n = len && len[d] ? len[d] : T - t;
+            for (int i = 0; i < n && t < T; i++, t++) pos[(size_t)b * T + t] = i;
+        }
+    }
+    return pos;
+}
+
+/* Runs fwd+bwd with pos and nthr threads; checks the results have the bits of o..dv. */
+static void att_same_bits(const float *o, const float *l, const float *dq, const float *dk,
+                          const float *dv, const float *q, const float *k, const float *v,
+                          const float *dout, const int32_t *pos, int B, int T, int H, int G,
+                          int D, float *scratch, int nthr) {
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    float *o3 = falloc(nq), *l3 = falloc(nl), *dq3 = falloc(nq), *dk3 = falloc(nk);
+    float *dv3 = falloc(nk);
+    mt_attention_fwd(o3, l3, q, k, v, pos, B, T, H, G, D, scratch, nthr);
+    mt_attention_bwd(dq3, dk3, dv3, dout, q, k, v, o3, l3, pos, B, T, H, G, D, scratch, nthr);
+    CHECK_SAME_F(o3, o, nq);
+    CHECK_SAME_F(l3, l, nl);
+    CHECK_SAME_F(dq3, dq, nq);
+    CHECK_SAME_F(dk3, dk, nk);
+    CHECK_SAME_F(dv3, dv, nk);
+    free(o3); free(l3); free(dq3); free(dk3); free(dv3);
+}
+
+/* One attention case: optimised fwd+bwd vs the unfused reference, with positions pos
+ * (NULL: plain causal). amp scales q and k (amp 3 gives peaked softmax rows). With
+ * check_threads, the same bits with 1 thread as with nthr; with pos == NULL, also the
+ * same bits as with explicit positions 0..T-1. */
+static void attention_case(int B, int T, int H, int G, int D, float amp, const int32_t *pos,
+                           const char *tag, int check_threads) {
+    int nthr = omp_get_max_threads();
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    size_t nscr = (size_t)nthr * mt_attention_scratch_floats(T, D);
     uint64_t s = (uint64_t)(B * 1000003 + T * 1009 + H * 101 + G * 11 + D);
     float *q = rnd(nq, 50 + s, -amp, amp), *k = rnd(nk, 51 + s, -amp, amp);
     float *v = rnd(nk, 52 + s, -1, 1), *dout = rnd(nq, 53 + s, -1, 1);
     float *o1 = falloc(nq), *o2 = falloc(nq), *l1 = falloc(nl), *l2 = falloc(nl);
     float *dq1 = falloc(nq), *dk1 = falloc(nk), *dv1 = falloc(nk);
     float *dq2 = falloc(nq), *dk2 = falloc(nk), *dv2 = falloc(nk);
+    float *scratch = falloc(nscr);
     fill_nan(o1, nq); fill_nan(l1, nl); fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk);
-    fill_nan(scratch, (size_t)nthr * mt_attention_scratch_floats(T));
-    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d amp=%g", B, T, H, G, D, amp);
-    mt_attention_fwd(o1, l1, q, k, v, B, T, H, G, D, scratch, nthr);
-    mt_ref_attention_fwd(o2, l2, q, k, v, B, T, H, G, D);
+    fill_nan(scratch, nscr);
+    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d amp=%g %s", B, T, H, G, D, amp, tag);
+    mt_attention_fwd(o1, l1, q, k, v, pos, B, T, H, G, D, scratch, nthr);
+    mt_ref_attention_fwd(o2, l2, q, k, v, pos, B, T, H, G, D);
     RECORD(S_ATT_FWD, "out", nerr(o1, o2, nq));
     RECORD(S_ATT_FWD, "lse", nerr(l1, l2, nl));
-    fill_nan(scratch, (size_t)nthr * mt_attention_scratch_floats(T));
-    mt_attention_bwd(dq1, dk1, dv1, dout, q, k, v, o1, l1, B, T, H, G, D, scratch, nthr);
-    mt_ref_attention_bwd(dq2, dk2, dv2, dout, q, k, v, B, T, H, G, D);
+    fill_nan(scratch, nscr);
+    mt_attention_bwd(dq1, dk1, dv1, dout, q, k, v, o1, l1, pos, B, T, H, G, D, scratch, nthr);
+    mt_ref_attention_bwd(dq2, dk2, dv2, dout, q, k, v, pos, B, T, H, G, D);
     RECORD(S_ATT_BWD, "dq", nerr(dq1, dq2, nq));
     RECORD(S_ATT_BWD, "dk", nerr(dk1, dk2, nk));
     RECORD(S_ATT_BWD, "dv", nerr(dv1, dv2, nk));
-    if (nthr > 1 && T == 65 && D == 16) {
-        /* one (b, h) task per thread: the thread count must not change a bit */
-        float *o3 = falloc(nq), *l3 = falloc(nl);
-        mt_attention_fwd(o3, l3, q, k, v, B, T, H, G, D, scratch, 1);
-        CHECK_SAME_F(o3, o1, nq);
-        CHECK_SAME_F(l3, l1, nl);
-        free(o3); free(l3);
+    if (check_threads) {
+        /* (b, h) and (b, g) tasks are each one thread's: 1 thread gives the same bits */
+        att_same_bits(o1, l1, dq1, dk1, dv1, q, k, v, dout, pos, B, T, H, G, D, scratch, 1);
+        if (!pos) { /* explicit positions 0..T-1 are plain causal */
+            int32_t *p0 = mt_xmalloc(sizeof(int32_t) * (B > 0 && T > 0 ? (size_t)B * T : 1));
+            for (int i = 0; i < B * T; i++) p0[i] = i % T;
+            att_same_bits(o1, l1, dq1, dk1, dv1, q, k, v, dout, p0, B, T, H, G, D, scratch, nthr);
+            free(p0);
+        }
     }
     free(q); free(k); free(v); free(dout); free(o1); free(o2); free(l1); free(l2);
-    free(dq1); free(dk1); free(dv1); free(dq2); free(dk2); free(dv2);
+    free(dq1); free(dk1); free(dv1); free(dq2); free(dk2); free(dv2); free(scratch);
 }
 
 static void test_attention(void) {
-    static const int Ts[] = {1, 5, 63, 64, 65, 200}, Ds[] = {2, 16, 64};
-    static const int HG[][2] = {{1, 1}, {4, 2}, {4, 1}, {3, 3}};
-    int nthr = omp_get_max_threads();
-    float *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(200));
-    for (size_t a = 0; a < 6; a++)
-    for (size_t b = 0; b < 4; b++)
+    static const int Ts[] = {1, 2, 63, 64, 65, 130, 257}, Ds[] = {8, 16, 64};
+    static const int HG[][2] = {{1, 1}, {4, 2}, {8, 1}};
+    for (size_t a = 0; a < 7; a++)
+    for (size_t b = 0; b < 3; b++)
     for (size_t c = 0; c < 3; c++) {
         int T = Ts[a], H = HG[b][0], G = HG[b][1], D = Ds[c];
-        int B = (T == 5 || T == 65) ? 2 : 1;
-        if (T == 200 && H * D > 64) continue; /* keep the O(T^2) reference cheap */
-        attention_case(B, T, H, G, D, 1.0f, nthr, scratch);
+        int B = (T == 2 || T == 65) ? 2 : 1;
+        if (T == 257 && H * D > 64) continue; /* keep the O(T^2) reference cheap */
+        attention_case(B, T, H, G, D, 1.0f, NULL, "causal", T == 65 || (T == 130 && b == 1));
     }
-    attention_case(2, 130, 4, 2, 16, 3.0f, nthr, scratch); /* peaked rows, three tiles */
-    attention_case(1, 200, 4, 2, 64, 1.0f, nthr, scratch);
-    free(scratch);
+    attention_case(2, 130, 4, 2, 2, 1.0f, NULL, "causal", 0);  /* smallest even D */
+    attention_case(1, 100, 2, 1, 40, 1.0f, NULL, "causal", 0); /* D not a multiple of 16 */
+    attention_case(1, 70, 1, 1, 80, 1.0f, NULL, "causal", 0);  /* D > 64 */
+    attention_case(2, 130, 4, 2, 16, 3.0f, NULL, "causal peaked", 0);
+    attention_case(1, 200, 4, 2, 64, 1.0f, NULL, "causal", 0);
+
+    /* document mode: odd lengths, a document of length 1 (also first and last), documents
+     * ending on and across the 64-row tile boundaries, and a row that is one document */
+    static const int r0[] = {37, 1, 26, 65, 1, 0}, r1[] = {0}, r2[] = {1, 1, 3, 59, 64, 2, 0};
+    static const int r3[] = {130, 0}, r4[] = {129, 0}, r5[] = {5, 7, 9, 11, 13, 0};
+    const int *const rows[] = {r0, r1, r2, r3, r4, r5};
+    int32_t *pos = make_pos(6, 130, rows);
+    attention_case(6, 130, 4, 2, 16, 1.0f, pos, "documents", 1);
+    attention_case(6, 130, 1, 1, 64, 3.0f, pos, "documents peaked", 0);
+    attention_case(6, 130, 8, 1, 8, 1.0f, pos, "documents", 0);
+    free(pos);
+    static const int s0[] = {1, 0}, s1[] = {70, 99, 1, 0}, s2[] = {200, 1, 0};
+    const int *const rows2[] = {s0, s1, s2};
+    pos = make_pos(3, 257, rows2);
+    attention_case(3, 257, 2, 2, 32, 1.0f, pos, "documents", 1);
+    free(pos);
 }
 
 static void head_case(int N, int C, int V, int ignore_all) {
@@ -658,15 +720,17 @@ static void fd_swiglu(void) {
 
 typedef struct {
     int B, T, H, G, D;
+    const int32_t *pos;
     float *q, *k, *v, *R, *out, *lse;
 } fd_att_ctx;
 static double fd_att_loss(void *p) {
     fd_att_ctx *c = p;
-    mt_ref_attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->G, c->D);
+    mt_ref_attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->pos, c->B, c->T, c->H, c->G, c->D);
     return dot_d(c->out, c->R, (size_t)c->B * c->T * c->H * c->D);
 }
-static void fd_attention_case(int B, int T, int H, int G, int D, uint64_t seed) {
-    fd_att_ctx c = {.B = B, .T = T, .H = H, .G = G, .D = D};
+static void fd_attention_case(int B, int T, int H, int G, int D, const int32_t *pos,
+                              uint64_t seed) {
+    fd_att_ctx c = {.B = B, .T = T, .H = H, .G = G, .D = D, .pos = pos};
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D;
     c.q = rnd(nq, seed, -1, 1); c.k = rnd(nk, seed + 1, -1, 1); c.v = rnd(nk, seed + 2, -1, 1);
     c.R = rnd(nq, seed + 3, -1, 1);
@@ -675,11 +739,12 @@ static void fd_attention_case(int B, int T, int H, int G, int D, uint64_t seed) 
     float *dq2 = falloc(nq), *dk2 = falloc(nk), *dv2 = falloc(nk);
     float *o2 = falloc(nq), *l2 = falloc((size_t)B * H * T);
     int nthr = omp_get_max_threads();
-    float *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(T));
-    mt_ref_attention_bwd(dq, dk, dv, c.R, c.q, c.k, c.v, B, T, H, G, D);
-    mt_attention_fwd(o2, l2, c.q, c.k, c.v, B, T, H, G, D, scratch, nthr);
-    mt_attention_bwd(dq2, dk2, dv2, c.R, c.q, c.k, c.v, o2, l2, B, T, H, G, D, scratch, nthr);
-    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
+    float *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(T, D));
+    mt_ref_attention_bwd(dq, dk, dv, c.R, c.q, c.k, c.v, pos, B, T, H, G, D);
+    mt_attention_fwd(o2, l2, c.q, c.k, c.v, pos, B, T, H, G, D, scratch, nthr);
+    mt_attention_bwd(dq2, dk2, dv2, c.R, c.q, c.k, c.v, o2, l2, pos, B, T, H, G, D, scratch, nthr);
+    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d%s", B, T, H, G, D,
+             pos ? " documents" : "");
     fd_check(S_FD_ATT, "dq", c.q, nq, dq, dq2, fd_att_loss, &c, seed + 4, 20, 1e-2);
     fd_check(S_FD_ATT, "dk", c.k, nk, dk, dk2, fd_att_loss, &c, seed + 5, 20, 1e-2);
     fd_check(S_FD_ATT, "dv", c.v, nk, dv, dv2, fd_att_loss, &c, seed + 6, 20, 1e-2);
@@ -687,8 +752,13 @@ static void fd_attention_case(int B, int T, int H, int G, int D, uint64_t seed) 
     free(dv); free(dq2); free(dk2); free(dv2); free(o2); free(l2); free(scratch);
 }
 static void fd_attention(void) {
-    fd_attention_case(2, 7, 4, 2, 8, 140);  /* GQA, one tile */
-    fd_attention_case(1, 70, 2, 1, 4, 150); /* crosses the 64-row tile boundary */
+    fd_attention_case(2, 7, 4, 2, 8, NULL, 140);  /* GQA, one tile */
+    fd_attention_case(1, 70, 2, 1, 4, NULL, 150); /* crosses the 64-row tile boundary */
+    static const int r0[] = {3, 1, 61, 0}, r1[] = {1, 66, 0};
+    const int *const rows[] = {r0, r1};
+    int32_t *pos = make_pos(2, 70, rows);
+    fd_attention_case(2, 70, 2, 1, 8, pos, 160); /* documents, one of length 1 */
+    free(pos);
 }
 
 typedef struct {
@@ -717,8 +787,161 @@ static void fd_head(void) {
     free(c.x); free(c.W); free(dx); free(dW); free(dx2); free(dW2); free(scratch);
 }
 
+/* ---- 4. benchmark (MT_BENCH=1) ------------------------------------------------------ */
+
+/* The attention kernel this file's flash kernel replaced (query blocks of 64 rows, a whole
+ * score row per block through BLAS, scalar expf), kept only as the benchmark's baseline. */
+enum { OLD_BQ = 64 };
+
+static size_t old_attention_scratch_floats(int T) { return 2 * (size_t)OLD_BQ * (size_t)T; }
+
+static void old_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                             int B, int T, int H, int G, int D, float *scratch, int nthr) {
+    MT_ASSERT(H % G == 0);
+    const int rep = H / G;
+    const float scale = 1.0f / sqrtf((float)D);
+    const size_t per = old_attention_scratch_floats(T);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
+    for (int task = 0; task < B * H; task++) {
+        int b = task / H, h = task % H, g = h / rep;
+        float *S = scratch + (size_t)omp_get_thread_num() * per;
+        const float *kb = k + ((size_t)b * T * G + g) * D;
+        const float *vb = v + ((size_t)b * T * G + g) * D;
+        for (int t0 = 0; t0 < T; t0 += OLD_BQ) {
+            int nq = T - t0 < OLD_BQ ? T - t0 : OLD_BQ;
+            int nk = t0 + nq;
+            const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
+            mt_sgemm(0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, S, nk);
+            for (int i = 0; i < nq; i++) {
+                float *s = S + (size_t)i * nk;
+                int last = t0 + i; /* causal: keys 0..last */
+                float m = -INFINITY;
+                for (int j = 0; j <= last; j++) m = s[j] > m ? s[j] : m;
+                float sum = 0.0f;
+                for (int j = 0; j <= last; j++) { s[j] = expf(s[j] - m); sum += s[j]; }
+                float inv = 1.0f / sum;
+                for (int j = 0; j <= last; j++) s[j] *= inv;
+                for (int j = last + 1; j < nk; j++) s[j] = 0.0f;
+                lse[((size_t)b * H + h) * T + t0 + i] = m + logf(sum);
+            }
+            float *ot = out + (((size_t)b * T + t0) * H + h) * D;
+            mt_sgemm(0, 0, nq, D, nk, 1.0f, S, nk, vb, G * D, 0.0f, ot, H * D);
+        }
+    }
+}
+
+static void old_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *out, const float *lse,
+                             int B, int T, int H, int G, int D, float *scratch, int nthr) {
+    MT_ASSERT(H % G == 0);
+    const int rep = H / G;
+    const float scale = 1.0f / sqrtf((float)D);
+    const size_t per = old_attention_scratch_floats(T);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
+    for (int task = 0; task < B * G; task++) {
+        int b = task / G, g = task % G;
+        float *P = scratch + (size_t)omp_get_thread_num() * per;
+        float *dP = P + (size_t)OLD_BQ * T;
+        const float *kb = k + ((size_t)b * T * G + g) * D;
+        const float *vb = v + ((size_t)b * T * G + g) * D;
+        float *dkb = dk + ((size_t)b * T * G + g) * D;
+        float *dvb = dv + ((size_t)b * T * G + g) * D;
+        for (int t = 0; t < T; t++) {
+            memset(dkb + (size_t)t * G * D, 0, sizeof(float) * D);
+            memset(dvb + (size_t)t * G * D, 0, sizeof(float) * D);
+        }
+        for (int h = g * rep; h < (g + 1) * rep; h++) {
+            for (int t0 = 0; t0 < T; t0 += OLD_BQ) {
+                int nq = T - t0 < OLD_BQ ? T - t0 : OLD_BQ;
+                int nk = t0 + nq;
+                size_t row0 = ((size_t)b * T + t0) * H + h;
+                const float *qt = q + row0 * D, *dot = dout + row0 * D, *ot = out + row0 * D;
+                const float *l = lse + ((size_t)b * H + h) * T + t0;
+                mt_sgemm(0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, P, nk);
+                for (int i = 0; i < nq; i++) {
+                    float *p = P + (size_t)i * nk;
+                    int last = t0 + i;
+                    for (int j = 0; j <= last; j++) p[j] = expf(p[j] - l[i]);
+                    for (int j = last + 1; j < nk; j++) p[j] = 0.0f;
+                }
+                /* dV += P^T dO */
+                mt_sgemm(1, 0, nk, D, nq, 1.0f, P, nk, dot, H * D, 1.0f, dvb, G * D);
+                /* dP = dO V^T */
+                mt_sgemm(0, 1, nq, nk, D, 1.0f, dot, H * D, vb, G * D, 0.0f, dP, nk);
+                for (int i = 0; i < nq; i++) {
+                    const float *o = ot + (size_t)i * H * D, *d = dot + (size_t)i * H * D;
+                    float Di = 0.0f;
+                    for (int c = 0; c < D; c++) Di += o[c] * d[c];
+                    float *p = P + (size_t)i * nk, *dp = dP + (size_t)i * nk;
+                    for (int j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di) * scale;
+                }
+                /* dQ = dS K ; dK += dS^T Q */
+                mt_sgemm(0, 0, nq, D, nk, 1.0f, dP, nk, kb, G * D, 0.0f, dq + row0 * D, H * D);
+                mt_sgemm(1, 0, nk, D, nq, 1.0f, dP, nk, qt, H * D, 1.0f, dkb, G * D);
+            }
+        }
+    }
+}
+
+
+/* Best-of-reps seconds of one call of the statement. */
+#define BENCH_TIME(best, reps, stmt) do { \
+    best = 1e30; \
+    for (int r_ = 0; r_ < (reps); r_++) { double t_ = mt_now(); stmt; t_ = mt_now() - t_; \
+        if (t_ < best) best = t_; } } while (0)
+
+/* Flash attention vs the unfused reference (full score matrix, 1 thread, double) and the
+ * previous kernel, B=1 H=8 G=8 D=64, causal FLOPs: fwd 2*2*D*H*T(T+1)/2, bwd 2.5x that. */
+static void bench_attention(void) {
+    const int B = 1, H = 8, G = 8, D = 64, nthr = omp_get_max_threads();
+    static const int Ts[] = {512, 4096};
+    printf("attention benchmark: B=%d H=%d G=%d D=%d, %d threads (ref: 1 thread)\n", B, H, G, D, nthr);
+    printf("%5s %4s %-6s %4s %10s %9s %12s\n", "T", "pass", "kernel", "thr", "ms", "GFLOP/s",
+           "flash speedup");
+    for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++) {
+        int T = Ts[a];
+        size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+        float *q = rnd(nq, 1, -1, 1), *k = rnd(nk, 2, -1, 1), *v = rnd(nk, 3, -1, 1);
+        float *dout = rnd(nq, 4, -1, 1), *o = falloc(nq), *l = falloc(nl), *dq = falloc(nq);
+        float *dk = falloc(nk), *dv = falloc(nk);
+        size_t nsf = mt_attention_scratch_floats(T, D), nso = old_attention_scratch_floats(T);
+        float *scratch = falloc((size_t)nthr * (nsf > nso ? nsf : nso));
+        double ff = 2.0 * 2.0 * D * H * (double)T * (T + 1) / 2.0 * B, fb = 2.5 * ff;
+        int reps = T <= 512 ? 10 : 3;
+        double tf[2][3], tb[2][3]; /* [1 thread, nthr][flash, old, ref] */
+        for (int th = 0; th < 2; th++) {
+            int n = th ? nthr : 1;
+            BENCH_TIME(tf[th][0], reps, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, n));
+            BENCH_TIME(tb[th][0], reps, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, n));
+            BENCH_TIME(tf[th][1], reps, old_attention_fwd(o, l, q, k, v, B, T, H, G, D, scratch, n));
+            BENCH_TIME(tb[th][1], reps, old_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, B, T, H, G, D, scratch, n));
+        }
+        tf[0][2] = tb[0][2] = NAN;
+        if (!getenv("MT_BENCH_NOREF")) { /* the reference takes about a minute at T=4096 */
+            BENCH_TIME(tf[0][2], 1, mt_ref_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D));
+            BENCH_TIME(tb[0][2], 1, mt_ref_attention_bwd(dq, dk, dv, dout, q, k, v, NULL, B, T, H, G, D));
+        }
+        static const char *names[] = {"flash", "old", "ref"};
+        for (int pass = 0; pass < 2; pass++)
+            for (int th = 0; th < 2; th++)
+                for (int kk = 0; kk < 3; kk++) {
+                    if (kk == 2 && th == 1) continue;
+                    double t = pass ? tb[th][kk] : tf[th][kk], f = pass ? fb : ff;
+                    double flash = pass ? tb[th][0] : tf[th][0];
+                    printf("%5d %4s %-6s %4d %10.2f %9.1f %11.2fx\n", T, pass ? "bwd" : "fwd",
+                           names[kk], th ? nthr : 1, t * 1e3, f / t * 1e-9, t / flash);
+                }
+        free(q); free(k); free(v); free(dout); free(o); free(l); free(dq); free(dk); free(dv);
+        free(scratch);
+    }
+}
+
 int main(int argc, char **argv) {
     mt_blas_init(argc, argv);
+    if (getenv("MT_BENCH") && atoi(getenv("MT_BENCH")) > 0) {
+        bench_attention();
+        return 0;
+    }
     double t0 = mt_now();
     test_sgemm();
     test_linear();

@@ -17,7 +17,10 @@
  * no copies; B read in place from q/k/v/dout) and the masked row exp. With AVX-512 they
  * are register-blocked FMA micro-kernels (4 rows x 64 columns = 16 zmm accumulators) and
  * a polynomial exp; otherwise plain loops the compiler may vectorise. The block sizes
- * were chosen by measurement (see the benchmark in tests/test_kernels.c, MT_BENCH=1).
+ * were chosen by measurement (one thread, T=4096, D=64, GFLOP/s fwd/bwd on AMD EPYC
+ * Zen 4): BQ x BK = 64x64 61/56, 128x64 62/51, 32x64 58/60, 64x32 58/52, 64x128 37/42
+ * (the packed key block and the score tile then no longer fit the 32 KB L1); micro-kernel
+ * rows 4: 64/61, 6: 67/59, 2: 55/46. Benchmark: tests/test_kernels.c with MT_BENCH=1.
  *
  * Scratch per thread is O(ATT_BQ * ATT_BK + ATT_BK * D), independent of T. */
 #include "kernels/attention.h"
@@ -40,7 +43,9 @@
 #ifndef ATT_BK
 #define ATT_BK 64
 #endif
+#ifndef ATT_MR
 #define ATT_MR 4 /* rows of a micro-kernel tile */
+#endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -287,9 +292,12 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
         int lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
         for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
-            int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ, smin = t0;
-            for (int i = 0; i < nq && pb; i++)
-                if (t0 + i - pb[t0 + i] < smin) smin = t0 + i - pb[t0 + i];
+            int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ, smin = 0; /* first key seen */
+            if (pb) {
+                smin = t0;
+                for (int i = 0; i < nq; i++)
+                    if (t0 + i - pb[t0 + i] < smin) smin = t0 + i - pb[t0 + i];
+            }
             memset(O, 0, sizeof(float) * (size_t)nq * Dp);
             for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
             const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
