@@ -84,6 +84,12 @@ double mt_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double mt_cpu_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 size_t mt_peak_rss(void) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;

@@ -36,6 +36,10 @@ char *mt_xstrdup(const char *s);
 
 /* Monotonic wall-clock seconds. */
 double mt_now(void);
+/* CPU seconds used by all threads of this process. With passive OpenMP waiting an idle
+ * thread sleeps, so 1 - cpu/(threads x wall) over a step is the share of thread time spent
+ * waiting or synchronising (the CPU analogue of host-bound time). */
+double mt_cpu_time(void);
 
 /* Peak resident set size of this process in bytes (VmHWM). */
 size_t mt_peak_rss(void);

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,10 +55,36 @@ void mt_blas_init(int argc, char **argv) {
     mt_warn("re-executing with OPENBLAS_CORETYPE/OMP_WAIT_POLICY set failed; BLAS kernel %s", core);
 }
 
+/* Pins OpenMP thread i to the i-th CPU this process may run on (modulo their count), so a
+ * thread keeps its caches across the many parallel regions of a step. The BLAS uses the
+ * same OpenMP threads. MT_PIN=0 disables it. */
+static void pin_threads(int n) {
+    const char *pin = getenv("MT_PIN");
+    if (pin && strcmp(pin, "0") == 0) return;
+    static cpu_set_t allowed;
+    static int have_allowed = 0;
+    if (!have_allowed) {
+        if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+        have_allowed = 1;
+    }
+    int cpus[CPU_SETSIZE], ncpu = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed)) cpus[ncpu++] = c;
+    if (ncpu < 2) return;
+#pragma omp parallel num_threads(n)
+    {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[omp_get_thread_num() % ncpu], &one);
+        sched_setaffinity(0, sizeof one, &one);
+    }
+}
+
 void mt_set_threads(int n) {
     if (n < 1) n = 1;
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
+    pin_threads(n);
 }
 
 int mt_get_threads(void) { return omp_get_max_threads(); }

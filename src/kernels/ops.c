@@ -178,6 +178,56 @@ double mt_sumsq(const float *x, size_t n) {
     return total;
 }
 
+void mt_copy(float *dst, const float *src, size_t n) {
+    enum { CH = 1 << 15 };
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += CH) memcpy(dst + i, src + i, sizeof(float) * (n - i < CH ? n - i : CH));
+}
+
+void mt_zero(float *dst, size_t n) {
+    enum { CH = 1 << 15 };
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += CH) memset(dst + i, 0, sizeof(float) * (n - i < CH ? n - i : CH));
+}
+
+static void adamw_range(float *p, const float *g, float *m, float *v, size_t n, float step_size,
+                        float sbc2, float decay, float beta1, float beta2, float eps, float gscale) {
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / sbc2 + eps);
+    }
+}
+
+void mt_adamw_multi(float *p, const float *g, float *m, float *v, int ntensors, const size_t *off,
+                    const size_t *len, const int *decay, float lr, float beta1, float beta2, float eps,
+                    float wd, float gscale, int step) {
+    enum { CH = 1 << 14 };
+    const float bc1 = 1.0f - powf(beta1, (float)step);
+    const float bc2 = 1.0f - powf(beta2, (float)step);
+    const float step_size = lr / bc1, sbc2 = sqrtf(bc2);
+    /* chunk list: (tensor, start) pairs, built on the fly by prefix counts */
+    size_t total_chunks = 0;
+    for (int t = 0; t < ntensors; t++) total_chunks += (len[t] + CH - 1) / CH;
+#pragma omp parallel
+    {
+        int t = 0;
+        size_t base = 0; /* first chunk index of tensor t */
+#pragma omp for schedule(static)
+        for (size_t c = 0; c < total_chunks; c++) {
+            if (c < base) { t = 0; base = 0; } /* chunks come in increasing order per thread */
+            while (c >= base + (len[t] + CH - 1) / CH) { base += (len[t] + CH - 1) / CH; t++; }
+            size_t s0 = (c - base) * CH, n = len[t] - s0 < CH ? len[t] - s0 : CH;
+            size_t o = off[t] + s0;
+            adamw_range(p + o, g + o, m + o, v + o, n, step_size, sbc2, decay[t] ? 1.0f - lr * wd : 1.0f,
+                        beta1, beta2, eps, gscale);
+        }
+    }
+}
+
 void mt_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
               float beta2, float eps, float wd, float gscale, int step) {
     const float bc1 = 1.0f - powf(beta1, (float)step);

@@ -46,11 +46,22 @@ size_t mt_head_scratch_floats(int V);
 double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
                   const int32_t *targets, int N, int C, int V, float grad_scale, float *scratch);
 
+/* Parallel copy / zero of n floats (large buffers: a serial memcpy would leave the other
+ * threads waiting). */
+void mt_copy(float *dst, const float *src, size_t n);
+void mt_zero(float *dst, size_t n);
+
 /* Sum of squares (double, deterministic fixed-chunk order). */
 double mt_sumsq(const float *x, size_t n);
 /* AdamW on n elements: decoupled weight decay wd (0 for norms).
  * p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p); grads scaled by gscale first. */
 void mt_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
               float beta2, float eps, float wd, float gscale, int step);
+/* AdamW over many tensors in one parallel job: tensor i is [off[i], off[i]+len[i]) of the
+ * flat buffers with decay flag decay[i] (wd applies when set). Work is split into fixed
+ * chunks, so the result does not depend on the thread count. */
+void mt_adamw_multi(float *p, const float *g, float *m, float *v, int ntensors, const size_t *off,
+                    const size_t *len, const int *decay, float lr, float beta1, float beta2, float eps,
+                    float wd, float gscale, int step);
 
 #endif

@@ -194,7 +194,7 @@ const mt_tensor *mt_model_find(const mt_model *m, const char *name) {
     return NULL;
 }
 
-void mt_model_zero_grads(mt_model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
+void mt_model_zero_grads(mt_model *m) { mt_zero(m->grads, m->nparams); }
 
 /* ---------------------------------------------------------------- activations */
 
@@ -626,10 +626,10 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         mt_rope_apply(L->k, a->cos_t, a->sin_t, N, T, G, D, 0);
         mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, NULL, B, T, H, G, D, a->att_scratch, a->nthr);
         /* residual add fused into the output projection (beta = 1) */
-        memcpy(L->h, L->x, sizeof(float) * (size_t)N * C);
+        mt_copy(L->h, L->x, (size_t)N * C);
         mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
         mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, N, C, eps);
-        memcpy(xout, L->h, sizeof(float) * (size_t)N * C);
+        mt_copy(xout, L->h, (size_t)N * C);
         if (!mt_config_is_moe(c, l)) {
             swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
         } else {
@@ -650,7 +650,7 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
 
     /* backward */
     float *d = a->dres;
-    memset(d, 0, sizeof(float) * (size_t)N * C);
+    mt_zero(d, (size_t)N * C);
     mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, N, C);
     const float bal_coef = (float)(c->aux_loss_alpha * bal_scale);
     for (int l = Ln - 1; l >= 0; l--) {
@@ -677,10 +677,16 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         mt_linear_bwd(a->dln, dw->wv, a->dv, a->ln, w->wv, N, C, G * D, 1.0f);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, N, C);
     }
-    /* embedding backward (serial: fixed order, tokens may repeat) */
-    for (int n = 0; n < N; n++) {
-        float *de = m->d_embed + (size_t)inputs[n] * C;
-        const float *dn = d + (size_t)n * C;
-        for (int q = 0; q < C; q++) de[q] += dn[q];
+    /* embedding backward: thread i owns the vocabulary rows congruent to i, and adds the
+     * tokens in their order, so every row sums in the same order for any thread count */
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        for (int n = 0; n < N; n++) {
+            if (inputs[n] % nt != tid) continue;
+            float *de = m->d_embed + (size_t)inputs[n] * C;
+            const float *dn = d + (size_t)n * C;
+            for (int q = 0; q < C; q++) de[q] += dn[q];
+        }
     }
 }

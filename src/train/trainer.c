@@ -158,6 +158,8 @@ typedef struct {
     mt_loader *train, *val;
     float *adam_m, *adam_v;
     int32_t *in, *tg;
+    size_t *t_off, *t_len;        /* tensor table for the optimizer */
+    int *t_decay;
     FILE *metrics, *tsv;
 } run_state;
 
@@ -170,6 +172,9 @@ static void run_free(run_state *r) {
     mt_free(r->adam_v);
     free(r->in);
     free(r->tg);
+    free(r->t_off);
+    free(r->t_len);
+    free(r->t_decay);
     if (r->metrics) fclose(r->metrics);
     if (r->tsv) fclose(r->tsv);
 }
@@ -205,7 +210,7 @@ int mt_train(const mt_train_opts *opts) {
     char ckdir[4096] = "";
     int start_step = 0;
     uint64_t samples = 0;
-    if (o.threads > 0) mt_set_threads(o.threads);
+    mt_set_threads(o.threads > 0 ? o.threads : mt_get_threads());
     const int nthr = mt_get_threads();
 
     /* configuration: resume > init > --config */
@@ -293,6 +298,14 @@ int mt_train(const mt_train_opts *opts) {
         mt_model_init_weights(&r.m, o.seed, std);
     }
     r.acts = mt_acts_new(&cfg, o.batch, o.seq, nthr);
+    r.t_off = mt_xmalloc(sizeof(size_t) * r.m.ntensors);
+    r.t_len = mt_xmalloc(sizeof(size_t) * r.m.ntensors);
+    r.t_decay = mt_xmalloc(sizeof(int) * r.m.ntensors);
+    for (int i = 0; i < r.m.ntensors; i++) {
+        r.t_off[i] = r.m.tensors[i].offset;
+        r.t_len[i] = r.m.tensors[i].numel;
+        r.t_decay[i] = r.m.tensors[i].decay;
+    }
     const size_t BT = (size_t)o.batch * o.seq;
     r.in = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
     r.tg = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
@@ -327,10 +340,10 @@ int mt_train(const mt_train_opts *opts) {
     if (o.resume) snprintf(last_good, sizeof last_good, "%s", ckdir);
     int bad = 0, rc = 0;
     const double t_begin = mt_now();
-    double t_timed = 0, tok_timed = 0; /* excludes the first step (warm-up) */
+    double t_timed = 0, tok_timed = 0, cpu_timed = 0; /* excludes the first step (warm-up) */
     double ema_tps = 0;
     for (int step = start_step + 1; step <= o.steps; step++) {
-        double t0 = mt_now();
+        double t0 = mt_now(), c0 = mt_cpu_time();
         for (int mb = 0; mb < o.accum; mb++)
             mt_loader_batch(r.train, samples + (uint64_t)mb * o.batch, o.batch, r.in + mb * BT, r.tg + mb * BT);
         int64_t nvalid = 0;
@@ -367,15 +380,14 @@ int mt_train(const mt_train_opts *opts) {
         } else {
             bad = 0;
             float gscale = (o.clip > 0 && gnorm > o.clip) ? (float)(o.clip / (gnorm + 1e-6)) : 1.0f;
-            for (int i = 0; i < r.m.ntensors; i++) {
-                const mt_tensor *t = &r.m.tensors[i];
-                mt_adamw(r.m.params + t->offset, r.m.grads + t->offset, r.adam_m + t->offset, r.adam_v + t->offset,
-                         t->numel, (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps,
-                         t->decay ? (float)o.wd : 0.0f, gscale, step);
-            }
+            mt_adamw_multi(r.m.params, r.m.grads, r.adam_m, r.adam_v, r.m.ntensors, r.t_off, r.t_len, r.t_decay,
+                           (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.wd, gscale, step);
         }
         double dt = mt_now() - t0;
+        double wait = 1.0 - (mt_cpu_time() - c0) / (nthr * dt);
+        if (wait < 0) wait = 0;
         double tps = (double)(BT * o.accum) / dt;
+        if (step > start_step + 1) { cpu_timed += dt * (1.0 - wait); }
         if (step > start_step + 1) { t_timed += dt; tok_timed += (double)(BT * o.accum); }
         ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
         double mfu = flops_tok * tps / (peak * 1e9);
@@ -387,8 +399,8 @@ int mt_train(const mt_train_opts *opts) {
         if (finite) {
             fprintf(r.metrics,
                     "{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"ce\":%.6f,\"balance\":%.6f,\"lr\":%.6e,"
-                    "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"elapsed\":%.2f",
-                    step, loss, ce, bal_total, lr, gnorm, tps, mfu, elapsed);
+                    "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"elapsed\":%.2f",
+                    step, loss, ce, bal_total, lr, gnorm, tps, mfu, wait, elapsed);
             if (!isnan(vloss)) fprintf(r.metrics, ",\"val_loss\":%.6f", vloss);
             fprintf(r.metrics, "}\n");
             fflush(r.metrics);
@@ -400,8 +412,8 @@ int mt_train(const mt_train_opts *opts) {
             char el[32], et[32];
             fmt_hms(el, sizeof el, elapsed);
             fmt_hms(et, sizeof et, eta);
-            printf("step %*d/%d | loss %.4f | bal %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | MFU %.1f%% | %s elapsed | ETA %s",
-                   (int)(log10(o.steps) + 1), step, o.steps, loss, bal_total, lr, gnorm, ema_tps, 100 * mfu, el, et);
+            printf("step %*d/%d | loss %.4f | bal %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | MFU %.1f%% | wait %.1f%% | %s elapsed | ETA %s",
+                   (int)(log10(o.steps) + 1), step, o.steps, loss, bal_total, lr, gnorm, ema_tps, 100 * mfu, 100 * wait, el, et);
             if (!isnan(vloss)) printf(" | val %.4f", vloss);
             printf("\n");
             fflush(stdout);
@@ -439,15 +451,16 @@ int mt_train(const mt_train_opts *opts) {
     if (rc == 0) {
         double tps = t_timed > 0 ? tok_timed / t_timed : 0;
         double mfu = flops_tok * tps / (peak * 1e9);
+        double wait = t_timed > 0 ? 1.0 - cpu_timed / t_timed : 0;
         size_t rss = mt_peak_rss();
         fprintf(r.metrics,
-                "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"peak_gflops\":%.1f,"
+                "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
                 "\"peak_rss_bytes\":%zu,\"checkpoint\":\"%s\"}\n",
-                o.steps, tps, mfu, peak, rss, last_good);
+                o.steps, tps, mfu, wait, peak, rss, last_good);
         if (!o.quiet)
-            printf("done: %.0f tok/s (steady state), MFU %.1f%% of %.0f GFLOP/s, peak RSS %.0f MiB\n"
+            printf("done: %.0f tok/s (steady state), MFU %.1f%% of %.0f GFLOP/s, threads waiting %.1f%%, peak RSS %.0f MiB\n"
                    "  checkpoint %s\n  metrics    %s/metrics.jsonl\n",
-                   tps, 100 * mfu, peak, (double)rss / 1048576.0, last_good, o.out);
+                   tps, 100 * mfu, peak, 100 * wait, (double)rss / 1048576.0, last_good, o.out);
         fflush(r.metrics);
         fflush(r.tsv);
         if (o.plot && draw_plot(o.out) == 0 && !o.quiet) printf("  plot       %s/loss.png\n", o.out);
