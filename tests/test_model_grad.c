@@ -193,6 +193,59 @@ static void check_routing(void) {
     CHECK((sel[0] == 2 && sel[1] == 4), "moge: got %d %d", sel[0], sel[1]);
 }
 
+/* Document mode: a packed row gives the same logits and gradients as its documents run
+ * one by one as separate rows (balance loss off: it is defined per row). */
+static void check_doc_mode(void) {
+    mt_config c;
+    base_config(&c);
+    c.aux_loss_alpha = 0.0;
+    const int32_t EOT = 36;
+    enum { TP = 13 };
+    int32_t in[TP], tg[TP], pos[TP];
+    for (int i = 0; i < TP; i++) {
+        in[i] = (int32_t)(mt_hash4(21, (uint64_t)i, 0, 0) % 30);
+        tg[i] = (int32_t)(mt_hash4(22, (uint64_t)i, 0, 0) % 30);
+    }
+    in[0] = in[4] = in[7] = EOT; /* documents [0], [1..4], [5..7], [8..12] */
+    mt_doc_positions(in, 1, TP, EOT, pos);
+    const int expect[TP] = {0, 0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4};
+    for (int i = 0; i < TP; i++) CHECK(pos[i] == expect[i], "doc position %d: %d, want %d", i, pos[i], expect[i]);
+    mt_model m;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 8, 0.3f);
+    mt_acts *a = mt_acts_new(&c, 1, TP, mt_get_threads());
+    float *lp = mt_alloc(sizeof(float) * TP * c.vocab_size), *ls = mt_alloc(sizeof(float) * TP * c.vocab_size);
+    mt_step_stats st;
+    float scale = 1.0f / TP;
+    mt_model_zero_grads(&m);
+    mt_model_step_pos(&m, a, in, tg, pos, 1, TP, 1, scale, 1.0f, lp, &st);
+    double packed_ce = st.ce_sum;
+    float *gp = mt_alloc(m.nparams * sizeof(float));
+    memcpy(gp, m.grads, m.nparams * sizeof(float));
+    mt_model_zero_grads(&m);
+    const int starts[] = {0, 1, 5, 8, TP};
+    double sep_ce = 0;
+    for (int d = 0; d < 4; d++) {
+        int s0 = starts[d], len = starts[d + 1] - s0;
+        mt_model_step(&m, a, in + s0, tg + s0, 1, len, 1, scale, 1.0f, ls + (size_t)s0 * c.vocab_size, &st);
+        sep_ce += st.ce_sum;
+    }
+    double num = 0, den = 0;
+    for (int i = 0; i < TP * c.vocab_size; i++) { num += (double)(lp[i] - ls[i]) * (lp[i] - ls[i]); den += (double)ls[i] * ls[i]; }
+    double gnum = 0, gden = 0;
+    for (size_t i = 0; i < m.nparams; i++) { gnum += (double)(gp[i] - m.grads[i]) * (gp[i] - m.grads[i]); gden += (double)m.grads[i] * m.grads[i]; }
+    printf("%-28s logits rel err %.2e, ce %.6f vs %.6f, grad rel err %.2e\n", "document mode packed=split",
+           sqrt(num / den), packed_ce, sep_ce, sqrt(gnum / gden));
+    CHECK(sqrt(num / den) < 1e-5, "document mode logits differ from separate documents: %.3e", sqrt(num / den));
+    CHECK(fabs(packed_ce - sep_ce) <= 1e-5 * fabs(sep_ce), "document mode loss differs: %.8f vs %.8f", packed_ce, sep_ce);
+    CHECK(sqrt(gnum / gden) < 1e-5, "document mode gradients differ: %.3e", sqrt(gnum / gden));
+    mt_free(gp);
+    mt_free(lp);
+    mt_free(ls);
+    mt_acts_free(a);
+    mt_model_free(&m);
+}
+
 int main(void) {
     mt_set_threads(2);
     check_routing();
@@ -214,6 +267,7 @@ int main(void) {
     base_config(&c); c.n_routed_experts = 0; c.num_experts_per_tok = 0; c.first_k_dense_replace = 3;
     check_config("dense only, ignored targets", &c, 1);
     check_accumulation();
+    check_doc_mode();
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all model gradient checks passed\n");
     return 0;

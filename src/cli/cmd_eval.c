@@ -88,7 +88,7 @@ static size_t math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n,
 
 int mt_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL;
-    int T = 0, windows = 256, batch = 8, nprob = 500, max_new = 16, show = 0, threads = 0;
+    int T = 0, windows = 256, batch = 8, nprob = 500, max_new = 16, show = 0, threads = 0, doc = 0, eot = 256;
     mt_arg specs[] = {
         {"ckpt", MT_ARG_STR, &ckpt, "checkpoint or run folder (required)", NULL},
         {"data", MT_ARG_STR, &data, "folder with *val*.bin shards (required)", NULL},
@@ -99,6 +99,8 @@ int mt_cmd_eval(int argc, char **argv) {
         {"max-new", MT_ARG_INT, &max_new, "most answer tokens to decode (default 16)", NULL},
         {"show", MT_ARG_INT, &show, "print the first N problems with the model's answer", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
+        {"doc-mode", MT_ARG_BOOL, &doc, "validation loss in document mode (restart after each --eot)", NULL},
+        {"eot", MT_ARG_INT, &eot, "end-of-text token id for --doc-mode (default 256)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("eval", "--ckpt DIR --data DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
@@ -126,7 +128,7 @@ int mt_cmd_eval(int argc, char **argv) {
         return mt_cli_fail();
     }
     mt_acts *a = mt_acts_new(&m.cfg, batch, T, mt_get_threads());
-    double vl = mt_eval_loss(&m, a, val, batch, T, windows);
+    double vl = mt_eval_loss(&m, a, val, batch, T, windows, doc ? eot : -1);
     uint64_t nw = mt_loader_windows(val);
     printf("val_loss=%.6f (%llu windows of %d tokens, %s)\n", vl,
            (unsigned long long)(windows <= 0 || (uint64_t)windows > nw ? nw : (uint64_t)windows), T, dir);

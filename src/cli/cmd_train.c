@@ -39,6 +39,8 @@ int mt_cmd_train(int argc, char **argv) {
         {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", NULL},
         {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
         {"plot", MT_ARG_BOOL, &o.plot, "draw OUT/loss.png with gnuplot at the end", NULL},
+        {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", NULL},
+        {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default 256, the byte tokenizer's)", NULL},
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,

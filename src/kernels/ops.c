@@ -60,12 +60,12 @@ void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta) {
         }
 }
 
-void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int T, int nh, int D,
-                   int inverse) {
+void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
+                       int T, int nh, int D, int inverse) {
     int h = D / 2;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        int t = n % T;
+        int t = pos ? pos[n] : n % T;
         const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
         for (int head = 0; head < nh; head++) {
             float *v = x + ((size_t)n * nh + head) * D;
@@ -77,6 +77,11 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
             }
         }
     }
+}
+
+void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int T, int nh, int D,
+                   int inverse) {
+    mt_rope_apply_pos(x, cos_t, sin_t, NULL, N, T, nh, D, inverse);
 }
 
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n) {

@@ -25,6 +25,10 @@ void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta);
  * (the backward of the forward rotation). */
 void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int T, int nh, int D,
                    int inverse);
+/* Same with explicit positions pos[N] (< T) of each row, e.g. restarting at every document
+ * start in document mode; pos == NULL means n % T. */
+void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
+                       int T, int nh, int D, int inverse);
 
 /* a[N,F] = silu(g) * u */
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);

@@ -596,9 +596,23 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
 
 /* ---------------------------------------------------------------- step */
 
+void mt_doc_positions(const int32_t *inputs, int B, int T, int32_t eot, int32_t *pos) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            size_t n = (size_t)b * T + t;
+            pos[n] = (t == 0 || inputs[n - 1] == eot) ? 0 : pos[n - 1] + 1;
+        }
+}
+
 void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                    int B, int T, int train, float ce_scale, float bal_scale, float *logits,
                    mt_step_stats *st) {
+    mt_model_step_pos(m, a, inputs, targets, NULL, B, T, train, ce_scale, bal_scale, logits, st);
+}
+
+void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
+                       const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
+                       float *logits, mt_step_stats *st) {
     const mt_config *c = &m->cfg;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
     const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
@@ -622,9 +636,9 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         mt_linear_fwd(L->q, a->ln, w->wq, N, C, H * D, 0.0f);
         mt_linear_fwd(L->k, a->ln, w->wk, N, C, G * D, 0.0f);
         mt_linear_fwd(L->v, a->ln, w->wv, N, C, G * D, 0.0f);
-        mt_rope_apply(L->q, a->cos_t, a->sin_t, N, T, H, D, 0);
-        mt_rope_apply(L->k, a->cos_t, a->sin_t, N, T, G, D, 0);
-        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, NULL, B, T, H, G, D, a->att_scratch, a->nthr);
+        mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
+        mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
+        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr);
         /* residual add fused into the output projection (beta = 1) */
         mt_copy(L->h, L->x, (size_t)N * C);
         mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
@@ -668,10 +682,10 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
         /* attention: d is now the gradient of h */
         mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->x, w->in_norm, N, C, eps);
         mt_linear_bwd(a->datt, dw->wo, d, L->att, w->wo, N, H * D, C, 0.0f);
-        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, NULL, B, T, H, G, D,
+        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
                          a->att_scratch, a->nthr);
-        mt_rope_apply(a->dq, a->cos_t, a->sin_t, N, T, H, D, 1);
-        mt_rope_apply(a->dk, a->cos_t, a->sin_t, N, T, G, D, 1);
+        mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
+        mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
         mt_linear_bwd(a->dln, dw->wq, a->dq, a->ln, w->wq, N, C, H * D, 0.0f);
         mt_linear_bwd(a->dln, dw->wk, a->dk, a->ln, w->wk, N, C, G * D, 1.0f);
         mt_linear_bwd(a->dln, dw->wv, a->dv, a->ln, w->wv, N, C, G * D, 1.0f);

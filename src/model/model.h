@@ -80,6 +80,15 @@ typedef struct {
 void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                    int B, int T, int train, float ce_scale, float bal_scale, float *logits,
                    mt_step_stats *st);
+/* The same with document mode (MODEL.md): pos[B*T] is each token's position inside its
+ * document (mt_doc_positions); attention and RoPE restart at every document. pos == NULL
+ * is the normal mode (a row is one sequence). */
+void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
+                       const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
+                       float *logits, mt_step_stats *st);
+/* Document-mode positions: position 0 at the start of a row and after every `eot` token
+ * (the end-of-text token itself ends the previous document). */
+void mt_doc_positions(const int32_t *inputs, int B, int T, int32_t eot, int32_t *pos);
 
 /* Expert load counters accumulated by mt_model_step: tokens routed to expert e of layer l
  * (layer-major [L*E]); mt_acts_reset_load() clears them. */

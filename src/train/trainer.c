@@ -37,6 +37,7 @@ void mt_train_defaults(mt_train_opts *o) {
     o->keep = 2;
     o->max_bad = 5;
     o->load_every = 0;
+    o->eot = 256;
 }
 
 double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio) {
@@ -48,23 +49,27 @@ double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio) {
     return minlr + 0.5 * (lr - minlr) * (1.0 + cos(M_PI * prog));
 }
 
-double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows) {
+double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows,
+                    int32_t doc_eot) {
     uint64_t W = mt_loader_windows(val);
     if (windows <= 0 || (uint64_t)windows > W) windows = (int64_t)W;
     int32_t *in = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
+    int32_t *pos = doc_eot >= 0 ? mt_xmalloc(sizeof(int32_t) * (size_t)B * T) : NULL;
     double sum = 0;
     int64_t cnt = 0;
     mt_step_stats st;
     for (int64_t w0 = 0; w0 < windows; w0 += B) {
         int nb = (int)(windows - w0 < B ? windows - w0 : B);
         for (int b = 0; b < nb; b++) mt_loader_window(val, (uint64_t)(w0 + b), in + (size_t)b * T, tg + (size_t)b * T);
-        mt_model_step(m, a, in, tg, nb, T, 0, 0.0f, 0.0f, NULL, &st);
+        if (pos) mt_doc_positions(in, nb, T, doc_eot, pos);
+        mt_model_step_pos(m, a, in, tg, pos, nb, T, 0, 0.0f, 0.0f, NULL, &st);
         sum += st.ce_sum;
         cnt += st.n_valid;
     }
     free(in);
     free(tg);
+    free(pos);
     return cnt ? sum / (double)cnt : 0.0;
 }
 
@@ -94,6 +99,8 @@ static char *state_to_json(const mt_train_opts *o, int step, uint64_t samples, i
     cJSON_AddNumberToObject(r, "eps", o->eps);
     cJSON_AddNumberToObject(r, "clip", o->clip);
     cJSON_AddNumberToObject(r, "bad_streak", bad);
+    cJSON_AddBoolToObject(r, "doc_mode", o->doc_mode);
+    cJSON_AddNumberToObject(r, "eot", o->eot);
     char *s = cJSON_Print(r);
     cJSON_Delete(r);
     return s;
@@ -127,6 +134,8 @@ static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, i
     o->beta1 = jnum(r, "beta1", o->beta1);
     o->beta2 = jnum(r, "beta2", o->beta2);
     o->eps = jnum(r, "eps", o->eps);
+    o->doc_mode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "doc_mode"));
+    o->eot = (int)jnum(r, "eot", o->eot);
     cJSON_Delete(r);
     return 0;
 }
@@ -157,7 +166,7 @@ typedef struct {
     mt_acts *acts;
     mt_loader *train, *val;
     float *adam_m, *adam_v;
-    int32_t *in, *tg;
+    int32_t *in, *tg, *pos;
     size_t *t_off, *t_len;        /* tensor table for the optimizer */
     int *t_decay;
     FILE *metrics, *tsv;
@@ -172,6 +181,7 @@ static void run_free(run_state *r) {
     mt_free(r->adam_v);
     free(r->in);
     free(r->tg);
+    free(r->pos);
     free(r->t_off);
     free(r->t_len);
     free(r->t_decay);
@@ -252,6 +262,8 @@ int mt_train(const mt_train_opts *opts) {
     if (!(o.clip >= 0) || !isfinite(o.clip)) return mt_error("train: --clip must be a finite number >= 0 (0 = off)");
     if (!(o.init_std >= 0) || !isfinite(o.init_std)) return mt_error("train: --init-std must be a finite number >= 0 (0 = default)");
     if (o.max_bad < 1) return mt_error("train: --max-bad-steps must be at least 1");
+    if (o.doc_mode && (o.eot < 0 || o.eot >= cfg.vocab_size))
+        return mt_error("train: --eot %d is not a token id of the model (vocab_size %d)", o.eot, cfg.vocab_size);
     if (o.log_every < 1) return mt_error("train: --log-every must be at least 1");
     if (o.save_every < 0 || o.eval_every < 0 || o.load_every < 0 || o.keep < 0)
         return mt_error("train: --save-every, --eval-every, --load-every and --keep must be >= 0");
@@ -309,6 +321,7 @@ int mt_train(const mt_train_opts *opts) {
     const size_t BT = (size_t)o.batch * o.seq;
     r.in = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
     r.tg = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
+    if (o.doc_mode) r.pos = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
 
     char path[4096];
     if (o.metrics) snprintf(path, sizeof path, "%s", o.metrics);
@@ -354,8 +367,13 @@ int mt_train(const mt_train_opts *opts) {
         const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
         const float bal_scale = 1.0f / (float)(o.batch * o.accum);
         for (int mb = 0; mb < o.accum; mb++) {
-            mt_model_step(&r.m, r.acts, r.in + mb * BT, r.tg + mb * BT, o.batch, o.seq, 1, ce_scale, bal_scale,
-                          NULL, &st);
+            int32_t *pos = NULL;
+            if (o.doc_mode) {
+                pos = r.pos + mb * BT;
+                mt_doc_positions(r.in + mb * BT, o.batch, o.seq, o.eot, pos);
+            }
+            mt_model_step_pos(&r.m, r.acts, r.in + mb * BT, r.tg + mb * BT, pos, o.batch, o.seq, 1, ce_scale,
+                              bal_scale, NULL, &st);
             ce_sum += st.ce_sum;
             for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] += st.bal_sum[l];
         }
@@ -395,7 +413,7 @@ int mt_train(const mt_train_opts *opts) {
         double eta = (o.steps - step) * (elapsed / (step - start_step));
         double vloss = NAN;
         if (r.val && o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps))
-            vloss = mt_eval_loss(&r.m, r.acts, r.val, o.batch, o.seq, o.eval_windows);
+            vloss = mt_eval_loss(&r.m, r.acts, r.val, o.batch, o.seq, o.eval_windows, o.doc_mode ? o.eot : -1);
         if (finite) {
             fprintf(r.metrics,
                     "{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"ce\":%.6f,\"balance\":%.6f,\"lr\":%.6e,"

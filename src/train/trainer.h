@@ -21,6 +21,8 @@ typedef struct {
     int warmup;
     int log_every, eval_every, eval_windows, save_every, keep, max_bad, load_every;
     int plot;                /* draw loss.png with gnuplot at the end */
+    int doc_mode;            /* attention and positions restart after every eot token */
+    int eot;                 /* end-of-text token id for doc_mode (default 256: byte tokenizer) */
     int quiet;
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip; /* given on the command line */
 } mt_train_opts;
@@ -33,8 +35,9 @@ int mt_train(const mt_train_opts *o);
 double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio);
 
 /* Mean validation CE over the first `windows` windows (file order) of the val split
- * (all when windows <= 0), micro-batches of B. */
+ * (all when windows <= 0), micro-batches of B; doc_eot >= 0 evaluates in document mode. */
 struct mt_loader;
-double mt_eval_loss(mt_model *m, mt_acts *a, const struct mt_loader *val, int B, int T, int64_t windows);
+double mt_eval_loss(mt_model *m, mt_acts *a, const struct mt_loader *val, int B, int T, int64_t windows,
+                    int32_t doc_eot);
 
 #endif
