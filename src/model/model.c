@@ -229,7 +229,7 @@ struct mt_acts {
     /* scratch shared by all layers */
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
     float *tmp, *dres, *dln, *datt, *dq, *dk, *dv;
-    float *big1, *big2, *big3;    /* [max(N*2F, R*2Fm, N*2Fs)] */
+    float *big1, *big2, *big3;    /* [max(N*F, R*Fm, N*Fs)] x2, [max(N*2F, R*2Fm, N*2Fs)] */
     float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
     int64_t *load;
@@ -255,7 +255,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
     const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size;
     const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
-    size_t bigsz = 0;
+    size_t bigsz = 0, big2sz = 0; /* [rows, F] and [rows, 2F] scratch */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->L[l];
         L->x = carve(cv, N * C * fl);
@@ -269,7 +269,8 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         L->rstd2 = carve(cv, N * fl);
         if (!mt_config_is_moe(c, l)) {
             L->gu = carve(cv, N * 2 * F * fl);
-            bigsz = maxz(bigsz, N * 2 * F);
+            bigsz = maxz(bigsz, N * F);
+            big2sz = maxz(big2sz, N * 2 * F);
         } else {
             L->probs = carve(cv, N * E * fl);
             L->sel = carve(cv, R * il);
@@ -280,7 +281,8 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
             L->egu = carve(cv, R * 2 * Fm * fl);
             if (Fs) L->sgu = carve(cv, N * 2 * Fs * fl);
             L->f = carve(cv, (size_t)B * E * fl);
-            bigsz = maxz(bigsz, maxz(R * 2 * Fm, N * 2 * Fs));
+            bigsz = maxz(bigsz, maxz(R * Fm, N * Fs));
+            big2sz = maxz(big2sz, maxz(R * 2 * Fm, N * 2 * Fs));
         }
     }
     a->xf = carve(cv, N * C * fl);
@@ -291,7 +293,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->ln = carve(cv, N * C * fl);
     a->rstd_tmp = carve(cv, N * fl);
     a->tmp = carve(cv, N * C * fl);
-    a->dres = carve(cv, N * C * fl);
+    a->dres = a->tmp; /* tmp is forward-only, dres backward-only */
     a->dln = carve(cv, N * C * fl);
     a->datt = carve(cv, N * H * D * fl);
     a->dq = carve(cv, N * H * D * fl);
@@ -299,7 +301,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->dv = carve(cv, N * G * D * fl);
     a->big1 = carve(cv, bigsz * fl);
     a->big2 = carve(cv, bigsz * fl);
-    a->big3 = carve(cv, bigsz * fl);
+    a->big3 = carve(cv, big2sz * fl);
     if (E) {
         a->xe = carve(cv, R * C * fl);
         a->ye = carve(cv, R * C * fl);
