@@ -82,13 +82,21 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
     }
 }
 
-enum { TILE_ROWS = 64, TILE_OUT = 64, MAX_TILES = 1 << 16 };
+enum { TILE_OUT = 64, MAX_TILES = 1 << 16 };
+
+/* Row tile height: large tiles amortise the packing of the expert's weight (every tile packs
+ * it again), small ones balance the threads; aim at ~4 tiles per thread, 64..1024 rows. */
+static int tile_rows(const int32_t *off, int E) {
+    int t = off[E] / (4 * omp_get_max_threads());
+    t = (t + 15) / 16 * 16;
+    return t < 64 ? 64 : t > 1024 ? 1024 : t;
+}
 
 /* tiles (expert, first row) of the permuted rows */
-static int row_tiles(const int32_t *off, int E, int32_t *te, int32_t *tr) {
+static int row_tiles(const int32_t *off, int E, int rows, int32_t *te, int32_t *tr) {
     int n = 0;
     for (int e = 0; e < E; e++)
-        for (int r = off[e]; r < off[e + 1]; r += TILE_ROWS) {
+        for (int r = off[e]; r < off[e + 1]; r += rows) {
             MT_ASSERT(n < MAX_TILES);
             te[n] = e;
             tr[n++] = r;
@@ -100,11 +108,12 @@ static _Thread_local int32_t tile_e[MAX_TILES], tile_r[MAX_TILES];
 
 void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
                            const int32_t *off, int E, int In, int O, float beta) {
-    int n = row_tiles(off, E, tile_e, tile_r);
+    const int TR = tile_rows(off, E);
+    int n = row_tiles(off, E, TR, tile_e, tile_r);
     const int32_t *te = tile_e, *tr = tile_r;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
-        int e = te[i], r = tr[i], rows = off[e + 1] - r < TILE_ROWS ? off[e + 1] - r : TILE_ROWS;
+        int e = te[i], r = tr[i], rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
         mt_sgemm(0, 1, rows, O, In, 1.0f, in + (size_t)r * In, In, W + (size_t)e * wstride, In, beta,
                  out + (size_t)r * O, O);
     }
@@ -112,11 +121,12 @@ void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t w
 
 void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
                                 const int32_t *off, int E, int In, int O, float beta) {
-    int n = row_tiles(off, E, tile_e, tile_r);
+    const int TR = tile_rows(off, E);
+    int n = row_tiles(off, E, TR, tile_e, tile_r);
     const int32_t *te = tile_e, *tr = tile_r;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
-        int e = te[i], r = tr[i], rows = off[e + 1] - r < TILE_ROWS ? off[e + 1] - r : TILE_ROWS;
+        int e = te[i], r = tr[i], rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
         mt_sgemm(0, 0, rows, In, O, 1.0f, dout + (size_t)r * O, O, W + (size_t)e * wstride, In, beta,
                  din + (size_t)r * In, In);
     }
