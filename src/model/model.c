@@ -228,7 +228,7 @@ struct mt_acts {
     float *cos_t, *sin_t;
     /* scratch shared by all layers */
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
-    float *tmp, *dres, *dln, *datt, *dq, *dk, *dv;
+    float *dres, *dln, *datt, *dq, *dk, *dv;
     float *big1, *big2, *big3;    /* [max(N*F, R*Fm, N*Fs)] x2, [max(N*2F, R*2Fm, N*2Fs)] */
     float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
@@ -292,8 +292,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
     a->ln = carve(cv, N * C * fl);
     a->rstd_tmp = carve(cv, N * fl);
-    a->tmp = carve(cv, N * C * fl);
-    a->dres = a->tmp; /* tmp is forward-only, dres backward-only */
+    a->dres = carve(cv, N * C * fl);
     a->dln = carve(cv, N * C * fl);
     a->datt = carve(cv, N * H * D * fl);
     a->dq = carve(cv, N * H * D * fl);
@@ -442,7 +441,7 @@ static void swiglu_ffn_bwd(float *dx, float *dwgu, float *dwd, const float *dout
     mt_linear_bwd(dx, dwgu, a3, x, wgu, N, C, 2 * F, beta_in);
 }
 
-/* MoE block forward on the normed input ln[N,C]: out[N,C] = shared(ln) + sum_j w_j E_j(ln). */
+/* MoE block forward on the normed input ln[N,C]: out[N,C] += shared(ln) + sum_j w_j E_j(ln). */
 static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
                     int B, int T, const float *ln, float *out) {
     const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
@@ -484,9 +483,10 @@ static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd(a->big1, L->egu, R, Fm);
     mt_grouped_linear_fwd(a->ye, a->big1, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
-    /* shared experts, then combine */
-    if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 0.0f);
-    mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, Fs > 0);
+    /* shared experts and the weighted combine accumulate into out, which holds the residual
+     * stream: the residual add costs no pass of its own */
+    if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 1.0f);
+    mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
 }
 
 /* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] */
@@ -649,10 +649,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         if (!mt_config_is_moe(c, l)) {
             swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
         } else {
-            moe_fwd(c, a, L, w, l, B, T, a->ln, a->tmp);
-            float *o = xout;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < (size_t)N * C; i++) o[i] += a->tmp[i];
+            moe_fwd(c, a, L, w, l, B, T, a->ln, xout);
             balance_fwd(c, L, B, T, &st->bal_sum[l]);
         }
     }
