@@ -106,30 +106,29 @@ static int row_tiles(const int32_t *off, int E, int rows, int32_t *te, int32_t *
 
 static _Thread_local int32_t tile_e[MAX_TILES], tile_r[MAX_TILES];
 
-void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
-                           const int32_t *off, int E, int In, int O, float beta) {
+/* row tiles of every expert: out_rows = in_rows op(W_e), op = W^T (fwd) or W (bwd data) */
+static void grouped_rows(float *out, const float *in, const float *W, size_t wstride, const int32_t *off,
+                         int E, int In, int O, float beta, int data_grad) {
     const int TR = tile_rows(off, E);
     int n = row_tiles(off, E, TR, tile_e, tile_r);
     const int32_t *te = tile_e, *tr = tile_r;
+    const int K = data_grad ? O : In, M = data_grad ? In : O; /* inner and output widths */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
         int e = te[i], r = tr[i], rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
-        mt_sgemm(0, 1, rows, O, In, 1.0f, in + (size_t)r * In, In, W + (size_t)e * wstride, In, beta,
-                 out + (size_t)r * O, O);
+        mt_sgemm(0, !data_grad, rows, M, K, 1.0f, in + (size_t)r * K, K, W + (size_t)e * wstride, In, beta,
+                 out + (size_t)r * M, M);
     }
+}
+
+void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
+                           const int32_t *off, int E, int In, int O, float beta) {
+    grouped_rows(out, in, W, wstride, off, E, In, O, beta, 0);
 }
 
 void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
                                 const int32_t *off, int E, int In, int O, float beta) {
-    const int TR = tile_rows(off, E);
-    int n = row_tiles(off, E, TR, tile_e, tile_r);
-    const int32_t *te = tile_e, *tr = tile_r;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < n; i++) {
-        int e = te[i], r = tr[i], rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
-        mt_sgemm(0, 0, rows, In, O, 1.0f, dout + (size_t)r * O, O, W + (size_t)e * wstride, In, beta,
-                 din + (size_t)r * In, In);
-    }
+    grouped_rows(din, dout, W, wstride, off, E, In, O, beta, 1);
 }
 
 void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,

@@ -235,16 +235,7 @@ void mt_adamw_multi(float *p, const float *g, float *m, float *v, int ntensors, 
 
 void mt_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
               float beta2, float eps, float wd, float gscale, int step) {
-    const float bc1 = 1.0f - powf(beta1, (float)step);
-    const float bc2 = 1.0f - powf(beta2, (float)step);
-    const float step_size = lr / bc1, sbc2 = sqrtf(bc2), decay = 1.0f - lr * wd;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * gscale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / sbc2 + eps);
-    }
+    const size_t off = 0;
+    const int decay = 1;
+    mt_adamw_multi(p, g, m, v, 1, &off, &n, &decay, lr, beta1, beta2, eps, wd, gscale, step);
 }
