@@ -158,6 +158,36 @@ int mt_cmd_eval(int argc, char **argv) {
     return 0;
 }
 
+/* Samples from softmax(l / temp) restricted to the top_k most likely tokens (0 = all) and to
+ * the smallest set of them whose mass reaches top_p; u is a uniform draw in [0,1). Plain
+ * sampling needs no ordering; otherwise a partial selection sort stops at k tokens or mass p. */
+static int sample_token(const float *l, int V, double temp, int top_k, double top_p, double u, float *prob,
+                        int *idx) {
+    float mx = l[argmax(l, V)];
+    double sum = 0;
+    for (int j = 0; j < V; j++) { prob[j] = expf((float)((l[j] - mx) / temp)); sum += prob[j]; idx[j] = j; }
+    for (int j = 0; j < V; j++) prob[j] /= (float)sum;
+    int keep = top_k > 0 && top_k < V ? top_k : V;
+    double mass = 0, acc = 0;
+    int kept = 0;
+    if (keep == V && top_p >= 1.0) {
+        kept = V;
+        mass = 1.0;
+    } else {
+        for (int i = 0; i < keep; i++) {
+            int b = i;
+            for (int j = i + 1; j < V; j++) if (prob[idx[j]] > prob[idx[b]]) b = j;
+            int t = idx[i]; idx[i] = idx[b]; idx[b] = t;
+            mass += prob[idx[i]];
+            kept = i + 1;
+            if (mass >= top_p) break;
+        }
+    }
+    u *= mass;
+    for (int i = 0; i < kept; i++) { acc += prob[idx[i]]; if (u < acc) return idx[i]; }
+    return idx[kept - 1];
+}
+
 int mt_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "";
     int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0;
@@ -208,31 +238,8 @@ int mt_cmd_generate(int argc, char **argv) {
     for (int s = 0; s < max_new && len < Tmax; s++) {
         mt_model_step(&m, a, tok, tgt, 1, len, 0, 0, 0, logits, &st);
         const float *l = logits + (size_t)(len - 1) * V;
-        int next;
-        if (temp == 0) {
-            next = argmax(l, V);
-        } else {
-            /* softmax at temperature, then top-k / top-p over tokens sorted by probability */
-            float mx = l[argmax(l, V)];
-            double sum = 0;
-            for (int j = 0; j < V; j++) { prob[j] = expf((float)((l[j] - mx) / temp)); sum += prob[j]; idx[j] = j; }
-            for (int j = 0; j < V; j++) prob[j] /= (float)sum;
-            /* partial selection sort is enough for small vocabularies */
-            int keep = top_k > 0 && top_k < V ? top_k : V;
-            double mass = 0;
-            int kept = 0;
-            for (int i = 0; i < keep; i++) {
-                int b = i;
-                for (int j = i + 1; j < V; j++) if (prob[idx[j]] > prob[idx[b]]) b = j;
-                int t = idx[i]; idx[i] = idx[b]; idx[b] = t;
-                mass += prob[idx[i]];
-                kept = i + 1;
-                if (mass >= top_p) break;
-            }
-            double u = mt_u01(mt_hash4(seed, 0x67656e, (uint64_t)s, 0)) * mass, acc = 0;
-            next = idx[kept - 1];
-            for (int i = 0; i < kept; i++) { acc += prob[idx[i]]; if (u < acc) { next = idx[i]; break; } }
-        }
+        double u = mt_u01(mt_hash4(seed, 0x67656e, (uint64_t)s, 0));
+        int next = temp == 0 ? argmax(l, V) : sample_token(l, V, temp, top_k, top_p, u, prob, idx);
         if (stop_eot && next == MT_BYTE_EOT) break;
         tok[len++] = next;
         if (next < 256) putchar(next);
