@@ -17,6 +17,7 @@ static const struct {
     {"info", mt_cmd_info, "parameters, active parameters, FLOPs per token, memory for a batch shape"},
     {"bench", mt_cmd_bench, "GEMM GFLOP/s of this machine and training throughput of a config"},
     {"dump", mt_cmd_dump, "write logits, losses and gradients of a checkpoint on a batch (testing)"},
+    {"plan", mt_cmd_plan, "choose a parallel layout: model memory, compute and communication, simulate the pipeline schedule, search"},
 };
 
 static void usage(FILE *f) {

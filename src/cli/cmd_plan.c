@@ -1,0 +1,158 @@
+/* cli/cmd_plan.c — `moetrain plan`: search (or evaluate one) parallel layout of a model on a
+ * cluster with the planner of src/plan (cost models + schedule simulation). */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "plan/plan.h"
+
+int mt_cmd_plan(int argc, char **argv);
+
+/* A cluster argument: a file, or a preset name in configs/clusters/ (found next to the model
+ * presets). */
+static const char *cluster_path(const char *name) {
+    static char buf[4096];
+    struct stat st;
+    if (stat(name, &st) == 0 || strchr(name, '/') || strstr(name, ".json")) return name;
+    const char *demo = mt_cli_config_path("demo");
+    const char *slash = strrchr(demo, '/');
+    int dir = slash ? (int)(slash - demo) : 0;
+    snprintf(buf, sizeof buf, "%.*s%sclusters/%s.json", dir, demo, dir ? "/" : "", name);
+    return stat(buf, &st) == 0 ? buf : name;
+}
+
+/* "1536" or "1536seq" sequences, "12.5Mtok" / "12582912tok" tokens; K/M/G multiply. */
+static int parse_batch(const char *s, int T, long long *seqs) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0)) return mt_error("moetrain plan: --global-batch: expected a number, got '%s'", s);
+    if (*end == 'K' || *end == 'k') { v *= 1e3; end++; }
+    else if (*end == 'M') { v *= 1e6; end++; }
+    else if (*end == 'G') { v *= 1e9; end++; }
+    int tokens = 0;
+    if (!strcmp(end, "tok") || !strcmp(end, "tokens")) tokens = 1;
+    else if (*end && strcmp(end, "seq") && strcmp(end, "seqs"))
+        return mt_error("moetrain plan: --global-batch: unknown unit '%s' (seq or tok)", end);
+    double q = tokens ? v / T : v;
+    if (q < 1 || q != (double)(long long)q)
+        return mt_error("moetrain plan: --global-batch: %s is not a whole number of %d-token sequences", s, T);
+    *seqs = (long long)q;
+    return 0;
+}
+
+int mt_cmd_plan(int argc, char **argv) {
+    const char *model = NULL, *cluster = NULL, *gb = NULL, *layout = NULL, *dtype = "bf16", *optim = "adamw";
+    int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0;
+    double imbalance = 0;
+    mt_arg specs[] = {
+        {"model", MT_ARG_STR, &model, "model config.json or preset name (required)", NULL},
+        {"config", MT_ARG_STR, &model, "same as --model", NULL},
+        {"cluster", MT_ARG_STR, &cluster, "cluster JSON or preset name in configs/clusters (required)", NULL},
+        {"seq", MT_ARG_INT, &T, "sequence length (default 8192)", NULL},
+        {"global-batch", MT_ARG_STR, &gb, "sequences per step (1536, 1536seq) or tokens (12.5Mtok); default 16M tokens", NULL},
+        {"devices", MT_ARG_INT, &devices, "devices (overrides the cluster file)", NULL},
+        {"dtype", MT_ARG_STR, &dtype, "bf16 (default; fp32 master weights and gradients) or fp32", NULL},
+        {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
+        {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
+        {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
+        {"top", MT_ARG_INT, &top, "layouts in the table (default 10)", NULL},
+        {"layout", MT_ARG_STR, &layout, "evaluate one layout: tp=8,pp=16,vpp=2,ep=32,mb=1,rc=selective,a2a=hier,split=balanced", NULL},
+        {"explain", MT_ARG_BOOL, &explain, "say what separates the best layout from the next ones", NULL},
+        {"json", MT_ARG_BOOL, &json, "print JSON instead of tables", NULL},
+        {"quiet", MT_ARG_BOOL, &quiet, "no progress line", NULL},
+        {NULL, 0, NULL, NULL, NULL}};
+    int rc = mt_args_parse("plan", "--model M --cluster C [--seq T --global-batch B --devices N] [--layout L]",
+                           specs, argc, argv, 2, NULL, 0, NULL);
+    if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (!model || !cluster) {
+        mt_error("moetrain plan: --model and --cluster are required");
+        return mt_cli_fail();
+    }
+    mt_config c;
+    mt_cluster cl;
+    if (mt_config_load(&c, mt_cli_config_path(model)) != 0) return mt_cli_fail();
+    if (mt_cluster_load(&cl, cluster_path(cluster)) != 0) return mt_cli_fail();
+    if (mt_config_check_seq(&c, T, "moetrain plan: --seq") != 0) return mt_cli_fail();
+    mt_plan_settings st;
+    mt_plan_settings_default(&st);
+    st.seq = T;
+    st.devices = devices > 0 ? devices : cl.devices;
+    st.dist_opt = !no_dist_opt;
+    if (imbalance != 0) {
+        if (imbalance < 1) {
+            mt_error("moetrain plan: --imbalance must be >= 1 (got %g)", imbalance);
+            return mt_cli_fail();
+        }
+        st.imbalance = imbalance;
+    }
+    if (!strcmp(dtype, "fp32")) {
+        st.elt = 4;
+        cl.peak_bf16 = cl.peak_fp32; /* the compute peak of the training dtype */
+    } else if (strcmp(dtype, "bf16")) {
+        mt_error("moetrain plan: --dtype: '%s' is not supported (bf16 or fp32)", dtype);
+        return mt_cli_fail();
+    }
+    if (strcmp(optim, "adamw")) {
+        mt_error("moetrain plan: --optimizer: '%s' is not supported (adamw)", optim);
+        return mt_cli_fail();
+    }
+    if (devices < 0 || top < 1 || top > 1000) {
+        mt_error("moetrain plan: --devices must be positive and --top in 1..1000");
+        return mt_cli_fail();
+    }
+    if (gb) {
+        if (parse_batch(gb, T, &st.global_seqs) != 0) return mt_cli_fail();
+    } else {
+        st.global_seqs = (16LL << 20) / T > 0 ? (16LL << 20) / T : 1;
+    }
+
+    if (layout) {
+        mt_layout l;
+        if (mt_layout_parse(&l, layout) != 0) return mt_cli_fail();
+        mt_plan_result r;
+        mt_plan_eval(&c, &cl, &st, &l, &r);
+        if (json) {
+            char *txt = mt_plan_json(&r, 1, NULL);
+            printf("%s\n", txt);
+            free(txt);
+        } else {
+            printf("plan: %s on %d x %s, seq %d, global batch %lld sequences (%.3gM tokens)\n", model,
+                   st.devices, cl.name, T, st.global_seqs, st.global_seqs * (double)T / 1e6);
+            mt_plan_print_detail(stdout, &r);
+        }
+        return r.reason == MT_PLAN_OK ? 0 : 1;
+    }
+
+    mt_plan_result *best = mt_xcalloc((size_t)top, sizeof *best);
+    mt_plan_stats stats;
+    int n = mt_plan_search(&c, &cl, &st, best, top, &stats, !quiet && !json && isatty(2));
+    if (json) {
+        char *txt = mt_plan_json(best, n, &stats);
+        printf("%s\n", txt);
+        free(txt);
+    } else {
+        printf("plan: %s on %d x %s, seq %d, global batch %lld sequences (%.3gM tokens), %s, %s optimizer\n",
+               model, st.devices, cl.name, T, st.global_seqs, st.global_seqs * (double)T / 1e6, dtype,
+               st.dist_opt ? "distributed" : "replicated");
+        printf("searched %lld layouts in %.2f s: %lld fit (%lld simulated, %lld pruned by a lower bound)\n",
+               stats.layouts, stats.seconds, stats.feasible, stats.simulated, stats.pruned);
+        for (int i = 1; i < MT_PLAN_NREASONS; i++)
+            if (stats.infeasible[i]) printf("  infeasible: %8lld  %s\n", stats.infeasible[i], mt_plan_reason_name[i]);
+        if (n == 0) {
+            printf("no layout fits\n");
+        } else {
+            mt_plan_print_table(stdout, best, n);
+            printf("\nbest:\n");
+            mt_plan_print_detail(stdout, &best[0]);
+            if (explain) mt_plan_print_explain(stdout, best, n);
+        }
+    }
+    free(best);
+    return n > 0 ? 0 : 1;
+}

@@ -1,0 +1,195 @@
+/* plan/costs.c — per-module parameters, FLOPs and activation bytes (see costs.h).
+ *
+ * Conventions: a GEMM of an [n, a] input by an [a, b] weight is 2ab FLOPs per row; the
+ * backward of a GEMM is twice its forward (input and weight gradients). The causal
+ * attention core does QK^T and PV over (T+1)/2 keys on average. */
+#include "plan/costs.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+
+static int is_mla(const mt_config *c) { return strcmp(c->attention_type, "mla") == 0; }
+
+/* Attention block: fills the attention part of a layer unit (norms included). */
+static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
+    const double C = c->hidden_size, H = c->num_attention_heads, f4 = 4;
+    double mat, qkdim, vdim, kvdim, saved, work, rope_w;
+    if (!is_mla(c)) {
+        const double D = c->head_dim, G = c->num_key_value_heads;
+        mat = C * H * D * 2 + C * G * D * 2;          /* q, k, v, o */
+        qkdim = D;
+        vdim = D;
+        kvdim = G * D;
+        /* kept: q, k, v after RoPE, attention output */
+        saved = (H * D * 2 + G * D * 2) * elt;
+        work = (H * D * 2 + G * D * 2) * elt;        /* datt, dq, dk, dv */
+        rope_w = H * D + G * D;
+        u->gemm_width = 2 * C * H * D;
+    } else {
+        /* MLA (DeepSeek-V2/V3): q = q_b(norm(q_a(x))) (or q_proj(x) without q_lora),
+         * [latent | k_rope] = kv_a(x), [k_nope | v] = kv_b(norm(latent)), o_proj. */
+        const double ql = c->q_lora_rank, kvl = c->kv_lora_rank;
+        const double dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+        qkdim = dn + dr;
+        vdim = dv;
+        double q = ql > 0 ? C * ql + ql * H * qkdim : C * H * qkdim;
+        mat = q + C * (kvl + dr) + kvl * H * (dn + dv) + H * dv * C;
+        u->p_rep += (ql > 0 ? ql : 0) + kvl;          /* q_a_layernorm, kv_a_layernorm */
+        kvdim = H * (qkdim + dv);
+        /* kept: q latent, kv latent + k_rope (normed inputs of the up projections), the
+         * full q and k, v, attention output; plus the two latent norms' 1/rms */
+        saved = (ql + kvl + dr + H * qkdim * 2 + H * dv * 2) * elt + 2 * f4;
+        work = (H * qkdim * 2 + H * dv * 2) * elt;
+        rope_w = H * dr + dr;
+        u->gemm_width = 2 * kvl * H * (dn + dv);
+    }
+    (void)kvdim;
+    u->p_tp += mat;
+    u->p_rep += 2 * C;                                 /* input and post-attention norms */
+    u->p_active += mat;
+    u->f_gemm += 2 * mat;
+    u->f_att += (double)c->num_attention_heads * (qkdim + vdim) * ((double)T + 1);
+    /* layer input x, its 1/rms; the attention's log-sum-exp per head; h and its 1/rms */
+    const double base = C * elt + f4 + H * f4 + C * elt + f4;
+    u->act_tok[MT_RC_NONE] += base + saved;
+    u->act_tok[MT_RC_SELECTIVE] += base + saved;
+    u->act_tok[MT_RC_FULL] += C * elt;                /* only the layer input */
+    u->work_tok += 3 * C * elt + f4 + work;            /* normed input, residual grad, its grad */
+    /* two norms (read+write), two residual adds (2 reads + write), RoPE (read+write) */
+    u->mem_tok += (4 * C + 6 * C + 2 * rope_w) * elt;
+    u->tp_colls += 2;                                  /* all-gather in, reduce-scatter out */
+}
+
+/* SwiGLU of hidden size F on every token (dense FFN or shared experts). */
+static void swiglu(double C, double F, int elt, mt_unit_cost *u) {
+    u->p_tp += 3 * C * F;
+    u->p_active += 3 * C * F;
+    u->f_gemm += 6 * C * F;
+    u->act_tok[MT_RC_NONE] += 3 * F * elt;             /* gate|up outputs, silu(g)*u */
+    u->act_tok[MT_RC_SELECTIVE] += 2 * F * elt;        /* silu(g)*u recomputed */
+    u->work_tok += 4 * F * elt;
+    u->mem_tok += 3 * F * elt;
+    u->tp_colls += 2;
+}
+
+static void layer(const mt_config *c, int l, int T, int elt, mt_unit_cost *u) {
+    const double C = c->hidden_size, f4 = 4;
+    attention(c, T, elt, u);
+    if (!mt_config_is_moe(c, l)) {
+        u->kind = MT_UNIT_DENSE;
+        swiglu(C, c->intermediate_size, elt, u);
+        if (u->gemm_width < 2 * C * c->intermediate_size) u->gemm_width = 2 * C * c->intermediate_size;
+        return;
+    }
+    u->kind = MT_UNIT_MOE;
+    u->moe = 1;
+    const double E = c->n_routed_experts, K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
+    const double Fs = (double)c->n_shared_experts * Fm;
+    /* router: fp32 weights and scores, replicated */
+    u->p_rep += E * C;
+    u->p_active += E * C;
+    u->f_gemm += 2 * C * E;
+    u->p_expert += 3 * C * Fm * E;
+    u->p_active += 3 * C * Fm * K;
+    u->f_expert += 6 * C * Fm * K;
+    /* kept per token: router probabilities (fp32); selected experts, their weights, slot
+     * and permutation indices (4 x k int32/fp32); per (token, slot): expert gate|up */
+    const double route = E * f4 + 4 * K * f4;
+    u->act_tok[MT_RC_NONE] += route;
+    u->act_tok[MT_RC_SELECTIVE] += route;
+    u->act_expert_tok[MT_RC_NONE] += K * (3 * Fm + C) * elt;  /* + silu(g)*u, gathered input */
+    u->act_expert_tok[MT_RC_SELECTIVE] += K * 2 * Fm * elt;
+    u->work_tok += E * f4;
+    u->work_expert_tok += K * (2 * C + 4 * Fm) * elt + 2 * K * f4;
+    u->mem_tok += E * f4 * 2;
+    u->mem_expert_tok += K * (4 * C + 3 * Fm) * elt;          /* permute, unpermute, SwiGLU */
+    if (Fs > 0) swiglu(C, Fs, elt, u);
+}
+
+int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u) {
+    const int L = c->num_hidden_layers, M = c->num_nextn_predict_layers, n = L + M + 2;
+    if (!u) return n;
+    const double C = c->hidden_size, V = c->vocab_size, f4 = 4;
+    memset(u, 0, (size_t)n * sizeof *u);
+    /* embedding: vocab-parallel lookup, its output reduce-scattered into the SP region */
+    u[0].kind = MT_UNIT_EMBED;
+    u[0].p_tp = V * C;
+    u[0].tp_colls = 1;
+    u[0].mem_tok = C * elt;
+    for (int l = 0; l < L; l++) layer(c, l, T, elt, &u[1 + l]);
+    /* MTP module k (DeepSeek-V3): norm(h), norm(embed(shifted tokens)), eh_proj [2C -> C],
+     * one decoder layer (of the kind of the last layer), the shared head's norm and GEMM
+     * (the head weights are the main model's). */
+    for (int k = 0; k < M; k++) {
+        mt_unit_cost *m = &u[1 + L + k];
+        layer(c, L - 1, T, elt, m);
+        m->kind = MT_UNIT_MTP;
+        m->p_tp += 2 * C * C;
+        m->p_rep += 3 * C;
+        m->p_active += 2 * C * C + V * C;
+        m->f_gemm += 4 * C * C + 2 * V * C;
+        for (int r = 0; r < 3; r++) m->act_tok[r] += 2 * C * elt + 2 * f4 + C * elt + f4;
+        m->work_tok += V * f4;                 /* fp32 logits of its head */
+        m->mem_tok += 6 * C * elt;
+        m->tp_colls += 3;
+    }
+    mt_unit_cost *h = &u[n - 1];
+    h->kind = MT_UNIT_HEAD;
+    h->p_rep = C;                              /* final norm */
+    h->p_tp = c->tie_word_embeddings ? 0 : V * C;
+    h->p_active = V * C;
+    h->f_gemm = 2 * V * C;
+    h->gemm_width = 2 * V * C;
+    for (int r = 0; r < 3; r++) h->act_tok[r] = 2 * C * elt + f4;  /* final x, its norm, 1/rms */
+    h->work_tok = V * f4;                      /* fp32 logits (vocab-parallel cross-entropy) */
+    h->mem_tok = 2 * C * elt + 3 * V * f4;     /* norm; softmax over the logits */
+    h->tp_colls = 1;
+    return n;
+}
+
+static double sum_units(const mt_config *c, int T, int mtp, int what) {
+    int n = mt_cost_units(c, T, 4, NULL);
+    mt_unit_cost *u = mt_xcalloc((size_t)n, sizeof *u);
+    mt_cost_units(c, T, 4, u);
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        if (u[i].kind == MT_UNIT_MTP && !mtp) continue;
+        switch (what) {
+        case 0: s += u[i].p_tp + u[i].p_rep + u[i].p_expert; break;
+        case 1: s += u[i].p_active; break;
+        default: s += 6 * (u[i].f_gemm + u[i].f_expert) / 2 + 3 * u[i].f_att; break;
+        }
+    }
+    free(u);
+    return s;
+}
+
+double mt_cost_params(const mt_config *c) { return sum_units(c, 1, 0, 0); }
+double mt_cost_active_params(const mt_config *c) { return sum_units(c, 1, 0, 1); }
+double mt_cost_flops_per_token(const mt_config *c, int T) { return sum_units(c, T, 0, 2); }
+double mt_cost_model_flops_per_token(const mt_config *c, int T) { return sum_units(c, T, 1, 2); }
+
+double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
+    const int L = c->num_hidden_layers;
+    const double N = (double)B * T, C = c->hidden_size, f4 = 4;
+    int n = mt_cost_units(c, T, 4, NULL);
+    mt_unit_cost *u = mt_xcalloc((size_t)n, sizeof *u);
+    mt_cost_units(c, T, 4, u);
+    /* kept per layer (the trainer's layer_acts), routed part at exactly k slots a token */
+    double kept = 0;
+    for (int l = 0; l < L; l++)
+        kept += N * (u[1 + l].act_tok[MT_RC_SELECTIVE] + u[1 + l].act_expert_tok[MT_RC_SELECTIVE]);
+    kept += N * u[n - 1].act_tok[MT_RC_SELECTIVE];
+    /* backward scratch: the largest layer's working set (the trainer sizes its [rows, F]
+     * buffers for the largest FFN), plus the RoPE tables */
+    double work = 0;
+    for (int l = 0; l < L; l++) {
+        double w = N * (u[1 + l].work_tok + u[1 + l].work_expert_tok);
+        if (w > work) work = w;
+    }
+    free(u);
+    (void)C;
+    return kept + work + (double)T * c->head_dim * f4;
+}

@@ -1,0 +1,72 @@
+/* plan/costs.h — parameters, FLOPs and activation bytes of every module of a MODEL.md model
+ * (GQA or MLA attention, dense SwiGLU or MoE FFN, multi-token-prediction modules,
+ * embedding, head), as pure functions of the config.
+ *
+ * The model is a list of pipeline "units" in execution order: the embedding, the L
+ * decoder layers, the MTP modules, then the final norm + LM head + loss. The planner
+ * splits the layers over pipeline stages and sums units. Everything is per token so that
+ * the parallel layout enters only as divisions: with Megatron-style sequence parallelism
+ * every per-token tensor and every GEMM is split over TP (token-wise or head-wise), and the
+ * routed experts are spread over EP with ETP = 1 (each expert whole on one device).
+ *
+ * For GQA models the totals agree with the trainer's own size functions
+ * (mt_model_layout, mt_model_active_params, mt_model_flops_per_token exactly;
+ * mt_acts_bytes within a tolerance, tests/test_plan.c). The trainer does not yet expose
+ * per-layer size functions, so mt_cost_trainer_acts_bytes mirrors acts_layout() in
+ * src/model/model.c and the test holds the two together. */
+#ifndef MT_PLAN_COSTS_H
+#define MT_PLAN_COSTS_H
+
+#include "model/config.h"
+
+enum mt_unit_kind { MT_UNIT_EMBED = 0, MT_UNIT_DENSE, MT_UNIT_MOE, MT_UNIT_MTP, MT_UNIT_HEAD };
+
+/* What the backward keeps: everything the forward produced (none), the trainer's choice of
+ * recomputing cheap element-wise results and the gathered expert inputs (selective), or
+ * only each layer's input, re-running the layer's forward in the backward (full). */
+enum mt_plan_recompute { MT_RC_NONE = 0, MT_RC_SELECTIVE, MT_RC_FULL };
+
+typedef struct {
+    int kind;            /* enum mt_unit_kind */
+    /* parameters (elements) of the whole unit */
+    double p_tp;         /* matrices split over TP (attention, dense/shared FFN, vocab rows) */
+    double p_rep;        /* replicated on every TP rank (norms, router) */
+    double p_expert;     /* routed experts (split over EP, whole on a device) */
+    double p_active;     /* matmul parameters a token uses (MFU numerator; embedding excluded) */
+    /* forward FLOPs per token; the backward is twice the forward */
+    double f_gemm;       /* GEMMs outside the routed experts (incl. router) */
+    double f_att;        /* causal attention core (QK^T and PV) at sequence length T */
+    double f_expert;     /* routed experts, all k of them */
+    double gemm_width;   /* a typical dense GEMM's FLOPs per row (sizes the efficiency curve) */
+    /* forward element-wise memory traffic per token (norms, RoPE, SwiGLU, residuals,
+     * permute/unpermute), bytes; dense part and routed part */
+    double mem_tok, mem_expert_tok;
+    /* bytes per token kept for the backward, per enum mt_plan_recompute; dense / routed part */
+    double act_tok[3], act_expert_tok[3];
+    /* bytes per token of the backward's working tensors (not kept between micro-batches) */
+    double work_tok, work_expert_tok;
+    int tp_colls;        /* TP all-gather or reduce-scatter of a [tokens, d] tensor per forward */
+    int moe;             /* has a routed-expert block (two all-to-alls per forward) */
+} mt_unit_cost;
+
+/* Units of the model in pipeline order: embedding, L layers, num_nextn_predict_layers MTP
+ * modules, head. Returns the count (L + MTP + 2); fills u when not NULL. elt = bytes of an
+ * activation element (4 for the fp32 trainer, 2 for bf16); router scores, norm statistics
+ * and log-sum-exps stay fp32 and indices int32 whatever elt is. T = sequence length. */
+int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u);
+
+/* Totals over the main model (MTP modules excluded, as the trainer has none):
+ * parameters (= mt_model_layout's nparams for GQA), active parameters
+ * (= mt_model_active_params) and training FLOPs per token (= mt_model_flops_per_token). */
+double mt_cost_params(const mt_config *c);
+double mt_cost_active_params(const mt_config *c);
+double mt_cost_flops_per_token(const mt_config *c, int T);
+/* Model FLOPs per token including the MTP modules (the planner's MFU numerator). */
+double mt_cost_model_flops_per_token(const mt_config *c, int T);
+
+/* The trainer's activation arena for a micro-batch of B x T tokens (fp32, selective
+ * recompute, fused head), modelled from the units; excludes the per-thread attention
+ * scratch and the head's chunk scratch, which depend on the kernels. */
+double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T);
+
+#endif

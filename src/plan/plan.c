@@ -1,0 +1,644 @@
+/* plan/plan.c — layout evaluation and search (see plan.h).
+ *
+ * Modelling choices, in one place (docs/PLAN.md explains them):
+ *  - Megatron-style TP with sequence parallelism: every per-token tensor and GEMM is split
+ *    over TP; each TP collective is an all-gather or reduce-scatter of a [tokens, d]
+ *    tensor inside a node (TP never leaves a node), not overlapped with compute.
+ *  - Routed experts with ETP = 1 over an EP group of consecutive ranks (inside a node
+ *    first). The busiest EP rank (imbalance factor) sets the pace of every MoE layer, and
+ *    the all-to-alls are not overlapped (no overlapped forward/backward schedule yet).
+ *  - Ranks are ordered TP (innermost), then DP, then PP (outermost), as in Megatron-LM, so
+ *    pipeline neighbours are on different nodes unless TP x DP fits in one node.
+ *  - Mixed precision: bf16 weights, fp32 gradients, fp32 master weights + AdamW moments
+ *    (12 bytes a parameter) sharded over the (expert-)DP group with the distributed
+ *    optimizer. Gradients are reduce-scattered per chunk as soon as its last backward is
+ *    done (overlapping the rest of the cool-down); the parameter all-gather overlaps the
+ *    next step's first forward.
+ *  - Compute time is a roofline per unit: GEMM FLOPs at an efficiency that depends on the
+ *    GEMM's size, attention FLOPs at the attention efficiency, element-wise bytes at the
+ *    memory efficiency; backward = 2x forward compute; full recompute adds a forward. */
+#include "plan/plan.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/schedule.h"
+#include "plan/sim.h"
+
+const char *const mt_plan_reason_name[MT_PLAN_NREASONS] = {
+    "ok", "TP: heads not divisible or TP larger than a node", "TP x PP does not divide the devices",
+    "EP: experts or DP x TP not divisible", "global batch not divisible (DP x mb, x PP if interleaved)",
+    "fewer layers than virtual stages", "out of device memory"};
+
+static const char *const rc_name[] = {"none", "selective", "full"};
+static const char *const a2a_name[] = {"flat", "hier"};
+static const char *const split_name[] = {"even", "balanced"};
+
+void mt_plan_settings_default(mt_plan_settings *s) {
+    memset(s, 0, sizeof *s);
+    s->seq = 8192;
+    s->elt = 2;
+    s->dist_opt = 1;
+    s->imbalance = 1.2;
+}
+
+/* Everything that does not depend on the layout, computed once per search. */
+typedef struct {
+    const mt_config *c;
+    const mt_cluster *cl;
+    const mt_plan_settings *st;
+    int nu;                 /* units: embed, L layers, MTP, head */
+    mt_unit_cost *u;
+    double model_flops;     /* per token, MFU numerator */
+} ctx;
+
+static void ctx_init(ctx *x, const mt_config *c, const mt_cluster *cl, const mt_plan_settings *st) {
+    x->c = c;
+    x->cl = cl;
+    x->st = st;
+    x->nu = mt_cost_units(c, st->seq, st->elt, NULL);
+    x->u = mt_xcalloc((size_t)x->nu, sizeof *x->u);
+    mt_cost_units(c, st->seq, st->elt, x->u);
+    x->model_flops = mt_cost_model_flops_per_token(c, st->seq);
+}
+
+/* Ring all-gather / reduce-scatter of a `bytes` tensor over g ranks. */
+static double ring(double bytes, int g, double bw, double lat) {
+    return g <= 1 ? 0 : (g - 1.0) / g * bytes / bw + (g - 1.0) * lat;
+}
+
+/* A group of g ranks spaced `stride` apart stays in a node when it spans at most one. */
+static void group_link(const mt_cluster *cl, int g, int stride, double *bw, double *lat) {
+    int in = (double)g * stride <= cl->per_node;
+    *bw = in ? cl->intra_bw : cl->inter_bw;
+    *lat = in ? cl->intra_lat : cl->inter_lat;
+}
+
+/* Expected number of other nodes a token's k experts live on, for an EP group over nn
+ * nodes (E/nn experts each), experts drawn uniformly without replacement; group-limited
+ * and MoGE routing with one group per node pin it. */
+static double remote_nodes(const mt_config *c, int nn) {
+    if (nn <= 1) return 0;
+    const int E = c->n_routed_experts, K = c->num_experts_per_tok;
+    if (c->n_group == nn && c->topk_method == MT_TOPK_GROUP_LIMITED)
+        return c->topk_group * (nn - 1.0) / nn;
+    if (c->n_group == nn && c->topk_method == MT_TOPK_MOGE) return nn - 1.0;
+    double none = 1; /* P(a given node holds none of the k experts) */
+    for (int i = 0; i < K; i++) none *= (double)(E - E / nn - i) / (E - i);
+    return (nn - 1.0) * (1 - none);
+}
+
+/* One all-to-all (dispatch or combine) of n tokens per device, k copies each. */
+static double a2a_time(const ctx *x, const mt_layout *l, double n) {
+    const mt_cluster *cl = x->cl;
+    const double C = x->c->hidden_size, K = x->c->num_experts_per_tok, imb = x->st->imbalance;
+    const int ep = l->ep, local = ep < cl->per_node ? ep : cl->per_node, nn = (ep + local - 1) / local;
+    if (ep <= 1) return 0;
+    const double send = n * K * C * x->st->elt * imb;      /* bytes of (token, slot) pairs */
+    if (nn <= 1 || l->a2a == MT_A2A_FLAT) {
+        double intra = send * (local - 1.0) / ep, inter = send * (ep - (double)local) / ep;
+        double t = fmax(intra / cl->intra_bw, inter / cl->inter_bw);
+        return t + cl->intra_lat + (nn > 1 ? cl->inter_lat : 0);
+    }
+    /* hierarchical: a token crosses to each remote node once, then fans out inside it */
+    double inter = n * C * x->st->elt * imb * remote_nodes(x->c, nn);
+    double intra = send * (local - 1.0) / local;
+    return inter / cl->inter_bw + intra / cl->intra_bw + cl->inter_lat + cl->intra_lat;
+}
+
+typedef struct { double fwd, bwd, comp, tp, a2a; } unit_time; /* comp/tp/a2a: fwd + bwd */
+
+static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, unit_time *t) {
+    const mt_config *c = x->c;
+    const mt_cluster *cl = x->cl;
+    const double imb = x->st->imbalance, Ntok = (double)l->mb * x->st->seq, n = Ntok / l->tp;
+    const double peak = cl->peak_bf16;
+    double tg = u->f_gemm * n / (peak * mt_cluster_gemm_eff(cl, n * u->gemm_width));
+    double ta = u->f_att * n / (peak * cl->eff_att);
+    double te = 0;
+    if (u->moe) {
+        double rows = n * c->num_experts_per_tok * imb * l->ep / c->n_routed_experts;
+        double call = rows * 2.0 * c->hidden_size * c->moe_intermediate_size;
+        te = u->f_expert * n * imb / (peak * mt_cluster_gemm_eff(cl, call));
+    }
+    double tm = (u->mem_tok * n + u->mem_expert_tok * n * imb) / (cl->mem_bw * cl->eff_mem);
+    double tpc = u->tp_colls * ring(Ntok * c->hidden_size * x->st->elt, l->tp, cl->intra_bw, cl->intra_lat);
+    double a2a = u->moe ? 2 * a2a_time(x, l, n) : 0;
+    double cf = tg + ta + te + tm, cb = 2 * (tg + ta + te + tm);
+    int layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
+    double rf = 0, rtp = 0, ra = 0;
+    if (layer && l->rc == MT_RC_FULL) { rf = cf; rtp = tpc; ra = a2a; }
+    if (layer && l->rc == MT_RC_SELECTIVE) rf = 0.25 * tm; /* SwiGLU / gather re-done */
+    t->fwd = cf + tpc + a2a;
+    t->bwd = cb + tpc + a2a + rf + rtp + ra;
+    t->comp = cf + cb + rf;
+    t->tp = 2 * tpc + rtp;
+    t->a2a = 2 * a2a + ra;
+}
+
+/* Layers per virtual stage. first/last: fixed costs of the first stage (embedding) and of
+ * the last (MTP + head); w[L]: cost of each layer. */
+static int split_fits(const double *w, int L, int S, double first, double last, double B, int fair,
+                      short *cnt) {
+    if (S == 1) {
+        if (cnt) cnt[0] = (short)L;
+        return 1;
+    }
+    /* Fill stages from the last one backwards. The first and last stages may end up with
+     * no decoder layer (their embedding or head + MTP can be a stage's worth of work, as
+     * in Llama 3's and Pangu's uneven splits); every middle stage gets at least one. */
+    int j = S - 1, k = 0;
+    double load = last;
+    for (int i = L - 1; i >= 0; i--) {
+        /* close stage j if the layer does not fit, if the middle stages before it need
+         * the rest, or (fair) once it has its share of the layers left, so that the stages
+         * the bottleneck does not constrain come out even */
+        int share = (i + 1 + k + j) / (j + 1);
+        int must = j > 1 && i < j - 1;
+        if (j > 0 && (k > 0 || j == S - 1) && (load + w[i] > B || must || (fair && k >= share))) {
+            if (k == 0 && j < S - 1) return 0;
+            if (cnt) cnt[j] = (short)k;
+            j--;
+            k = 0;
+            load = j == 0 ? first : 0;
+        }
+        load += w[i];
+        k++;
+        if (load > B) return 0;
+    }
+    if (j > 1 || first > B) return 0;
+    if (cnt) {
+        cnt[j] = (short)k;
+        if (j == 1) cnt[0] = 0;
+    }
+    return 1;
+}
+
+static void split_layers(const mt_layout *l, const double *w, int L, int S, double first, double last,
+                         short *cnt) {
+    if (l->split == MT_SPLIT_EVEN || S == 1) {
+        int base = L / S, rem = L % S, lo = (S - rem) / 2; /* extra layers in the middle */
+        for (int s = 0; s < S; s++) cnt[s] = (short)(base + (s >= lo && s < lo + rem));
+        return;
+    }
+    double lo = 0, hi = first + last;
+    for (int i = 0; i < L; i++) {
+        hi += w[i];
+        if (w[i] > lo) lo = w[i];
+    }
+    for (int it = 0; it < 60 && hi - lo > 1e-6 * hi; it++) {
+        double mid = 0.5 * (lo + hi);
+        if (split_fits(w, L, S, first, last, mid, 0, NULL)) hi = mid;
+        else lo = mid;
+    }
+    int ok = split_fits(w, L, S, first, last, hi, 1, cnt) || split_fits(w, L, S, first, last, hi, 0, cnt);
+    MT_ASSERT(ok);
+}
+
+/* The divisibility rules of a layout (l->dp is derived here); *m gets the micro-batches. */
+static int check_layout(const ctx *x, mt_layout *l, int *m) {
+    const mt_config *c = x->c;
+    const int H = c->num_attention_heads, E = c->n_routed_experts;
+    const int gqa = strcmp(c->attention_type, "mla") != 0;
+    if (l->tp < 1 || H % l->tp || (gqa && c->num_key_value_heads % l->tp) || l->tp > x->cl->per_node)
+        return MT_PLAN_BAD_TP;
+    if (l->pp < 1 || l->vpp < 1 || x->st->devices % (l->tp * l->pp)) return MT_PLAN_BAD_DEVICES;
+    l->dp = x->st->devices / (l->tp * l->pp);
+    if (l->ep < 1 || (E == 0 && l->ep != 1) || (E > 0 && (E % l->ep || (l->dp * l->tp) % l->ep)))
+        return MT_PLAN_BAD_EP;
+    const long long per = (long long)l->dp * l->mb;
+    if (l->mb < 1 || x->st->global_seqs % per || (l->vpp > 1 && (x->st->global_seqs / per) % l->pp))
+        return MT_PLAN_BAD_BATCH;
+    *m = (int)(x->st->global_seqs / per);
+    if (l->pp * l->vpp > c->num_hidden_layers || l->pp * l->vpp > MT_PLAN_MAX_STAGES) return MT_PLAN_BAD_SPLIT;
+    return MT_PLAN_OK;
+}
+
+/* The evaluation; sched may be NULL (made here). bound > 0: skip the simulation when the
+ * busiest rank's compute alone reaches it (res->step is then that lower bound). Returns 1
+ * if simulated. */
+static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *lin, mt_plan_result *res,
+                       double bound) {
+    const mt_config *c = x->c;
+    const mt_cluster *cl = x->cl;
+    const mt_plan_settings *st = x->st;
+    memset(res, 0, sizeof *res);
+    mt_layout *l = &res->l;
+    *l = *lin;
+    res->reason = check_layout(x, l, &res->m);
+    if (res->reason != MT_PLAN_OK) return 0;
+    const int Lyr = c->num_hidden_layers, E = c->n_routed_experts;
+    const int P = l->pp, V = l->vpp, S = P * V, M = res->m;
+    res->nstages = S;
+
+    /* unit times, then the split */
+    unit_time *ut = mt_xmalloc((size_t)x->nu * sizeof *ut);
+    for (int i = 0; i < x->nu; i++) unit_times(x, l, &x->u[i], &ut[i]);
+    double *w = mt_xmalloc((size_t)Lyr * sizeof *w);
+    for (int i = 0; i < Lyr; i++) w[i] = ut[1 + i].fwd + ut[1 + i].bwd;
+    double first = ut[0].fwd + ut[0].bwd, last = 0;
+    for (int i = 1 + Lyr; i < x->nu; i++) last += ut[i].fwd + ut[i].bwd;
+    split_layers(l, w, Lyr, S, first, last, res->layers);
+
+    /* per virtual stage: its units [u0, u1) */
+    const int nu = x->nu;
+    double *fwd = mt_xcalloc((size_t)S * 6, sizeof(double));
+    double *bwd = fwd + S, *sync = fwd + 2 * S, *acts = fwd + 3 * S, *comp = fwd + 4 * S, *tpa = fwd + 5 * S;
+    double *a2a = mt_xcalloc((size_t)S * 3, sizeof(double));
+    double *pdense = a2a + S, *pexp = a2a + 2 * S;
+    double *work = mt_xcalloc((size_t)P * 3, sizeof(double));
+    double *moe_on = work + P, *opt = work + 2 * P;
+    const double imb = st->imbalance, n = (double)l->mb * st->seq / l->tp;
+    const int edp = E > 0 ? l->dp * l->tp / l->ep : l->dp;
+    int start = 1;
+    for (int s = 0; s < S; s++) {
+        int u0 = s == 0 ? 0 : start, u1 = start + res->layers[s];
+        if (s == S - 1) u1 = nu;
+        start += res->layers[s];
+        const int r = s % P;
+        for (int i = u0; i < u1; i++) {
+            const mt_unit_cost *u = &x->u[i];
+            fwd[s] += ut[i].fwd;
+            bwd[s] += ut[i].bwd;
+            comp[s] += ut[i].comp;
+            tpa[s] += ut[i].tp;
+            a2a[s] += ut[i].a2a;
+            pdense[s] += u->p_tp / l->tp + u->p_rep;
+            pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
+            int rc = (u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP) ? l->rc : MT_RC_SELECTIVE;
+            acts[s] += (u->act_tok[rc] + u->act_expert_tok[rc] * imb) * n;
+            double wk = (u->work_tok + u->work_expert_tok * imb) * n;
+            if (rc == MT_RC_FULL) wk += (u->act_tok[MT_RC_NONE] + u->act_expert_tok[MT_RC_NONE] * imb) * n;
+            if (wk > work[r]) work[r] = wk;
+            if (u->moe) moe_on[r] = 1;
+        }
+        /* the last stage also holds the embedding when MTP or a tied head needs it */
+        if (s == S - 1 && P > 1 && (c->num_nextn_predict_layers > 0 || c->tie_word_embeddings))
+            pdense[s] += x->u[0].p_tp / l->tp;
+        /* DP gradient reduction (fp32) of the stage's parameters, once its backwards are done */
+        double bw, lat, t = 0;
+        group_link(cl, l->dp, l->tp, &bw, &lat);
+        t += ring(4 * pdense[s], l->dp, bw, lat) * (st->dist_opt ? 1 : 2);
+        group_link(cl, edp, l->ep, &bw, &lat);
+        t += ring(4 * pexp[s], edp, bw, lat) * (st->dist_opt ? 1 : 2);
+        sync[s] = t;
+    }
+
+    /* memory of every pipeline rank */
+    mt_schedule own;
+    if (!sched) {
+        int rc = mt_schedule_make(&own, P, V, M);
+        MT_ASSERT(rc == 0);
+        sched = &own;
+    }
+    const double msg = (double)l->mb * st->seq * c->hidden_size * st->elt / l->tp;
+    double busy_max = 0, exposed_ag = 0;
+    int busy_rank = 0;
+    for (int r = 0; r < P; r++) {
+        double pd = 0, pe = 0, busy = 0;
+        for (int v = 0; v < V; v++) {
+            pd += pdense[v * P + r];
+            pe += pexp[v * P + r];
+            busy += M * (fwd[v * P + r] + bwd[v * P + r]);
+        }
+        double cur = 0, peak = 0;
+        for (int i = 0; i < sched->len[r]; i++) {
+            const mt_action *a = &sched->act[r][i];
+            if (a->kind == MT_ACT_FWD) cur += acts[a->chunk * P + r];
+            if (a->kind == MT_ACT_BWD) cur -= acts[a->chunk * P + r];
+            if (cur > peak) peak = cur;
+        }
+        const double sd = st->dist_opt ? l->dp : 1, se = st->dist_opt ? edp : 1;
+        double mw = st->elt * (pd + pe), mg = 4 * (pd + pe), mo = 12 * (pd / sd + pe / se);
+        double mc = 2 * msg + (moe_on[r] ? 2 * n * c->num_experts_per_tok * c->hidden_size * st->elt * imb : 0);
+        double tot = mw + mg + mo + peak + work[r] + mc + cl->reserved_bytes;
+        if (tot > res->mem_total) {
+            res->mem_rank = r;
+            res->mem_total = tot;
+            res->mem_weights = mw;
+            res->mem_grads = mg;
+            res->mem_opt = mo;
+            res->mem_acts = peak;
+            res->mem_work = work[r];
+            res->mem_comm = mc;
+            res->mem_reserved = cl->reserved_bytes;
+        }
+        /* optimizer: AdamW reads/writes ~36 bytes per local parameter (memory bound);
+         * then the bf16 parameter all-gather, overlapped with the next step's first forward */
+        double bw, lat, ag = 0;
+        opt[r] = 36 * (pd / sd + pe / se) / (cl->mem_bw * cl->eff_mem);
+        if (st->dist_opt) {
+            group_link(cl, l->dp, l->tp, &bw, &lat);
+            ag += ring(st->elt * pd, l->dp, bw, lat);
+            group_link(cl, edp, l->ep, &bw, &lat);
+            ag += ring(st->elt * pe, edp, bw, lat);
+        }
+        double ex = fmax(0, ag - fwd[r]);
+        opt[r] += ex;
+        if (ex > exposed_ag) exposed_ag = ex;
+        if (busy > busy_max) { busy_max = busy; busy_rank = r; }
+    }
+    res->reason = res->mem_total > cl->mem_bytes ? MT_PLAN_MEMORY : MT_PLAN_OK;
+    for (int v = 0; v < V; v++) {
+        res->t_compute += M * comp[v * P + busy_rank];
+        res->t_tp += M * tpa[v * P + busy_rank];
+        res->t_a2a += M * a2a[v * P + busy_rank];
+    }
+    res->t_opt = opt[busy_rank];
+
+    int simulated = 0;
+    if (bound > 0 && busy_max >= bound) {
+        res->step = busy_max;
+    } else {
+        /* with and without the p2p time: the difference is the exposed p2p, the bubble is
+         * the schedule's own (stage imbalance included) */
+        double pbw, plat;
+        group_link(cl, 2, l->tp * l->dp, &pbw, &plat);
+        mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt};
+        mt_sim_result a, b;
+        mt_sim_run(sched, &sc, &a);
+        double p2p = sc.p2p;
+        sc.p2p = 0;
+        if (p2p > 0) mt_sim_run(sched, &sc, &b);
+        else b = a;
+        res->step = a.step;
+        res->bubble = b.bubble;
+        res->t_p2p = fmax(0, a.pipe - b.pipe);
+        res->t_dp = a.exposed_dp + exposed_ag;
+        simulated = 1;
+    }
+    res->exposed_comm = res->t_tp + res->t_a2a + res->t_p2p + res->t_dp;
+    res->tok_s = (double)st->global_seqs * st->seq / res->step;
+    res->mfu = x->model_flops * res->tok_s / ((double)st->devices * cl->peak_bf16);
+    if (sched == &own) mt_schedule_free(&own);
+    free(ut);
+    free(w);
+    free(fwd);
+    free(a2a);
+    free(work);
+    return simulated;
+}
+
+void mt_plan_eval(const mt_config *c, const mt_cluster *cl, const mt_plan_settings *st, const mt_layout *l,
+                  mt_plan_result *res) {
+    ctx x;
+    ctx_init(&x, c, cl, st);
+    eval_layout(&x, NULL, l, res, 0);
+    free(x.u);
+}
+
+/* ---------------------------------------------------------------- search */
+
+/* Inserts r into the sorted best[0..*have) (capacity n) if it is fast enough. */
+static void keep(mt_plan_result *best, int n, int *have, const mt_plan_result *r) {
+    int i = *have < n ? *have : n - 1;
+    if (*have == n && r->step >= best[n - 1].step) return;
+    while (i > 0 && best[i - 1].step > r->step) {
+        best[i] = best[i - 1];
+        i--;
+    }
+    best[i] = *r;
+    if (*have < n) (*have)++;
+}
+
+int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_settings *st, mt_plan_result *best,
+                   int n, mt_plan_stats *stats, int progress) {
+    ctx x;
+    ctx_init(&x, c, cl, st);
+    memset(stats, 0, sizeof *stats);
+    const double t0 = mt_now();
+    double last_print = t0;
+    const int E = c->n_routed_experts, L = c->num_hidden_layers;
+    int have = 0;
+    static const int mbs[] = {1, 2, 4};
+    static const int vpps[] = {1, 2, 3, 4, 6, 8};
+    mt_plan_result *r = mt_xmalloc(sizeof *r);
+    for (int tp = 1; tp <= cl->per_node; tp *= 2) {
+        for (int pp = 1; pp <= L && pp <= st->devices / tp; pp++) {
+            if ((st->devices / tp) % pp) continue;
+            for (size_t iv = 0; iv < sizeof vpps / sizeof vpps[0]; iv++) {
+                const int vpp = vpps[iv];
+                if (vpp > 1 && (pp == 1 || pp * vpp > L)) continue;
+                for (size_t im = 0; im < sizeof mbs / sizeof mbs[0]; im++) {
+                    mt_schedule sched;
+                    int have_sched = 0;
+                    const int dp = st->devices / (tp * pp);
+                    for (int ep = 1; ep <= (E > 0 ? E : 1); ep++) {
+                        if (E > 0 && (E % ep || (dp * tp) % ep)) continue;
+                        const int nn = (ep + cl->per_node - 1) / cl->per_node;
+                        for (int rc = 0; rc < 3; rc++)
+                            for (int a2a = 0; a2a < (nn > 1 ? 2 : 1); a2a++)
+                                for (int split = 0; split < 2; split++) {
+                                    mt_layout l = {tp, pp, vpp, ep, dp, mbs[im], rc, a2a, split};
+                                    stats->layouts++;
+                                    int m = 0, why = check_layout(&x, &l, &m);
+                                    if (why != MT_PLAN_OK) {
+                                        stats->infeasible[why]++;
+                                        continue;
+                                    }
+                                    if (!have_sched) {
+                                        int rcs = mt_schedule_make(&sched, pp, vpp, m);
+                                        MT_ASSERT(rcs == 0);
+                                        have_sched = 1;
+                                    }
+                                    double bound = have == n ? best[n - 1].step : 0;
+                                    int sim = eval_layout(&x, &sched, &l, r, bound);
+                                    if (r->reason != MT_PLAN_OK) {
+                                        stats->infeasible[r->reason]++;
+                                        continue;
+                                    }
+                                    stats->feasible++;
+                                    if (sim) {
+                                        stats->simulated++;
+                                        keep(best, n, &have, r);
+                                    } else {
+                                        stats->pruned++;
+                                    }
+                                }
+                        if (progress && mt_now() - last_print > 0.2) {
+                            last_print = mt_now();
+                            fprintf(stderr, "\rplan: %lld layouts, %lld fit, %lld simulated, best %.2f s/step   ",
+                                    stats->layouts, stats->feasible, stats->simulated, have ? best[0].step : 0.0);
+                        }
+                    }
+                    if (have_sched) mt_schedule_free(&sched);
+                }
+            }
+        }
+    }
+    if (progress) fprintf(stderr, "\r%90s\r", "");
+    stats->seconds = mt_now() - t0;
+    free(r);
+    free(x.u);
+    return have;
+}
+
+/* ---------------------------------------------------------------- layout strings */
+
+int mt_layout_parse(mt_layout *l, const char *s) {
+    *l = (mt_layout){1, 1, 1, 1, 0, 1, MT_RC_NONE, MT_A2A_FLAT, MT_SPLIT_EVEN};
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return mt_error("--layout: too long");
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) return mt_error("--layout: expected key=value, got '%s'", kv);
+        *eq = 0;
+        const char *k = kv, *v = eq + 1;
+        int *dst = !strcmp(k, "tp") ? &l->tp : !strcmp(k, "pp") ? &l->pp : !strcmp(k, "vpp") ? &l->vpp
+                 : !strcmp(k, "ep") ? &l->ep : !strcmp(k, "mb") ? &l->mb : !strcmp(k, "dp") ? &l->dp : NULL;
+        if (dst) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*v == 0 || *end || x < 1 || x > 1 << 20)
+                return mt_error("--layout: %s expects a positive integer, got '%s'", k, v);
+            *dst = (int)x;
+            continue;
+        }
+        const char *const *names = !strcmp(k, "rc") || !strcmp(k, "recompute") ? rc_name
+                                 : !strcmp(k, "a2a") ? a2a_name : !strcmp(k, "split") ? split_name : NULL;
+        int *d2 = names == rc_name ? &l->rc : names == a2a_name ? &l->a2a : &l->split;
+        int cnt = names == rc_name ? 3 : 2, found = 0;
+        if (!names) return mt_error("--layout: unknown key '%s' (tp, pp, vpp, ep, dp, mb, rc, a2a, split)", k);
+        for (int i = 0; i < cnt; i++)
+            if (!strcmp(v, names[i]) || (names == a2a_name && i == 1 && !strcmp(v, "hierarchical"))) {
+                *d2 = i;
+                found = 1;
+            }
+        if (!found) return mt_error("--layout: %s: unknown value '%s'", k, v);
+    }
+    return 0;
+}
+
+void mt_layout_format(const mt_layout *l, char *buf, size_t n) {
+    snprintf(buf, n, "tp=%d,pp=%d,vpp=%d,ep=%d,dp=%d,mb=%d,rc=%s,a2a=%s,split=%s", l->tp, l->pp, l->vpp, l->ep,
+             l->dp, l->mb, rc_name[l->rc], a2a_name[l->a2a], split_name[l->split]);
+}
+
+/* ---------------------------------------------------------------- reports */
+
+static const double GB = 1e9;
+
+void mt_plan_print_table(FILE *f, const mt_plan_result *r, int n) {
+    fprintf(f, "  # TP PP VPP  EP   DP MB recomp.   a2a  split      step s    tok/s    MFU  mem GB (wts+grd+opt+act+oth)  bubble exp.comm s\n");
+    for (int i = 0; i < n; i++) {
+        const mt_plan_result *x = &r[i];
+        const mt_layout *l = &x->l;
+        double other = x->mem_work + x->mem_comm + x->mem_reserved;
+        fprintf(f, "%3d %2d %2d %3d %3d %4d %2d %-9s %-4s %-8s %9.3f %8.3gM %5.1f%%  %5.1f (%4.1f+%4.1f+%4.1f+%4.1f+%4.1f)  %5.1f%% %8.3f\n",
+                i + 1, l->tp, l->pp, l->vpp, l->ep, l->dp, l->mb, rc_name[l->rc], a2a_name[l->a2a],
+                split_name[l->split], x->step, x->tok_s / 1e6, 100 * x->mfu, x->mem_total / GB,
+                x->mem_weights / GB, x->mem_grads / GB, x->mem_opt / GB, x->mem_acts / GB, other / GB,
+                100 * x->bubble, x->exposed_comm);
+    }
+}
+
+void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
+    char lay[160];
+    mt_layout_format(&x->l, lay, sizeof lay);
+    fprintf(f, "layout        %s\n", lay);
+    if (x->reason != MT_PLAN_OK) fprintf(f, "infeasible    %s\n", mt_plan_reason_name[x->reason]);
+    if (x->reason == MT_PLAN_OK || x->reason == MT_PLAN_MEMORY) {
+        fprintf(f, "micro-batches %d per step, %d virtual stages, layers per stage:", x->m, x->nstages);
+        for (int s = 0; s < x->nstages; s++) fprintf(f, " %d", x->layers[s]);
+        fprintf(f, "\nstep          %.3f s   %.4gM tokens/s   MFU %.1f%%   bubble %.1f%%\n", x->step,
+                x->tok_s / 1e6, 100 * x->mfu, 100 * x->bubble);
+        fprintf(f, "busiest rank  compute %.3f s, TP %.3f s, all-to-all %.3f s, exposed p2p %.3f s, exposed DP %.3f s, optimizer %.3f s\n",
+                x->t_compute, x->t_tp, x->t_a2a, x->t_p2p, x->t_dp, x->t_opt);
+        fprintf(f, "memory        %.2f GB on pipeline rank %d: weights %.2f, grads %.2f, optimizer %.2f, activations %.2f, working %.2f, comm buffers %.2f, reserved %.2f\n",
+                x->mem_total / GB, x->mem_rank, x->mem_weights / GB, x->mem_grads / GB, x->mem_opt / GB,
+                x->mem_acts / GB, x->mem_work / GB, x->mem_comm / GB, x->mem_reserved / GB);
+    }
+}
+
+void mt_plan_print_explain(FILE *f, const mt_plan_result *r, int n) {
+    if (n < 2) {
+        fprintf(f, "explain: only one feasible layout\n");
+        return;
+    }
+    const mt_plan_result *a = &r[0];
+    fprintf(f, "why #1 wins (step %.3f s):\n", a->step);
+    for (int i = 1; i < n && i < 4; i++) {
+        const mt_plan_result *b = &r[i];
+        const mt_layout *x = &a->l, *y = &b->l;
+        fprintf(f, "  vs #%d (+%.3f s, +%.1f%%): differs in", i + 1, b->step - a->step, 100 * (b->step / a->step - 1));
+        if (x->tp != y->tp) fprintf(f, " tp %d->%d", x->tp, y->tp);
+        if (x->pp != y->pp) fprintf(f, " pp %d->%d", x->pp, y->pp);
+        if (x->vpp != y->vpp) fprintf(f, " vpp %d->%d", x->vpp, y->vpp);
+        if (x->ep != y->ep) fprintf(f, " ep %d->%d", x->ep, y->ep);
+        if (x->mb != y->mb) fprintf(f, " mb %d->%d", x->mb, y->mb);
+        if (x->rc != y->rc) fprintf(f, " recompute %s->%s", rc_name[x->rc], rc_name[y->rc]);
+        if (x->a2a != y->a2a) fprintf(f, " a2a %s->%s", a2a_name[x->a2a], a2a_name[y->a2a]);
+        if (x->split != y->split) fprintf(f, " split %s->%s", split_name[x->split], split_name[y->split]);
+        fprintf(f, "\n    its deltas: compute %+.3f s, TP %+.3f s, all-to-all %+.3f s, p2p %+.3f s, DP %+.3f s, bubble %+.1f pt, memory %+.1f GB\n",
+                b->t_compute - a->t_compute, b->t_tp - a->t_tp, b->t_a2a - a->t_a2a, b->t_p2p - a->t_p2p,
+                b->t_dp - a->t_dp, 100 * (b->bubble - a->bubble), (b->mem_total - a->mem_total) / GB);
+    }
+}
+
+static cJSON *result_json(const mt_plan_result *x) {
+    cJSON *o = cJSON_CreateObject();
+    const mt_layout *l = &x->l;
+    char lay[160];
+    mt_layout_format(l, lay, sizeof lay);
+    cJSON_AddStringToObject(o, "layout", lay);
+    cJSON_AddNumberToObject(o, "tp", l->tp);
+    cJSON_AddNumberToObject(o, "pp", l->pp);
+    cJSON_AddNumberToObject(o, "vpp", l->vpp);
+    cJSON_AddNumberToObject(o, "ep", l->ep);
+    cJSON_AddNumberToObject(o, "dp", l->dp);
+    cJSON_AddNumberToObject(o, "mb", l->mb);
+    cJSON_AddStringToObject(o, "recompute", rc_name[l->rc]);
+    cJSON_AddStringToObject(o, "a2a", a2a_name[l->a2a]);
+    cJSON_AddStringToObject(o, "split", split_name[l->split]);
+    cJSON_AddStringToObject(o, "status", mt_plan_reason_name[x->reason]);
+    cJSON_AddNumberToObject(o, "micro_batches", x->m);
+    cJSON_AddNumberToObject(o, "step_s", x->step);
+    cJSON_AddNumberToObject(o, "tokens_per_s", x->tok_s);
+    cJSON_AddNumberToObject(o, "mfu", x->mfu);
+    cJSON_AddNumberToObject(o, "bubble", x->bubble);
+    cJSON_AddNumberToObject(o, "exposed_comm_s", x->exposed_comm);
+    cJSON *t = cJSON_AddObjectToObject(o, "time_s");
+    cJSON_AddNumberToObject(t, "compute", x->t_compute);
+    cJSON_AddNumberToObject(t, "tp", x->t_tp);
+    cJSON_AddNumberToObject(t, "all_to_all", x->t_a2a);
+    cJSON_AddNumberToObject(t, "p2p_exposed", x->t_p2p);
+    cJSON_AddNumberToObject(t, "dp_exposed", x->t_dp);
+    cJSON_AddNumberToObject(t, "optimizer", x->t_opt);
+    cJSON *m = cJSON_AddObjectToObject(o, "memory_bytes");
+    cJSON_AddNumberToObject(m, "total", x->mem_total);
+    cJSON_AddNumberToObject(m, "weights", x->mem_weights);
+    cJSON_AddNumberToObject(m, "grads", x->mem_grads);
+    cJSON_AddNumberToObject(m, "optimizer", x->mem_opt);
+    cJSON_AddNumberToObject(m, "activations", x->mem_acts);
+    cJSON_AddNumberToObject(m, "working", x->mem_work);
+    cJSON_AddNumberToObject(m, "comm_buffers", x->mem_comm);
+    cJSON_AddNumberToObject(m, "reserved", x->mem_reserved);
+    cJSON_AddNumberToObject(m, "pipeline_rank", x->mem_rank);
+    cJSON *sp = cJSON_AddArrayToObject(o, "layers_per_stage");
+    for (int s = 0; s < x->nstages; s++) cJSON_AddItemToArray(sp, cJSON_CreateNumber(x->layers[s]));
+    return o;
+}
+
+char *mt_plan_json(const mt_plan_result *r, int n, const mt_plan_stats *stats) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(root, "layouts");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, result_json(&r[i]));
+    if (stats) {
+        cJSON *s = cJSON_AddObjectToObject(root, "search");
+        cJSON_AddNumberToObject(s, "layouts", (double)stats->layouts);
+        cJSON_AddNumberToObject(s, "feasible", (double)stats->feasible);
+        cJSON_AddNumberToObject(s, "simulated", (double)stats->simulated);
+        cJSON_AddNumberToObject(s, "pruned", (double)stats->pruned);
+        cJSON_AddNumberToObject(s, "seconds", stats->seconds);
+        cJSON *inf = cJSON_AddObjectToObject(s, "infeasible");
+        for (int i = 1; i < MT_PLAN_NREASONS; i++)
+            cJSON_AddNumberToObject(inf, mt_plan_reason_name[i], (double)stats->infeasible[i]);
+    }
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    return txt;
+}

@@ -1,0 +1,99 @@
+/* plan/plan.h — evaluate and search parallel layouts of a model on a cluster.
+ *
+ * A layout is TP x PP (x VPP chunks per stage) x DP over the devices, an EP group for the
+ * routed experts carved out of DP x TP, a micro-batch size, a recompute policy, a flat or
+ * hierarchical expert all-to-all and a split of the layers over the P*V virtual stages.
+ * Evaluating it (mt_plan_eval) checks that it divides the model and the batch, computes the
+ * memory of every pipeline rank (weights, gradients, optimizer state, activations of the
+ * micro-batches the schedule keeps in flight, working buffers), the modelled duration of
+ * every forward and backward (roofline with efficiencies, TP / EP / PP / DP collectives),
+ * then replays the schedule's action lists (dist/schedule.h) in the simulator (plan/sim.h).
+ * mt_plan_search enumerates the space and keeps the N fastest layouts that fit. */
+#ifndef MT_PLAN_PLAN_H
+#define MT_PLAN_PLAN_H
+
+#include <stdio.h>
+
+#include "model/config.h"
+#include "plan/cluster.h"
+#include "plan/costs.h"
+
+enum mt_a2a { MT_A2A_FLAT = 0, MT_A2A_HIER };
+enum mt_split { MT_SPLIT_EVEN = 0, MT_SPLIT_BALANCED };
+
+enum mt_plan_reason {
+    MT_PLAN_OK = 0,
+    MT_PLAN_BAD_TP,      /* TP does not divide the heads or exceeds a node */
+    MT_PLAN_BAD_DEVICES, /* TP x PP does not divide the devices */
+    MT_PLAN_BAD_EP,      /* EP does not divide the experts or DP x TP */
+    MT_PLAN_BAD_BATCH,   /* global batch not a multiple of DP x micro-batch (x PP if interleaved) */
+    MT_PLAN_BAD_SPLIT,   /* fewer layers than virtual stages */
+    MT_PLAN_MEMORY,      /* does not fit in device memory */
+    MT_PLAN_NREASONS
+};
+extern const char *const mt_plan_reason_name[MT_PLAN_NREASONS];
+
+enum { MT_PLAN_MAX_STAGES = 512 };
+
+typedef struct {
+    int seq;                 /* sequence length T */
+    long long global_seqs;   /* sequences per optimizer step */
+    int devices;
+    int elt;                 /* bytes per activation / weight element: 2 (bf16) */
+    int dist_opt;            /* ZeRO-1: optimizer state sharded over (expert-)DP */
+    double imbalance;        /* dropless MoE: busiest EP rank's tokens / mean */
+} mt_plan_settings;
+
+typedef struct {
+    int tp, pp, vpp, ep, dp, mb, rc, a2a, split;
+} mt_layout;
+
+typedef struct {
+    mt_layout l;
+    int reason;              /* enum mt_plan_reason */
+    int m;                   /* micro-batches per step */
+    double step, tok_s, mfu, bubble;
+    /* seconds per step on the busiest rank: compute (incl. recompute), exposed TP
+     * collectives, exposed all-to-all, exposed pipeline p2p, exposed DP reduction and
+     * parameter gather, optimizer */
+    double t_compute, t_tp, t_a2a, t_p2p, t_dp, t_opt;
+    double exposed_comm;     /* t_tp + t_a2a + t_p2p + t_dp */
+    /* memory of the fullest pipeline rank, bytes */
+    int mem_rank;
+    double mem_total, mem_weights, mem_grads, mem_opt, mem_acts, mem_work, mem_comm, mem_reserved;
+    int nstages;
+    short layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
+} mt_plan_result;
+
+typedef struct {
+    long long layouts, simulated, pruned, feasible;
+    long long infeasible[MT_PLAN_NREASONS];
+    double seconds;
+} mt_plan_stats;
+
+void mt_plan_settings_default(mt_plan_settings *s);
+
+/* Evaluates one layout (l->dp is derived and overwritten). The result's reason says
+ * whether it is feasible; the times are filled for every layout that divides the model,
+ * including ones that do not fit in memory. */
+void mt_plan_eval(const mt_config *c, const mt_cluster *cl, const mt_plan_settings *st,
+                  const mt_layout *l, mt_plan_result *res);
+
+/* Searches the layout space; best[0..n) gets the fastest feasible layouts (returns how
+ * many). progress != 0 prints a progress line on stderr. */
+int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_settings *st,
+                   mt_plan_result *best, int n, mt_plan_stats *stats, int progress);
+
+/* "tp=8,pp=16,vpp=2,ep=32,mb=1,rc=selective,a2a=hier,split=balanced" (omitted keys: 1,
+ * none/flat/even; dp is derived). -1 with a message on a bad string. */
+int mt_layout_parse(mt_layout *l, const char *s);
+void mt_layout_format(const mt_layout *l, char *buf, size_t n);
+
+/* Reports: the ranked table, one layout in detail, what separates the first result from
+ * the next ones, and JSON (a malloc'd string). */
+void mt_plan_print_table(FILE *f, const mt_plan_result *r, int n);
+void mt_plan_print_detail(FILE *f, const mt_plan_result *r);
+void mt_plan_print_explain(FILE *f, const mt_plan_result *r, int n);
+char *mt_plan_json(const mt_plan_result *r, int n, const mt_plan_stats *stats);
+
+#endif
