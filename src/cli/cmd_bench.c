@@ -373,12 +373,14 @@ int mt_cmd_bench(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[2], "kernels") == 0) return bench_kernels(argc, argv);
     const char *config = NULL;
     int B = 8, T = 512, steps = 5, threads = 0;
+    const char *recompute = "none";
     mt_arg specs[] = {
         {"config", MT_ARG_STR, &config, "also time training steps of this config (preset or file)", NULL},
         {"batch", MT_ARG_INT, &B, "micro-batch (default 8)", NULL},
         {"seq", MT_ARG_INT, &T, "sequence length (default 512)", NULL},
         {"steps", MT_ARG_INT, &steps, "timed steps after one warm-up step (default 5)", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
+        {"recompute", MT_ARG_STR, &recompute, "memory policy: none or selective (default none)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("bench", "[--config NAME --batch B --seq T --steps N]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
@@ -399,7 +401,9 @@ int mt_cmd_bench(int argc, char **argv) {
     if (mt_model_init(&m, &c) != 0) return mt_cli_fail();
     mt_model_init_weights(&m, 1, sqrtf(1.0f / (2.0f * c.hidden_size * c.num_hidden_layers)));
     float *am = mt_alloc(m.nparams * sizeof(float)), *av = mt_alloc(m.nparams * sizeof(float));
-    mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads());
+    int policy = mt_recompute_parse(recompute);
+    if (policy < 0) return mt_cli_fail();
+    mt_acts *a = mt_acts_new_policy(&c, B, T, mt_get_threads(), policy);
     size_t N = (size_t)B * T;
     int32_t *in = mt_xmalloc(sizeof(int32_t) * N), *tg = mt_xmalloc(sizeof(int32_t) * N);
     double total = 0;
@@ -424,7 +428,7 @@ int mt_cmd_bench(int argc, char **argv) {
     double tps = N * steps / total;
     double mfu = mt_model_flops_per_token(&c, T) * tps / (peak * 1e9);
     printf("train %s B=%d T=%d: %.0f tok/s, MFU %.1f%%, activations %.1f MiB, peak RSS %.1f MiB\n", config, B, T, tps,
-           100 * mfu, mt_acts_bytes(&c, B, T, mt_get_threads()) / 1048576.0, mt_peak_rss() / 1048576.0);
+           100 * mfu, mt_acts_bytes_policy(&c, B, T, mt_get_threads(), policy) / 1048576.0, mt_peak_rss() / 1048576.0);
     free(in);
     free(tg);
     mt_acts_free(a);

@@ -28,6 +28,7 @@ int mt_cmd_info(int argc, char **argv) {
     mt_model_layout(&c, NULL, &np);
     double active = mt_model_active_params(&c), fpt = mt_model_flops_per_token(&c, T);
     size_t acts = mt_acts_bytes(&c, B, T, mt_get_threads());
+    size_t acts_sel = mt_acts_bytes_policy(&c, B, T, mt_get_threads(), MT_RECOMPUTE_SELECTIVE);
     double mib = 1048576.0;
     printf("config              %s\n", config);
     printf("parameters          %zu (%.2fM)\n", np, np / 1e6);
@@ -37,7 +38,7 @@ int mt_cmd_info(int argc, char **argv) {
     printf("  weights           %8.1f MiB\n", np * 4 / mib);
     printf("  gradients         %8.1f MiB\n", np * 4 / mib);
     printf("  AdamW moments     %8.1f MiB\n", np * 8 / mib);
-    printf("  activations       %8.1f MiB\n", acts / mib);
+    printf("  activations       %8.1f MiB (%.1f MiB with --recompute selective)\n", acts / mib, acts_sel / mib);
     printf("  total             %8.1f MiB\n", (np * 16 + acts) / mib);
     return 0;
 }

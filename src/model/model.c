@@ -221,13 +221,14 @@ typedef struct {
 } layer_acts;
 
 struct mt_acts {
-    int B, T, nthr, nlayers, nexperts;
+    int B, T, nthr, nlayers, nexperts, policy;
     size_t cap, last_n;           /* capacity B*T; tokens of the last step */
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* final residual, final norm out, rstd */
     float *cos_t, *sin_t;
     /* scratch shared by all layers */
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
+    float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */
     float *dres, *dln, *datt, *dq, *dk, *dv;
     float *big1, *big2, *big3;    /* [max(N*F, R*Fm, N*Fs)] x2, [max(N*2F, R*2Fm, N*2Fs)] */
     float *xe, *ye, *ds, *dw, *wrow;
@@ -256,6 +257,11 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size;
     const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
     size_t bigsz = 0, big2sz = 0; /* [rows, F] and [rows, 2F] scratch */
+    const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
+    if (sel) {
+        a->hbuf = carve(cv, N * C * fl);
+        a->gubuf = E ? carve(cv, maxz(R * 2 * Fm, N * 2 * Fs) * fl) : NULL;
+    }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_acts *L = &a->L[l];
         L->x = carve(cv, N * C * fl);
@@ -265,7 +271,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         L->v = carve(cv, N * G * D * fl);
         L->att = carve(cv, N * H * D * fl);
         L->lse = carve(cv, N * H * fl);
-        L->h = carve(cv, N * C * fl);
+        L->h = sel ? a->hbuf : carve(cv, N * C * fl);
         L->rstd2 = carve(cv, N * fl);
         if (!mt_config_is_moe(c, l)) {
             L->gu = carve(cv, N * 2 * F * fl);
@@ -278,8 +284,8 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
             L->slot_row = carve(cv, R * il);
             L->perm_tok = carve(cv, R * il);
             L->eoff = carve(cv, (E + 1) * il);
-            L->egu = carve(cv, R * 2 * Fm * fl);
-            if (Fs) L->sgu = carve(cv, N * 2 * Fs * fl);
+            L->egu = sel ? a->gubuf : carve(cv, R * 2 * Fm * fl);
+            if (Fs) L->sgu = sel ? a->gubuf : carve(cv, N * 2 * Fs * fl);
             L->f = carve(cv, (size_t)B * E * fl);
             bigsz = maxz(bigsz, maxz(R * Fm, N * Fs));
             big2sz = maxz(big2sz, maxz(R * 2 * Fm, N * 2 * Fs));
@@ -312,9 +318,16 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
 }
 
-size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
+int mt_recompute_parse(const char *name) {
+    if (strcmp(name, "none") == 0) return MT_RECOMPUTE_NONE;
+    if (strcmp(name, "selective") == 0) return MT_RECOMPUTE_SELECTIVE;
+    return mt_error("--recompute: unknown policy '%s' (none or selective)", name);
+}
+
+size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
     mt_acts a;
     memset(&a, 0, sizeof a);
+    a.policy = policy;
     a.L = mt_xcalloc((size_t)c->num_hidden_layers, sizeof(layer_acts));
     carver cv = {NULL, 0, 1};
     acts_layout(&a, c, B, T, nthr, &cv);
@@ -322,14 +335,20 @@ size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
     return cv.off;
 }
 
-mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
+size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
+    return mt_acts_bytes_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
+}
+
+mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+    MT_ASSERT(policy == MT_RECOMPUTE_NONE || policy == MT_RECOMPUTE_SELECTIVE);
     mt_acts *a = mt_xcalloc(1, sizeof *a);
     a->B = B;
     a->T = T;
     a->nthr = nthr;
+    a->policy = policy;
     a->cap = (size_t)B * T;
     a->L = mt_xcalloc((size_t)c->num_hidden_layers, sizeof(layer_acts));
-    a->arena_bytes = mt_acts_bytes(c, B, T, nthr);
+    a->arena_bytes = mt_acts_bytes_policy(c, B, T, nthr, policy);
     a->arena = mt_alloc(a->arena_bytes);
     carver cv = {a->arena, 0, 0};
     acts_layout(a, c, B, T, nthr, &cv);
@@ -338,6 +357,10 @@ mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
     a->nexperts = c->n_routed_experts;
     a->load = mt_xcalloc((size_t)c->num_hidden_layers * (c->n_routed_experts + 1), sizeof(int64_t));
     return a;
+}
+
+mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
+    return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
 }
 
 void mt_acts_free(mt_acts *a) {
@@ -520,7 +543,9 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
     const float scale = (float)c->routed_scaling_factor;
     const int32_t *off = L->eoff;
-    /* shared experts */
+    const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
+    /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
+    if (Fs > 0 && recompute) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
         swiglu_ffn_bwd(dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, 0.0f,
                        a->big1, a->big2, a->big3);
@@ -535,6 +560,7 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
     float *act = a->big1, *dact = a->big2, *dgu = a->big3;
+    if (recompute) mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd(act, L->egu, R, Fm);
     mt_grouped_linear_bwd_data(dact, a->ye, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
 #pragma omp parallel for schedule(static)
@@ -670,6 +696,10 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         layer_acts *L = &a->L[l];
         const mt_layer_w *w = &m->w[l];
         mt_layer_w *dw = &m->g[l];
+        if (a->policy == MT_RECOMPUTE_SELECTIVE) { /* h = x + att Wo^T, as in the forward */
+            mt_copy(L->h, L->x, (size_t)N * C);
+            mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+        }
         /* ffn: d is the gradient of the layer output; recompute its normed input */
         mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, N, C, eps);
         if (!mt_config_is_moe(c, l))
