@@ -9,8 +9,9 @@
  *     threads; the attention forward and backward give the same bits with 1 and nthr
  *     threads (and with pos NULL or explicit positions 0..T-1).
  * MT_BENCH=1 runs only the attention benchmark instead (flash vs the unfused reference
- * and the previous query-block kernel; see bench_attention; MT_BENCH_NOREF=1 skips the
- * slow reference).
+ * and the previous query-block kernel, and the SGEMM rate of similar shapes as the
+ * yardstick; see bench_attention; MT_BENCH_NOREF=1 skips the slow reference, MT_BENCH=2
+ * times the flash kernel only).
  * Outputs that a kernel must overwrite, and all scratch, are pre-filled with NaN so a
  * missed element or a read of stale scratch shows up as a failure. Buffers are allocated
  * at their exact size (not rounded up) so the sanitizer build sees any overrun.
@@ -890,16 +891,47 @@ static void old_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     for (int r_ = 0; r_ < (reps); r_++) { double t_ = mt_now(); stmt; t_ = mt_now() - t_; \
         if (t_ < best) best = t_; } } while (0)
 
+/* Single-thread and nthr-thread SGEMM rates of attention-like shapes, the yardstick for
+ * the attention rates: C[4096,4096] = A[4096,64] B[4096,64]^T (all scores of one head at
+ * T=4096) and 64-row blocks C[64,64] += A[64,64] B[64,64] swept over 4096 x 4096 (one
+ * query block times one key block, as the flash kernel multiplies). */
+static void bench_sgemm_ref(int nthr) {
+    const int n = 4096, K = 64;
+    float *A = rnd((size_t)n * K, 5, -1, 1), *Bm = rnd((size_t)n * K, 6, -1, 1);
+    float *C = falloc((size_t)n * n);
+    double f = 2.0 * n * n * K, t;
+    printf("%-34s %4s %10s %9s\n", "sgemm reference", "thr", "ms", "GFLOP/s");
+    for (int th = 0; th < 2; th++) {
+        int nt = th ? nthr : 1;
+        mt_set_threads(nt);
+        BENCH_TIME(t, 5, mt_sgemm(0, 1, n, n, K, 1.0f, A, K, Bm, K, 0.0f, C, n));
+        printf("%-34s %4d %10.2f %9.1f\n", "sgemm NT 4096x4096 K=64", nt, t * 1e3, f / t * 1e-9);
+    }
+    mt_set_threads(1);
+    BENCH_TIME(t, 5, for (int i0 = 0; i0 < n; i0 += 64) for (int j0 = 0; j0 < n; j0 += 64)
+        mt_sgemm(0, 0, 64, 64, K, 1.0f, A + (size_t)i0 * K, K, Bm + (size_t)j0 * K, 64, 1.0f,
+                 C + (size_t)i0 * n + j0, n));
+    printf("%-34s %4d %10.2f %9.1f\n", "sgemm NN 64x64x64 blocks", 1, t * 1e3, f / t * 1e-9);
+    BENCH_TIME(t, 5, mt_sgemm(0, 0, 1024, 1024, 1024, 1.0f, C, 1024, C + (1 << 20), 1024, 0.0f,
+                              C + (2 << 20), 1024));
+    printf("%-34s %4d %10.2f %9.1f\n", "sgemm NN 1024x1024x1024", 1, t * 1e3, 2.0 * (1 << 30) / t * 1e-9);
+    mt_set_threads(nthr);
+    free(A); free(Bm); free(C);
+}
+
 /* Flash attention vs the unfused reference (full score matrix, 1 thread, double) and the
- * previous kernel, B=1 H=8 G=8 D=64, causal FLOPs: fwd 2*2*D*H*T(T+1)/2, bwd 2.5x that. */
+ * previous kernel, H=8 G=8 D=64 at B=8 T=512 and B=1 T=4096, causal FLOPs: fwd
+ * 2*2*D*H*T(T+1)/2 per sequence, bwd 2.5x that. MT_BENCH=2: the flash kernel only. */
 static void bench_attention(void) {
-    const int B = 1, H = 8, G = 8, D = 64, nthr = omp_get_max_threads();
-    static const int Ts[] = {512, 4096};
-    printf("attention benchmark: B=%d H=%d G=%d D=%d, %d threads (ref: 1 thread)\n", B, H, G, D, nthr);
-    printf("%5s %4s %-6s %4s %10s %9s %12s\n", "T", "pass", "kernel", "thr", "ms", "GFLOP/s",
+    const int H = 8, G = 8, D = 64, nthr = omp_get_max_threads();
+    const int flash_only = atoi(getenv("MT_BENCH")) >= 2;
+    static const int Ts[] = {512, 4096}, Bs[] = {8, 1};
+    bench_sgemm_ref(nthr);
+    printf("attention benchmark: H=%d G=%d D=%d, %d threads (ref: 1 thread)\n", H, G, D, nthr);
+    printf("%5s %2s %4s %-6s %4s %10s %9s %12s\n", "T", "B", "pass", "kernel", "thr", "ms", "GFLOP/s",
            "flash speedup");
     for (size_t a = 0; a < sizeof Ts / sizeof Ts[0]; a++) {
-        int T = Ts[a];
+        int T = Ts[a], B = Bs[a];
         size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
         float *q = rnd(nq, 1, -1, 1), *k = rnd(nk, 2, -1, 1), *v = rnd(nk, 3, -1, 1);
         float *dout = rnd(nq, 4, -1, 1), *o = falloc(nq), *l = falloc(nl), *dq = falloc(nq);
@@ -913,11 +945,13 @@ static void bench_attention(void) {
             int n = th ? nthr : 1;
             BENCH_TIME(tf[th][0], reps, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, n));
             BENCH_TIME(tb[th][0], reps, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, n));
+            tf[th][1] = tb[th][1] = NAN;
+            if (flash_only) continue;
             BENCH_TIME(tf[th][1], reps, old_attention_fwd(o, l, q, k, v, B, T, H, G, D, scratch, n));
             BENCH_TIME(tb[th][1], reps, old_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, B, T, H, G, D, scratch, n));
         }
-        tf[0][2] = tb[0][2] = NAN;
-        if (!getenv("MT_BENCH_NOREF")) { /* the reference takes about a minute at T=4096 */
+        tf[0][2] = tb[0][2] = tf[1][2] = tb[1][2] = NAN;
+        if (!getenv("MT_BENCH_NOREF") && !flash_only) { /* about a minute at T=4096 */
             BENCH_TIME(tf[0][2], 1, mt_ref_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D));
             BENCH_TIME(tb[0][2], 1, mt_ref_attention_bwd(dq, dk, dv, dout, q, k, v, NULL, B, T, H, G, D));
         }
@@ -925,10 +959,10 @@ static void bench_attention(void) {
         for (int pass = 0; pass < 2; pass++)
             for (int th = 0; th < 2; th++)
                 for (int kk = 0; kk < 3; kk++) {
-                    if (kk == 2 && th == 1) continue;
                     double t = pass ? tb[th][kk] : tf[th][kk], f = pass ? fb : ff;
                     double flash = pass ? tb[th][0] : tf[th][0];
-                    printf("%5d %4s %-6s %4d %10.2f %9.1f %11.2fx\n", T, pass ? "bwd" : "fwd",
+                    if (isnan(t)) continue;
+                    printf("%5d %2d %4s %-6s %4d %10.2f %9.1f %11.2fx\n", T, B, pass ? "bwd" : "fwd",
                            names[kk], th ? nthr : 1, t * 1e3, f / t * 1e-9, t / flash);
                 }
         free(q); free(k); free(v); free(dout); free(o); free(l); free(dq); free(dk); free(dv);

@@ -1,28 +1,46 @@
 /* kernels/attention.c — flash attention forward and backward on the CPU (contract in
  * attention.h; plain reference in ref.c).
  *
- * Tiling: query blocks of ATT_BQ rows x key blocks of ATT_BK keys. Per (query block, key
- * block) the forward computes the scores S = Q K^T of the block, updates each row's
- * running max m and sum l (online softmax: when m grows, l and the output accumulator
- * are rescaled by exp(m_old - m_new)), and adds P V. Key blocks that no row of the query
- * block can see (above the causal diagonal, or outside every row's document) are
- * skipped; inside a block each row's visible keys are one contiguous range, applied as a
- * lane mask. The backward (FlashAttention-2) loops over key blocks, keeps dK and dV of
- * the block in scratch, and for every query block of every head of the kv group
- * recomputes P = exp(s - lse), then dV += P^T dO, dP = dO V^T, dS = P (dP - D_i) scale
- * with D_i = dO_i . O_i, dQ += dS K (straight into dq) and dK += dS^T Q.
+ * Tiling: query blocks of ATT_BQ rows x key blocks of ATT_BK keys; scores are computed in
+ * base 2 (q pre-multiplied by log2(e)/sqrt(D), softmax by 2^x), which saves the
+ * exponential's range reduction at no cost in accuracy.
  *
- * Vectorisation: three primitives do all the work — C = A Bt (Bt a key block packed
- * transposed, [D][ATT_BK]), C += A B (A read through strides, so P, P^T, dS and dS^T need
- * no copies; B read in place from q/k/v/dout) and the masked row exp. With AVX-512 they
- * are register-blocked FMA micro-kernels (4 rows x 64 columns = 16 zmm accumulators) and
- * a polynomial exp; otherwise plain loops the compiler may vectorise. The block sizes
- * were chosen by measurement (one thread, T=4096, D=64, GFLOP/s fwd/bwd on AMD EPYC
- * Zen 4): BQ x BK = 64x64 61/56, 128x64 62/51, 32x64 58/60, 64x32 58/52, 64x128 37/42
- * (the packed key block and the score tile then no longer fit the 32 KB L1); micro-kernel
- * rows 4: 64/61, 6: 67/59, 2: 55/46. Benchmark: tests/test_kernels.c with MT_BENCH=1.
+ * Forward (one task = ATT_QG consecutive query blocks of one (batch, head), so all output
+ * rows of a task are one thread's): each query block is packed transposed and scaled once,
+ * Qt[D][BQ]; then for each key block, copied once into contiguous rows and used by every
+ * query block of the task that sees it,
+ *   St = K Qt           scores transposed, [keys][queries]: a column is one query, so the
+ *                       online-softmax max and sum are vector max/add over rows (no
+ *                       horizontal reductions); the column max is taken in the micro-
+ *                       kernel's epilogue, where masked lanes are set to -inf;
+ *   St = 2^(St - m)     one pass, summing l per column;
+ *   Ot = Ot alpha + V^T St   the output accumulated transposed, [D][queries], so the
+ *                       rescale 2^(m_old - m_new) is a vector per column, fused into the
+ *                       micro-kernel's accumulator load.
+ * Tasks run costliest (last query blocks) first so the dynamic schedule ends balanced.
  *
- * Scratch per thread is O(ATT_BQ * ATT_BK + ATT_BK * D), independent of T. */
+ * Backward (FlashAttention-2; one task = one (batch, kv head)): per head of the group the
+ * head's q and dO rows are copied contiguous once and D_i = dO_i . O_i computed; then per
+ * key block (K and V packed transposed, [D][BK], and K copied contiguous) and every query
+ * block that sees it:
+ *   P  = 2^(Q Kt c - lse2)       exp fused into the score micro-kernel's epilogue;
+ *   dS = P (dO Vt - D_i) scale   likewise fused;
+ *   dV += P^T dO, dQ += dS K (straight into dq), dK += dS^T Q (straight into dk, dv,
+ *   whose rows the task owns; the first contribution initialises them),
+ * the last three by one strided micro-kernel (A read through strides, so P^T and dS^T
+ * need no copies).
+ *
+ * Vectorisation: with AVX-512 the products are register-blocked FMA micro-kernels of
+ * ATT_MR rows x 64 columns (24 zmm accumulators) and the exponential is mt_exp2_512
+ * (kernels/vexp.h); otherwise plain loops over the same layouts. Contiguous copies matter:
+ * rows of q/k/v are 4*H*D or 4*G*D bytes apart, a stride that maps a 64-row block onto a
+ * few L1 sets. Measured (one thread, T=4096, D=64, GFLOP/s fwd/bwd on AMD EPYC Zen 4, best
+ * of repeats on a shared machine; SGEMM 1024^3 ~95): previous kernel 62/55, transposed
+ * forward + fused epilogues 63/73, + query-block groups 83, + contiguous copies 83/89.
+ * Benchmark: tests/test_kernels.c with MT_BENCH=1 (also prints the SGEMM rate).
+ *
+ * Scratch per thread: O(ATT_QG * ATT_BQ * D + ATT_BK * D) for the forward, O(T * D) for the
+ * backward (the head's contiguous q and dO). */
 #include "kernels/attention.h"
 
 #include <math.h>
@@ -31,27 +49,36 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/vexp.h"
 
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-/* Overridable only to measure other block sizes; ATT_BK must be a multiple of 16. */
-#ifndef ATT_BQ
+/* Fixed by the AVX-512 micro-kernels: 64 columns = 4 zmm. */
 #define ATT_BQ 64
-#endif
-#ifndef ATT_BK
 #define ATT_BK 64
-#endif
 #ifndef ATT_MR
-#define ATT_MR 4 /* rows of a micro-kernel tile */
+#define ATT_MR 6 /* rows of a micro-kernel tile */
+#endif
+#define NV (ATT_BQ / 16)
+#ifndef ATT_QG
+#define ATT_QG 4 /* query blocks per forward task: each key block read serves all of them */
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+static const float LOG2E = 1.44269504088896341f, LN2 = 0.693147180559945309f;
+
 static int round16(int x) { return (x + 15) & ~15; }
 
 static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+/* Dispatch a row count 0 < m_ < ATT_MR... to a call with a constant row count (so the
+ * micro-kernel's loops unroll and its accumulators stay in registers). */
+#define MR_SWITCH(m_, CALL) do { switch (m_) { \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
+    case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); break; } } while (0)
 
 #ifdef __AVX512F__
 
@@ -64,96 +91,199 @@ ALWAYS_INLINE __mmask16 range_mask(int j0, int lo, int hi) {
     return (__mmask16)(((1u << e) - 1u) & ~((1u << a) - 1u));
 }
 
-/* exp(x) to ~2 ulp (Cephes expf polynomial, 2^n by scalef); underflows to 0 below -104. */
-ALWAYS_INLINE __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+/* ---- forward micro-kernels (columns = the ATT_BQ queries) ---- */
 
-/* max of s[lo..hi-1] (lo < hi <= ATT_BK) */
-static float row_max(const float *s, int lo, int hi) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int j0 = lo & ~15; j0 < hi; j0 += 16) {
-        __mmask16 k = range_mask(j0, lo, hi);
-        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, s + j0));
-    }
-    return _mm512_reduce_max_ps(m);
-}
-
-/* p[j] = exp(s[j] * scale - sub) for lo <= j < hi, 0 for the other j < ATT_BK (p may be
- * s); returns the sum of the p[j]. */
-static float row_exp(float *p, const float *s, int lo, int hi, float scale, float sub) {
-    const __m512 sc = _mm512_set1_ps(scale), sb = _mm512_set1_ps(sub);
-    __m512 acc = _mm512_setzero_ps();
-    for (int j0 = 0; j0 < ATT_BK; j0 += 16) {
-        __mmask16 k = range_mask(j0, lo, hi);
-        __m512 e = _mm512_setzero_ps();
-        if (k) {
-            __m512 x = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + j0), sc, sb);
-            e = _mm512_maskz_mov_ps(k, exp512(x));
-            acc = _mm512_add_ps(acc, e);
+/* St rows j0..j0+mr-1 = K rows j0.. . Qt; with masking, lanes (queries) i whose range
+ * [lo_i, hi_i) excludes the key are -inf. Folds the rows into the column max mx. */
+ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, int D, int j0,
+                           int mr, int masked, const __m512i *lo, const __m512i *hi, __m512 *mx) {
+    __m512 acc[ATT_MR][NV];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < NV; u++) acc[r][u] = _mm512_setzero_ps();
+    const float *kr = K + (size_t)j0 * ldk;
+    for (int c = 0; c < D; c++) {
+        __m512 b[NV];
+        for (int u = 0; u < NV; u++) b[u] = _mm512_load_ps(Qt + (size_t)c * ATT_BQ + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512 a = _mm512_set1_ps(kr[(size_t)r * ldk + c]);
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
         }
-        _mm512_storeu_ps(p + j0, e);
     }
-    return _mm512_reduce_add_ps(acc);
+    for (int r = 0; r < mr; r++) {
+        if (masked) {
+            __m512i jj = _mm512_set1_epi32(j0 + r);
+            for (int u = 0; u < NV; u++) {
+                __mmask16 in = _mm512_cmple_epi32_mask(lo[u], jj) & _mm512_cmpgt_epi32_mask(hi[u], jj);
+                acc[r][u] = _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), acc[r][u]);
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            _mm512_store_ps(St + (size_t)(j0 + r) * ATT_BQ + 16 * u, acc[r][u]);
+            mx[u] = _mm512_max_ps(mx[u], acc[r][u]);
+        }
+    }
 }
 
-/* mr x (16 nv) tile of C = A Bt, Bt row stride ATT_BK, C row stride ATT_BK. */
-ALWAYS_INLINE void nt_tile(float *C, const float *A, int lda, const float *Bt, int D, int mr,
-                           int nv) {
+ALWAYS_INLINE void st_rows(float *St, const float *K, int ldk, const float *Qt, int nk, int D,
+                           int masked, const __m512i *lo, const __m512i *hi, __m512 *mx) {
+    int j = 0;
+    for (; j + ATT_MR <= nk; j += ATT_MR) st_tile(St, K, ldk, Qt, D, j, ATT_MR, masked, lo, hi, mx);
+#define ST_CALL(M) st_tile(St, K, ldk, Qt, D, j, M, masked, lo, hi, mx)
+    if (j < nk) MR_SWITCH(nk - j, ST_CALL);
+#undef ST_CALL
+}
+
+/* St[nk][ATT_BQ] = K[nk][D] (row stride ldk) . Qt[D][ATT_BQ]; bm[ATT_BQ] = column max.
+ * lo/hi (masked only): each query's visible key range relative to the block. */
+static void fwd_scores(float *St, float *bm, const float *K, int ldk, const float *Qt, int nk,
+                       int D, const int32_t *lo, const int32_t *hi) {
+    __m512 mx[NV];
+    for (int u = 0; u < NV; u++) mx[u] = _mm512_set1_ps(-INFINITY);
+    if (lo) {
+        __m512i lv[NV], hv[NV];
+        for (int u = 0; u < NV; u++) {
+            lv[u] = _mm512_loadu_si512(lo + 16 * u);
+            hv[u] = _mm512_loadu_si512(hi + 16 * u);
+        }
+        st_rows(St, K, ldk, Qt, nk, D, 1, lv, hv, mx);
+    } else {
+        st_rows(St, K, ldk, Qt, nk, D, 0, NULL, NULL, mx);
+    }
+    for (int u = 0; u < NV; u++) _mm512_store_ps(bm + 16 * u, mx[u]);
+}
+
+/* Online-softmax step over the block: m' = max(m, bm); St = 2^(St - m') in place;
+ * l = l 2^(m - m') + column sums; m = m'; alpha = 2^(m - m'). Columns that have seen no
+ * key yet keep m = -inf and l = 0 (their subtrahend is 0, their alpha 0). */
+static void fwd_softmax(float *St, float *m, float *l, float *alpha, const float *bm, int nk) {
+    __m512 ms[NV], sum[NV];
+    for (int u = 0; u < NV; u++) {
+        __m512 mo = _mm512_load_ps(m + 16 * u), mn = _mm512_max_ps(mo, _mm512_load_ps(bm + 16 * u));
+        __mmask16 none = _mm512_cmp_ps_mask(mn, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+        ms[u] = _mm512_mask_blend_ps(none, mn, _mm512_setzero_ps());
+        _mm512_store_ps(alpha + 16 * u, mt_exp2_512(_mm512_sub_ps(mo, ms[u])));
+        _mm512_store_ps(m + 16 * u, mn);
+        sum[u] = _mm512_setzero_ps();
+    }
+    for (int j = 0; j < nk; j++)
+        for (int u = 0; u < NV; u++) {
+            float *s = St + (size_t)j * ATT_BQ + 16 * u;
+            __m512 p = mt_exp2_512(_mm512_sub_ps(_mm512_load_ps(s), ms[u]));
+            _mm512_store_ps(s, p);
+            sum[u] = _mm512_add_ps(sum[u], p);
+        }
+    for (int u = 0; u < NV; u++)
+        _mm512_store_ps(l + 16 * u, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * u),
+                                                    _mm512_load_ps(alpha + 16 * u), sum[u]));
+}
+
+/* Ot rows d0..d0+mr-1 = Ot alpha (or 0 when first) + V[:, d0..]^T St. */
+ALWAYS_INLINE void ot_tile(float *Ot, const float *V, int ldv, const float *St, int nk, int d0,
+                           int mr, int first, const float *alpha) {
+    __m512 acc[ATT_MR][NV];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < NV; u++)
+            acc[r][u] = first ? _mm512_setzero_ps()
+                              : _mm512_mul_ps(_mm512_load_ps(Ot + (size_t)(d0 + r) * ATT_BQ + 16 * u),
+                                              _mm512_load_ps(alpha + 16 * u));
+    const float *vr = V + d0;
+    for (int j = 0; j < nk; j++) {
+        __m512 b[NV];
+        for (int u = 0; u < NV; u++) b[u] = _mm512_load_ps(St + (size_t)j * ATT_BQ + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512 a = _mm512_set1_ps(vr[(size_t)j * ldv + r]);
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < NV; u++) _mm512_store_ps(Ot + (size_t)(d0 + r) * ATT_BQ + 16 * u, acc[r][u]);
+}
+
+/* Ot[D][ATT_BQ] = Ot alpha (0 when first) + V[nk][D]^T (row stride ldv) . St[nk][ATT_BQ] */
+static void fwd_pv(float *Ot, const float *V, int ldv, const float *St, int nk, int D, int first,
+                   const float *alpha) {
+    int d = 0;
+    if (first) {
+        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile(Ot, V, ldv, St, nk, d, ATT_MR, 1, alpha);
+#define OT_CALL(M) ot_tile(Ot, V, ldv, St, nk, d, M, 1, alpha)
+        if (d < D) MR_SWITCH(D - d, OT_CALL);
+#undef OT_CALL
+    } else {
+        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile(Ot, V, ldv, St, nk, d, ATT_MR, 0, alpha);
+#define OT_CALL(M) ot_tile(Ot, V, ldv, St, nk, d, M, 0, alpha)
+        if (d < D) MR_SWITCH(D - d, OT_CALL);
+#undef OT_CALL
+    }
+}
+
+/* ---- backward micro-kernels (columns = the ATT_BK keys) ---- */
+
+/* rows i0..i0+mr-1 of a score-like tile X = A Bt (A row stride lda, Bt[D][ATT_BK]) and its
+ * epilogue: mode 0: P = 2^(X c - sub_i) on the row's visible keys [lo_i, hi_i) (masked
+ * only; else all), 0 elsewhere; mode 1: dS = P (X - sub_i) scale, P read from P. */
+ALWAYS_INLINE void bt_tile(float *C, const float *A, int lda, const float *Bt, int D, int i0,
+                           int mr, int mode, int masked, const int *lo, const int *hi,
+                           const float *sub, float c, const float *P) {
     __m512 acc[ATT_MR][4];
     for (int r = 0; r < mr; r++)
-        for (int u = 0; u < nv; u++) acc[r][u] = _mm512_setzero_ps();
-    for (int c = 0; c < D; c++) {
+        for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_ps();
+    const float *ar = A + (size_t)i0 * lda;
+    for (int k = 0; k < D; k++) {
         __m512 b[4];
-        for (int u = 0; u < nv; u++) b[u] = _mm512_loadu_ps(Bt + (size_t)c * ATT_BK + 16 * u);
+        for (int u = 0; u < 4; u++) b[u] = _mm512_load_ps(Bt + (size_t)k * ATT_BK + 16 * u);
         for (int r = 0; r < mr; r++) {
-            __m512 a = _mm512_set1_ps(A[(size_t)r * lda + c]);
-            for (int u = 0; u < nv; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
+            __m512 a = _mm512_set1_ps(ar[(size_t)r * lda + k]);
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
         }
     }
-    for (int r = 0; r < mr; r++)
-        for (int u = 0; u < nv; u++) _mm512_storeu_ps(C + (size_t)r * ATT_BK + 16 * u, acc[r][u]);
-}
-
-#define NT_ROWS(NV) do { \
-    int r_ = 0; \
-    for (; r_ + ATT_MR <= M; r_ += ATT_MR) \
-        nt_tile(C + (size_t)r_ * ATT_BK + n0, A + (size_t)r_ * lda, lda, Bt + n0, D, ATT_MR, NV); \
-    for (; r_ < M; r_++) \
-        nt_tile(C + (size_t)r_ * ATT_BK + n0, A + (size_t)r_ * lda, lda, Bt + n0, D, 1, NV); \
-} while (0)
-
-/* C[M][ATT_BK] = A[M][D] (row stride lda) . Bt[D][ATT_BK] */
-static void mm_nt(float *C, const float *A, int lda, const float *Bt, int M, int D) {
-    for (int n0 = 0; n0 < ATT_BK; n0 += 64) {
-        int nv = (ATT_BK - n0) / 16;
-        if (nv >= 4) NT_ROWS(4);
-        else if (nv == 3) NT_ROWS(3);
-        else if (nv == 2) NT_ROWS(2);
-        else NT_ROWS(1);
+    for (int r = 0; r < mr; r++) {
+        int i = i0 + r;
+        __m512 sv = _mm512_set1_ps(sub[i]), cv = _mm512_set1_ps(c);
+        for (int u = 0; u < 4; u++) {
+            float *dst = C + (size_t)i * ATT_BK + 16 * u;
+            __m512 x;
+            if (mode == 0) {
+                x = mt_exp2_512(_mm512_fmsub_ps(acc[r][u], cv, sv));
+                if (masked) x = _mm512_maskz_mov_ps(range_mask(16 * u, lo[i], hi[i]), x);
+            } else {
+                x = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(acc[r][u], sv), cv),
+                                  _mm512_load_ps(P + (size_t)i * ATT_BK + 16 * u));
+            }
+            _mm512_store_ps(dst, x);
+        }
     }
 }
 
-/* mr x (16 nv) tile of C += A B over K; columns masked by mk. */
+ALWAYS_INLINE void bt_rows(float *C, const float *A, int lda, const float *Bt, int M, int D,
+                           int mode, int masked, const int *lo, const int *hi, const float *sub,
+                           float c, const float *P) {
+    int i = 0;
+    for (; i + ATT_MR <= M; i += ATT_MR) bt_tile(C, A, lda, Bt, D, i, ATT_MR, mode, masked, lo, hi, sub, c, P);
+#define BT_CALL(MM) bt_tile(C, A, lda, Bt, D, i, MM, mode, masked, lo, hi, sub, c, P)
+    if (i < M) MR_SWITCH(M - i, BT_CALL);
+#undef BT_CALL
+}
+
+/* P[M][ATT_BK] = 2^(A Bt c - lse2_i), masked to each row's visible keys when lo != NULL. */
+static void bwd_probs(float *P, const float *A, int lda, const float *Bt, int M, int D,
+                      const int *lo, const int *hi, const float *lse2, float c) {
+    if (lo) bt_rows(P, A, lda, Bt, M, D, 0, 1, lo, hi, lse2, c, NULL);
+    else bt_rows(P, A, lda, Bt, M, D, 0, 0, NULL, NULL, lse2, c, NULL);
+}
+
+/* dS[M][ATT_BK] = P (A Bt - Di_i) scale */
+static void bwd_dscores(float *dS, const float *A, int lda, const float *Bt, int M, int D,
+                        const float *Di, float scale, const float *P) {
+    bt_rows(dS, A, lda, Bt, M, D, 1, 0, NULL, NULL, Di, scale, P);
+}
+
+/* mr x (16 nv) tile of C (+)= A B over K; columns masked by mk; first: C not read. */
 ALWAYS_INLINE void nn_tile(float *C, int ldc, const float *A, int ars, int acs, const float *B,
-                           int ldb, int K, const __mmask16 *mk, int mr, int nv) {
+                           int ldb, int K, const __mmask16 *mk, int mr, int nv, int first) {
     __m512 acc[ATT_MR][4];
     for (int r = 0; r < mr; r++)
         for (int u = 0; u < nv; u++)
-            acc[r][u] = _mm512_maskz_loadu_ps(mk[u], C + (size_t)r * ldc + 16 * u);
+            acc[r][u] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[u], C + (size_t)r * ldc + 16 * u);
     for (int kk = 0; kk < K; kk++) {
         __m512 b[4];
         for (int u = 0; u < nv; u++)
@@ -168,71 +298,145 @@ ALWAYS_INLINE void nn_tile(float *C, int ldc, const float *A, int ars, int acs, 
             _mm512_mask_storeu_ps(C + (size_t)r * ldc + 16 * u, mk[u], acc[r][u]);
 }
 
-#define NN_ROWS(NV) do { \
+#define NN_ROWS(NVV, FIRST) do { \
     int r_ = 0; \
     for (; r_ + ATT_MR <= M; r_ += ATT_MR) \
         nn_tile(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, acs, B + c0, ldb, K, \
-                mk, ATT_MR, NV); \
-    for (; r_ < M; r_++) \
-        nn_tile(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, acs, B + c0, ldb, K, \
-                mk, 1, NV); \
+                mk, ATT_MR, NVV, FIRST); \
+    if (r_ < M) { \
+        float *C_ = C + (size_t)r_ * ldc + c0; const float *A_ = A + (size_t)r_ * ars; \
+        switch (M - r_) { \
+        case 1: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 1, NVV, FIRST); break; \
+        case 2: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 2, NVV, FIRST); break; \
+        case 3: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 3, NVV, FIRST); break; \
+        case 4: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 4, NVV, FIRST); break; \
+        default: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 5, NVV, FIRST); break; } } \
 } while (0)
 
-/* C[M][D] (row stride ldc) += A . B[K][D] (row stride ldb), where A's element (m, k) is
- * A[m * ars + k * acs] (ars = row stride, or acs = row stride for A transposed). */
+/* C[M][D] (row stride ldc) (+)= A . B[K][D] (row stride ldb), where A's element (m, k) is
+ * A[m * ars + k * acs] (ars = row stride, or acs = row stride for A transposed); with
+ * first, C is overwritten (not read). */
 static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const float *B, int ldb,
-                  int M, int K, int D) {
+                  int M, int K, int D, int first) {
     for (int c0 = 0; c0 < D; c0 += 64) {
         int w = D - c0 < 64 ? D - c0 : 64, nv = (w + 15) / 16;
         __mmask16 mk[4];
         for (int u = 0; u < 4; u++) mk[u] = range_mask(16 * u, 0, w);
-        if (nv == 4) NN_ROWS(4);
-        else if (nv == 3) NN_ROWS(3);
-        else if (nv == 2) NN_ROWS(2);
-        else NN_ROWS(1);
-    }
-}
-
-#else /* portable fallback: the same primitives as plain loops */
-
-static float row_max(const float *s, int lo, int hi) {
-    float m = -INFINITY;
-    for (int j = lo; j < hi; j++) m = s[j] > m ? s[j] : m;
-    return m;
-}
-
-static float row_exp(float *p, const float *s, int lo, int hi, float scale, float sub) {
-    float sum = 0.0f;
-    for (int j = 0; j < ATT_BK; j++) {
-        float e = j >= lo && j < hi ? expf(s[j] * scale - sub) : 0.0f;
-        p[j] = e;
-        sum += e;
-    }
-    return sum;
-}
-
-static void mm_nt(float *C, const float *A, int lda, const float *Bt, int M, int D) {
-    for (int r = 0; r < M; r++) {
-        float *c = C + (size_t)r * ATT_BK;
-        for (int n = 0; n < ATT_BK; n++) c[n] = 0.0f;
-        for (int d = 0; d < D; d++) {
-            float a = A[(size_t)r * lda + d];
-            const float *b = Bt + (size_t)d * ATT_BK;
-            for (int n = 0; n < ATT_BK; n++) c[n] += a * b[n];
+        if (first) {
+            if (nv == 4) NN_ROWS(4, 1);
+            else if (nv == 3) NN_ROWS(3, 1);
+            else if (nv == 2) NN_ROWS(2, 1);
+            else NN_ROWS(1, 1);
+        } else {
+            if (nv == 4) NN_ROWS(4, 0);
+            else if (nv == 3) NN_ROWS(3, 0);
+            else if (nv == 2) NN_ROWS(2, 0);
+            else NN_ROWS(1, 0);
         }
     }
 }
 
+/* sum_c a[c] b[c] over D */
+static float dot(const float *a, const float *b, int D) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < D; c += 16) {
+        __mmask16 k = range_mask(c, 0, D);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + c), _mm512_maskz_loadu_ps(k, b + c), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+#else /* portable fallback: the same primitives as plain loops */
+
+static void fwd_scores(float *St, float *bm, const float *K, int ldk, const float *Qt, int nk,
+                       int D, const int32_t *lo, const int32_t *hi) {
+    for (int i = 0; i < ATT_BQ; i++) bm[i] = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        float *s = St + (size_t)j * ATT_BQ;
+        for (int i = 0; i < ATT_BQ; i++) s[i] = 0.0f;
+        for (int c = 0; c < D; c++) {
+            float a = K[(size_t)j * ldk + c];
+            const float *b = Qt + (size_t)c * ATT_BQ;
+            for (int i = 0; i < ATT_BQ; i++) s[i] += a * b[i];
+        }
+        for (int i = 0; i < ATT_BQ; i++) {
+            if (lo && !(lo[i] <= j && j < hi[i])) s[i] = -INFINITY;
+            bm[i] = s[i] > bm[i] ? s[i] : bm[i];
+        }
+    }
+}
+
+static void fwd_softmax(float *St, float *m, float *l, float *alpha, const float *bm, int nk) {
+    for (int i = 0; i < ATT_BQ; i++) {
+        float mn = bm[i] > m[i] ? bm[i] : m[i], ms = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
+        alpha[i] = mt_exp2f(m[i] - ms);
+        for (int j = 0; j < nk; j++) {
+            float *s = St + (size_t)j * ATT_BQ + i;
+            *s = mt_exp2f(*s - ms);
+            sum += *s;
+        }
+        l[i] = l[i] * alpha[i] + sum;
+        m[i] = mn;
+    }
+}
+
+static void fwd_pv(float *Ot, const float *V, int ldv, const float *St, int nk, int D, int first,
+                   const float *alpha) {
+    for (int d = 0; d < D; d++) {
+        float *o = Ot + (size_t)d * ATT_BQ;
+        for (int i = 0; i < ATT_BQ; i++) o[i] = first ? 0.0f : o[i] * alpha[i];
+        for (int j = 0; j < nk; j++) {
+            float a = V[(size_t)j * ldv + d];
+            const float *s = St + (size_t)j * ATT_BQ;
+            for (int i = 0; i < ATT_BQ; i++) o[i] += a * s[i];
+        }
+    }
+}
+
+static void bt_rows(float *C, const float *A, int lda, const float *Bt, int M, int D, int mode,
+                    const int *lo, const int *hi, const float *sub, float c, const float *P) {
+    for (int i = 0; i < M; i++) {
+        float x[ATT_BK] = {0};
+        for (int k = 0; k < D; k++) {
+            float a = A[(size_t)i * lda + k];
+            for (int j = 0; j < ATT_BK; j++) x[j] += a * Bt[(size_t)k * ATT_BK + j];
+        }
+        float *dst = C + (size_t)i * ATT_BK;
+        for (int j = 0; j < ATT_BK; j++) {
+            if (mode == 0) dst[j] = lo && !(lo[i] <= j && j < hi[i]) ? 0.0f : mt_exp2f(x[j] * c - sub[i]);
+            else dst[j] = (x[j] - sub[i]) * c * P[(size_t)i * ATT_BK + j];
+        }
+    }
+}
+
+static void bwd_probs(float *P, const float *A, int lda, const float *Bt, int M, int D,
+                      const int *lo, const int *hi, const float *lse2, float c) {
+    bt_rows(P, A, lda, Bt, M, D, 0, lo, hi, lse2, c, NULL);
+}
+
+static void bwd_dscores(float *dS, const float *A, int lda, const float *Bt, int M, int D,
+                        const float *Di, float scale, const float *P) {
+    bt_rows(dS, A, lda, Bt, M, D, 1, NULL, NULL, Di, scale, P);
+}
+
 static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const float *B, int ldb,
-                  int M, int K, int D) {
+                  int M, int K, int D, int first) {
     for (int r = 0; r < M; r++) {
         float *c = C + (size_t)r * ldc;
+        if (first)
+            for (int d = 0; d < D; d++) c[d] = 0.0f;
         for (int kk = 0; kk < K; kk++) {
             float a = A[(size_t)r * ars + (size_t)kk * acs];
             const float *b = B + (size_t)kk * ldb;
             for (int d = 0; d < D; d++) c[d] += a * b[d];
         }
     }
+}
+
+static float dot(const float *a, const float *b, int D) {
+    float acc = 0.0f;
+    for (int c = 0; c < D; c++) acc += a[c] * b[c];
+    return acc;
 }
 
 #endif
@@ -245,26 +449,39 @@ static void pack_t(float *Bt, const float *X, int ld, int nk, int D) {
         for (int n = nk; n < ATT_BK; n++) Bt[(size_t)c * ATT_BK + n] = 0.0f;
 }
 
+/* Y[n][D] = X[n][D] (X row stride ld): a block of rows made contiguous, so the micro-
+ * kernels stream it without the cache-set conflicts of the 4*G*D-byte row stride. */
+static void copy_rows(float *Y, const float *X, int ld, int n, int D) {
+    for (int i = 0; i < n; i++) memcpy(Y + (size_t)i * D, X + (size_t)i * ld, sizeof(float) * D);
+}
+
 /* The keys of block [k0, k0+nk) that query row t0+i sees, relative to k0, as the
- * half-open range [lo[i], hi[i]) (empty when lo >= hi). pb: the row's positions or NULL.
- * Returns whether any row of the query block sees any key of the block. */
-static int block_ranges(int *lo, int *hi, const int32_t *pb, int t0, int nq, int k0, int nk) {
-    int any = 0;
+ * half-open range [lo[i], hi[i]) (empty when lo >= hi), for i < nq; rows nq..ATT_BQ-1
+ * get empty ranges. pb: the row's positions or NULL. Returns 0 when no row sees any key
+ * of the block, 2 when every row i < nq sees all ATT_BK keys (no masking needed), else 1. */
+static int block_ranges(int32_t *lo, int32_t *hi, const int32_t *pb, int t0, int nq, int k0, int nk) {
+    int any = 0, full = nk == ATT_BK;
     for (int i = 0; i < nq; i++) {
         int t = t0 + i, a = (pb ? t - pb[t] : 0) - k0, e = t - k0 + 1;
         lo[i] = a > 0 ? a : 0;
         hi[i] = e < nk ? e : nk;
         any |= lo[i] < hi[i];
+        full &= lo[i] == 0 && hi[i] == ATT_BK;
     }
-    return any;
+    for (int i = nq; i < ATT_BQ; i++) lo[i] = hi[i] = 0;
+    return any ? 1 + full : 0;
 }
 
+/* Forward state of one query block: Qt[D][BQ], Ot[D][BQ], m[BQ], l[BQ] + first flag,
+ * padded to 64 bytes. */
+static size_t fwd_qblock_floats(int D) { return 2 * (size_t)D * ATT_BQ + 2 * ATT_BQ + 16; }
+
 size_t mt_attention_scratch_floats(int T, int D) {
-    (void)T;
     size_t Dp = (size_t)round16(D);
-    size_t fwd = (size_t)D * ATT_BK + (size_t)ATT_BQ * ATT_BK + (size_t)ATT_BQ * Dp + 2 * ATT_BQ;
-    size_t bwd = 2 * (size_t)D * ATT_BK + 2 * (size_t)ATT_BQ * ATT_BK + 2 * (size_t)ATT_BK * Dp +
-                 ATT_BQ;
+    size_t fwd = (size_t)ATT_BK * ATT_BQ + 2 * ATT_BQ + ATT_QG * fwd_qblock_floats(D) +
+                 2 * (size_t)ATT_BK * Dp;
+    size_t bwd = 3 * (size_t)D * ATT_BK + 2 * (size_t)T * D + 2 * (size_t)ATT_BQ * ATT_BK +
+                 2 * (size_t)T + ATT_BQ;
     return (fwd > bwd ? fwd : bwd) + 16; /* + room to align to 64 bytes */
 }
 
@@ -280,50 +497,63 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
                       int nthr) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
     check_pos(pos, B, T);
-    const int rep = H / G, Dp = round16(D);
-    const float scale = 1.0f / sqrtf((float)D);
-    const size_t per = mt_attention_scratch_floats(T, D);
+    const int rep = H / G, nqb = (T + ATT_BQ - 1) / ATT_BQ, nbh = B * H;
+    const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
+    const float c2 = LOG2E / sqrtf((float)D); /* scores in base 2 */
+    const size_t per = mt_attention_scratch_floats(T, D), qstride = fwd_qblock_floats(D);
+    /* one task per group of ATT_QG query blocks of each (b, h), the costliest (last)
+     * groups first so the dynamic schedule ends balanced */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
-    for (int task = 0; task < B * H; task++) {
-        int b = task / H, h = task % H, g = h / rep;
-        float *Kt = align64(scratch + (size_t)omp_get_thread_num() * per);
-        float *S = Kt + (size_t)D * ATT_BK, *O = S + ATT_BQ * ATT_BK;
-        float *m = O + (size_t)ATT_BQ * Dp, *l = m + ATT_BQ;
-        int lo[ATT_BQ], hi[ATT_BQ];
+    for (int task = 0; task < ngr * nbh; task++) {
+        int gr = ngr - 1 - task / nbh, b = task % nbh / H, h = task % H, g = h / rep;
+        float *St = align64(scratch + (size_t)omp_get_thread_num() * per);
+        float *bm = St + (size_t)ATT_BK * ATT_BQ, *alpha = bm + ATT_BQ, *Kc = alpha + ATT_BQ;
+        float *Vc = Kc + (size_t)ATT_BK * round16(D), *blk = Vc + (size_t)ATT_BK * round16(D);
+        int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
-        for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
-            int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ, smin = 0; /* first key seen */
-            if (pb) {
-                smin = t0;
-                for (int i = 0; i < nq; i++)
-                    if (t0 + i - pb[t0 + i] < smin) smin = t0 + i - pb[t0 + i];
-            }
-            memset(O, 0, sizeof(float) * (size_t)nq * Dp);
-            for (int i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+        int qb0 = gr * ATT_QG, qb1 = qb0 + ATT_QG < nqb ? qb0 + ATT_QG : nqb;
+        int t0g = qb0 * ATT_BQ, tend = qb1 * ATT_BQ < T ? qb1 * ATT_BQ : T;
+        int smin = t0g; /* first key any query of the group sees */
+        for (int t = t0g; t < tend; t++)
+            if (pb && t - pb[t] < smin) smin = t - pb[t];
+        if (!pb) smin = 0;
+        /* per query block: Qt[D][BQ] (scaled), Ot[D][BQ], m, l, first flag */
+        for (int qb = qb0; qb < qb1; qb++) {
+            float *Qt = blk + (size_t)(qb - qb0) * qstride, *m = Qt + 2 * (size_t)D * ATT_BQ, *l = m + ATT_BQ;
+            int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
             const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
-            for (int k0 = smin / ATT_BK * ATT_BK; k0 < t0 + nq; k0 += ATT_BK) {
-                int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK;
-                if (!block_ranges(lo, hi, pb, t0, nq, k0, nk)) continue;
-                const float *kb = k + (((size_t)b * T + k0) * G + g) * D;
-                const float *vb = v + (((size_t)b * T + k0) * G + g) * D;
-                pack_t(Kt, kb, G * D, nk, D);
-                mm_nt(S, qt, H * D, Kt, nq, D);
-                for (int i = 0; i < nq; i++) {
-                    float *s = S + (size_t)i * ATT_BK;
-                    if (lo[i] >= hi[i]) { memset(s, 0, sizeof(float) * ATT_BK); continue; }
-                    float mn = fmaxf(m[i], row_max(s, lo[i], hi[i]) * scale);
-                    float alpha = expf(m[i] - mn); /* 0 on the row's first block */
-                    l[i] = l[i] * alpha + row_exp(s, s, lo[i], hi[i], scale, mn);
-                    m[i] = mn;
-                    if (alpha != 1.0f)
-                        for (int c = 0; c < D; c++) O[(size_t)i * Dp + c] *= alpha;
-                }
-                mm_nn(O, Dp, S, ATT_BK, 1, vb, G * D, nq, nk, D); /* O += P V */
+            for (int c = 0; c < D; c++) {
+                for (int i = 0; i < nq; i++) Qt[(size_t)c * ATT_BQ + i] = qt[(size_t)i * H * D + c] * c2;
+                for (int i = nq; i < ATT_BQ; i++) Qt[(size_t)c * ATT_BQ + i] = 0.0f;
             }
+            for (int i = 0; i < ATT_BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+            l[ATT_BQ] = 1.0f; /* first-block flag */
+        }
+        for (int k0 = smin / ATT_BK * ATT_BK; k0 < tend; k0 += ATT_BK) {
+            int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK;
+            copy_rows(Kc, k + (((size_t)b * T + k0) * G + g) * D, G * D, nk, D);
+            copy_rows(Vc, v + (((size_t)b * T + k0) * G + g) * D, G * D, nk, D);
+            for (int qb = k0 / ATT_BQ > qb0 ? k0 / ATT_BQ : qb0; qb < qb1; qb++) {
+                float *Qt = blk + (size_t)(qb - qb0) * qstride, *Ot = Qt + (size_t)D * ATT_BQ;
+                float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
+                int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
+                int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk);
+                if (!kind) continue;
+                fwd_scores(St, bm, Kc, D, Qt, nk, D, kind == 1 ? lo : NULL, hi);
+                fwd_softmax(St, m, l, alpha, bm, nk);
+                fwd_pv(Ot, Vc, D, St, nk, D, l[ATT_BQ] != 0.0f, alpha); /* Ot = Ot alpha + V^T P^T */
+                l[ATT_BQ] = 0.0f;
+            }
+        }
+        /* every query sees itself, so some block was processed and l > 0 */
+        for (int qb = qb0; qb < qb1; qb++) {
+            float *Ot = blk + (size_t)(qb - qb0) * qstride + (size_t)D * ATT_BQ;
+            float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
+            int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
             for (int i = 0; i < nq; i++) {
                 float inv = 1.0f / l[i], *o = out + (((size_t)b * T + t0 + i) * H + h) * D;
-                for (int c = 0; c < D; c++) o[c] = O[(size_t)i * Dp + c] * inv;
-                lse[((size_t)b * H + h) * T + t0 + i] = m[i] + logf(l[i]);
+                for (int c = 0; c < D; c++) o[c] = Ot[(size_t)c * ATT_BQ + i] * inv;
+                lse[((size_t)b * H + h) * T + t0 + i] = m[i] * LN2 + logf(l[i]);
             }
         }
     }
@@ -335,64 +565,59 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                       int nthr) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
     check_pos(pos, B, T);
-    const int rep = H / G, Dp = round16(D);
-    const float scale = 1.0f / sqrtf((float)D);
+    const int rep = H / G;
+    const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
     const size_t per = mt_attention_scratch_floats(T, D);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int task = 0; task < B * G; task++) {
         int b = task / G, g = task % G;
         float *Kt = align64(scratch + (size_t)omp_get_thread_num() * per);
         float *Vt = Kt + (size_t)D * ATT_BK, *P = Vt + (size_t)D * ATT_BK;
-        float *S = P + ATT_BQ * ATT_BK, *dK = S + ATT_BQ * ATT_BK;
-        float *dV = dK + (size_t)ATT_BK * Dp, *Di = dV + (size_t)ATT_BK * Dp;
-        int lo[ATT_BQ], hi[ATT_BQ];
+        float *S = P + ATT_BQ * ATT_BK, *Kc = S + ATT_BQ * ATT_BK, *Qc = Kc + (size_t)D * ATT_BK;
+        float *dOc = Qc + (size_t)T * D, *Di = dOc + (size_t)T * D, *l2 = Di + T;
+        int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
-        /* this task owns dq of heads g*rep .. g*rep+rep-1 (contiguous) of row b */
+        const int ldq = H * D, ldk = G * D;
+        /* this task owns dq of heads g*rep .. g*rep+rep-1 (contiguous) of row b, and the
+         * rows of dk, dv of kv head g */
         for (int t = 0; t < T; t++)
             memset(dq + (((size_t)b * T + t) * H + (size_t)g * rep) * D, 0, sizeof(float) * rep * D);
-        for (int k0 = 0; k0 < T; k0 += ATT_BK) {
-            int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK;
-            const float *kb = k + (((size_t)b * T + k0) * G + g) * D;
-            const float *vb = v + (((size_t)b * T + k0) * G + g) * D;
-            pack_t(Kt, kb, G * D, nk, D);
-            pack_t(Vt, vb, G * D, nk, D);
-            memset(dK, 0, sizeof(float) * (size_t)nk * Dp);
-            memset(dV, 0, sizeof(float) * (size_t)nk * Dp);
-            for (int h = g * rep; h < (g + 1) * rep; h++) {
+        for (int h = g * rep; h < (g + 1) * rep; h++) {
+            /* the head's q and dO rows made contiguous (streamed once per key block),
+             * D_i = dO_i . O_i and the base-2 log-sum-exp of every row */
+            size_t hr0 = (size_t)b * T * H + h;
+            copy_rows(Qc, q + hr0 * D, ldq, T, D);
+            copy_rows(dOc, dout + hr0 * D, ldq, T, D);
+            for (int t = 0; t < T; t++) {
+                Di[t] = dot(out + (hr0 + (size_t)t * H) * D, dOc + (size_t)t * D, D);
+                l2[t] = lse[((size_t)b * H + h) * T + t] * LOG2E;
+            }
+            for (int k0 = 0; k0 < T; k0 += ATT_BK) {
+                int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK, first = h == g * rep;
+                size_t kr0 = ((size_t)b * T + k0) * G + g;
+                const float *kb = k + kr0 * D, *vb = v + kr0 * D;
+                pack_t(Kt, kb, ldk, nk, D);
+                pack_t(Vt, vb, ldk, nk, D);
+                copy_rows(Kc, kb, ldk, nk, D);
                 /* queries before k0 see no key of the block */
                 for (int t0 = k0 / ATT_BQ * ATT_BQ; t0 < T; t0 += ATT_BQ) {
                     int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-                    if (!block_ranges(lo, hi, pb, t0, nq, k0, nk)) continue;
+                    int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk);
+                    if (!kind) continue;
                     size_t row0 = ((size_t)b * T + t0) * H + h;
-                    const float *qt = q + row0 * D, *dot = dout + row0 * D, *ot = out + row0 * D;
-                    const float *lr = lse + ((size_t)b * H + h) * T + t0;
-                    mm_nt(S, qt, H * D, Kt, nq, D);
-                    for (int i = 0; i < nq; i++) {
-                        float *p = P + (size_t)i * ATT_BK;
-                        if (lo[i] < hi[i]) row_exp(p, S + (size_t)i * ATT_BK, lo[i], hi[i], scale, lr[i]);
-                        else memset(p, 0, sizeof(float) * ATT_BK);
-                    }
-                    mm_nn(dV, Dp, P, 1, ATT_BK, dot, H * D, nk, nq, D); /* dV += P^T dO */
-                    mm_nt(S, dot, H * D, Vt, nq, D);                    /* dP = dO V^T */
-                    for (int i = 0; i < nq; i++) {
-                        const float *o = ot + (size_t)i * H * D, *d = dot + (size_t)i * H * D;
-                        float acc = 0.0f;
-                        for (int c = 0; c < D; c++) acc += o[c] * d[c];
-                        Di[i] = acc;
-                    }
-                    for (int i = 0; i < nq; i++) {
-                        const float *p = P + (size_t)i * ATT_BK;
-                        float *s = S + (size_t)i * ATT_BK, di = Di[i];
-                        for (int j = 0; j < ATT_BK; j++) s[j] = p[j] * (s[j] - di) * scale;
-                    }
-                    mm_nn(dq + row0 * D, H * D, S, ATT_BK, 1, kb, G * D, nq, nk, D); /* dQ += dS K */
-                    mm_nn(dK, Dp, S, 1, ATT_BK, qt, H * D, nk, nq, D);               /* dK += dS^T Q */
+                    const float *qc = Qc + (size_t)t0 * D, *doc = dOc + (size_t)t0 * D;
+                    bwd_probs(P, qc, D, Kt, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
+                    mm_nn(dv + kr0 * D, ldk, P, 1, ATT_BK, doc, D, nk, nq, D, first); /* dV += P^T dO */
+                    bwd_dscores(S, doc, D, Vt, nq, D, Di + t0, scale, P); /* dS = P (dO V^T - Di) scale */
+                    mm_nn(dq + row0 * D, ldq, S, ATT_BK, 1, Kc, D, nq, nk, D, 0); /* dQ += dS K */
+                    mm_nn(dk + kr0 * D, ldk, S, 1, ATT_BK, qc, D, nk, nq, D, first); /* dK += dS^T Q */
+                    first = 0;
                 }
-            }
-            for (int j = 0; j < nk; j++) {
-                size_t o = (((size_t)b * T + k0 + j) * G + g) * D;
-                memcpy(dk + o, dK + (size_t)j * Dp, sizeof(float) * D);
-                memcpy(dv + o, dV + (size_t)j * Dp, sizeof(float) * D);
+                if (first) /* no query sees the block (cannot happen: a key sees itself) */
+                    for (int j = 0; j < nk; j++) {
+                        memset(dk + (kr0 + (size_t)j * G) * D, 0, sizeof(float) * D);
+                        memset(dv + (kr0 + (size_t)j * G) * D, 0, sizeof(float) * D);
+                    }
             }
         }
     }

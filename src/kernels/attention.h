@@ -2,7 +2,7 @@
  *
  * The sequence is tiled into query blocks and key blocks; the forward keeps a running
  * max and sum per query row (online softmax) and never builds a score row or the T x T
- * matrix, so the per-thread scratch does not depend on T. The backward recomputes the
+ * matrix. The backward recomputes the
  * probabilities block by block from the forward's log-sum-exp.
  *
  * Dimension letters as in ops.h: B batch, T time, H query heads, G kv heads (H % G == 0,
@@ -21,13 +21,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Scratch floats needed PER THREAD by the forward and the backward (independent of T). */
+/* Scratch floats needed PER THREAD by the forward and the backward: O(T * D) (the
+ * backward keeps one head's q and dO rows contiguous). */
 size_t mt_attention_scratch_floats(int T, int D);
 
 /* q[B,T,H,D] k,v[B,T,G,D] pos[B*T] or NULL -> out[B,T,H,D] (overwrite), lse[B,H,T]
  * (natural log-sum-exp of each row of scaled, masked scores; overwrite).
  * scratch: nthr * mt_attention_scratch_floats(T, D) floats; at most nthr threads, over
- * (batch, head). */
+ * (batch, head, group of query blocks). */
 void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                       int nthr);

@@ -8,6 +8,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/vexp.h"
 
 void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
 #pragma omp parallel for schedule(static)
@@ -84,46 +85,114 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
     mt_rope_apply_pos(x, cos_t, sin_t, NULL, N, T, nh, D, inverse);
 }
 
+/* SwiGLU element spans, shared by the flat and the row-wise forms: a = silu(g) u =
+ * g u / (1 + e^-g); backward with sg = sigmoid(g): du = da ws g sg,
+ * dg = da ws u sg (1 + g (1 - sg)). Exp and sigmoid from kernels/vexp.h; the tail of a
+ * span is one masked vector, so there is no scalar remainder loop. */
+static void swiglu_fwd_span(float *a, const float *g, const float *u, size_t n) {
+#ifdef __AVX512F__
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 z = _mm512_maskz_loadu_ps(k, g + i), uu = _mm512_maskz_loadu_ps(k, u + i);
+        __m512 e = mt_exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
+        _mm512_mask_storeu_ps(a + i, k, _mm512_div_ps(_mm512_mul_ps(z, uu),
+                                                      _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    }
+#else
+    for (size_t i = 0; i < n; i++) a[i] = g[i] * u[i] / (1.0f + mt_expf(-g[i]));
+#endif
+}
+
+static void swiglu_bwd_span(float *dg, float *du, const float *da, const float *g, const float *u,
+                            float ws, size_t n) {
+#ifdef __AVX512F__
+    const __m512 one = _mm512_set1_ps(1.0f), w = _mm512_set1_ps(ws);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 z = _mm512_maskz_loadu_ps(k, g + i), uu = _mm512_maskz_loadu_ps(k, u + i);
+        __m512 dd = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, da + i), w), sg = mt_sigmoid512(z);
+        __m512 dsg = _mm512_mul_ps(dd, sg);
+        _mm512_mask_storeu_ps(du + i, k, _mm512_mul_ps(dsg, z));
+        __m512 t = _mm512_fmadd_ps(z, _mm512_sub_ps(one, sg), one); /* 1 + z (1 - sg) */
+        _mm512_mask_storeu_ps(dg + i, k, _mm512_mul_ps(_mm512_mul_ps(dsg, uu), t));
+    }
+#else
+    for (size_t i = 0; i < n; i++) {
+        float z = g[i], sg = mt_sigmoidf(z), dd = da[i] * ws;
+        du[i] = dd * z * sg;
+        dg[i] = dd * u[i] * sg * (1.0f + z * (1.0f - sg));
+    }
+#endif
+}
+
+enum { SWIGLU_CHUNK = 1 << 14 };
+
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float z = g[i];
-        a[i] = z / (1.0f + expf(-z)) * u[i];
-    }
+    for (size_t i = 0; i < n; i += SWIGLU_CHUNK)
+        swiglu_fwd_span(a + i, g + i, u + i, n - i < SWIGLU_CHUNK ? n - i : SWIGLU_CHUNK);
 }
 
 void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const float *u, size_t n) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float z = g[i];
-        float sg = 1.0f / (1.0f + expf(-z));
-        float silu = z * sg;
-        du[i] = da[i] * silu;
-        dg[i] = da[i] * u[i] * sg * (1.0f + z * (1.0f - sg));
-    }
+    for (size_t i = 0; i < n; i += SWIGLU_CHUNK)
+        swiglu_bwd_span(dg + i, du + i, da + i, g + i, u + i, 1.0f,
+                        n - i < SWIGLU_CHUNK ? n - i : SWIGLU_CHUNK);
 }
 
 void mt_swiglu_rows_fwd(float *a, const float *gu, int N, int F) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *g = gu + (size_t)n * 2 * F, *u = g + F;
-        float *o = a + (size_t)n * F;
-        for (int f = 0; f < F; f++) o[f] = g[f] / (1.0f + expf(-g[f])) * u[f];
+        const float *g = gu + (size_t)n * 2 * F;
+        swiglu_fwd_span(a + (size_t)n * F, g, g + F, (size_t)F);
     }
 }
 
 void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *g = gu + (size_t)n * 2 * F, *u = g + F, *d = da + (size_t)n * F;
-        float *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
-        float ws = wscale ? wscale[n] : 1.0f;
-        for (int f = 0; f < F; f++) {
-            float z = g[f], sg = 1.0f / (1.0f + expf(-z)), dd = d[f] * ws;
-            du[f] = dd * z * sg;
-            dg[f] = dd * u[f] * sg * (1.0f + z * (1.0f - sg));
-        }
+        const float *g = gu + (size_t)n * 2 * F;
+        float *dg = dgu + (size_t)n * 2 * F;
+        swiglu_bwd_span(dg, dg + F, da + (size_t)n * F, g, g + F, wscale ? wscale[n] : 1.0f, (size_t)F);
     }
+}
+
+/* max of l[0..V-1] */
+static float head_row_max(const float *l, int V) {
+#ifdef __AVX512F__
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < V; j += 16) {
+        __mmask16 k = V - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (V - j)) - 1u);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, l + j));
+    }
+    return _mm512_reduce_max_ps(m);
+#else
+    float m = -INFINITY;
+    for (int j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
+    return m;
+#endif
+}
+
+/* sum_j e^(l[j] - sub); with out, also out[j] = e^(l[j] - sub) * mul (out may be l) */
+static float head_row_exp(float *out, const float *l, int V, float sub, float mul) {
+#ifdef __AVX512F__
+    __m512 acc = _mm512_setzero_ps(), sb = _mm512_set1_ps(sub), ml = _mm512_set1_ps(mul);
+    for (int j = 0; j < V; j += 16) {
+        __mmask16 k = V - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (V - j)) - 1u);
+        __m512 e = _mm512_maskz_mov_ps(k, mt_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, l + j), sb)));
+        acc = _mm512_add_ps(acc, e);
+        if (out) _mm512_mask_storeu_ps(out + j, k, _mm512_mul_ps(e, ml));
+    }
+    return _mm512_reduce_add_ps(acc);
+#else
+    float sum = 0.0f;
+    for (int j = 0; j < V; j++) {
+        float e = mt_expf(l[j] - sub);
+        sum += e;
+        if (out) out[j] = e * mul;
+    }
+    return sum;
+#endif
 }
 
 enum { HEAD_ROWS = 128 };
@@ -143,15 +212,12 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
         for (int i = 0; i < nr; i++) {
             float *l = L + (size_t)i * V;
             int tgt = targets[n0 + i];
-            float m = -INFINITY;
-            for (int j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
-            float sum = 0.0f;
-            for (int j = 0; j < V; j++) sum += expf(l[j] - m);
-            float lse = m + logf(sum);
+            float m = head_row_max(l, V);
+            float lse = m + logf(head_row_exp(NULL, l, V, m, 1.0f));
             rowloss[i] = tgt >= 0 ? lse - l[tgt] : 0.0f;
             if (dx) {
                 if (tgt < 0) { memset(l, 0, sizeof(float) * V); continue; }
-                for (int j = 0; j < V; j++) l[j] = expf(l[j] - lse) * grad_scale;
+                head_row_exp(l, l, V, lse, grad_scale);
                 l[tgt] -= grad_scale;
             }
         }
