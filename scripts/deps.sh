@@ -2,7 +2,7 @@
 # Installs the Debian packages moetrain needs (when root), or prints the apt-get line.
 # Usage: scripts/deps.sh [--with-torch]   (--with-torch adds the PyTorch oracle's packages)
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libxxhash-dev gnuplot-nox)
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libxxhash-dev gnuplot-nox libopenmpi-dev openmpi-bin)
 if [ "${1:-}" = "--with-torch" ]; then pkgs+=(python3 python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,9 +1,12 @@
 /* cli/cmd_train.c — `moetrain train`. */
 #include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
 
 #include "base/common.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "dist/dist.h"
 #include "train/trainer.h"
 
 int mt_cmd_train(int argc, char **argv) {
@@ -42,11 +45,25 @@ int mt_cmd_train(int argc, char **argv) {
         {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", NULL},
         {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default 256, the byte tokenizer's)", NULL},
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},
+        {"dist-opt", MT_ARG_BOOL, &o.dist_opt, "under mpirun: distributed optimizer (ZeRO-1, AdamW state sharded over DP)", NULL},
+        {"bucket-mb", MT_ARG_DBL, &o.bucket_mb, "under mpirun: gradient all-reduce bucket size in MiB (default 25)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,
                            NULL, 0, NULL);
+    /* under mpirun an error on any rank ends the whole job, naming the rank */
+    const int multi = mt_dist_get()->size > 1;
+    if (rc < 0 && multi) mt_dist_abort(mt_last_error());
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (config) o.config = mt_cli_config_path(config);
-    if (mt_train(&o) != 0) return mt_cli_fail();
+    /* every rank must run with the same flags: mt_train compares this hash across ranks */
+    XXH64_state_t *h = XXH64_createState();
+    XXH64_reset(h, 0);
+    for (int i = 2; i < argc; i++) XXH64_update(h, argv[i], strlen(argv[i]) + 1);
+    o.args_hash = XXH64_digest(h);
+    XXH64_freeState(h);
+    if (mt_train(&o) != 0) {
+        if (multi) mt_dist_abort(mt_last_error());
+        return mt_cli_fail();
+    }
     return 0;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dist/dist.h"
 #include "kernels/blas.h"
 
 static const struct {
@@ -33,8 +34,16 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc, argv);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) != 0) continue;
+        /* MPI only for the commands that use it (train): after mt_blas_init, which may
+         * re-execute the binary, and as a singleton (world size 1) without mpirun */
+        const int mpi = strcmp(argv[1], "train") == 0;
+        if (mpi && mt_dist_init(&argc, &argv) != 0) return mt_cli_fail();
+        int rc = commands[i].fn(argc, argv);
+        if (mpi) mt_dist_finalize();
+        return rc;
+    }
     fprintf(stderr, "moetrain: error: unknown command '%s' (see moetrain --help)\n", argv[1]);
     return 2;
 }

@@ -1,6 +1,15 @@
-/* train/trainer.h — the single-process training loop: micro-batches with gradient
- * accumulation, global-norm clipping, AdamW with warmup + cosine LR, non-finite step
- * skipping, periodic checkpoints, progress line, JSONL metrics, expert-load reports. */
+/* train/trainer.h — the training loop: micro-batches with gradient accumulation,
+ * global-norm clipping, AdamW with warmup + cosine LR, non-finite step skipping, periodic
+ * checkpoints, progress line, JSONL metrics, expert-load reports.
+ *
+ * Under mpirun the ranks are data-parallel (dist/dist.h): a step's global batch is
+ * batch x accum x DP sequences, rank r running micro-batch mb on samples
+ * samples + (r*accum + mb)*batch, so DP ranks see exactly what one process sees with
+ * accum*DP micro-batches. Gradients are summed over DP in buckets, or, with dist_opt
+ * (ZeRO-1), reduce-scattered so each rank keeps AdamW moments and does the update for its
+ * 1/DP shard only, then the parameters are all-gathered. Rank 0 prints, writes metrics and
+ * writes checkpoints in the single-process format (moments gathered first), so a run
+ * resumes under any DP and optimizer layout. */
 #ifndef MT_TRAIN_TRAINER_H
 #define MT_TRAIN_TRAINER_H
 
@@ -24,6 +33,9 @@ typedef struct {
     int doc_mode;            /* attention and positions restart after every eot token */
     int eot;                 /* end-of-text token id for doc_mode (default 256: byte tokenizer) */
     int quiet;
+    int dist_opt;            /* ZeRO-1: shard the AdamW state and update over DP */
+    double bucket_mb;        /* gradient all-reduce bucket size in MiB (default 25) */
+    uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip; /* given on the command line */
 } mt_train_opts;
 
