@@ -5,6 +5,7 @@
 # Usage: bench/bench_small.sh path/to/moetrain [steps]      (steps default 6)
 # Env:   MT_BENCH_TMP  scratch dir (default ${TMPDIR:-/tmp}/bench_small.PID, removed after)
 #        BENCH_SKIP_TORCH=1  run moetrain only
+#        MT_TRAIN_ARGS       extra flags for moetrain train (e.g. "--recompute selective")
 #
 # small: vocab 8192, hidden 512, 8 layers (first dense), 8 heads, 8 kv heads, head_dim 64,
 # intermediate 1408, 16 routed experts, top-2, 1 shared expert, moe_intermediate 352.
@@ -59,7 +60,7 @@ echo "--- moetrain train"
 rm -rf "$TMP/run_mt"
 if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_mt.txt"); else TV=(); fi
 if ! "${TV[@]}" "$MOETRAIN" train --config "$CFG_ARG" --data "$TMP/data" --steps "$STEPS" --batch $B --seq $T \
-     --threads $THREADS --out "$TMP/run_mt" > "$TMP/mt.log" 2>&1; then
+     --threads $THREADS --out "$TMP/run_mt" ${MT_TRAIN_ARGS:-} > "$TMP/mt.log" 2>&1; then
   tail -30 "$TMP/mt.log"; echo "bench_small: moetrain train failed"; exit 1
 fi
 tail -n 4 "$TMP/mt.log" | sed 's/^/    /'

@@ -42,6 +42,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", NULL},
         {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
         {"plot", MT_ARG_BOOL, &o.plot, "draw OUT/loss.png with gnuplot at the end", NULL},
+        {"recompute", MT_ARG_STR, &o.recompute, "memory policy: none (keep all activations) or selective (recompute the cheap ones)", NULL},
         {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", NULL},
         {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default 256, the byte tokenizer's)", NULL},
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},

@@ -438,7 +438,9 @@ int mt_train(const mt_train_opts *opts) {
         }
         if (rc != 0) { run_free(&r); return -1; }
     }
-    r.acts = mt_acts_new(&cfg, o.batch, o.seq, nthr);
+    const int policy = mt_recompute_parse(o.recompute ? o.recompute : "none");
+    if (policy < 0) { run_free(&r); return -1; }
+    r.acts = mt_acts_new_policy(&cfg, o.batch, o.seq, nthr, policy);
     build_opt_table(&r, r.opt_lo, r.opt_n);
     const size_t BT = (size_t)o.batch * o.seq;
     r.in = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
@@ -472,7 +474,7 @@ int mt_train(const mt_train_opts *opts) {
         printf("  batch %d x seq %d x accum %d%s = %zu tokens/step, %d steps, lr %.2e warmup %d, "
                "activations %.1f MiB, data %llu train tokens%s\n",
                o.batch, o.seq, o.accum, dp, step_tokens, o.steps, o.lr, o.warmup,
-               (double)mt_acts_bytes(&cfg, o.batch, o.seq, nthr) / 1048576.0,
+               (double)mt_acts_bytes_policy(&cfg, o.batch, o.seq, nthr, policy) / 1048576.0,
                (unsigned long long)mt_loader_tokens(r.train), r.val ? "" : " (no val split)");
         if (D > 1)
             printf("  data parallel over %d ranks: %s\n", D,
