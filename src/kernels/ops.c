@@ -195,7 +195,7 @@ static float head_row_exp(float *out, const float *l, int V, float sub, float mu
 #endif
 }
 
-enum { HEAD_ROWS = 128 };
+enum { HEAD_ROWS = 256 };
 
 size_t mt_head_scratch_floats(int V) { return (size_t)HEAD_ROWS * V + HEAD_ROWS; }
 
