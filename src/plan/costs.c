@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/attention.h"
+#include "kernels/ops.h"
 
 static int is_mla(const mt_config *c) { return strcmp(c->attention_type, "mla") == 0; }
 
@@ -191,5 +193,8 @@ double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
     }
     free(u);
     (void)C;
-    return kept + work + (double)T * c->head_dim * f4;
+    /* fixed-size kernel scratch, from the kernels' own size functions (one thread) */
+    double fixed = (double)mt_head_scratch_floats(c->vocab_size) * f4 +
+                   (double)mt_attention_scratch_floats(T, c->head_dim) * f4;
+    return kept + work + fixed + (double)T * c->head_dim * f4;
 }
