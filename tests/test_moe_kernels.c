@@ -28,6 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define TEST_SALT 0x6d6f65ULL
+#include "testutil.h"
+
 static int failures = 0;
 static char where[256]; /* the current case, for failure messages */
 
@@ -101,44 +104,7 @@ static int check_same(const void *a, const void *b, size_t n, int is_int, const 
     return 1;
 }
 
-/* ---- buffers and data -------------------------------------------------------------- */
-
-static float *falloc(size_t n) { return mt_xmalloc(sizeof(float) * (n ? n : 1)); }
-static int32_t *ialloc(size_t n) { return mt_xmalloc(sizeof(int32_t) * (n ? n : 1)); }
-
-static void fill(float *a, size_t n, uint64_t seed, float lo, float hi) {
-    for (size_t i = 0; i < n; i++) a[i] = lo + (hi - lo) * mt_u01(mt_hash4(seed, i, 0x6d6f65ULL, 0));
-}
-static void fill_nan(float *a, size_t n) {
-    for (size_t i = 0; i < n; i++) a[i] = NAN;
-}
-static float *rnd(size_t n, uint64_t seed, float lo, float hi) {
-    float *a = falloc(n);
-    fill(a, n, seed, lo, hi);
-    return a;
-}
-static float *dup(const float *a, size_t n) {
-    float *b = falloc(n);
-    memcpy(b, a, sizeof(float) * (n ? n : 1));
-    return b;
-}
-
-/* ||a - b|| / ||b||  (||a - b|| when b == 0); NaN anywhere gives NaN. */
-static double nerr(const float *a, const float *b, size_t n) {
-    double d = 0.0, r = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double e = (double)a[i] - b[i];
-        d += e * e;
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-static double dot_d(const float *a, const float *b, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
-static double rms(const float *a, size_t n) { return n ? sqrt(dot_d(a, a, n) / n) : 0.0; }
+/* ---- buffers and data: tests/testutil.h ------------------------------------------ */
 
 /* ---- routings ------------------------------------------------------------------------ */
 
