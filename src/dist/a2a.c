@@ -1,0 +1,601 @@
+/* dist/a2a.c — expert-parallel dispatch / combine, flat and hierarchical (see a2a.h).
+ *
+ * A plan is one or two stages. A stage moves rows between the ranks of one communicator:
+ * sent row i is input row sidx[i] and goes to the peer whose block of the send buffer holds
+ * it. Every sent row carries routing metadata (first exchange only) as ints:
+ *   [src EP rank, token, m, (expert, slot, weight bits) x m]
+ * FLAT: stage 0 over ep, input rows = tokens, one row per (token, owner rank).
+ * HIER: stage 0 over ep, input rows = tokens, one row per (token, destination node) to the
+ *       relay; stage 1 over the node communicator, input rows = the relay's stage-0 rows,
+ *       one row per (relay row, owner rank in the node).
+ * The rows received by the last stage are "items"; each expands to its pairs. Combine
+ * runs the stages backwards, summing the rows that meet in one input row in the fixed
+ * order of rord (see a2a.h for why that order makes FLAT and HIER bit-identical). */
+#include "dist/a2a.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+
+int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
+    memset(a, 0, sizeof *a);
+    a->ep = ep;
+    a->node = MPI_COMM_NULL;
+    MPI_Comm_rank(ep, &a->rank);
+    MPI_Comm_size(ep, &a->size);
+    if (ranks_per_node < 0) return mt_error("a2a: ranks_per_node %d < 0", ranks_per_node);
+    const int P = a->size;
+    a->node_of = mt_xmalloc(sizeof(int) * (size_t)P);
+    a->local_of = mt_xmalloc(sizeof(int) * (size_t)P);
+    if (ranks_per_node > 0) {
+        for (int r = 0; r < P; r++) a->node_of[r] = r / ranks_per_node;
+    } else {
+        /* a node is named by its lowest EP rank; nodes numbered in the order of that rank */
+        MPI_Comm sh;
+        MPI_Comm_split_type(ep, MPI_COMM_TYPE_SHARED, a->rank, MPI_INFO_NULL, &sh);
+        int lead = a->rank;
+        MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, sh);
+        MPI_Comm_free(&sh);
+        int *leads = mt_xmalloc(sizeof(int) * (size_t)P);
+        MPI_Allgather(&lead, 1, MPI_INT, leads, 1, MPI_INT, ep);
+        for (int r = 0; r < P; r++) {
+            int id = 0; /* number of distinct leaders below leads[r]: leaders are ranks r' == leads[r'] */
+            for (int q = 0; q < leads[r]; q++) id += leads[q] == q;
+            a->node_of[r] = id;
+        }
+        free(leads);
+    }
+    a->nnodes = 0;
+    for (int r = 0; r < P; r++)
+        if (a->node_of[r] + 1 > a->nnodes) a->nnodes = a->node_of[r] + 1;
+    a->node_start = mt_xcalloc((size_t)a->nnodes + 1, sizeof(int));
+    a->node_rank = mt_xmalloc(sizeof(int) * (size_t)P);
+    for (int r = 0; r < P; r++) a->local_of[r] = a->node_start[a->node_of[r] + 1]++;
+    for (int n = 0; n < a->nnodes; n++) a->node_start[n + 1] += a->node_start[n];
+    for (int r = 0; r < P; r++) a->node_rank[a->node_start[a->node_of[r]] + a->local_of[r]] = r;
+    a->node_id = a->node_of[a->rank];
+    a->local = a->local_of[a->rank];
+    a->local_size = a->node_start[a->node_id + 1] - a->node_start[a->node_id];
+    MPI_Comm_split(ep, a->node_id, a->rank, &a->node);
+    int nr;
+    MPI_Comm_rank(a->node, &nr);
+    MT_ASSERT(nr == a->local);
+    return 0;
+}
+
+void mt_a2a_free(mt_a2a *a) {
+    if (a->node != MPI_COMM_NULL) MPI_Comm_free(&a->node);
+    free(a->node_of);
+    free(a->local_of);
+    free(a->node_start);
+    free(a->node_rank);
+    memset(a, 0, sizeof *a);
+    a->node = MPI_COMM_NULL;
+}
+
+/* Collective agreement on failure: returns -1 on every rank when bad is set on any. */
+static int agree(mt_a2a *a, int bad) {
+    int any = bad != 0; /* bad may be mt_error()'s -1 */
+    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, a->ep);
+    if (!any) return 0;
+    if (!bad) mt_error("a2a: another rank of the EP group failed");
+    return -1;
+}
+
+static void account(mt_a2a *a, int peer_ep, int64_t bytes, int rows) {
+    if (peer_ep == a->rank) a->bytes.self += bytes;
+    else if (a->node_of[peer_ep] != a->node_id) {
+        a->bytes.inter += bytes;
+        if (rows) a->bytes.inter_rows += bytes;
+    } else {
+        a->bytes.intra += bytes;
+        if (rows) a->bytes.intra_rows += bytes;
+    }
+}
+
+static int stage_peer(const mt_a2a_stage *s, int p) { return s->peer_ep ? s->peer_ep[p] : p; }
+
+/* ---- building a stage: items pushed in any peer order, kept in push order per peer ---- */
+
+typedef struct {
+    int n, cap, nm, mcap;
+    int32_t *peer, *sidx, *moff, *meta;
+} itemlist;
+
+static void il_push(itemlist *l, int peer, int sidx, const int32_t *meta, int nm) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->peer = mt_xrealloc(l->peer, sizeof(int32_t) * (size_t)l->cap);
+        l->sidx = mt_xrealloc(l->sidx, sizeof(int32_t) * (size_t)l->cap);
+        l->moff = mt_xrealloc(l->moff, sizeof(int32_t) * ((size_t)l->cap + 1));
+    }
+    while (l->nm + nm > l->mcap) {
+        l->mcap = l->mcap ? 2 * l->mcap : 256;
+        l->meta = mt_xrealloc(l->meta, sizeof(int32_t) * (size_t)l->mcap);
+    }
+    l->peer[l->n] = peer;
+    l->sidx[l->n] = sidx;
+    l->moff[l->n] = l->nm;
+    memcpy(l->meta + l->nm, meta, sizeof(int32_t) * (size_t)nm);
+    l->nm += nm;
+    l->n++;
+}
+
+static void il_free(itemlist *l) {
+    free(l->peer);
+    free(l->sidx);
+    free(l->moff);
+    free(l->meta);
+}
+
+typedef struct { int32_t sidx, node, peer, i; } rkey;
+static int rkey_cmp(const void *x, const void *y) {
+    const rkey *a = x, *b = y;
+    if (a->sidx != b->sidx) return a->sidx < b->sidx ? -1 : 1;
+    if (a->node != b->node) return a->node < b->node ? -1 : 1;
+    if (a->peer != b->peer) return a->peer < b->peer ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+/* Sets up s from l, exchanges counts (checked) and metadata. On success *rmeta holds the
+ * received metadata (*nrmeta ints, peer blocks in order). Collective over a->ep. */
+static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *peer_ep, const itemlist *l,
+                       int32_t **rmeta, int *nrmeta) {
+    int np;
+    MPI_Comm_size(comm, &np);
+    s->comm = comm;
+    s->np = np;
+    s->peer_ep = peer_ep;
+    s->scnt = mt_xcalloc((size_t)np * 4, sizeof(int));
+    s->sdis = s->scnt + np;
+    s->rcnt = s->scnt + 2 * np;
+    s->rdis = s->scnt + 3 * np;
+    int *c2 = mt_xcalloc((size_t)np * 6, sizeof(int)); /* send [rows, meta] pairs, recv pairs, meta displs */
+    int *r2 = c2 + 2 * np, *smc = c2 + 4 * np, *smd = c2 + 5 * np;
+    for (int i = 0; i < l->n; i++) {
+        c2[2 * l->peer[i]]++;
+        int len = (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
+        c2[2 * l->peer[i] + 1] += len;
+    }
+    s->nsend = l->n;
+    for (int p = 0, off = 0, moff = 0; p < np; p++) {
+        s->scnt[p] = c2[2 * p];
+        s->sdis[p] = off;
+        smc[p] = c2[2 * p + 1];
+        smd[p] = moff;
+        off += s->scnt[p];
+        moff += smc[p];
+    }
+    /* pack: stable by peer */
+    s->sidx = mt_xmalloc(sizeof(int32_t) * ((size_t)l->n + 1));
+    int32_t *smeta = mt_xmalloc(sizeof(int32_t) * ((size_t)l->nm + 1));
+    int *fill = mt_xcalloc((size_t)np * 2, sizeof(int)), *mfill = fill + np;
+    for (int i = 0; i < l->n; i++) {
+        int p = l->peer[i], len = (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
+        s->sidx[s->sdis[p] + fill[p]++] = l->sidx[i];
+        memcpy(smeta + smd[p] + mfill[p], l->meta + l->moff[i], sizeof(int32_t) * (size_t)len);
+        mfill[p] += len;
+    }
+    free(fill);
+    /* counts: check non-negative, shape (an item has >= 6 metadata ints), totals */
+    double t0 = MPI_Wtime();
+    MPI_Alltoall(c2, 2, MPI_INT, r2, 2, MPI_INT, comm);
+    for (int p = 0; p < np; p++) account(a, stage_peer(s, p), 2 * (int64_t)sizeof(int), 0);
+    int bad = 0;
+    int64_t tot[4] = {s->nsend, 0, l->nm, 0};
+    for (int p = 0; p < np && !bad; p++) {
+        int rc = r2[2 * p], rm = r2[2 * p + 1];
+        if (rc < 0 || rm < 0 || (int64_t)rm < 6 * (int64_t)rc || (rc == 0) != (rm == 0))
+            bad = mt_error("a2a: bad counts from rank %d: %d rows, %d metadata ints", stage_peer(s, p), rc, rm);
+        tot[1] += rc;
+        tot[3] += rm;
+    }
+    if (!bad && (tot[1] > INT_MAX || tot[3] > INT_MAX))
+        bad = mt_error("a2a: %lld rows / %lld metadata ints received exceed the int range", (long long)tot[1],
+                       (long long)tot[3]);
+    MPI_Allreduce(MPI_IN_PLACE, tot, 4, MPI_INT64_T, MPI_SUM, a->ep);
+    if (!bad && (tot[0] != tot[1] || tot[2] != tot[3]))
+        bad = mt_error("a2a: counts inconsistent: %lld rows sent vs %lld received in total", (long long)tot[0],
+                       (long long)tot[1]);
+    int rc = agree(a, bad);
+    if (rc == 0) {
+        int *rmc = mt_xmalloc(sizeof(int) * (size_t)np * 2), *rmd = rmc + np;
+        int off = 0, moff = 0;
+        for (int p = 0; p < np; p++) {
+            s->rcnt[p] = r2[2 * p];
+            s->rdis[p] = off;
+            rmc[p] = r2[2 * p + 1];
+            rmd[p] = moff;
+            off += s->rcnt[p];
+            moff += rmc[p];
+        }
+        s->nrecv = off;
+        *nrmeta = moff;
+        *rmeta = mt_xmalloc(sizeof(int32_t) * ((size_t)moff + 1));
+        MPI_Alltoallv(smeta, smc, smd, MPI_INT32_T, *rmeta, rmc, rmd, MPI_INT32_T, comm);
+        for (int p = 0; p < np; p++) account(a, stage_peer(s, p), (int64_t)smc[p] * (int64_t)sizeof(int32_t), 0);
+        free(rmc);
+        /* order in which combine sums the rows that return to one input row */
+        rkey *k = mt_xmalloc(sizeof(rkey) * ((size_t)s->nsend + 1));
+        for (int p = 0; p < np; p++)
+            for (int i = s->sdis[p]; i < s->sdis[p] + s->scnt[p]; i++)
+                k[i] = (rkey){s->sidx[i], a->node_of[stage_peer(s, p)], stage_peer(s, p), i};
+        qsort(k, (size_t)s->nsend, sizeof *k, rkey_cmp);
+        s->rord = mt_xmalloc(sizeof(int32_t) * ((size_t)s->nsend + 1));
+        for (int i = 0; i < s->nsend; i++) s->rord[i] = k[i].i;
+        free(k);
+    }
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    free(c2);
+    free(smeta);
+    return rc;
+}
+
+static void stage_free(mt_a2a_stage *s) {
+    free(s->scnt);
+    free(s->sidx);
+    free(s->rord);
+    memset(s, 0, sizeof *s);
+}
+
+/* Walks received metadata: calls back per item. Returns -1 (mt_error) on malformed data.
+ * Items must carry experts for which ok_expert() holds and slots in [0,K). */
+typedef struct {
+    const mt_a2a *a;
+    int K, E, LE, hier_relay; /* hier_relay: experts must be on this node, else on this rank */
+} mcheck;
+
+static int meta_item(const mcheck *c, const int32_t *m, int left, int *len) {
+    if (left < 6 || m[2] < 1 || m[2] > c->K || 3 + 3 * m[2] > left) return mt_error("a2a: malformed routing metadata");
+    if (m[0] < 0 || m[0] >= c->a->size || m[1] < 0) return mt_error("a2a: bad source (rank %d, token %d)", m[0], m[1]);
+    for (int q = 0; q < m[2]; q++) {
+        int e = m[3 + 3 * q], j = m[4 + 3 * q];
+        if (e < 0 || e >= c->E || j < 0 || j >= c->K) return mt_error("a2a: bad expert %d / slot %d received", e, j);
+        int owner = e / c->LE;
+        if (c->hier_relay ? c->a->node_of[owner] != c->a->node_id : owner != c->a->rank)
+            return mt_error("a2a: expert %d delivered to the wrong rank %d", e, c->a->rank);
+    }
+    *len = 3 + 3 * m[2];
+    return 0;
+}
+
+/* ---- moving rows ---- */
+
+static MPI_Datatype row_type(int C) {
+    MPI_Datatype t;
+    MPI_Type_contiguous(C, MPI_FLOAT, &t);
+    MPI_Type_commit(&t);
+    return t;
+}
+
+/* in[.,C] -> returns the stage's received rows [nrecv, C] (mt_alloc'd) */
+static float *stage_fwd(mt_a2a *a, const mt_a2a_stage *s, const float *in, int C) {
+    size_t rb = sizeof(float) * (size_t)C;
+    float *sb = mt_alloc(rb * ((size_t)s->nsend + 1)), *rbuf = mt_alloc(rb * ((size_t)s->nrecv + 1));
+    for (int i = 0; i < s->nsend; i++) memcpy(sb + (size_t)i * C, in + (size_t)s->sidx[i] * C, rb);
+    MPI_Datatype t = row_type(C);
+    double t0 = MPI_Wtime();
+    MPI_Alltoallv(sb, s->scnt, s->sdis, t, rbuf, s->rcnt, s->rdis, t, s->comm);
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    MPI_Type_free(&t);
+    for (int p = 0; p < s->np; p++) account(a, stage_peer(s, p), (int64_t)s->scnt[p] * (int64_t)rb, 1);
+    mt_free(sb);
+    return rbuf;
+}
+
+/* back: rows [nrecv, C] returned to their senders; out[nin, C] = per input row the sum of its
+ * returned rows, in rord order: ranks of one node, then nodes, each sum from a copy. */
+static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, const float *back, int C) {
+    size_t rb = sizeof(float) * (size_t)C;
+    float *ret = mt_alloc(rb * ((size_t)s->nsend + 1)), *acc = mt_alloc(rb);
+    MPI_Datatype t = row_type(C);
+    double t0 = MPI_Wtime();
+    MPI_Alltoallv(back, s->rcnt, s->rdis, t, ret, s->scnt, s->sdis, t, s->comm);
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    MPI_Type_free(&t);
+    for (int p = 0; p < s->np; p++) account(a, stage_peer(s, p), (int64_t)s->rcnt[p] * (int64_t)rb, 1);
+    memset(out, 0, rb * (size_t)nin);
+    /* peer of sent row i: the block it is in */
+    int *pr = mt_xmalloc(sizeof(int) * ((size_t)s->nsend + 1));
+    for (int p = 0; p < s->np; p++)
+        for (int i = s->sdis[p]; i < s->sdis[p] + s->scnt[p]; i++) pr[i] = stage_peer(s, p);
+    for (int q = 0; q < s->nsend;) {
+        int row = s->sidx[s->rord[q]];
+        float *o = out + (size_t)row * C;
+        int first_node = 1;
+        while (q < s->nsend && s->sidx[s->rord[q]] == row) {
+            int node = a->node_of[pr[s->rord[q]]];
+            memcpy(acc, ret + (size_t)s->rord[q] * C, rb);
+            q++;
+            while (q < s->nsend && s->sidx[s->rord[q]] == row && a->node_of[pr[s->rord[q]]] == node) {
+                const float *r = ret + (size_t)s->rord[q] * C;
+                for (int c = 0; c < C; c++) acc[c] += r[c];
+                q++;
+            }
+            if (first_node) memcpy(o, acc, rb);
+            else
+                for (int c = 0; c < C; c++) o[c] += acc[c];
+            first_node = 0;
+        }
+    }
+    free(pr);
+    mt_free(acc);
+    mt_free(ret);
+}
+
+/* rows of the last stage (items) for input rows x[N,C] */
+static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x) {
+    float *r = stage_fwd(a, &p->st[0], x, p->C);
+    if (p->nst == 2) {
+        float *r2 = stage_fwd(a, &p->st[1], r, p->C);
+        mt_free(r);
+        r = r2;
+    }
+    return r;
+}
+
+/* item rows [nitem, C] back to out[N,C] */
+static void move_bwd(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *items) {
+    if (p->nst == 2) {
+        const mt_a2a_stage *s0 = &p->st[0];
+        float *mid = mt_alloc(sizeof(float) * (size_t)p->C * ((size_t)s0->nrecv + 1));
+        stage_bwd(a, &p->st[1], mid, s0->nrecv, items, p->C);
+        stage_bwd(a, s0, out, p->N, mid, p->C);
+        mt_free(mid);
+    } else {
+        stage_bwd(a, &p->st[0], out, p->N, items, p->C);
+    }
+}
+
+/* ---- dispatch ---- */
+
+typedef struct { int32_t le, src, tok, slot, item; float w; } pkey;
+static int pkey_cmp(const void *x, const void *y) {
+    const pkey *a = x, *b = y;
+    if (a->le != b->le) return a->le < b->le ? -1 : 1;
+    if (a->src != b->src) return a->src < b->src ? -1 : 1;
+    if (a->tok != b->tok) return a->tok < b->tok ? -1 : 1;
+    return (a->slot > b->slot) - (a->slot < b->slot);
+}
+
+static int32_t fbits(float f) {
+    int32_t i;
+    memcpy(&i, &f, sizeof i);
+    return i;
+}
+static float bitsf(int32_t i) {
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+
+/* Pushes, for one source row with pairs (e[q], slot[q], wb[q]) q < m (slot order), one item
+ * per group: group of a pair = key(owner) (rank or node), groups in ascending order. */
+static void push_groups(itemlist *l, const mt_a2a *a, int by_node, int src, int tok, int sidx, const int32_t *e,
+                        const int32_t *slot, const int32_t *wb, int m, int LE, int32_t *tmp) {
+    int prev = -1;
+    for (;;) {
+        int g = INT_MAX;
+        for (int q = 0; q < m; q++) {
+            int o = e[q] / LE, k = by_node ? a->node_of[o] : o;
+            if (k > prev && k < g) g = k;
+        }
+        if (g == INT_MAX) break;
+        int n = 0;
+        tmp[0] = src;
+        tmp[1] = tok;
+        for (int q = 0; q < m; q++) {
+            int o = e[q] / LE, k = by_node ? a->node_of[o] : o;
+            if (k != g) continue;
+            tmp[3 + 3 * n] = e[q];
+            tmp[4 + 3 * n] = slot[q];
+            tmp[5 + 3 * n] = wb[q];
+            n++;
+        }
+        tmp[2] = n;
+        /* peer: FLAT -> the owner rank g; HIER -> the relay on node g */
+        int peer;
+        if (by_node) {
+            int ns = a->node_start[g], sz = a->node_start[g + 1] - ns;
+            peer = a->node_rank[ns + a->local % sz];
+        } else {
+            peer = g;
+        }
+        il_push(l, peer, sidx, tmp, 3 + 3 * n);
+        prev = g;
+    }
+}
+
+void mt_a2a_plan_free(mt_a2a_plan *p) {
+    for (int s = 0; s < 2; s++) stage_free(&p->st[s]);
+    free(p->off);
+    free(p->src);
+    free(p->tok);
+    free(p->slot);
+    free(p->w);
+    free(p->item_p);
+    free(p->pair_pos);
+    memset(p, 0, sizeof *p);
+}
+
+int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, const float *x,
+                    const int32_t *sel, const float *w, int N, int K, int C, int E) {
+    memset(p, 0, sizeof *p);
+    *xe = NULL;
+    int bad = 0;
+    if (N < 0 || K < 1 || C < 1 || E < 1 || E % a->size != 0)
+        bad = mt_error("a2a: bad shape N=%d K=%d C=%d E=%d for an EP group of %d ranks", N, K, C, E, a->size);
+    for (int i = 0; i < N * K && !bad; i++)
+        if (sel[i] < 0 || sel[i] >= E) bad = mt_error("a2a: token %d selects expert %d, not in [0,%d)", i / K, sel[i], E);
+    if (agree(a, bad)) return -1;
+    const int LE = E / a->size;
+    p->mode = mode;
+    p->N = N, p->K = K, p->C = C, p->E = E, p->LE = LE, p->e0 = a->rank * LE;
+    p->nst = mode == MT_A2A_HIER ? 2 : 1;
+    mcheck ck = {a, K, E, LE, 0};
+
+    int32_t *tmp = mt_xmalloc(sizeof(int32_t) * (3 + 3 * (size_t)K)), *slot = mt_xmalloc(sizeof(int32_t) * (size_t)K),
+            *wb = mt_xmalloc(sizeof(int32_t) * (size_t)K);
+    for (int j = 0; j < K; j++) slot[j] = j;
+    itemlist l0 = {0};
+    for (int t = 0; t < N; t++) {
+        for (int j = 0; j < K; j++) wb[j] = fbits(w ? w[(size_t)t * K + j] : 1.0f);
+        push_groups(&l0, a, mode == MT_A2A_HIER, a->rank, t, t, sel + (size_t)t * K, slot, wb, K, LE, tmp);
+    }
+    int32_t *rmeta = NULL;
+    int nrmeta = 0, rc = stage_build(a, &p->st[0], a->ep, NULL, &l0, &rmeta, &nrmeta);
+    il_free(&l0);
+    if (rc == 0 && mode == MT_A2A_HIER) {
+        /* the relay's fan-out inside the node */
+        ck.hier_relay = 1;
+        itemlist l1 = {0};
+        int32_t *e = mt_xmalloc(sizeof(int32_t) * (size_t)K);
+        for (int i = 0, o = 0; i < p->st[0].nrecv && !bad; i++) {
+            int len;
+            if (meta_item(&ck, rmeta + o, nrmeta - o, &len)) {
+                bad = 1;
+                break;
+            }
+            const int32_t *m = rmeta + o;
+            for (int q = 0; q < m[2]; q++) e[q] = m[3 + 3 * q], slot[q] = m[4 + 3 * q], wb[q] = m[5 + 3 * q];
+            /* group by owner rank; peers are node-local indices */
+            int prev = -1;
+            for (;;) {
+                int g = INT_MAX;
+                for (int q = 0; q < m[2]; q++)
+                    if (e[q] / LE > prev && e[q] / LE < g) g = e[q] / LE;
+                if (g == INT_MAX) break;
+                int n = 0;
+                tmp[0] = m[0];
+                tmp[1] = m[1];
+                for (int q = 0; q < m[2]; q++)
+                    if (e[q] / LE == g) {
+                        tmp[3 + 3 * n] = e[q], tmp[4 + 3 * n] = slot[q], tmp[5 + 3 * n] = wb[q];
+                        n++;
+                    }
+                tmp[2] = n;
+                il_push(&l1, a->local_of[g], i, tmp, 3 + 3 * n);
+                prev = g;
+            }
+            o += len;
+        }
+        free(e);
+        free(rmeta);
+        rmeta = NULL;
+        if (agree(a, bad)) rc = -1;
+        else
+            rc = stage_build(a, &p->st[1], a->node, a->node_rank + a->node_start[a->node_id], &l1, &rmeta, &nrmeta);
+        il_free(&l1);
+    }
+    free(tmp);
+    free(slot);
+    free(wb);
+    if (rc) {
+        free(rmeta);
+        mt_a2a_plan_free(p);
+        return -1;
+    }
+    /* items of the last stage -> pairs, sorted into the grouped layout */
+    ck.hier_relay = 0;
+    const mt_a2a_stage *sl = &p->st[p->nst - 1];
+    p->nitem = sl->nrecv;
+    p->item_p = mt_xmalloc(sizeof(int32_t) * ((size_t)p->nitem + 1));
+    int np = 0;
+    for (int i = 0, o = 0; i < p->nitem; i++) {
+        int len;
+        if (meta_item(&ck, rmeta + o, nrmeta - o, &len)) {
+            bad = 1;
+            break;
+        }
+        p->item_p[i] = np;
+        np += rmeta[o + 2];
+        o += len;
+    }
+    if (agree(a, bad)) {
+        free(rmeta);
+        mt_a2a_plan_free(p);
+        return -1;
+    }
+    p->item_p[p->nitem] = np;
+    p->R = np;
+    pkey *k = mt_xmalloc(sizeof(pkey) * ((size_t)np + 1));
+    for (int i = 0, o = 0; i < p->nitem; i++) {
+        const int32_t *m = rmeta + o;
+        for (int q = 0; q < m[2]; q++)
+            k[p->item_p[i] + q] = (pkey){m[3 + 3 * q] - p->e0, m[0], m[1], m[4 + 3 * q], p->item_p[i] + q,
+                                         bitsf(m[5 + 3 * q])};
+        o += 3 + 3 * m[2];
+    }
+    free(rmeta);
+    qsort(k, (size_t)np, sizeof *k, pkey_cmp);
+    p->off = mt_xcalloc((size_t)LE + 1, sizeof(int32_t));
+    p->src = mt_xmalloc(sizeof(int32_t) * ((size_t)np + 1));
+    p->tok = mt_xmalloc(sizeof(int32_t) * ((size_t)np + 1));
+    p->slot = mt_xmalloc(sizeof(int32_t) * ((size_t)np + 1));
+    p->w = mt_xmalloc(sizeof(float) * ((size_t)np + 1));
+    p->pair_pos = mt_xmalloc(sizeof(int32_t) * ((size_t)np + 1));
+    for (int r = 0; r < np; r++) {
+        p->off[k[r].le + 1]++;
+        p->src[r] = k[r].src, p->tok[r] = k[r].tok, p->slot[r] = k[r].slot, p->w[r] = k[r].w;
+        p->pair_pos[k[r].item] = r; /* pairs of an item are consecutive in slot order */
+    }
+    for (int e = 0; e < LE; e++) p->off[e + 1] += p->off[e];
+    free(k);
+
+    float *items = move_fwd(a, p, x);
+    float *out = mt_alloc(sizeof(float) * (size_t)C * ((size_t)np + 1));
+    for (int i = 0; i < p->nitem; i++)
+        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
+            memcpy(out + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
+    mt_free(items);
+    *xe = out;
+    return 0;
+}
+
+/* ---- combine and the backwards ---- */
+
+void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y, const float *wr) {
+    const int C = p->C;
+    float *part = mt_alloc(sizeof(float) * (size_t)C * ((size_t)p->nitem + 1));
+    for (int i = 0; i < p->nitem; i++) {
+        float *o = part + (size_t)i * C;
+        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
+            int r = p->pair_pos[q];
+            const float *yr = y + (size_t)r * C;
+            float wq = wr ? wr[r] : 1.0f;
+            if (q == p->item_p[i])
+                for (int c = 0; c < C; c++) o[c] = wq * yr[c];
+            else
+                for (int c = 0; c < C; c++) o[c] += wq * yr[c];
+        }
+    }
+    move_bwd(a, p, out, part);
+    mt_free(part);
+}
+
+void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float *dxe) {
+    mt_a2a_combine(a, p, dx, dxe, NULL);
+}
+
+void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
+                        const float *y) {
+    const int C = p->C;
+    float *items = move_fwd(a, p, dout);
+    for (int i = 0; i < p->nitem; i++) {
+        const float *g = items + (size_t)i * C;
+        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
+            int r = p->pair_pos[q];
+            float *d = dy + (size_t)r * C;
+            for (int c = 0; c < C; c++) d[c] = p->w[r] * g[c];
+            if (dw) {
+                double s = 0.0;
+                for (int c = 0; c < C; c++) s += (double)g[c] * y[(size_t)r * C + c];
+                dw[r] = (float)s;
+            }
+        }
+    }
+    mt_free(items);
+}

@@ -1,0 +1,112 @@
+/* dist/a2a.h — the expert-parallel token exchange (MoE dispatch / combine) as a collective.
+ *
+ * Over an EP communicator of P ranks, E experts are owned in contiguous blocks: expert e
+ * lives on EP rank e / (E/P). Every rank holds N token rows x[N,C] and, per token, K
+ * selected experts sel[N*K] with routing weights w[N*K] (pair i = t*K + j). Dropless.
+ *
+ * Dispatch delivers to each rank one row per (token, expert) pair it owns, grouped by local
+ * expert (the layout of the grouped expert GEMM): off[LE+1], LE = E/P, and inside one local
+ * expert the pairs in (source rank, token, slot) order. The layout does not depend on the
+ * mode; only the way the bytes travel does:
+ *  - MT_A2A_FLAT: a token row goes once to every rank that owns >= 1 of its experts
+ *    (deduplicated per rank), one MPI_Alltoallv.
+ *  - MT_A2A_HIER: ranks are grouped into nodes. A token row crosses to each destination node
+ *    at most once, to a relay rank there (the rank with the sender's local index, modulo
+ *    the node size; on the sender's own node, the sender itself), with the list of
+ *    (expert, slot, weight) it must reach; the relay fans it out over the node communicator.
+ * Each exchange first sends per-peer counts (MPI_Alltoall) and checks them.
+ *
+ * Combine is the reverse: expert outputs y[R,C] in the dispatch layout go back and each
+ * source token receives out[t] = sum_j w_j * y_j. The summation order is fixed and the same
+ * in both modes, so FLAT and HIER give bit-identical results: on the owner rank the pairs of
+ * one token in slot order; then the ranks of one node in ascending rank order (HIER does
+ * this on the relay, so only one row per (token, node) crosses the inter-node link); then
+ * the nodes in ascending node order. Every sum starts from a copy of its first term.
+ *
+ * Backward: dispatch_bwd(dxe) = sum over the pairs of a token of dxe rows (a combine with
+ * unit weights); combine_bwd(dout) = dy[r] = w_r * dout[tok_r] (a dispatch of dout). The
+ * gradient of the routing weights, dw_r = <dout[tok_r], y_r>, is computed in the dispatch
+ * layout (on the expert side); moving it back to the source layout is left to the caller.
+ *
+ * Errors are collective: when any rank detects bad input (expert out of range, inconsistent
+ * counts) every rank returns -1 (mt_error() set on each), so nobody waits in a collective.
+ * Byte counters: each call adds the bytes this rank sent (rows, routing metadata, counts) to
+ * the context's counters, split by whether the peer is on another node, on the same node,
+ * or is this rank itself (a local copy, not traffic). */
+#ifndef MT_DIST_A2A_H
+#define MT_DIST_A2A_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+typedef enum { MT_A2A_FLAT = 0, MT_A2A_HIER = 1 } mt_a2a_mode;
+
+typedef struct {
+    int64_t inter, intra, self;       /* all bytes sent: rows + routing metadata + counts */
+    int64_t inter_rows, intra_rows;   /* of which token / output rows */
+} mt_a2a_bytes;
+
+/* The EP group and its node layout. */
+typedef struct {
+    MPI_Comm ep;        /* the caller's communicator (not owned) */
+    MPI_Comm node;      /* the ranks of this node, ordered by EP rank (owned) */
+    int rank, size;     /* in ep */
+    int node_id, nnodes, local, local_size;
+    int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
+    int *local_of;      /* [size] index of each EP rank inside its node */
+    int *node_start;    /* [nnodes+1] CSR of node_rank */
+    int *node_rank;     /* EP ranks of node n, ascending: node_rank[node_start[n]..] */
+    mt_a2a_bytes bytes; /* accumulated by every call; reset by the caller */
+} mt_a2a;
+
+/* Collective over ep. ranks_per_node > 0 emulates nodes of that many consecutive ranks
+ * (node = rank / ranks_per_node); 0 groups by shared memory (MPI_COMM_TYPE_SHARED).
+ * Returns -1 (on every rank) when ranks_per_node < 0. */
+int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node);
+void mt_a2a_free(mt_a2a *a);
+
+/* One exchange stage (internal; exposed only so a plan can be embedded by value). */
+typedef struct {
+    MPI_Comm comm;
+    int np;                   /* size of comm */
+    const int *peer_ep;       /* [np] EP rank of each comm rank (NULL: identity) */
+    int *scnt, *sdis, *rcnt, *rdis; /* rows per peer [np] */
+    int nsend, nrecv;
+    int32_t *sidx;            /* [nsend] input row of each sent row */
+    int32_t *rord;            /* [nsend] sent rows ordered by (sidx, node of peer, peer) */
+} mt_a2a_stage;
+
+/* The routing of one dispatch, reused by combine and both backwards. */
+typedef struct {
+    mt_a2a_mode mode;
+    int N, K, C, E, LE, e0;   /* e0 = first expert owned here, LE = E / size */
+    int R;                    /* pairs received = rows of the dispatch layout */
+    int32_t *off;             /* [LE+1] rows of local expert le: off[le]..off[le+1] */
+    int32_t *src, *tok, *slot; /* [R] source EP rank, its token index and slot j */
+    float *w;                 /* [R] routing weight of the pair */
+    /* internal */
+    int nst;                  /* 1 (FLAT) or 2 (HIER) */
+    mt_a2a_stage st[2];
+    int nitem;                /* rows received by the last stage */
+    int32_t *item_p;          /* [nitem+1] pairs of item i: pair_pos[item_p[i]..item_p[i+1]] */
+    int32_t *pair_pos;        /* [R] row in the dispatch layout, pairs in item, slot order */
+} mt_a2a_plan;
+
+/* Dispatch. x[N,C], sel[N*K] (experts in [0,E), E divisible by the EP size), w[N*K] (may
+ * be NULL: weights 1). Fills plan (free with mt_a2a_plan_free) and returns in *xe a new
+ * mt_alloc'd buffer [plan->R, C] (free with mt_free). Collective; -1 on every rank on error. */
+int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *plan, float **xe, const float *x,
+                    const int32_t *sel, const float *w, int N, int K, int C, int E);
+void mt_a2a_plan_free(mt_a2a_plan *p);
+
+/* Combine: out[N,C] = per source token sum_j wr_j * y_j, y[R,C] and wr[R] in the dispatch
+ * layout of plan (wr = plan->w for the usual weighted combine; NULL: weights 1). */
+void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y, const float *wr);
+/* Backward of dispatch: dx[N,C] = sum over the pairs of token t of dxe[R,C] rows. */
+void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float *dxe);
+/* Backward of combine (with wr = plan->w): dy[R,C] = w_r * dout[tok_r] and, if dw is not
+ * NULL, dw[R] = <dout[tok_r], y_r> (needs y[R,C]), both in the dispatch layout. */
+void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
+                        const float *y);
+
+#endif

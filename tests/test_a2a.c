@@ -1,0 +1,342 @@
+/* tests/test_a2a.c — expert-parallel dispatch / combine (dist/a2a.h) under MPI.
+ *
+ * Usage: mpirun -np P test_a2a [ranks_per_node]   (a plain run is one rank: one node)
+ *        mpirun -np P test_a2a bench RANKS_PER_NODE N C K   (bench/bench_a2a.sh)
+ * For several routings (E = 16, K = 2 and 8; uniform; some ranks receiving nothing; every
+ * token's experts on one remote node; a rank with no tokens):
+ *  - FLAT and HIER dispatch give bit-identical layouts (rows, off, src/tok/slot/w);
+ *  - both equal a reference computed from every rank's inputs gathered on every rank;
+ *  - FLAT and HIER combine, dispatch backward and combine backward are bit-identical and
+ *    equal the reference, which follows the documented summation order (and are within
+ *    1e-6 of the plain slot-order sum, relative to the sum of |terms|);
+ *  - HIER sends no more inter-node bytes than FLAT, strictly fewer on the "one remote node"
+ *    routing when a node has more than one rank;
+ *  - bad input on one rank makes every rank return -1 (no hang).
+ * Prints byte counts per routing and "a2a: N checks passed, M failed"; exit 1 on failure. */
+#define TEST_SALT 0xa2a0ULL
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/a2a.h"
+#include "testutil.h"
+
+static int g_pass, g_fail, g_rank;
+#define CHECK(c, ...)                                                        \
+    do {                                                                     \
+        if (c) g_pass++;                                                     \
+        else {                                                               \
+            g_fail++;                                                        \
+            fprintf(stderr, "FAIL rank %d %s:%d: %s: ", g_rank, __FILE__, __LINE__, #c); \
+            fprintf(stderr, __VA_ARGS__);                                    \
+            fprintf(stderr, "\n");                                           \
+        }                                                                    \
+    } while (0)
+
+enum { E = 16, C = 24 };
+enum { R_UNIFORM, R_SKIP_RANK1, R_REMOTE_NODE };
+static const char *rname[] = {"uniform", "rank 1 receives nothing", "all experts on one remote node"};
+
+/* the expert output of a pair, a pure function of (source rank, token, slot, c) */
+static float yval(int src, int t, int j, int c) { return mt_u01(mt_hash4(src, t, j, c + 7)) * 2.0f - 1.0f; }
+
+typedef struct {
+    int P, *N, *noff; /* tokens per rank and their offsets in the global arrays */
+    float *x, *w;
+    int32_t *sel;
+} global;
+
+static void sum_tree(const mt_a2a *a, const global *g, int K, int src, int t, float wscale, float *out,
+                     const float *const *terms) {
+    /* nodes ascending; ranks of a node ascending; pairs of a rank in slot order; every
+     * sum starts from a copy of its first term (a2a.h) */
+    (void)wscale;
+    int LE = E / g->P, first_node = 1;
+    float acc[C], racc[C];
+    for (int n = 0; n < a->nnodes; n++) {
+        int first_rank = 1;
+        for (int i = a->node_start[n]; i < a->node_start[n + 1]; i++) {
+            int r = a->node_rank[i], first = 1;
+            for (int j = 0; j < K; j++) {
+                if (g->sel[(size_t)(g->noff[src] + t) * K + j] / LE != r) continue;
+                const float *term = terms[j];
+                if (first)
+                    for (int c = 0; c < C; c++) racc[c] = term[c];
+                else
+                    for (int c = 0; c < C; c++) racc[c] += term[c];
+                first = 0;
+            }
+            if (first) continue;
+            if (first_rank) memcpy(acc, racc, sizeof acc);
+            else
+                for (int c = 0; c < C; c++) acc[c] += racc[c];
+            first_rank = 0;
+        }
+        if (first_rank) continue;
+        if (first_node) memcpy(out, acc, sizeof acc);
+        else
+            for (int c = 0; c < C; c++) out[c] += acc[c];
+        first_node = 0;
+    }
+}
+
+static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
+    const int P = a->size, me = a->rank, LE = E / P;
+    global g = {P, mt_xmalloc(sizeof(int) * P), mt_xmalloc(sizeof(int) * (P + 1)), NULL, NULL, NULL};
+    for (int r = 0; r < P; r++) g.N[r] = (P > 2 && r == 2) ? 0 : 29 + 11 * r;
+    g.noff[0] = 0;
+    for (int r = 0; r < P; r++) g.noff[r + 1] = g.noff[r] + g.N[r];
+    const int Nt = g.noff[P], N = g.N[me];
+    /* a remote node with at least K experts (else the routing falls back to K' = its size) */
+    int rn = (a->node_id + 1) % a->nnodes;
+    int rn_e = (a->node_start[rn + 1] - a->node_start[rn]) * LE;
+    if (routing == R_REMOTE_NODE && K > rn_e) K = rn_e;
+    /* every rank builds its own tokens; then all are gathered */
+    float *x = rnd((size_t)N * C, seed + me, -1, 1), *w = rnd((size_t)N * K, seed + 100 + me, 0.1f, 1);
+    int32_t *sel = ialloc((size_t)N * K);
+    int allowed[E], na;
+    for (int t = 0; t < N; t++) {
+        na = 0;
+        for (int e = 0; e < E; e++) {
+            int o = e / LE;
+            if (routing == R_SKIP_RANK1 && P > 1 && o == 1) continue;
+            if (routing == R_REMOTE_NODE && a->node_of[o] != rn) continue;
+            allowed[na++] = e;
+        }
+        for (int j = 0; j < K; j++) { /* K distinct experts: partial Fisher-Yates */
+            int q = j + (int)(mt_hash4(seed, me, t, j) % (uint64_t)(na - j));
+            int tmp = allowed[j];
+            allowed[j] = allowed[q], allowed[q] = tmp;
+            sel[(size_t)t * K + j] = allowed[j];
+        }
+    }
+    g.x = falloc((size_t)Nt * C);
+    g.w = falloc((size_t)Nt * K);
+    g.sel = ialloc((size_t)Nt * K);
+    int *cnt = mt_xmalloc(sizeof(int) * P), *dis = mt_xmalloc(sizeof(int) * P);
+    for (int r = 0; r < P; r++) cnt[r] = g.N[r] * C, dis[r] = g.noff[r] * C;
+    MPI_Allgatherv(x, N * C, MPI_FLOAT, g.x, cnt, dis, MPI_FLOAT, MPI_COMM_WORLD);
+    for (int r = 0; r < P; r++) cnt[r] = g.N[r] * K, dis[r] = g.noff[r] * K;
+    MPI_Allgatherv(w, N * K, MPI_FLOAT, g.w, cnt, dis, MPI_FLOAT, MPI_COMM_WORLD);
+    MPI_Allgatherv(sel, N * K, MPI_INT32_T, g.sel, cnt, dis, MPI_INT32_T, MPI_COMM_WORLD);
+
+    /* reference layout of this rank */
+    int Rr = 0;
+    for (int i = 0; i < Nt * K; i++) Rr += g.sel[i] / LE == me;
+    int32_t *roff = ialloc(LE + 1), *rsrc = ialloc(Rr), *rtok = ialloc(Rr), *rslot = ialloc(Rr);
+    float *rw = falloc(Rr), *rxe = falloc((size_t)Rr * C);
+    int r = 0;
+    for (int le = 0; le < LE; le++) {
+        roff[le] = r;
+        for (int s = 0; s < P; s++)
+            for (int t = 0; t < g.N[s]; t++)
+                for (int j = 0; j < K; j++) {
+                    size_t i = (size_t)(g.noff[s] + t) * K + j;
+                    if (g.sel[i] != me * LE + le) continue;
+                    rsrc[r] = s, rtok[r] = t, rslot[r] = j, rw[r] = g.w[i];
+                    memcpy(rxe + (size_t)r * C, g.x + (size_t)(g.noff[s] + t) * C, sizeof(float) * C);
+                    r++;
+                }
+    }
+    roff[LE] = r;
+
+    mt_a2a_plan pl[2];
+    float *xe[2], *out[2], *dx[2], *dy[2], *dw[2];
+    mt_a2a_bytes b[2];
+    float *dout = rnd((size_t)N * C, seed + 200 + me, -1, 1);
+    for (int m = 0; m < 2; m++) {
+        memset(&a->bytes, 0, sizeof a->bytes);
+        int rc = mt_a2a_dispatch(a, (mt_a2a_mode)m, &pl[m], &xe[m], x, sel, w, N, K, C, E);
+        CHECK(rc == 0, "dispatch mode %d: %s", m, mt_last_error());
+        if (rc) exit(1);
+        const mt_a2a_plan *p = &pl[m];
+        float *y = falloc((size_t)p->R * C);
+        for (int q = 0; q < p->R; q++)
+            for (int c = 0; c < C; c++) y[(size_t)q * C + c] = yval(p->src[q], p->tok[q], p->slot[q], c);
+        out[m] = falloc((size_t)N * C);
+        mt_a2a_combine(a, p, out[m], y, p->w);
+        b[m] = a->bytes;
+        MPI_Allreduce(MPI_IN_PLACE, &b[m], 5, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        dx[m] = falloc((size_t)N * C);
+        mt_a2a_dispatch_bwd(a, p, dx[m], y);
+        dy[m] = falloc((size_t)p->R * C);
+        dw[m] = falloc((size_t)p->R);
+        mt_a2a_combine_bwd(a, p, dy[m], dw[m], dout, y);
+        free(y);
+    }
+    const mt_a2a_plan *F = &pl[0], *H = &pl[1];
+    /* layouts: FLAT == HIER == reference */
+    CHECK(F->R == Rr && H->R == Rr, "R flat %d hier %d ref %d", F->R, H->R, Rr);
+    if (F->R == Rr && H->R == Rr) {
+        size_t ri = sizeof(int32_t) * (size_t)Rr;
+        for (int m = 0; m < 2; m++) {
+            const mt_a2a_plan *p = &pl[m];
+            CHECK(!memcmp(p->off, roff, sizeof(int32_t) * (LE + 1)), "off, mode %d", m);
+            CHECK(!memcmp(p->src, rsrc, ri) && !memcmp(p->tok, rtok, ri) && !memcmp(p->slot, rslot, ri),
+                  "src/tok/slot, mode %d", m);
+            CHECK(!memcmp(p->w, rw, sizeof(float) * Rr), "weights, mode %d", m);
+            CHECK(!memcmp(xe[m], rxe, sizeof(float) * (size_t)Rr * C), "dispatched rows, mode %d", m);
+        }
+        CHECK(!memcmp(dy[0], dy[1], sizeof(float) * (size_t)Rr * C), "combine_bwd dy flat vs hier");
+        CHECK(!memcmp(dw[0], dw[1], sizeof(float) * (size_t)Rr), "combine_bwd dw flat vs hier");
+        /* dy reference: w_r * dout[tok_r] of the source rank */
+        float *gd = falloc((size_t)Nt * C);
+        int *c2 = mt_xmalloc(sizeof(int) * P), *d2 = mt_xmalloc(sizeof(int) * P);
+        for (int s = 0; s < P; s++) c2[s] = g.N[s] * C, d2[s] = g.noff[s] * C;
+        MPI_Allgatherv(dout, N * C, MPI_FLOAT, gd, c2, d2, MPI_FLOAT, MPI_COMM_WORLD);
+        int bad = 0, badw = 0;
+        for (int q = 0; q < Rr; q++) {
+            const float *go = gd + (size_t)(g.noff[rsrc[q]] + rtok[q]) * C;
+            double s = 0.0;
+            for (int c = 0; c < C; c++) {
+                bad += dy[0][(size_t)q * C + c] != rw[q] * go[c];
+                s += (double)go[c] * yval(rsrc[q], rtok[q], rslot[q], c);
+            }
+            badw += dw[0][q] != (float)s;
+        }
+        CHECK(bad == 0 && badw == 0, "combine_bwd vs reference: %d dy, %d dw differ", bad, badw);
+        free(gd), free(c2), free(d2);
+    }
+    /* combine, dispatch backward: FLAT == HIER == tree reference; plain sum within 1e-5 */
+    CHECK(!memcmp(out[0], out[1], sizeof(float) * (size_t)N * C), "combine flat vs hier");
+    CHECK(!memcmp(dx[0], dx[1], sizeof(float) * (size_t)N * C), "dispatch_bwd flat vs hier");
+    int bo = 0, bx = 0;
+    double maxrel = 0.0;
+    float *tw = falloc((size_t)K * C), *ty = falloc((size_t)K * C), ref[C], refx[C];
+    const float *pw[64], *py[64];
+    for (int t = 0; t < N; t++) {
+        for (int j = 0; j < K; j++) {
+            float wj = g.w[(size_t)(g.noff[me] + t) * K + j];
+            for (int c = 0; c < C; c++) {
+                ty[j * C + c] = yval(me, t, j, c);
+                tw[j * C + c] = wj * ty[j * C + c];
+            }
+            pw[j] = tw + j * C, py[j] = ty + j * C;
+        }
+        sum_tree(a, &g, K, me, t, 1, ref, pw);
+        sum_tree(a, &g, K, me, t, 1, refx, py);
+        for (int c = 0; c < C; c++) {
+            bo += out[0][(size_t)t * C + c] != ref[c];
+            bx += dx[0][(size_t)t * C + c] != refx[c];
+            double s = 0.0, sa = 0.0; /* error relative to sum |terms| (the float bound) */
+            for (int j = 0; j < K; j++) s += (double)tw[j * C + c], sa += fabs((double)tw[j * C + c]);
+            double d = fabs(out[0][(size_t)t * C + c] - s) / sa;
+            if (d > maxrel) maxrel = d;
+        }
+    }
+    CHECK(bo == 0 && bx == 0, "combine / dispatch_bwd vs tree reference: %d / %d values differ", bo, bx);
+    CHECK(maxrel < 1e-6, "combine vs plain slot-order sum: max err / sum|terms| %.3g", maxrel);
+    free(tw), free(ty);
+    /* bytes */
+    if (me == 0) {
+        printf("P=%d nodes=%d K=%d %-32s inter: flat %8lld hier %8lld (rows %8lld / %8lld)  intra: flat %8lld hier %8lld\n",
+               P, a->nnodes, K, rname[routing], (long long)b[0].inter, (long long)b[1].inter,
+               (long long)b[0].inter_rows, (long long)b[1].inter_rows, (long long)b[0].intra, (long long)b[1].intra);
+        fflush(stdout);
+    }
+    CHECK(b[1].inter <= b[0].inter, "hier inter %lld > flat %lld", (long long)b[1].inter, (long long)b[0].inter);
+    CHECK(b[1].inter_rows <= b[0].inter_rows, "hier inter rows > flat");
+    if (routing == R_REMOTE_NODE && a->nnodes > 1 && K > 1) {
+        /* several experts of a token on one remote node: strictly fewer, if they can be on
+         * different ranks there (a node of one rank dedupes already in FLAT) */
+        int multi = 0;
+        for (int n = 0; n < a->nnodes; n++) multi |= a->node_start[n + 1] - a->node_start[n] > 1;
+        if (multi) CHECK(b[1].inter < b[0].inter, "hier inter %lld not < flat %lld", (long long)b[1].inter,
+                         (long long)b[0].inter);
+    }
+    for (int m = 0; m < 2; m++) {
+        mt_a2a_plan_free(&pl[m]);
+        mt_free(xe[m]), free(out[m]), free(dx[m]), free(dy[m]), free(dw[m]);
+    }
+    free(x), free(w), free(sel), free(dout), free(g.x), free(g.w), free(g.sel), free(g.N), free(g.noff);
+    free(cnt), free(dis), free(roff), free(rsrc), free(rtok), free(rslot), free(rw), free(rxe);
+}
+
+/* bench mode (bench/bench_a2a.sh): uniform top-K routing of N tokens x Cb per rank; one
+ * dispatch + combine per mode; prints bytes summed over ranks and the slowest rank's time */
+static int bench(int rpn, int N, int Cb, int K) {
+    mt_a2a a;
+    if (mt_a2a_init(&a, MPI_COMM_WORLD, rpn)) return 1;
+    const int me = a.rank;
+    float *x = rnd((size_t)N * Cb, 5 + me, -1, 1), *w = rnd((size_t)N * K, 9 + me, 0, 1);
+    int32_t *sel = ialloc((size_t)N * K);
+    for (int t = 0; t < N; t++) {
+        int e[E];
+        for (int i = 0; i < E; i++) e[i] = i;
+        for (int j = 0; j < K; j++) {
+            int q = j + (int)(mt_hash4(77, me, t, j) % (uint64_t)(E - j)), tmp = e[j];
+            e[j] = e[q], e[q] = tmp;
+            sel[(size_t)t * K + j] = e[j];
+        }
+    }
+    float *out = falloc((size_t)N * Cb);
+    for (int m = 0; m < 2; m++) {
+        double best = 1e30;
+        mt_a2a_bytes b = {0};
+        for (int it = 0; it < 3; it++) {
+            mt_a2a_plan p;
+            float *xe;
+            memset(&a.bytes, 0, sizeof a.bytes);
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            if (mt_a2a_dispatch(&a, (mt_a2a_mode)m, &p, &xe, x, sel, w, N, K, Cb, E)) return 1;
+            mt_a2a_combine(&a, &p, out, xe, p.w); /* identity experts: y = xe */
+            double dt = MPI_Wtime() - t0;
+            MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            if (dt < best) best = dt;
+            b = a.bytes;
+            mt_a2a_plan_free(&p);
+            mt_free(xe);
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &b, 5, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        if (me == 0)
+            printf("%d %d %d %s %lld %lld %lld %lld %.4f\n", a.size, a.nnodes, K, m ? "hier" : "flat",
+                   (long long)b.inter, (long long)b.inter_rows, (long long)b.intra, (long long)b.intra_rows, best);
+    }
+    free(x), free(w), free(sel), free(out);
+    mt_a2a_free(&a);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    if (argc > 1 && !strcmp(argv[1], "bench")) {
+        int rc = argc == 6 ? bench(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])) : 2;
+        if (rc == 2 && g_rank == 0) fprintf(stderr, "usage: test_a2a bench RANKS_PER_NODE N C K\n");
+        if (rc == 1) fprintf(stderr, "test_a2a: rank %d: %s\n", g_rank, mt_last_error());
+        MPI_Finalize();
+        return rc;
+    }
+    int rpn = argc > 1 ? atoi(argv[1]) : 0;
+    mt_a2a a;
+    CHECK(mt_a2a_init(&a, MPI_COMM_WORLD, rpn) == 0, "init: %s", mt_last_error());
+    if (E % a.size != 0) {
+        if (g_rank == 0) fprintf(stderr, "test_a2a: %d ranks do not divide E=%d\n", a.size, E);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    const int Ks[2] = {2, 8};
+    for (int ki = 0; ki < 2; ki++)
+        for (int routing = 0; routing < 3; routing++) run_case(&a, Ks[ki], routing, 1000 * ki + 10 * routing + 1);
+
+    /* bad input on one rank: every rank gets -1 */
+    {
+        int32_t sel[2] = {0, a.rank == a.size - 1 ? E : 1};
+        float x[C] = {0}, *xe = NULL;
+        mt_a2a_plan p;
+        for (int m = 0; m < 2; m++) {
+            int rc = mt_a2a_dispatch(&a, (mt_a2a_mode)m, &p, &xe, x, sel, NULL, 1, 2, C, E);
+            CHECK(rc == -1 && xe == NULL, "bad expert on the last rank: rc %d (mode %d)", rc, m);
+            if (g_rank == 0 && m == 0) printf("bad input -> every rank: %s\n", mt_last_error());
+        }
+    }
+    mt_a2a_free(&a);
+    int tot[2] = {g_pass, g_fail};
+    MPI_Allreduce(MPI_IN_PLACE, tot, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0) printf("a2a: %d checks passed, %d failed\n", tot[0], tot[1]);
+    MPI_Finalize();
+    return tot[1] ? 1 : 0;
+}
