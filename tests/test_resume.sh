@@ -32,4 +32,9 @@ cmp "$T/a/step_00000006/optimizer.safetensors" "$T/b/step_00000006/optimizer.saf
 # --init: new run from weights (step counter restarts at 1)
 "$MT" train "${common[@]}" --init "$T/a" --steps 2 --out "$T/d"
 [ "$(grep -c '"event":"step"' "$T/d/metrics.jsonl")" = 2 ] || fail "--init run did not do 2 steps"
+# results do not depend on the thread count
+"$MT" train "${common[@]}" --steps 2 --out "$T/t1" --threads 1
+"$MT" train "${common[@]}" --steps 2 --out "$T/t2" --threads 2
+cmp "$T/t1/step_00000002/model.safetensors" "$T/t2/step_00000002/model.safetensors" \
+  || fail "1 and 2 threads give different weights"
 echo "1 passed, 0 failed"

@@ -37,7 +37,7 @@ static size_t math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n,
     for (size_t i = 0; i < (size_t)Bg * Tmax; i++) tgt[i] = -1;
     float *logits = mt_alloc(sizeof(float) * (size_t)Bg * Tmax * V);
     int len[64], plen[64], done[64];
-    size_t correct = 0;
+    size_t correct = 0, too_long = 0;
     mt_step_stats st;
     for (size_t p0 = 0; p0 < n; p0 += Bg) {
         int nb = (int)(n - p0 < (size_t)Bg ? n - p0 : (size_t)Bg);
@@ -45,10 +45,16 @@ static size_t math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n,
         for (int b = 0; b < nb; b++) {
             const char *pr = probs[p0 + b].prompt;
             int32_t *row = tok + (size_t)b * Tmax;
+            int need = 1 + (int)strlen(pr);
+            done[b] = need >= Tmax; /* no room for an answer: counted as wrong */
+            if (done[b]) {
+                plen[b] = len[b] = 0;
+                too_long++;
+                continue;
+            }
             row[0] = MT_BYTE_EOT;
-            plen[b] = len[b] = 1 + (int)strlen(pr);
+            plen[b] = len[b] = need;
             for (int j = 1; j < len[b]; j++) row[j] = (unsigned char)pr[j - 1];
-            done[b] = 0;
         }
         for (;;) {
             int T = 0, active = 0;
@@ -79,6 +85,9 @@ static size_t math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n,
                        ok ? "" : probs[p0 + b].answer, ok ? "" : ")");
         }
     }
+    if (too_long)
+        mt_warn("%zu problems are longer than max_position_embeddings allows for an answer; counted as wrong",
+                too_long);
     mt_free(logits);
     free(tok);
     free(tgt);

@@ -62,6 +62,17 @@ static int list_shards(const char *dir, const char *split, char ***paths, int *c
     return 0;
 }
 
+int mt_loader_has_split(const char *dir, const char *split) {
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    char **paths = NULL;
+    int np = 0;
+    if (list_shards(dir, split, &paths, &np) != 0) return 0;
+    for (int i = 0; i < np; i++) free(paths[i]);
+    free(paths);
+    return np > 0;
+}
+
 int mt_loader_open(mt_loader **out, const char *dir, const char *split, int T, uint64_t seed) {
     MT_ASSERT(out && dir && split);
     *out = NULL;

@@ -17,6 +17,9 @@ typedef struct mt_loader mt_loader;
  * no window at all; a shard shorter than T+1 tokens is skipped with a warning. */
 int mt_loader_open(mt_loader **out, const char *dir, const char *split, int T, uint64_t seed);
 void mt_loader_free(mt_loader *L);
+/* 1 if dir is a folder holding at least one shard of `split` (a single .bin file has no
+ * separate split: 0). */
+int mt_loader_has_split(const char *dir, const char *split);
 /* Number of distinct windows (one epoch). */
 uint64_t mt_loader_windows(const mt_loader *L);
 /* Largest token id in the data (for the vocab check). */

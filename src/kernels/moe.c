@@ -85,11 +85,12 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
 enum { TILE_OUT = 64, MAX_TILES = 1 << 16 };
 
 /* Row tile height: large tiles amortise the packing of the expert's weight (every tile packs
- * it again), small ones balance the threads; aim at ~4 tiles per thread, 64..1024 rows. */
+ * it again), small ones balance the threads. Fixed (not derived from the thread count), so
+ * the same rows go to the same GEMM calls and results do not depend on the threads. */
 static int tile_rows(const int32_t *off, int E) {
-    int t = off[E] / (4 * omp_get_max_threads());
-    t = (t + 15) / 16 * 16;
-    return t < 64 ? 64 : t > 1024 ? 1024 : t;
+    (void)off;
+    (void)E;
+    return 256;
 }
 
 /* tiles (expert, first row) of the permuted rows */

@@ -15,6 +15,8 @@
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 
+enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays in routing) */
+
 /* ---------------------------------------------------------------- layout */
 
 static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int64_t d0, int64_t d1,
@@ -149,6 +151,9 @@ int mt_model_init(mt_model *m, const mt_config *cfg) {
     if (cfg->num_hidden_layers > 256)
         return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
                         cfg->num_hidden_layers);
+    if (cfg->n_routed_experts > MAX_E || cfg->num_experts_per_tok > 512)
+        return mt_error("config: n_routed_experts %d / num_experts_per_tok %d exceed the trainer's limits "
+                        "(4096 / 512)", cfg->n_routed_experts, cfg->num_experts_per_tok);
     if (strcmp(cfg->attention_type, "gqa") != 0)
         return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
                         "(only \"gqa\")", cfg->attention_type);
@@ -221,7 +226,7 @@ typedef struct {
 } layer_acts;
 
 struct mt_acts {
-    int B, T, nthr, nlayers, nexperts, policy;
+    int B, T, nthr, nlayers, nexperts, policy, count_load;
     size_t cap, last_n;           /* capacity B*T; tokens of the last step */
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* final residual, final norm out, rstd */
@@ -389,7 +394,6 @@ uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *c) {
 
 /* ---------------------------------------------------------------- routing */
 
-enum { MAX_E = 4096 };
 
 static inline int better(const float *p, int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); }
 
@@ -497,7 +501,8 @@ static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     /* fused permute: rows grouped by expert, gathered into xe */
     mt_moe_permute(a->xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
     const int32_t *off = L->eoff;
-    for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
+    if (a->count_load) /* training tokens only, not evaluation */
+        for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
     /* per-sequence routed fractions f_e (for the balance loss) */
     memset(L->f, 0, sizeof(float) * (size_t)B * E);
     for (int i = 0; i < R; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
@@ -649,6 +654,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap);
     memset(st, 0, sizeof *st);
     a->last_n = (size_t)N;
+    a->count_load = train;
 
     /* embedding */
     float *x0 = a->L[0].x;

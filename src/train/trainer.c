@@ -152,7 +152,8 @@ static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, i
     }
     *step = (int)jnum(r, "step", 0);
     *samples = (uint64_t)jnum(r, "samples", 0);
-    o->seed = strtoull(sd->valuestring, NULL, 10);
+    if (!o->set_seed) o->seed = strtoull(sd->valuestring, NULL, 10);
+    if (!o->set_steps) o->steps = (int)jnum(r, "steps", o->steps);
     const int ck_batch = (int)jnum(r, "batch", o->batch), ck_accum = (int)jnum(r, "accum", o->accum);
     const int64_t global = (int64_t)jnum(r, "global_batch", (double)ck_batch * ck_accum);
     if (!o->set_batch) o->batch = ck_batch;
@@ -170,12 +171,12 @@ static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, i
     if (!o->set_warmup) o->warmup = (int)jnum(r, "warmup", o->warmup);
     if (!o->set_wd) o->wd = jnum(r, "weight_decay", o->wd);
     if (!o->set_clip) o->clip = jnum(r, "clip", o->clip);
-    o->min_lr_ratio = jnum(r, "min_lr_ratio", o->min_lr_ratio);
-    o->beta1 = jnum(r, "beta1", o->beta1);
-    o->beta2 = jnum(r, "beta2", o->beta2);
+    if (!o->set_min_lr) o->min_lr_ratio = jnum(r, "min_lr_ratio", o->min_lr_ratio);
+    if (!o->set_beta1) o->beta1 = jnum(r, "beta1", o->beta1);
+    if (!o->set_beta2) o->beta2 = jnum(r, "beta2", o->beta2);
     o->eps = jnum(r, "eps", o->eps);
-    o->doc_mode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "doc_mode"));
-    o->eot = (int)jnum(r, "eot", o->eot);
+    if (!o->set_doc_mode) o->doc_mode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "doc_mode"));
+    if (!o->set_eot) o->eot = (int)jnum(r, "eot", o->eot);
     cJSON_Delete(r);
     return 0;
 }
@@ -327,12 +328,23 @@ int mt_train(const mt_train_opts *opts) {
     if (o.resume) {
         if (mt_ckpt_resolve(o.resume, ckdir, sizeof ckdir) != 0) return -1;
         if (o.config && root) mt_warn("--resume given: --config is ignored, the model config comes from %s/config.json", ckdir);
-        if (!o.out) { /* continue writing into the run folder the checkpoint belongs to */
-            snprintf(resume_out, sizeof resume_out, "%s", ckdir);
-            char *slash = strrchr(resume_out, '/');
-            if (slash && strcmp(ckdir, o.resume) != 0) snprintf(resume_out, sizeof resume_out, "%s", o.resume);
-            else if (slash) *slash = 0;
-            else snprintf(resume_out, sizeof resume_out, ".");
+        if (!o.out) {
+            /* continue writing into the run folder: the resumed path itself when it is a run
+             * folder (it has `latest`), else the folder that holds the checkpoint */
+            snprintf(resume_out, sizeof resume_out, "%s", o.resume);
+            size_t len = strlen(resume_out);
+            while (len > 1 && resume_out[len - 1] == '/') resume_out[--len] = 0;
+            char latest[4200];
+            snprintf(latest, sizeof latest, "%s/latest", resume_out);
+            FILE *lf = fopen(latest, "r");
+            if (lf) {
+                fclose(lf);
+            } else {
+                char *slash = strrchr(resume_out, '/');
+                if (slash && slash != resume_out) *slash = 0;
+                else if (slash) slash[1] = 0;
+                else snprintf(resume_out, sizeof resume_out, ".");
+            }
             o.out = resume_out;
         }
         if (root && mt_ckpt_verify(ckdir, 1) != 0) return -1; /* rank 0 reads the big files */
@@ -387,9 +399,11 @@ int mt_train(const mt_train_opts *opts) {
         return mt_error("%s: token id %u does not fit vocab_size %d of the model config", o.data, maxtok,
                         cfg.vocab_size);
     }
-    if (mt_loader_open(&r.val, o.data, "val", o.seq, o.seed) != 0) {
-        r.val = NULL; /* optional */
-    } else if ((int64_t)mt_loader_max_token(r.val) >= cfg.vocab_size) {
+    /* the val split is optional; when it exists it must be readable */
+    if (mt_loader_has_split(o.data, "val") && mt_loader_open(&r.val, o.data, "val", o.seq, o.seed) != 0) {
+        run_free(&r);
+        return -1;
+    } else if (r.val && (int64_t)mt_loader_max_token(r.val) >= cfg.vocab_size) {
         run_free(&r);
         return mt_error("%s: validation token id does not fit vocab_size %d", o.data, cfg.vocab_size);
     }

@@ -37,7 +37,9 @@ typedef struct {
     int dist_opt;            /* ZeRO-1: shard the AdamW state and update over DP */
     double bucket_mb;        /* gradient all-reduce bucket size in MiB (default 25) */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
-    int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip; /* given on the command line */
+    /* given on the command line: with --resume these override the checkpoint's settings */
+    int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;
+    int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot;
 } mt_train_opts;
 
 void mt_train_defaults(mt_train_opts *o);
