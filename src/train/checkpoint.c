@@ -3,6 +3,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +68,10 @@ int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const 
     char path[4096];
     if (mt_mkdir_p(dir) != 0) return -1;
     join(path, sizeof path, dir, "checksums.json");
-    remove(path); /* the folder is incomplete until the new manifest lands */
+    if (remove(path) == 0) { /* the folder is incomplete until the new manifest lands */
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) { fsync(dfd); close(dfd); } /* make the removal durable before rewriting */
+    }
     join(path, sizeof path, dir, "config.json");
     if (mt_config_save(&m->cfg, path) != 0) return -1;
     join(path, sizeof path, dir, "model.safetensors");

@@ -2,6 +2,8 @@
 #include "train/trainer.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,9 +106,46 @@ static void fmt_hms(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
-static char *state_to_json(const mt_train_opts *o, int step, uint64_t samples, int bad, int dp) {
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Keeps the newest `keep` step_NNNNNNNN checkpoints of a run folder, removes the older ones. */
+static void prune_checkpoints(const char *out, int keep) {
+    DIR *dir = opendir(out);
+    if (!dir) return;
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        if (strncmp(e->d_name, "step_", 5) != 0 || strlen(e->d_name) != 13) continue;
+        if (n == cap) names = mt_xrealloc(names, sizeof(char *) * (size_t)(cap = cap ? 2 * cap : 16));
+        names[n++] = mt_xstrdup(e->d_name);
+    }
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof(char *), cmp_names); /* zero-padded: name order = step order */
+    for (int i = 0; i < n; i++) {
+        if (i < n - keep) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s", out, names[i]);
+            if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) mt_warn("could not remove old checkpoint %s", path);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+static char *state_to_json(const mt_train_opts *o, int step, int opt_step, uint64_t samples, int bad, int dp) {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "step", step);
+    cJSON_AddNumberToObject(r, "opt_step", opt_step); /* updates applied (skipped steps excluded) */
     cJSON_AddNumberToObject(r, "samples", (double)samples);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
@@ -141,7 +180,7 @@ static double jnum(const cJSON *r, const char *k, double def) {
 
 /* restores step, samples and the hyper-parameters not overridden on the command line; the
  * global batch (batch x accum x DP) is kept under any DP unless --accum is given */
-static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, int *step, uint64_t *samples,
+static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, int *step, int *opt_step, uint64_t *samples,
                            int dp) {
     cJSON *r = cJSON_Parse(txt);
     if (!r) return mt_error("%s/trainer_state.json: malformed JSON", dir);
@@ -151,6 +190,7 @@ static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, i
         return mt_error("%s/trainer_state.json: missing step or seed", dir);
     }
     *step = (int)jnum(r, "step", 0);
+    *opt_step = (int)jnum(r, "opt_step", *step);
     *samples = (uint64_t)jnum(r, "samples", 0);
     if (!o->set_seed) o->seed = strtoull(sd->valuestring, NULL, 10);
     if (!o->set_steps) o->steps = (int)jnum(r, "steps", o->steps);
@@ -209,6 +249,7 @@ typedef struct {
     float *adam_m, *adam_v;       /* [opt_n]: all parameters, or this rank's shard with dist_opt */
     float *gshard;                /* dist_opt: this rank's shard of the summed gradient */
     size_t opt_lo, opt_n;         /* the optimizer's range of the flat parameter buffer */
+    int opt_step;                 /* AdamW updates applied: the bias-correction step */
     int32_t *in, *tg, *pos;
     int nt;                       /* tensor table for the optimizer, clipped to its range and */
     size_t *t_off, *t_len;        /* relative to opt_lo */
@@ -269,7 +310,7 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
     }
     int rc = 0;
     if (d->rank == 0) {
-        char *st = state_to_json(o, step, samples, bad, d->dp_size);
+        char *st = state_to_json(o, step, r->opt_step, samples, bad, d->dp_size);
         rc = mt_ckpt_save(dir, &r->m, fm, fv, st);
         free(st);
         if (rc == 0) rc = mt_ckpt_set_latest(o->out, name);
@@ -280,15 +321,7 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
     }
     if (rc != 0) return -1;
     snprintf(last_good, cap, "%s", dir);
-    /* keep the newest o->keep checkpoints */
-    if (d->rank == 0 && o->keep > 0 && o->save_every > 0) {
-        int old = step - o->keep * o->save_every;
-        if (old > 0) {
-            char cmd[4200];
-            snprintf(cmd, sizeof cmd, "rm -rf '%s/step_%08d'", o->out, old);
-            if (system(cmd) != 0) mt_warn("could not remove old checkpoint step_%08d", old);
-        }
-    }
+    if (d->rank == 0 && o->keep > 0) prune_checkpoints(o->out, o->keep);
     return 0;
 }
 
@@ -351,7 +384,7 @@ int mt_train(const mt_train_opts *opts) {
         if (mt_ckpt_load_config(ckdir, &cfg) != 0) return -1;
         char *st;
         if (mt_ckpt_load_state(ckdir, &st) != 0) return -1;
-        int rc = state_from_json(ckdir, st, &o, &start_step, &samples, D);
+        int rc = state_from_json(ckdir, st, &o, &start_step, &r.opt_step, &samples, D);
         free(st);
         if (rc != 0) return -1;
     } else if (o.init) {
@@ -581,7 +614,8 @@ int mt_train(const mt_train_opts *opts) {
             float gscale = (o.clip > 0 && gnorm > o.clip) ? (float)(o.clip / (gnorm + 1e-6)) : 1.0f;
             const float *g = o.dist_opt ? r.gshard : r.m.grads;
             mt_adamw_multi(r.m.params + r.opt_lo, g, r.adam_m, r.adam_v, r.nt, r.t_off, r.t_len, r.t_decay,
-                           (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.wd, gscale, step);
+                           (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.wd, gscale,
+                           ++r.opt_step);
             if (o.dist_opt) mt_dist_allgather(d, r.m.params, P);
         }
         double dt = mt_now() - t0, comm = d->comm_s;
