@@ -532,6 +532,22 @@ static void test_text(void) {
     CHECK_ERR(mt_text_to_shards(files, 0, out, 0.1, 0), out);
 }
 
+/* Split names are whole words of a file name: "eval_train.bin" is train data, not val. */
+static void test_split_names(void) {
+    char dir[600], p[700];
+    snprintf(dir, sizeof dir, "%s/splits", tmp_root);
+    CHECK_OK(mt_mkdir_p(dir));
+    uint32_t t[4] = {1, 2, 3, 4};
+    snprintf(p, sizeof p, "%s/eval_train.bin", dir);
+    CHECK_OK(mt_shard_write(p, t, 4));
+    CHECK(mt_loader_has_split(dir, "train") == 1);
+    CHECK(mt_loader_has_split(dir, "val") == 0);
+    snprintf(p, sizeof p, "%s/fineweb_val_000000.bin", dir);
+    CHECK_OK(mt_shard_write(p, t, 4));
+    CHECK(mt_loader_has_split(dir, "val") == 1);
+    CHECK(mt_loader_has_split(p, "val") == 0); /* a single file has no separate split */
+}
+
 int main(void) {
     const char *env = getenv("MT_TEST_TMP");
     snprintf(tmp_root, sizeof tmp_root, "%s/test_data", env && *env ? env : "/tmp/mt_test_data");
@@ -546,6 +562,7 @@ int main(void) {
     test_math_parse();
     test_math_generate();
     test_text();
+    test_split_names();
     printf("test_data: all checks passed\n");
     return 0;
 }

@@ -10,6 +10,7 @@
 #include "base/common.h"
 #include "data/shard.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -39,7 +40,19 @@ static int ends_with(const char *s, const char *suf) {
     return n >= m && strcmp(s + n - m, suf) == 0;
 }
 
-/* Sorted paths of dir's files whose name contains split and ends in .bin. */
+/* Does name contain split as a whole word (bounded by the name's ends or a character that is
+ * not a letter or digit)? "math_val_000000.bin" has "val"; "eval_train.bin" does not. */
+static int has_word(const char *name, const char *split) {
+    size_t m = strlen(split);
+    for (const char *p = strstr(name, split); p; p = strstr(p + 1, split)) {
+        int left = p == name || !isalnum((unsigned char)p[-1]);
+        int right = !isalnum((unsigned char)p[m]);
+        if (left && right) return 1;
+    }
+    return 0;
+}
+
+/* Sorted paths of dir's files whose name has split as a word and ends in .bin. */
 static int list_shards(const char *dir, const char *split, char ***paths, int *count) {
     DIR *d = opendir(dir);
     if (!d) return mt_error("%s: cannot open data directory: %s", dir, strerror(errno));
@@ -47,7 +60,7 @@ static int list_shards(const char *dir, const char *split, char ***paths, int *c
     int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (!strstr(e->d_name, split) || !ends_with(e->d_name, ".bin")) continue;
+        if (!has_word(e->d_name, split) || !ends_with(e->d_name, ".bin")) continue;
         if (n == cap) { cap = cap ? 2 * cap : 16; names = mt_xrealloc(names, (size_t)cap * sizeof *names); }
         size_t len = strlen(dir) + strlen(e->d_name) + 2;
         names[n] = mt_xmalloc(len);
