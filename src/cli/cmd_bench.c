@@ -18,7 +18,9 @@
 #include "kernels/ops.h"
 #include "kernels/ref.h"
 #include "kernels/ref_moe.h"
+#include "dist/dist.h"
 #include "model/model.h"
+#include "plan/calibrate.h"
 
 /* ---- bench kernels ------------------------------------------------------------------- */
 
@@ -373,8 +375,11 @@ int mt_cmd_bench(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[2], "kernels") == 0) return bench_kernels(argc, argv);
     const char *config = NULL;
     int B = 8, T = 512, steps = 5, threads = 0;
-    const char *recompute = "none";
+    const char *recompute = "none", *calibrate = NULL;
+    int quick = 0;
     mt_arg specs[] = {
+        {"calibrate", MT_ARG_STR, &calibrate, "measure this machine and write a cluster file for moetrain plan", NULL},
+        {"quick", MT_ARG_BOOL, &quick, "with --calibrate: shorter timings, smaller buffers, no T=4096 attention", NULL},
         {"config", MT_ARG_STR, &config, "also time training steps of this config (preset or file)", NULL},
         {"batch", MT_ARG_INT, &B, "micro-batch (default 8)", NULL},
         {"seq", MT_ARG_INT, &T, "sequence length (default 512)", NULL},
@@ -382,9 +387,21 @@ int mt_cmd_bench(int argc, char **argv) {
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
         {"recompute", MT_ARG_STR, &recompute, "memory policy: none or selective (default none)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
-    int rc = mt_args_parse("bench", "[--config NAME --batch B --seq T --steps N]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
+    int rc = mt_args_parse("bench", "[--config NAME --batch B --seq T --steps N]  |  --calibrate OUT.json [--quick]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     mt_set_threads(threads > 0 ? threads : mt_get_threads());
+    if (calibrate) {
+        if (config) {
+            mt_error("moetrain bench: --calibrate and --config are separate runs");
+            return mt_cli_fail();
+        }
+        /* under mpirun the calibration also measures the links between ranks */
+        const int mpi = mt_calibrate_under_mpi();
+        if (mpi && mt_dist_init(&argc, &argv) != 0) return mt_cli_fail();
+        rc = mt_calibrate(calibrate, quick);
+        if (mpi) mt_dist_finalize();
+        return rc ? mt_cli_fail() : 0;
+    }
     printf("BLAS kernel %s, %d threads\n", mt_blas_corename(), mt_get_threads());
     double peak = 0;
     for (int n = 512; n <= 2048; n *= 2) {

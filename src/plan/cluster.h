@@ -12,7 +12,7 @@
  *   efficiency (optional): {gemm, attention, memory} fractions of peak, defaults 0.7,
  *     0.5, 0.7; gemm_curve: [[GFLOP per GEMM call, efficiency], ...] ascending, used
  *     instead of the constant gemm efficiency (linear in log10 of the size, clamped).
- * A measured file (`moetrain bench --calibrate`, not built yet) will fill the same keys. */
+ * A measured file: `moetrain bench --calibrate OUT.json` writes this format (src/plan/calibrate.c). */
 #ifndef MT_PLAN_CLUSTER_H
 #define MT_PLAN_CLUSTER_H
 

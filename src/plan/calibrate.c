@@ -1,0 +1,423 @@
+/* plan/calibrate.c — measures this machine into a cluster file (see calibrate.h). */
+#include "plan/calibrate.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+#include "kernels/attention.h"
+#include "kernels/blas.h"
+#include "kernels/ops.h"
+#include "plan/cluster.h"
+
+/* Best wall time of `call` within `budget` seconds: at least two runs (the first warms
+ * caches and threads) unless one run alone exceeds the budget; at most 50. */
+#define CAL_TIME(dst, budget, call) do { \
+    double best_ = INFINITY, spent_ = 0; \
+    for (int n_ = 0; n_ < 50; n_++) { \
+        double t0_ = mt_now(); \
+        call; \
+        double t_ = mt_now() - t0_; \
+        spent_ += t_; \
+        if (t_ < best_) best_ = t_; \
+        if (n_ >= 1 ? spent_ + best_ > (budget) : t_ > (budget)) break; \
+    } \
+    (dst) = best_; } while (0)
+
+/* GEMM grid: M rows (tokens) x (N outputs, K inputs) of the "small" config's layers:
+ * expert FFN 352, attention projections 512, dense FFN 1408 (and its down projection with
+ * K = 1408), LM head 8192. */
+static const int CAL_M[] = {64, 256, 1024, 4096};
+static const int CAL_NK[][2] = {{352, 512}, {512, 512}, {1408, 512}, {512, 1408}, {8192, 512}};
+enum { CAL_NM = 4, CAL_NNK = 5, CAL_NG = CAL_NM * CAL_NNK, CAL_NT = 2 };
+static const int CAL_T[CAL_NT] = {512, 4096};
+enum { CAL_H = 8, CAL_D = 64, CAL_TOK = 4096 }; /* attention: 8 heads x 64, B*T = 4096 */
+
+/* Everything measured per rank (reduced with MIN over ranks; NaN = not measured, kept as
+ * NaN by using -1 sentinels through the reduction). */
+typedef struct {
+    double gemm[CAL_NG];             /* GFLOP/s, -1 = skipped */
+    double att_f[CAL_NT], att_b[CAL_NT]; /* GFLOP/s fwd, bwd (bwd FLOPs = 2.5 x fwd) */
+    double copy_gbs, adamw_gbs;      /* bytes read + written */
+} cal_meas;
+
+static float *cal_fill(size_t n, uint64_t seed) {
+    float *a = mt_alloc(sizeof(float) * (n ? n : 1));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) a[i] = 2.0f * (float)mt_u01(mt_hash4(seed, i, 0x63616cULL, 0)) - 1.0f;
+    return a;
+}
+
+static void cal_gemm(cal_meas *m, int quick) {
+    const double bud = quick ? 0.03 : 0.25;
+    const int nm = quick ? CAL_NM - 1 : CAL_NM; /* --quick: no M = 4096 */
+    size_t in_max = 0, w_max = 0, out_max = 0;
+    for (int j = 0; j < CAL_NNK; j++) {
+        size_t N = (size_t)CAL_NK[j][0], K = (size_t)CAL_NK[j][1], M = (size_t)CAL_M[nm - 1];
+        if (M * K > in_max) in_max = M * K;
+        if (N * K > w_max) w_max = N * K;
+        if (M * N > out_max) out_max = M * N;
+    }
+    float *x = cal_fill(in_max, 1), *W = cal_fill(w_max, 2), *y = cal_fill(out_max, 3);
+    for (int i = 0; i < CAL_NG; i++) m->gemm[i] = -1;
+    for (int i = 0; i < nm; i++)
+        for (int j = 0; j < CAL_NNK; j++) {
+            int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
+            double t;
+            CAL_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
+            m->gemm[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
+        }
+    mt_free(x); mt_free(W); mt_free(y);
+}
+
+static double cal_att_flops(int T) { /* causal forward of CAL_TOK tokens, as the planner counts */
+    return 4.0 * CAL_D * CAL_H * (double)T * (T + 1) / 2.0 * (CAL_TOK / T);
+}
+
+static void cal_attention(cal_meas *m, int quick) {
+    const double bud = quick ? 0.05 : 0.4;
+    const int nthr = mt_get_threads();
+    for (int i = 0; i < CAL_NT; i++) {
+        m->att_f[i] = m->att_b[i] = -1;
+        if (quick && CAL_T[i] > 512) continue;
+        const int T = CAL_T[i], B = CAL_TOK / T;
+        size_t n = (size_t)B * T * CAL_H * CAL_D, nl = (size_t)B * CAL_H * T;
+        float *q = cal_fill(n, 10), *k = cal_fill(n, 11), *v = cal_fill(n, 12), *dout = cal_fill(n, 13);
+        float *o = cal_fill(n, 14), *l = cal_fill(nl, 15), *dq = cal_fill(n, 16), *dk = cal_fill(n, 17);
+        float *dv = cal_fill(n, 18);
+        float *scratch = mt_alloc(sizeof(float) * (size_t)nthr * mt_attention_scratch_floats(T, CAL_D));
+        double tf, tb, ff = cal_att_flops(T);
+        CAL_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
+        CAL_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
+                                           scratch, nthr));
+        m->att_f[i] = ff / tf * 1e-9;
+        m->att_b[i] = 2.5 * ff / tb * 1e-9;
+        mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o); mt_free(l);
+        mt_free(dq); mt_free(dk); mt_free(dv); mt_free(scratch);
+    }
+}
+
+static void cal_memory(cal_meas *m, int quick) {
+    const double bud = quick ? 0.1 : 0.5;
+    const size_t n = quick ? (size_t)4 << 20 : (size_t)16 << 20; /* 16 MB / 64 MB of floats */
+    float *a = cal_fill(n, 20), *b = cal_fill(n, 21), *g = cal_fill(n, 22), *v = cal_fill(n, 23);
+    double t;
+    CAL_TIME(t, bud, mt_copy(b, a, n));
+    m->copy_gbs = 8.0 * n / t * 1e-9; /* read + write */
+    mt_zero(b, n);
+    mt_zero(v, n);
+    int step = 1;
+    CAL_TIME(t, bud, mt_adamw(a, g, b, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step++));
+    m->adamw_gbs = 28.0 * n / t * 1e-9; /* reads p, g, m, v; writes p, m, v */
+    mt_free(a); mt_free(b); mt_free(g); mt_free(v);
+}
+
+/* MemTotal and MemAvailable in bytes; -1 if /proc/meminfo cannot be read. */
+static int cal_meminfo(double *total, double *avail) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    *total = *avail = 0;
+    while (fgets(line, sizeof line, f)) {
+        double kb;
+        if (sscanf(line, "MemTotal: %lf kB", &kb) == 1) *total = kb * 1024;
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) *avail = kb * 1024;
+    }
+    fclose(f);
+    return *total > 0 ? 0 : -1;
+}
+
+/* ---- MPI -------------------------------------------------------------------------- */
+
+typedef struct {
+    double lat_s, bw;      /* one-way latency (s) and bandwidth (bytes/s) of a ping-pong */
+} cal_link;
+
+/* Ping-pong between world ranks 0 and `peer` (every rank calls; only the two take part). */
+static cal_link cal_pingpong(mt_dist *d, int peer, int quick) {
+    cal_link r = {0, 0};
+    const int iters = quick ? 200 : 1000, big_iters = quick ? 5 : 20;
+    const size_t big = quick ? (size_t)4 << 20 : (size_t)16 << 20;
+    char *buf = mt_xcalloc(big, 1);
+    double res[2] = {0, 0};
+    mt_dist_barrier(d);
+    if (d->rank == 0 || d->rank == peer) {
+        const int other = d->rank == 0 ? peer : 0;
+        for (int pass = 0; pass < 2; pass++) {
+            const size_t bytes = pass ? big : 8;
+            const int n = pass ? big_iters : iters;
+            for (int w = 0; w < 2; w++) { /* warm-up round trips, then the timed ones */
+                int reps = w ? n : 3;
+                double t0 = MPI_Wtime();
+                for (int i = 0; i < reps; i++) {
+                    if (d->rank == 0) {
+                        MPI_Send(buf, (int)bytes, MPI_BYTE, other, 7, d->world);
+                        MPI_Recv(buf, (int)bytes, MPI_BYTE, other, 7, d->world, MPI_STATUS_IGNORE);
+                    } else {
+                        MPI_Recv(buf, (int)bytes, MPI_BYTE, other, 7, d->world, MPI_STATUS_IGNORE);
+                        MPI_Send(buf, (int)bytes, MPI_BYTE, other, 7, d->world);
+                    }
+                }
+                if (w) res[pass] = (MPI_Wtime() - t0) / (2.0 * reps); /* one way */
+            }
+        }
+    }
+    MPI_Bcast(res, 2, MPI_DOUBLE, 0, d->world);
+    free(buf);
+    r.lat_s = res[0];
+    double t = res[1] - res[0];
+    r.bw = (double)big / (t > 0 ? t : res[1]);
+    return r;
+}
+
+/* MPI_Alltoall over the world with `block` bytes per pair: seconds of the slowest rank. */
+static double cal_alltoall(mt_dist *d, size_t block, int reps) {
+    char *s = mt_xcalloc(block * (size_t)d->size, 1), *r = mt_xcalloc(block * (size_t)d->size, 1);
+    double best = INFINITY;
+    for (int i = 0; i < reps + 1; i++) {
+        mt_dist_barrier(d);
+        double t0 = MPI_Wtime();
+        MPI_Alltoall(s, (int)block, MPI_BYTE, r, (int)block, MPI_BYTE, d->world);
+        double t = MPI_Wtime() - t0;
+        MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, d->world);
+        if (i > 0 && t < best) best = t; /* the first one is a warm-up */
+    }
+    free(s);
+    free(r);
+    return best;
+}
+
+/* ---- output ----------------------------------------------------------------------- */
+
+static double r4(double x) { /* 4 significant digits: readable files */
+    char b[32];
+    snprintf(b, sizeof b, "%.4g", x);
+    return strtod(b, NULL);
+}
+
+static cJSON *num_pair(double a, double b) {
+    cJSON *p = cJSON_CreateArray();
+    cJSON_AddItemToArray(p, cJSON_CreateNumber(a));
+    cJSON_AddItemToArray(p, cJSON_CreateNumber(b));
+    return p;
+}
+
+static cJSON *link_obj(double bw, double lat) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "bw_gbs", r4(bw * 1e-9));
+    cJSON_AddNumberToObject(o, "latency_us", r4(lat * 1e6));
+    return o;
+}
+
+int mt_calibrate_under_mpi(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_NUM_TASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+int mt_calibrate(const char *path, int quick) {
+    mt_dist *d = mt_dist_get();
+    const int mpi = d->initialized && d->size > 1, root = !mpi || d->rank == 0;
+    const double t_start = mt_now();
+    if (root) {
+        printf("calibrate: BLAS kernel %s, %d threads per rank", mt_blas_corename(), mt_get_threads());
+        if (mpi) printf(", %d ranks measuring at once (%d on this node)", d->size, d->local_size);
+        printf("\n");
+        fflush(stdout);
+    }
+    cal_meas m;
+    memset(&m, 0, sizeof m);
+    if (mpi) mt_dist_barrier(d);
+    cal_gemm(&m, quick);
+    cal_attention(&m, quick);
+    cal_memory(&m, quick);
+    /* the slowest rank's figures (-1 = skipped stays -1: every rank skips the same) */
+    if (mpi) MPI_Allreduce(MPI_IN_PLACE, &m, (int)(sizeof m / sizeof(double)), MPI_DOUBLE, MPI_MIN, d->world);
+
+    /* links: partners of rank 0 on the same node and on another node (host name hash) */
+    cal_link intra = {0, 0}, inter = {0, 0};
+    double a2a_s = 0, a2a_small_s = 0;
+    const size_t a2a_block = quick ? (size_t)256 << 10 : (size_t)1 << 20;
+    int have_intra = 0, have_inter = 0;
+    if (mpi) {
+        char host[MPI_MAX_PROCESSOR_NAME];
+        int len = 0;
+        MPI_Get_processor_name(host, &len);
+        unsigned long long h = 1469598103934665603ULL, *all = mt_xmalloc(sizeof *all * (size_t)d->size);
+        for (int i = 0; i < len; i++) h = (h ^ (unsigned char)host[i]) * 1099511628211ULL;
+        MPI_Allgather(&h, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, d->world);
+        int pin = -1, pout = -1;
+        for (int r = 1; r < d->size; r++) {
+            if (all[r] == all[0] && pin < 0) pin = r;
+            if (all[r] != all[0] && pout < 0) pout = r;
+        }
+        free(all);
+        if (pin > 0) { intra = cal_pingpong(d, pin, quick); have_intra = 1; }
+        if (pout > 0) { inter = cal_pingpong(d, pout, quick); have_inter = 1; }
+        a2a_s = cal_alltoall(d, a2a_block, quick ? 3 : 10);
+        a2a_small_s = cal_alltoall(d, 8, quick ? 20 : 100);
+    }
+    if (!root) return 0;
+
+    double mem_total = 0, mem_avail = 0;
+    int have_mem = cal_meminfo(&mem_total, &mem_avail) == 0;
+    const int per_node = mpi ? d->local_size : 1, devices = mpi ? d->size : 1;
+
+    /* peak = the best SGEMM; curve = rate / peak binned by FLOPs per call (log-spaced) */
+    double peak = 0, lo = INFINITY, hi = 0;
+    for (int i = 0; i < CAL_NG; i++) {
+        if (m.gemm[i] <= 0) continue;
+        double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
+        if (m.gemm[i] > peak) peak = m.gemm[i];
+        if (f < lo) lo = f;
+        if (f > hi) hi = f;
+    }
+    enum { NB = 10 };
+    double bf[NB] = {0}, bt[NB] = {0}, blog[NB] = {0};
+    int bn[NB] = {0};
+    const double w = (log10(hi) - log10(lo)) / NB;
+    for (int i = 0; i < CAL_NG; i++) {
+        if (m.gemm[i] <= 0) continue;
+        double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
+        int b = w > 0 ? (int)((log10(f) - log10(lo)) / w) : 0;
+        if (b >= NB) b = NB - 1;
+        bf[b] += f;
+        bt[b] += f / (m.gemm[i] * 1e9); /* seconds: the bin's efficiency is FLOP-weighted */
+        blog[b] += log10(f);
+        bn[b]++;
+    }
+    /* attention: the planner counts backward = 2 x forward, so its efficiency is 3 x fwd
+     * FLOPs / (fwd + bwd time); the mean over the measured T */
+    double att_eff = 0;
+    int natt = 0;
+    for (int i = 0; i < CAL_NT; i++) {
+        if (m.att_f[i] <= 0) continue;
+        double ff = cal_att_flops(CAL_T[i]), t = ff / (m.att_f[i] * 1e9) + 2.5 * ff / (m.att_b[i] * 1e9);
+        att_eff += 3 * ff / t * 1e-9 / peak;
+        natt++;
+    }
+    att_eff = fmin(1.0, att_eff / natt);
+    const double mem_eff = fmin(1.0, m.adamw_gbs / m.copy_gbs);
+
+    char date[64], host[128] = "localhost", src[256];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    gethostname(host, sizeof host - 1);
+    snprintf(src, sizeof src, "measured by moetrain bench --calibrate on %s (%s, %d threads per rank%s)", date,
+             host, mt_get_threads(), quick ? ", --quick" : "");
+
+    cJSON *root_o = cJSON_CreateObject();
+    char name[64];
+    snprintf(name, sizeof name, "calibrated-%.40s", host);
+    cJSON_AddStringToObject(root_o, "name", name);
+    cJSON_AddStringToObject(root_o, "source", src);
+    cJSON *assumed = cJSON_AddArrayToObject(root_o, "assumed");
+    cJSON_AddItemToArray(assumed, cJSON_CreateString("peak_tflops.bf16 (= measured fp32: the trainer computes in fp32)"));
+    if (!have_intra)
+        cJSON_AddItemToArray(assumed, cJSON_CreateString("intra_node (single rank: bw = copy bandwidth, latency 1 us)"));
+    if (!have_inter)
+        cJSON_AddItemToArray(assumed, cJSON_CreateString("inter_node (no rank on another node: copied from intra_node)"));
+    if (natt < CAL_NT)
+        cJSON_AddItemToArray(assumed, cJSON_CreateString("efficiency.attention from T = 512 only (--quick)"));
+    if (!have_mem) cJSON_AddItemToArray(assumed, cJSON_CreateString("memory_gb (no /proc/meminfo: 1 GB)"));
+    cJSON_AddNumberToObject(root_o, "devices", devices);
+    cJSON_AddNumberToObject(root_o, "devices_per_node", per_node);
+    cJSON *pk = cJSON_AddObjectToObject(root_o, "peak_tflops");
+    cJSON_AddNumberToObject(pk, "bf16", r4(peak * 1e-3));
+    cJSON_AddNumberToObject(pk, "fp32", r4(peak * 1e-3));
+    cJSON_AddNumberToObject(root_o, "memory_gb", have_mem ? r4(mem_total / per_node * 1e-9) : 1);
+    cJSON_AddNumberToObject(root_o, "memory_bw_gbs", r4(m.copy_gbs));
+    if (have_mem && mem_total > mem_avail)
+        cJSON_AddNumberToObject(root_o, "reserved_gb", r4((mem_total - mem_avail) / per_node * 1e-9));
+    /* links: intra bandwidth = the all-to-all's per-rank rate (every rank sending at once,
+     * as in the trainer's collectives) when lower than the ping-pong's */
+    double a2a_bw = mpi ? (double)a2a_block * (d->size - 1) / a2a_s : 0;
+    double ibw = have_intra ? fmin(intra.bw, a2a_bw) : m.copy_gbs * 1e9, ilat = have_intra ? intra.lat_s : 1e-6;
+    cJSON_AddItemToObject(root_o, "intra_node", link_obj(ibw, ilat));
+    cJSON_AddItemToObject(root_o, "inter_node", have_inter ? link_obj(inter.bw, inter.lat_s) : link_obj(ibw, ilat));
+    cJSON *eff = cJSON_AddObjectToObject(root_o, "efficiency");
+    cJSON_AddNumberToObject(eff, "attention", r4(att_eff));
+    cJSON_AddNumberToObject(eff, "memory", r4(mem_eff));
+    cJSON *curve = cJSON_AddArrayToObject(eff, "gemm_curve");
+    double last = 0;
+    int ncurve = 0;
+    for (int b = 0; b < NB; b++) {
+        if (!bn[b]) continue;
+        double g = r4(pow(10, blog[b] / bn[b]) * 1e-9), e = r4(fmin(1.0, bf[b] / bt[b] * 1e-9 / peak));
+        if (!(g > last)) continue; /* rounding merged two bins */
+        last = g;
+        ncurve++;
+        cJSON_AddItemToArray(curve, num_pair(g, e));
+    }
+    /* extras the planner ignores (docs/PLAN.md): the raw figures */
+    cJSON *ms = cJSON_AddObjectToObject(root_o, "measured");
+    cJSON_AddStringToObject(ms, "blas", mt_blas_corename());
+    cJSON_AddNumberToObject(ms, "threads", mt_get_threads());
+    cJSON *sg = cJSON_AddArrayToObject(ms, "sgemm_gflops");
+    for (int i = 0; i < CAL_NG; i++) {
+        if (m.gemm[i] <= 0) continue;
+        cJSON *row = cJSON_CreateArray();
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_M[i / CAL_NNK]));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][0]));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][1]));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(r4(m.gemm[i])));
+        cJSON_AddItemToArray(sg, row);
+    }
+    cJSON *at = cJSON_AddArrayToObject(ms, "attention_gflops");
+    for (int i = 0; i < CAL_NT; i++) {
+        if (m.att_f[i] <= 0) continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "T", CAL_T[i]);
+        cJSON_AddNumberToObject(o, "tokens", CAL_TOK);
+        cJSON_AddNumberToObject(o, "heads", CAL_H);
+        cJSON_AddNumberToObject(o, "head_dim", CAL_D);
+        cJSON_AddNumberToObject(o, "fwd", r4(m.att_f[i]));
+        cJSON_AddNumberToObject(o, "bwd", r4(m.att_b[i]));
+        cJSON_AddItemToArray(at, o);
+    }
+    cJSON_AddNumberToObject(ms, "copy_gbs", r4(m.copy_gbs));
+    cJSON_AddNumberToObject(ms, "adamw_gbs", r4(m.adamw_gbs));
+    cJSON_AddNumberToObject(ms, "elementwise_mb", quick ? 16 : 64);
+    if (have_mem) cJSON_AddNumberToObject(ms, "mem_available_gb", r4(mem_avail * 1e-9));
+    if (mpi) {
+        cJSON_AddNumberToObject(ms, "ranks", d->size);
+        if (have_intra) cJSON_AddItemToObject(ms, "pingpong_intra", link_obj(intra.bw, intra.lat_s));
+        if (have_inter) cJSON_AddItemToObject(ms, "pingpong_inter", link_obj(inter.bw, inter.lat_s));
+        cJSON *a = cJSON_AddObjectToObject(ms, "alltoall");
+        cJSON_AddNumberToObject(a, "block_kb", (double)a2a_block / 1024);
+        cJSON_AddNumberToObject(a, "ms", r4(a2a_s * 1e3));
+        cJSON_AddNumberToObject(a, "per_rank_gbs", r4(a2a_bw * 1e-9));
+        cJSON_AddNumberToObject(a, "latency_us", r4(a2a_small_s * 1e6));
+    }
+    cJSON_AddNumberToObject(ms, "seconds", r4(mt_now() - t_start));
+    char *text = cJSON_Print(root_o);
+    cJSON_Delete(root_o);
+    size_t len = strlen(text);
+    char *out = mt_xmalloc(len + 2);
+    memcpy(out, text, len);
+    out[len] = '\n';
+    cJSON_free(text);
+
+    /* the file must load back: the planner's parser is the judge */
+    mt_cluster chk;
+    out[len + 1] = 0;
+    int rc = mt_cluster_parse(&chk, out, "calibrate: generated cluster");
+    if (rc == 0) rc = mt_write_file_atomic(path, out, len + 1);
+    if (rc == 0) {
+        printf("calibrate: sgemm peak %.1f GFLOP/s (%d shapes, %d curve points), attention eff %.2f, copy %.1f GB/s, "
+               "adamw %.1f GB/s, memory %.1f GB", peak, quick ? CAL_NG - CAL_NNK : CAL_NG, ncurve,
+               att_eff, m.copy_gbs, m.adamw_gbs, mem_total / per_node * 1e-9);
+        if (mpi)
+            printf(", intra %.2f GB/s %.1f us, all-to-all %.2f GB/s per rank", ibw * 1e-9, ilat * 1e6, a2a_bw * 1e-9);
+        printf("\ncalibrate: wrote %s in %.1f s\n", path, mt_now() - t_start);
+    }
+    free(out);
+    return rc;
+}

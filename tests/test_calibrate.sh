@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# `moetrain bench --calibrate` (issue 4 item 4, docs/PLAN.md "Calibration"): the measured
+# cluster file parses, holds positive numbers, loads in `moetrain plan`, and (under
+# mpirun, when present) records 2 devices on one node with measured links. Prints a
+# predicted-vs-measured step time of the "small" config on one process (not asserted).
+#
+# Usage: bash tests/test_calibrate.sh /path/to/moetrain
+# Env:   MT_TEST_TMP (scratch dir; a unique subdir is made and removed on success)
+# Exit:  0 all passed, 1 some failed.
+set -u
+MOETRAIN=${1:?usage: bash tests/test_calibrate.sh /path/to/moetrain}
+case "$MOETRAIN" in /*) ;; *) MOETRAIN="$PWD/$MOETRAIN" ;; esac
+[ -x "$MOETRAIN" ] || { echo "FAIL: $MOETRAIN is not an executable"; exit 1; }
+SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+PY=$(command -v python3 || true)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+mkdir -p "${MT_TEST_TMP:-/tmp}"
+TMP=$(mktemp -d "${MT_TEST_TMP:-/tmp}/calibrate.XXXXXX") || exit 1
+M="$MOETRAIN"
+PASS=0
+FAIL=0
+ok()   { echo "ok $1"; PASS=$((PASS + 1)); }
+fail() { echo "FAIL $1: $2"; FAIL=$((FAIL + 1)); }
+
+# check_json FILE DEVICES PER_NODE: JSON, the planner's keys positive, curve ascending
+check_json() {
+    if [ -z "$PY" ]; then
+        command -v jq >/dev/null && jq -e '.devices > 0 and .peak_tflops.fp32 > 0' "$1" >/dev/null
+        return
+    fi
+    "$PY" - "$@" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+want_dev, want_pn = int(sys.argv[2]), int(sys.argv[3])
+assert d["devices"] == want_dev and d["devices_per_node"] == want_pn, (d["devices"], d["devices_per_node"])
+assert d["source"].startswith("measured by moetrain bench --calibrate on "), d["source"]
+assert isinstance(d["assumed"], list)
+nums = [d["peak_tflops"]["bf16"], d["peak_tflops"]["fp32"], d["memory_gb"], d["memory_bw_gbs"],
+        d["intra_node"]["bw_gbs"], d["intra_node"]["latency_us"], d["inter_node"]["bw_gbs"],
+        d["inter_node"]["latency_us"], d["efficiency"]["attention"], d["efficiency"]["memory"]]
+assert all(isinstance(x, (int, float)) and x > 0 for x in nums), nums
+assert d["efficiency"]["attention"] <= 1 and d["efficiency"]["memory"] <= 1
+c = d["efficiency"]["gemm_curve"]
+assert 2 <= len(c) <= 16, c
+assert all(0 < e <= 1 for _, e in c) and all(a[0] < b[0] for a, b in zip(c, c[1:])), c
+assert max(r[3] for r in d["measured"]["sgemm_gflops"]) <= 1000 * d["peak_tflops"]["fp32"] * 1.001
+if want_dev > 1:
+    assert d["measured"]["alltoall"]["per_rank_gbs"] > 0 and d["measured"]["pingpong_intra"]["bw_gbs"] > 0
+EOF
+}
+
+# 1. single process, --quick
+OUT="$TMP/cal.json"
+t0=$(date +%s.%N)
+if "$M" bench --calibrate "$OUT" --quick > "$TMP/cal.log" 2>&1 && [ -s "$OUT" ]; then
+    ok "bench --calibrate --quick ($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s)"
+else
+    fail "bench --calibrate --quick" "$(cat "$TMP/cal.log")"
+fi
+cat "$TMP/cal.log"
+if check_json "$OUT" 1 1 2> "$TMP/chk.err"; then ok "JSON parses, positive numbers"; else fail "JSON" "$(cat "$TMP/chk.err")"; fi
+
+# 2. the planner reads it and prints a layout
+if "$M" plan --model "$SRC/configs/demo.json" --cluster "$OUT" --devices 1 --seq 128 --global-batch 8 --quiet \
+        > "$TMP/plan.log" 2>&1 && grep -q "^layout .*tp=1,pp=1" "$TMP/plan.log"; then
+    ok "plan --cluster calibrated file"
+else
+    fail "plan --cluster calibrated file" "$(cat "$TMP/plan.log")"
+fi
+
+# 3. bad output path: one error line, non-zero exit
+if "$M" bench --calibrate "$TMP/no/such/dir/x.json" --quick > /dev/null 2> "$TMP/err.log"; then
+    fail "unwritable path" "exit 0"
+elif grep -q "error" "$TMP/err.log"; then ok "unwritable path is an error"; else fail "unwritable path" "$(cat "$TMP/err.log")"; fi
+
+# 4. two ranks under mpirun: devices 2 on one node, measured links
+if command -v mpirun >/dev/null 2>&1; then
+    MPI=(mpirun)
+    if mpirun --version 2>&1 | grep -q "Open MPI"; then
+        MPI+=(--oversubscribe)
+        [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+    fi
+    OUT2="$TMP/cal2.json"
+    if "${MPI[@]}" -np 2 "$M" bench --calibrate "$OUT2" --quick --threads 1 > "$TMP/cal2.log" 2>&1 \
+            && check_json "$OUT2" 2 2 2> "$TMP/chk2.err"; then
+        ok "mpirun -np 2 bench --calibrate: 2 devices, measured links"
+        grep "^calibrate: sgemm" "$TMP/cal2.log"
+    else
+        fail "mpirun -np 2 bench --calibrate" "$(cat "$TMP/cal2.log" "$TMP/chk2.err" 2>/dev/null)"
+    fi
+else
+    echo "skip mpirun case (mpirun not found)"
+fi
+
+# 5. predicted vs measured (informational): small config, B=8 T=512, one process
+if [ -s "$OUT" ]; then
+    pred=$("$M" plan --model small --cluster "$OUT" --devices 1 --seq 512 --global-batch 8 --dtype fp32 \
+        --layout tp=1,pp=1,vpp=1,ep=1,mb=8,rc=none 2>/dev/null | awk '$1 == "step" {print $2}')
+    meas=$("$M" bench --config small --batch 8 --seq 512 --steps 1 2>/dev/null |
+        awk '/^train / {for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s,") print 4096 / $i}')
+    if [ -n "$pred" ] && [ -n "$meas" ]; then
+        awk -v p="$pred" -v m="$meas" 'BEGIN{printf "predicted vs measured, small B=8 T=512, 1 process: predicted %.3f s, measured %.3f s (%+.0f%%)\n", p, m, 100*(p-m)/m}'
+    else
+        echo "predicted vs measured: not available (pred '$pred', meas '$meas')"
+    fi
+fi
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" = 0 ] && rm -rf "$TMP"
+[ "$FAIL" = 0 ]
