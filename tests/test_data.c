@@ -537,6 +537,8 @@ static void test_split_names(void) {
     char dir[600], p[700];
     snprintf(dir, sizeof dir, "%s/splits", tmp_root);
     CHECK_OK(mt_mkdir_p(dir));
+    snprintf(p, sizeof p, "%s/fineweb_val_000000.bin", dir);
+    remove(p); /* left by an earlier run */
     uint32_t t[4] = {1, 2, 3, 4};
     snprintf(p, sizeof p, "%s/eval_train.bin", dir);
     CHECK_OK(mt_shard_write(p, t, 4));

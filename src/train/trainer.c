@@ -408,6 +408,8 @@ int mt_train(const mt_train_opts *opts) {
     if (!(o.init_std >= 0) || !isfinite(o.init_std)) return mt_error("train: --init-std must be a finite number >= 0 (0 = default)");
     if (!(o.bucket_mb > 0) || !isfinite(o.bucket_mb)) return mt_error("train: --bucket-mb must be a positive number");
     if (o.max_bad < 1) return mt_error("train: --max-bad-steps must be at least 1");
+    if (!(o.peak_gflops >= 0) || !isfinite(o.peak_gflops))
+        return mt_error("train: --peak-gflops must be a finite number >= 0 (0 = measure)");
     if (o.doc_mode && (o.eot < 0 || o.eot >= cfg.vocab_size))
         return mt_error("train: --eot %d is not a token id of the model (vocab_size %d)", o.eot, cfg.vocab_size);
     if (o.log_every < 1) return mt_error("train: --log-every must be at least 1");
@@ -506,7 +508,8 @@ int mt_train(const mt_train_opts *opts) {
     }
 
     /* the GEMM peak of one rank (MFU denominator: DP x this) */
-    const double peak = root ? mt_gemm_gflops(1024, 0.3) : 0.0;
+    /* the start-up measurement is low on a busy machine; --peak-gflops pins the denominator */
+    const double peak = o.peak_gflops > 0 ? o.peak_gflops : root ? mt_gemm_gflops(1024, 0.3) : 0.0;
     const double flops_tok = mt_model_flops_per_token(&cfg, o.seq);
     const double act_params = mt_model_active_params(&cfg);
     const int n_moe = cfg.num_hidden_layers - (cfg.n_routed_experts > 0 ? cfg.first_k_dense_replace : cfg.num_hidden_layers);
@@ -514,8 +517,9 @@ int mt_train(const mt_train_opts *opts) {
     const size_t bucket_bytes = (size_t)(o.bucket_mb * 1048576.0);
     if (root && !o.quiet) {
         printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
-               "%d threads, BLAS kernel %s (%.0f GFLOP/s peak measured)\n",
-               r.m.nparams, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, mt_blas_corename(), peak);
+               "%d threads, BLAS kernel %s (%.0f GFLOP/s peak %s)\n",
+               r.m.nparams, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, mt_blas_corename(), peak,
+               o.peak_gflops > 0 ? "given" : "measured");
         char dp[64] = "";
         if (D > 1) snprintf(dp, sizeof dp, " x DP %d", D);
         printf("  batch %d x seq %d x accum %d%s = %zu tokens/step, %d steps, lr %.2e warmup %d, "

@@ -27,6 +27,7 @@ typedef struct {
     int steps, batch, seq, accum, threads;
     uint64_t seed;
     double lr, min_lr_ratio, wd, beta1, beta2, eps, clip, init_std;
+    double peak_gflops;      /* MFU denominator; 0 = measure an SGEMM at start-up */
     int warmup;
     int log_every, eval_every, eval_windows, save_every, keep, max_bad, load_every;
     int plot;                /* draw loss.png with gnuplot at the end */
