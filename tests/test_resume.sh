@@ -37,4 +37,16 @@ cmp "$T/a/step_00000006/optimizer.safetensors" "$T/b/step_00000006/optimizer.saf
 "$MT" train "${common[@]}" --steps 2 --out "$T/t2" --threads 2
 cmp "$T/t1/step_00000002/model.safetensors" "$T/t2/step_00000002/model.safetensors" \
   || fail "1 and 2 threads give different weights"
+# --profile: per-step breakdown and a Chrome trace with forward/backward spans
+"$MT" train "${common[@]}" --steps 2 --out "$T/p" --profile --quiet
+/usr/bin/python3 - "$T/p/trace_rank0.json" <<'PY' || fail "trace JSON"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["name"] for e in ev}
+need = {"step", "fwd.attention", "fwd.moe", "bwd.attention", "bwd.moe", "optimizer"}
+assert need <= names, need - names
+assert all(e["ph"] == "X" and e["dur"] >= 0 for e in ev)
+steps = [e for e in ev if e["name"] == "step"]
+assert len(steps) == 2, len(steps)
+PY
 echo "1 passed, 0 failed"

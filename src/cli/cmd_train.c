@@ -42,6 +42,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", NULL},
         {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
         {"peak-gflops", MT_ARG_DBL, &o.peak_gflops, "MFU denominator (default: SGEMM measured at start-up; `moetrain bench` prints it)", NULL},
+        {"profile", MT_ARG_BOOL, &o.profile, "print a per-step time breakdown and write OUT/trace_rank<R>.json (Perfetto)", NULL},
         {"plot", MT_ARG_BOOL, &o.plot, "draw OUT/loss.png with gnuplot at the end", NULL},
         {"recompute", MT_ARG_STR, &o.recompute, "memory policy: none (keep all activations) or selective (recompute the cheap ones)", NULL},
         {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", &o.set_doc_mode},

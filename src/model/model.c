@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "kernels/blas.h"
 #include "kernels/moe.h"
 #include "kernels/attention.h"
@@ -666,6 +667,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         layer_acts *L = &a->L[l];
         const mt_layer_w *w = &m->w[l];
         float *xout = l + 1 < Ln ? a->L[l + 1].x : a->xf;
+        mt_trace_begin("fwd.attention");
         mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, N, C, eps);
         mt_linear_fwd(L->q, a->ln, w->wq, N, C, H * D, 0.0f);
         mt_linear_fwd(L->k, a->ln, w->wk, N, C, G * D, 0.0f);
@@ -678,19 +680,25 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
         mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, N, C, eps);
         mt_copy(xout, L->h, (size_t)N * C);
+        mt_trace_end();
         if (!mt_config_is_moe(c, l)) {
+            mt_trace_begin("fwd.ffn");
             swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
         } else {
+            mt_trace_begin("fwd.moe");
             moe_fwd(c, a, L, w, l, B, T, a->ln, xout);
             balance_fwd(c, L, B, T, &st->bal_sum[l]);
         }
+        mt_trace_end();
     }
+    mt_trace_begin(train ? "fwd.head+ce (+bwd)" : "fwd.head");
     mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, N, C, eps);
     int64_t nv = 0;
     for (int n = 0; n < N; n++) nv += targets[n] >= 0;
     st->n_valid = nv;
     st->ce_sum = mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf,
                             m->head, targets, N, C, V, ce_scale, a->head_scratch);
+    mt_trace_end();
     if (!train) return;
 
     /* backward */
@@ -706,6 +714,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
             mt_copy(L->h, L->x, (size_t)N * C);
             mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
         }
+        mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
         /* ffn: d is the gradient of the layer output; recompute its normed input */
         mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, N, C, eps);
         if (!mt_config_is_moe(c, l))
@@ -714,6 +723,8 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         else
             moe_bwd(c, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
         mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, N, C);
+        mt_trace_end();
+        mt_trace_begin("bwd.attention");
         /* attention: d is now the gradient of h */
         mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->x, w->in_norm, N, C, eps);
         mt_linear_bwd(a->datt, dw->wo, d, L->att, w->wo, N, H * D, C, 0.0f);
@@ -725,6 +736,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_linear_bwd(a->dln, dw->wk, a->dk, a->ln, w->wk, N, C, G * D, 1.0f);
         mt_linear_bwd(a->dln, dw->wv, a->dv, a->ln, w->wv, N, C, G * D, 1.0f);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, N, C);
+        mt_trace_end();
     }
     /* embedding backward: thread i owns the vocabulary rows congruent to i, and adds the
      * tokens in their order, so every row sums in the same order for any thread count */

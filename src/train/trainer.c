@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "data/loader.h"
 #include "dist/dist.h"
 #include "kernels/blas.h"
@@ -509,6 +510,7 @@ int mt_train(const mt_train_opts *opts) {
 
     /* the GEMM peak of one rank (MFU denominator: DP x this) */
     /* the start-up measurement is low on a busy machine; --peak-gflops pins the denominator */
+    if (o.profile) mt_trace_enable(d->rank, (size_t)(o.steps - start_step + 1) * (size_t)(cfg.num_hidden_layers * 4 + 16) * o.accum);
     const double peak = o.peak_gflops > 0 ? o.peak_gflops : root ? mt_gemm_gflops(1024, 0.3) : 0.0;
     const double flops_tok = mt_model_flops_per_token(&cfg, o.seq);
     const double act_params = mt_model_active_params(&cfg);
@@ -551,6 +553,9 @@ int mt_train(const mt_train_opts *opts) {
     for (int step = start_step + 1; step <= o.steps; step++) {
         double t0 = mt_now(), c0 = mt_cpu_time();
         d->comm_s = 0;
+        mt_trace_reset_totals();
+        mt_trace_begin("step");
+        mt_trace_begin("data");
         /* micro-batch mb of rank r is micro-batch r*accum + mb of the global batch */
         for (int mb = 0; mb < o.accum; mb++)
             mt_loader_batch(r.train, samples + ((uint64_t)d->dp_rank * o.accum + mb) * o.batch, o.batch,
@@ -558,7 +563,10 @@ int mt_train(const mt_train_opts *opts) {
         int64_t nvalid = 0;
         for (size_t i = 0; i < BT * o.accum; i++) nvalid += r.tg[i] >= 0;
         mt_dist_allreduce_sum_i64(d, &nvalid, 1); /* the CE normaliser is that of the global batch */
+        mt_trace_end();
+        mt_trace_begin("compute.zero_grads");
         mt_model_zero_grads(&r.m);
+        mt_trace_end();
         double ce_sum = 0, bal[256] = {0};
         mt_step_stats st;
         const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
@@ -584,15 +592,19 @@ int mt_train(const mt_train_opts *opts) {
         /* gradients: summed over DP after the whole backward (overlapping the buckets with
          * the backward is a later optimisation); ZeRO-1 keeps only this rank's shard */
         double gnorm;
+        mt_trace_begin("comm.gradients");
+        if (o.dist_opt) mt_dist_reduce_scatter(d, r.m.grads, P, r.gshard);
+        else mt_dist_grad_allreduce(d, r.m.grads, P, bucket_bytes);
+        mt_trace_end();
+        mt_trace_begin("optimizer.grad_norm");
         if (o.dist_opt) {
-            mt_dist_reduce_scatter(d, r.m.grads, P, r.gshard);
             double ss = mt_sumsq(r.gshard, r.opt_n);
             mt_dist_allreduce_sum_f64(d, &ss, 1);
             gnorm = sqrt(ss);
         } else {
-            mt_dist_grad_allreduce(d, r.m.grads, P, bucket_bytes);
             gnorm = sqrt(mt_sumsq(r.m.grads, P));
         }
+        mt_trace_end();
         double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
         for (int l = 0; l < cfg.num_hidden_layers; l++) bal_total += bal[l] * bal_scale;
         double loss = ce + cfg.aux_loss_alpha * bal_total;
@@ -617,12 +629,26 @@ int mt_train(const mt_train_opts *opts) {
             bad = 0;
             float gscale = (o.clip > 0 && gnorm > o.clip) ? (float)(o.clip / (gnorm + 1e-6)) : 1.0f;
             const float *g = o.dist_opt ? r.gshard : r.m.grads;
+            mt_trace_begin("optimizer");
             mt_adamw_multi(r.m.params + r.opt_lo, g, r.adam_m, r.adam_v, r.nt, r.t_off, r.t_len, r.t_decay,
                            (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.wd, gscale,
                            ++r.opt_step);
-            if (o.dist_opt) mt_dist_allgather(d, r.m.params, P);
+            mt_trace_end();
+            if (o.dist_opt) {
+                mt_trace_begin("comm.params");
+                mt_dist_allgather(d, r.m.params, P);
+                mt_trace_end();
+            }
         }
+        mt_trace_end(); /* step */
         double dt = mt_now() - t0, comm = d->comm_s;
+        if (o.profile && !o.quiet) {
+            double cf = mt_trace_total("fwd."), cb = mt_trace_total("bwd."), cm = mt_trace_total("comm.");
+            double op = mt_trace_total("optimizer"), da = mt_trace_total("data");
+            printf("  profile rank %d step %d: forward %.3f s, backward %.3f s, communication %.3f s, "
+                   "optimizer %.3f s, data %.3f s, other %.3f s\n", d->rank, step, cf, cb, cm, op, da,
+                   dt - cf - cb - cm - op - da);
+        }
         double wait = 1.0 - (mt_cpu_time() - c0) / (nthr * dt);
         if (wait < 0) wait = 0;
         double tps = (double)step_tokens / dt;
@@ -718,6 +744,12 @@ int mt_train(const mt_train_opts *opts) {
         fflush(r.metrics);
         fflush(r.tsv);
         if (o.plot && draw_plot(o.out) == 0 && !o.quiet) printf("  plot       %s/loss.png\n", o.out);
+    }
+    if (o.profile) {
+        char tp[4200];
+        snprintf(tp, sizeof tp, "%s/trace_rank%d.json", o.out, d->rank);
+        if (mt_trace_write(tp) != 0) mt_warn("%s", mt_last_error());
+        else if (!o.quiet) printf("  trace      %s (open in Perfetto / chrome://tracing)\n", tp);
     }
     run_free(&r);
     return rc;

@@ -31,6 +31,7 @@ typedef struct {
     int warmup;
     int log_every, eval_every, eval_windows, save_every, keep, max_bad, load_every;
     int plot;                /* draw loss.png with gnuplot at the end */
+    int profile;             /* per-step breakdown + OUT/trace_rank<R>.json (Chrome trace) */
     int doc_mode;            /* attention and positions restart after every eot token */
     const char *recompute;   /* memory policy: "none" (default) or "selective" */
     int eot;                 /* end-of-text token id for doc_mode (default 256: byte tokenizer) */

@@ -1,0 +1,94 @@
+/* base/trace.c — Chrome trace JSON events (see trace.h). */
+#include "base/trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+
+typedef struct {
+    const char *name;
+    double t0, dur;
+} trace_event;
+
+enum { MAX_DEPTH = 32, MAX_TOTALS = 64 };
+
+static struct {
+    int on, pid, depth;
+    size_t n, cap;
+    trace_event *ev;
+    size_t open[MAX_DEPTH];
+    double origin;
+    int ntot;
+    const char *tot_name[MAX_TOTALS];
+    double tot[MAX_TOTALS];
+} tr;
+
+void mt_trace_enable(int pid, size_t max_events) {
+    free(tr.ev);
+    memset(&tr, 0, sizeof tr);
+    tr.on = 1;
+    tr.pid = pid;
+    tr.cap = max_events;
+    tr.ev = mt_xcalloc(max_events, sizeof(trace_event));
+    tr.origin = mt_now();
+}
+
+int mt_trace_enabled(void) { return tr.on; }
+
+void mt_trace_begin(const char *name) {
+    if (!tr.on) return;
+    MT_ASSERT(tr.depth < MAX_DEPTH);
+    if (tr.n == tr.cap) { /* full: keep counting depth so begin/end stay paired, drop the event */
+        tr.open[tr.depth++] = (size_t)-1;
+        return;
+    }
+    tr.ev[tr.n] = (trace_event){name, mt_now(), -1};
+    tr.open[tr.depth++] = tr.n++;
+}
+
+static void add_total(const char *name, double dt) {
+    for (int i = 0; i < tr.ntot; i++)
+        if (tr.tot_name[i] == name || strcmp(tr.tot_name[i], name) == 0) { tr.tot[i] += dt; return; }
+    if (tr.ntot < MAX_TOTALS) { tr.tot_name[tr.ntot] = name; tr.tot[tr.ntot++] = dt; }
+}
+
+void mt_trace_end(void) {
+    if (!tr.on) return;
+    MT_ASSERT(tr.depth > 0);
+    size_t i = tr.open[--tr.depth];
+    if (i == (size_t)-1) return;
+    tr.ev[i].dur = mt_now() - tr.ev[i].t0;
+    add_total(tr.ev[i].name, tr.ev[i].dur);
+}
+
+double mt_trace_total(const char *prefix) {
+    double s = 0;
+    for (int i = 0; i < tr.ntot; i++)
+        if (strncmp(tr.tot_name[i], prefix, strlen(prefix)) == 0) s += tr.tot[i];
+    return s;
+}
+
+void mt_trace_reset_totals(void) { tr.ntot = 0; }
+
+int mt_trace_write(const char *path) {
+    if (!tr.on) return 0;
+    size_t cap = 64 + tr.n * 128, len = 0;
+    char *buf = mt_xmalloc(cap);
+    len += (size_t)snprintf(buf + len, cap - len, "{\"traceEvents\":[\n");
+    int first = 1;
+    for (size_t i = 0; i < tr.n; i++) {
+        if (tr.ev[i].dur < 0) continue; /* still open */
+        len += (size_t)snprintf(buf + len, cap - len,
+                                "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.1f,\"dur\":%.1f}",
+                                first ? "" : ",\n", tr.ev[i].name, tr.pid, (tr.ev[i].t0 - tr.origin) * 1e6,
+                                tr.ev[i].dur * 1e6);
+        first = 0;
+        MT_ASSERT(len < cap);
+    }
+    len += (size_t)snprintf(buf + len, cap - len, "\n],\"displayTimeUnit\":\"ms\"}\n");
+    int rc = mt_write_file_atomic(path, buf, len);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,23 @@
+/* base/trace.h — a light, optional event trace written as Chrome trace JSON (Perfetto and
+ * chrome://tracing open it). Complete events ("ph":"X") with microsecond timestamps; one
+ * process id per MPI rank. When tracing is off, mt_trace_begin/end cost one branch. Not
+ * thread-safe: call from the thread that drives the step (the OpenMP master). */
+#ifndef MT_BASE_TRACE_H
+#define MT_BASE_TRACE_H
+
+#include <stddef.h>
+
+/* Starts recording up to max_events events for process id `pid`. */
+void mt_trace_enable(int pid, size_t max_events);
+int mt_trace_enabled(void);
+/* Opens a span; name must outlive the trace (a string literal or a static buffer). */
+void mt_trace_begin(const char *name);
+/* Closes the innermost open span. */
+void mt_trace_end(void);
+/* Seconds spent inside spans whose name starts with `prefix` since the last reset. */
+double mt_trace_total(const char *prefix);
+void mt_trace_reset_totals(void);
+/* Writes the events to path as Chrome trace JSON (atomically) and keeps recording. */
+int mt_trace_write(const char *path);
+
+#endif
