@@ -546,39 +546,10 @@ static void test_adamw(void) {
 
 /* ---- 2. finite differences ---------------------------------------------------------- */
 
-/* Loss closure: evaluates the scalar loss of the reference forward at the current inputs. */
-typedef double (*loss_fn)(void *ctx);
-
-/* Central differences of f with respect to param[i] at nco random coordinates, compared
- * with each of the analytic gradients g_ref (reference backward) and g_opt (optimised
- * backward, may be NULL). eps is absolute; the step actually taken is the float
- * difference of the perturbed values, so rounding of param[i] +- eps cancels. */
+/* finite differences: fd_worst() in tests/testutil.h, recorded under statistic s */
 static void fd_check(int s, const char *what, float *param, size_t n, const float *g_ref,
                      const float *g_opt, loss_fn f, void *ctx, uint64_t seed, int nco, double eps) {
-    double floor = 0.1 * rms(g_ref, n);
-    if (floor == 0.0) floor = 1e-12;
-    double worst = 0.0;
-    for (int c = 0; c < nco; c++) {
-        size_t i = (size_t)(mt_hash4(seed, (uint64_t)c, 0xfdULL, 0) % n);
-        float x0 = param[i], xp = (float)(x0 + eps), xm = (float)(x0 - eps);
-        param[i] = xp;
-        double Lp = f(ctx);
-        param[i] = xm;
-        double Lm = f(ctx);
-        param[i] = x0;
-        double num = (Lp - Lm) / ((double)xp - (double)xm);
-        double den = fabs(num) > floor ? fabs(num) : floor;
-        double e = fabs(g_ref[i] - num) / den;
-        if (g_opt) {
-            double e2 = fabs(g_opt[i] - num) / den;
-            if (e2 > e || isnan(e2)) e = e2;
-        }
-        if (!(e <= stats[s].tol))
-            fprintf(stderr, "  %s[%zu]: numeric %.6e ref %.6e opt %.6e\n", what, i, num,
-                    (double)g_ref[i], g_opt ? (double)g_opt[i] : NAN);
-        if (e > worst || isnan(e)) worst = e;
-    }
-    RECORD(s, what, worst);
+    RECORD(s, what, fd_worst(what, param, n, g_ref, g_opt, f, ctx, seed, nco, eps, stats[s].tol));
 }
 
 typedef struct {

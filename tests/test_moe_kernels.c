@@ -356,33 +356,10 @@ static void test_swiglu_rows(void) {
 
 /* ---- 3. finite differences ------------------------------------------------------------ */
 
-typedef double (*loss_fn)(void *ctx);
-
-/* Central differences of f with respect to param[i] at nco random coordinates against
- * the reference and the optimised gradients (see tests/test_kernels.c). */
+/* finite differences: fd_worst() in tests/testutil.h, recorded under statistic s */
 static void fd_check(int s, const char *what, float *param, size_t n, const float *g_ref,
                      const float *g_opt, loss_fn f, void *ctx, uint64_t seed, int nco, double eps) {
-    double floor = 0.1 * rms(g_ref, n);
-    if (floor == 0.0) floor = 1e-12;
-    double worst = 0.0;
-    for (int c = 0; c < nco; c++) {
-        size_t i = (size_t)(mt_hash4(seed, (uint64_t)c, 0xfdULL, 0) % n);
-        float x0 = param[i], xp = (float)(x0 + eps), xm = (float)(x0 - eps);
-        param[i] = xp;
-        double Lp = f(ctx);
-        param[i] = xm;
-        double Lm = f(ctx);
-        param[i] = x0;
-        double num = (Lp - Lm) / ((double)xp - (double)xm);
-        double den = fabs(num) > floor ? fabs(num) : floor;
-        double e = fabs(g_ref[i] - num) / den, e2 = fabs(g_opt[i] - num) / den;
-        if (e2 > e || isnan(e2)) e = e2;
-        if (!(e <= stats[s].tol))
-            fprintf(stderr, "  %s[%zu]: numeric %.6e ref %.6e opt %.6e\n", what, i, num,
-                    (double)g_ref[i], (double)g_opt[i]);
-        if (e > worst || isnan(e)) worst = e;
-    }
-    RECORD(s, what, worst);
+    RECORD(s, what, fd_worst(what, param, n, g_ref, g_opt, f, ctx, seed, nco, eps, stats[s].tol));
 }
 
 typedef struct {

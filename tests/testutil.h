@@ -4,6 +4,7 @@
 #define MT_TESTS_TESTUTIL_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -50,5 +51,42 @@ static inline double dot_d(const float *a, const float *b, size_t n) {
     return s;
 }
 static inline double rms(const float *a, size_t n) { return n ? sqrt(dot_d(a, a, n) / n) : 0.0; }
+
+/* Loss closure: evaluates the scalar loss of a reference forward at the current inputs. */
+typedef double (*loss_fn)(void *ctx);
+
+/* Central differences of f with respect to param[i] at nco random coordinates, compared
+ * with each of the analytic gradients g_ref (reference backward) and g_opt (optimised
+ * backward, may be NULL). eps is absolute; the step actually taken is the float difference
+ * of the perturbed values, so rounding of param[i] +- eps cancels. Errors are relative to
+ * max(|numeric|, 0.1 rms(g_ref)). Prints the coordinates above tol; returns the worst. */
+static inline double fd_worst(const char *what, float *param, size_t n, const float *g_ref,
+                              const float *g_opt, loss_fn f, void *ctx, uint64_t seed, int nco,
+                              double eps, double tol) {
+    double floor = 0.1 * rms(g_ref, n);
+    if (floor == 0.0) floor = 1e-12;
+    double worst = 0.0;
+    for (int c = 0; c < nco; c++) {
+        size_t i = (size_t)(mt_hash4(seed, (uint64_t)c, 0xfdULL, 0) % n);
+        float x0 = param[i], xp = (float)(x0 + eps), xm = (float)(x0 - eps);
+        param[i] = xp;
+        double Lp = f(ctx);
+        param[i] = xm;
+        double Lm = f(ctx);
+        param[i] = x0;
+        double num = (Lp - Lm) / ((double)xp - (double)xm);
+        double den = fabs(num) > floor ? fabs(num) : floor;
+        double e = fabs(g_ref[i] - num) / den;
+        if (g_opt) {
+            double e2 = fabs(g_opt[i] - num) / den;
+            if (e2 > e || isnan(e2)) e = e2;
+        }
+        if (!(e <= tol))
+            fprintf(stderr, "  %s[%zu]: numeric %.6e ref %.6e opt %.6e\n", what, i, num, (double)g_ref[i],
+                    g_opt ? (double)g_opt[i] : NAN);
+        if (e > worst || isnan(e)) worst = e;
+    }
+    return worst;
+}
 
 #endif

@@ -36,6 +36,21 @@ char *mt_xstrdup(const char *s);
 
 /* Monotonic wall-clock seconds. */
 double mt_now(void);
+/* Best wall time (seconds, into dst) of the statement `call` within `budget` seconds of
+ * repeats: at least two runs (the first warms caches and threads) unless one run alone
+ * exceeds the budget; at most 50. For benchmarks and calibration. */
+#define MT_BEST_TIME(dst, budget, call) do { \
+    double best_ = INFINITY, spent_ = 0; \
+    for (int n_ = 0; n_ < 50; n_++) { \
+        double t0_ = mt_now(); \
+        call; \
+        double t_ = mt_now() - t0_; \
+        spent_ += t_; \
+        if (t_ < best_) best_ = t_; \
+        if (n_ >= 1 ? spent_ + best_ > (budget) : t_ > (budget)) break; \
+    } \
+    (dst) = best_; } while (0)
+
 /* CPU seconds used by all threads of this process. With passive OpenMP waiting an idle
  * thread sleeps, so 1 - cpu/(threads x wall) over a step is the share of thread time spent
  * waiting or synchronising (the CPU analogue of host-bound time). */

@@ -41,23 +41,10 @@ typedef struct {
     double budget; /* seconds of repeats per timing */
 } kb_table;
 
-/* Best wall time of `call`: at least two runs (the first warms caches and threads) unless
- * one run alone exceeds the budget, then more while the total stays within it (max 50). */
-#define KB_TIME(dst, budget, call) do { \
-    double best_ = INFINITY, spent_ = 0; \
-    for (int n_ = 0; n_ < 50; n_++) { \
-        double t0_ = mt_now(); \
-        call; \
-        double t_ = mt_now() - t0_; \
-        spent_ += t_; \
-        if (t_ < best_) best_ = t_; \
-        if (n_ >= 1 ? spent_ + best_ > (budget) : t_ > (budget)) break; \
-    } \
-    (dst) = best_; } while (0)
 
 /* the reference of row r: timed on 1/ref_scale of the work, then scaled back */
 #define KB_TIME_REF(r, budget, call) do { \
-    KB_TIME((r)->t_ref, budget, call); \
+    MT_BEST_TIME((r)->t_ref, budget, call); \
     (r)->t_ref *= (r)->ref_scale; } while (0)
 
 static kb_row *kb_add(kb_table *tb, const char *kernel, int flop_bound, double work, const char *ref,
@@ -121,10 +108,10 @@ static void kb_dense(kb_table *tb) {
         float *y = kb_rand((size_t)N * F, 3, -1, 1), *dx = kb_rand((size_t)N * C, 4, -1, 1);
         float *dW = kb_rand((size_t)F * C, 5, -1, 1);
         kb_row *r = kb_add(tb, "linear_fwd", 1, 2.0 * N * C * F, "naive", 16, "N=%d In=%d O=%d", N, C, F);
-        KB_TIME(r->t, bud, mt_linear_fwd(y, x, W, N, C, F, 0.0f));
+        MT_BEST_TIME(r->t, bud, mt_linear_fwd(y, x, W, N, C, F, 0.0f));
         KB_TIME_REF(r, bud, mt_ref_linear_fwd(y, x, W, nr, C, F, 0.0f));
         r = kb_add(tb, "linear_bwd", 1, 4.0 * N * C * F, "naive", 16, "N=%d In=%d O=%d", N, C, F);
-        KB_TIME(r->t, bud, mt_linear_bwd(dx, dW, y, x, W, N, C, F, 0.0f));
+        MT_BEST_TIME(r->t, bud, mt_linear_bwd(dx, dW, y, x, W, N, C, F, 0.0f));
         KB_TIME_REF(r, bud, mt_ref_linear_bwd(dx, dW, y, x, W, nr, C, F, 0.0f));
         mt_free(x); mt_free(W); mt_free(y); mt_free(dx); mt_free(dW);
     }
@@ -134,10 +121,10 @@ static void kb_dense(kb_table *tb) {
         float *x = kb_rand(n, 6, -1, 1), *w = kb_rand(C, 7, 0.5f, 1.5f), *y = kb_rand(n, 8, -1, 1);
         float *rs = kb_rand(N, 9, 0, 1), *dx = kb_rand(n, 10, -1, 1), *dw = kb_rand(C, 11, -1, 1);
         kb_row *r = kb_add(tb, "rmsnorm_fwd", 0, 4.0 * (2.0 * n + N + C), "naive", 1, "N=%d C=%d", N, C);
-        KB_TIME(r->t, bud, mt_rmsnorm_fwd(y, rs, x, w, N, C, 1e-6f));
+        MT_BEST_TIME(r->t, bud, mt_rmsnorm_fwd(y, rs, x, w, N, C, 1e-6f));
         KB_TIME_REF(r, bud, mt_ref_rmsnorm_fwd(y, rs, x, w, N, C, 1e-6f));
         r = kb_add(tb, "rmsnorm_bwd", 0, 4.0 * (4.0 * n + N + 3.0 * C), "naive", 1, "N=%d C=%d", N, C);
-        KB_TIME(r->t, bud, mt_rmsnorm_bwd(dx, dw, y, x, w, rs, N, C));
+        MT_BEST_TIME(r->t, bud, mt_rmsnorm_bwd(dx, dw, y, x, w, rs, N, C));
         KB_TIME_REF(r, bud, mt_ref_rmsnorm_bwd(dx, dw, y, x, w, rs, N, C));
         mt_free(x); mt_free(w); mt_free(y); mt_free(rs); mt_free(dx); mt_free(dw);
     }
@@ -148,7 +135,7 @@ static void kb_dense(kb_table *tb) {
         mt_rope_table(ct, st, T, KB_D, 1e4);
         kb_row *r = kb_add(tb, "rope", 0, 4.0 * (2.0 * n + 2.0 * nt), "naive", 1, "N=%d T=%d nh=%d D=%d", N, T,
                            KB_H, KB_D);
-        KB_TIME(r->t, bud, mt_rope_apply(q, ct, st, N, T, KB_H, KB_D, 0));
+        MT_BEST_TIME(r->t, bud, mt_rope_apply(q, ct, st, N, T, KB_H, KB_D, 0));
         KB_TIME_REF(r, bud, mt_ref_rope_apply(q, N, T, KB_H, KB_D, 1e4, 0));
         mt_free(q); mt_free(ct); mt_free(st);
     }
@@ -159,11 +146,11 @@ static void kb_dense(kb_table *tb) {
         float *gu = kb_rand(2 * n, 13, -4, 4), *a = kb_rand(n, 14, -1, 1), *dgu = kb_rand(2 * n, 15, -1, 1);
         float *ws = pass ? kb_rand(R, 16, 0, 1) : NULL;
         kb_row *r = kb_add(tb, "swiglu_rows_fwd", 0, 4.0 * 3.0 * n, "naive", 1, "N=%d F=%d", R, Fr);
-        KB_TIME(r->t, bud, mt_swiglu_rows_fwd(a, gu, R, Fr));
+        MT_BEST_TIME(r->t, bud, mt_swiglu_rows_fwd(a, gu, R, Fr));
         KB_TIME_REF(r, bud, mt_ref_swiglu_rows_fwd(a, gu, R, Fr));
         r = kb_add(tb, "swiglu_rows_bwd", 0, 4.0 * (5.0 * n + (ws ? R : 0)), "naive", 1, "N=%d F=%d%s", R, Fr,
                    ws ? " wscale" : "");
-        KB_TIME(r->t, bud, mt_swiglu_rows_bwd(dgu, a, gu, ws, R, Fr));
+        MT_BEST_TIME(r->t, bud, mt_swiglu_rows_bwd(dgu, a, gu, ws, R, Fr));
         KB_TIME_REF(r, bud, mt_ref_swiglu_rows_bwd(dgu, a, gu, ws, R, Fr));
         mt_free(gu); mt_free(a); mt_free(dgu); mt_free(ws);
     }
@@ -188,8 +175,8 @@ static void kb_attention(kb_table *tb, int quick) {
         kb_row *rf = kb_add(tb, "attention_fwd", 1, ff, "naive", scale, "B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
         kb_row *rb = kb_add(tb, "attention_bwd", 1, 2.5 * ff, "naive", scale, "B=%d T=%d H=%d G=%d D=%d", B, T, H,
                             G, D);
-        KB_TIME(rf->t, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr));
-        KB_TIME(rb->t, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr));
+        MT_BEST_TIME(rf->t, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr));
+        MT_BEST_TIME(rb->t, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr));
         if (!(quick && pass)) { /* reference of the long shape: ~10 s, skipped by --quick */
             /* one head: q/k/v of that shape are fresh [1,T,1,D] slices of the same data */
             KB_TIME_REF(rf, bud, mt_ref_attention_fwd(o, l, q, k, v, NULL, rB, T, rH, rG, D));
@@ -210,7 +197,7 @@ static void kb_head(kb_table *tb) {
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * N);
     for (int i = 0; i < N; i++) tg[i] = (int32_t)(mt_hash4(34, (uint64_t)i, 0, 0) % V);
     kb_row *r = kb_add(tb, "head_ce_fwd_bwd", 1, 6.0 * N * C * V, "naive", N / nr, "N=%d C=%d V=%d", N, C, V);
-    KB_TIME(r->t, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, scratch));
+    MT_BEST_TIME(r->t, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, scratch));
     KB_TIME_REF(r, bud, mt_ref_head_ce(dx, dW, NULL, x, W, tg, nr, C, V, 1.0f / N));
     mt_free(x); mt_free(W); mt_free(dx); mt_free(dW); mt_free(scratch); free(tg);
 }
@@ -242,15 +229,15 @@ static void kb_moe(kb_table *tb) {
     double rc = (double)R * C, nc = (double)N * C;
     kb_row *r = kb_add(tb, "moe_permute", 0, 4.0 * (2.0 * rc + 3.0 * R + E + 1), "unfused argsort+gather", 1,
                        "N=%d K=%d E=%d C=%d", N, K, E, C);
-    KB_TIME(r->t, bud, mt_moe_permute(xe, off, slot, tok, x, sel, N, K, E, C));
+    MT_BEST_TIME(r->t, bud, mt_moe_permute(xe, off, slot, tok, x, sel, N, K, E, C));
     KB_TIME_REF(r, bud, mt_ref_moe_permute(xe, off, slot, tok, x, sel, N, K, E, C));
     r = kb_add(tb, "moe_permute_bwd", 0, 4.0 * (rc + nc + R), "naive index_add", 1, "N=%d K=%d E=%d C=%d", N, K,
                E, C);
-    KB_TIME(r->t, bud, mt_moe_permute_bwd(y, xe, slot, N, K, C, 0));
+    MT_BEST_TIME(r->t, bud, mt_moe_permute_bwd(y, xe, slot, N, K, C, 0));
     KB_TIME_REF(r, bud, mt_ref_moe_permute_bwd(y, xe, slot, N, K, C, 0));
     r = kb_add(tb, "moe_unpermute", 0, 4.0 * (rc + nc + 2.0 * R), "naive mul+index_add", 1, "N=%d K=%d E=%d C=%d",
                N, K, E, C);
-    KB_TIME(r->t, bud, mt_moe_unpermute(y, xe, w, slot, N, K, C, 0));
+    MT_BEST_TIME(r->t, bud, mt_moe_unpermute(y, xe, w, slot, N, K, C, 0));
     KB_TIME_REF(r, bud, mt_ref_moe_unpermute(y, xe, w, slot, N, K, C, 0));
 
     /* expert GEMMs: gate|up [E, 2Fm, C] and down [E, C, Fm] on the routed rows */
@@ -265,15 +252,15 @@ static void kb_moe(kb_table *tb) {
         char kn[32];
         snprintf(kn, sizeof kn, "grouped_fwd_%s", names[pass]);
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-        KB_TIME(r->t, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
+        MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
         KB_TIME_REF(r, bud, kb_loop_fwd(out, in, W, ws, off, E, In, O));
         snprintf(kn, sizeof kn, "grouped_bwd_data_%s", names[pass]);
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-        KB_TIME(r->t, bud, mt_grouped_linear_bwd_data(din, out, W, ws, off, E, In, O, 0.0f));
+        MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_data(din, out, W, ws, off, E, In, O, 0.0f));
         KB_TIME_REF(r, bud, kb_loop_bwd(din, NULL, out, in, W, ws, off, E, In, O));
         snprintf(kn, sizeof kn, "grouped_bwd_weight_%s", names[pass]);
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-        KB_TIME(r->t, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
+        MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
         KB_TIME_REF(r, bud, kb_loop_bwd(NULL, dW, out, in, W, ws, off, E, In, O));
         mt_free(W); mt_free(dW); mt_free(in); mt_free(out); mt_free(din);
     }
@@ -287,7 +274,7 @@ static void kb_adamw(kb_table *tb, size_t n) {
     float *p = kb_rand(n, 50, -1, 1), *g = kb_rand(n, 51, -1, 1), *m = kb_rand(n, 52, 0, 0), *v = kb_rand(n, 53, 0, 0);
     kb_row *r = kb_add(tb, "adamw", 0, 28.0 * n, "naive (double)", 1, "n=%zu", n);
     int step = 1;
-    KB_TIME(r->t, bud, mt_adamw(p, g, m, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step++));
+    MT_BEST_TIME(r->t, bud, mt_adamw(p, g, m, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step++));
     KB_TIME_REF(r, bud, mt_ref_adamw(p, g, m, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step++));
     mt_free(p); mt_free(g); mt_free(m); mt_free(v);
 }

@@ -16,19 +16,6 @@
 #include "kernels/ops.h"
 #include "plan/cluster.h"
 
-/* Best wall time of `call` within `budget` seconds: at least two runs (the first warms
- * caches and threads) unless one run alone exceeds the budget; at most 50. */
-#define CAL_TIME(dst, budget, call) do { \
-    double best_ = INFINITY, spent_ = 0; \
-    for (int n_ = 0; n_ < 50; n_++) { \
-        double t0_ = mt_now(); \
-        call; \
-        double t_ = mt_now() - t0_; \
-        spent_ += t_; \
-        if (t_ < best_) best_ = t_; \
-        if (n_ >= 1 ? spent_ + best_ > (budget) : t_ > (budget)) break; \
-    } \
-    (dst) = best_; } while (0)
 
 /* GEMM grid: M rows (tokens) x (N outputs, K inputs) of the "small" config's layers:
  * expert FFN 352, attention projections 512, dense FFN 1408 (and its down projection with
@@ -70,7 +57,7 @@ static void cal_gemm(cal_meas *m, int quick) {
         for (int j = 0; j < CAL_NNK; j++) {
             int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
             double t;
-            CAL_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
+            MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
             m->gemm[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
         }
     mt_free(x); mt_free(W); mt_free(y);
@@ -93,8 +80,8 @@ static void cal_attention(cal_meas *m, int quick) {
         float *dv = cal_fill(n, 18);
         float *scratch = mt_alloc(sizeof(float) * (size_t)nthr * mt_attention_scratch_floats(T, CAL_D));
         double tf, tb, ff = cal_att_flops(T);
-        CAL_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
-        CAL_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
+        MT_BEST_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
+        MT_BEST_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
                                            scratch, nthr));
         m->att_f[i] = ff / tf * 1e-9;
         m->att_b[i] = 2.5 * ff / tb * 1e-9;
@@ -108,12 +95,12 @@ static void cal_memory(cal_meas *m, int quick) {
     const size_t n = quick ? (size_t)4 << 20 : (size_t)16 << 20; /* 16 MB / 64 MB of floats */
     float *a = cal_fill(n, 20), *b = cal_fill(n, 21), *g = cal_fill(n, 22), *v = cal_fill(n, 23);
     double t;
-    CAL_TIME(t, bud, mt_copy(b, a, n));
+    MT_BEST_TIME(t, bud, mt_copy(b, a, n));
     m->copy_gbs = 8.0 * n / t * 1e-9; /* read + write */
     mt_zero(b, n);
     mt_zero(v, n);
     int step = 1;
-    CAL_TIME(t, bud, mt_adamw(a, g, b, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step++));
+    MT_BEST_TIME(t, bud, mt_adamw(a, g, b, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step++));
     m->adamw_gbs = 28.0 * n / t * 1e-9; /* reads p, g, m, v; writes p, m, v */
     mt_free(a); mt_free(b); mt_free(g); mt_free(v);
 }
