@@ -78,6 +78,10 @@ void mt_dist_allreduce_sum_f32(mt_dist *d, float *x, size_t n) { allreduce(d, x,
 void mt_dist_allreduce_sum_f64(mt_dist *d, double *x, size_t n) { allreduce(d, x, n, sizeof *x, MPI_DOUBLE); }
 void mt_dist_allreduce_sum_i64(mt_dist *d, int64_t *x, size_t n) { allreduce(d, x, n, sizeof *x, MPI_INT64_T); }
 
+void mt_dist_world_sum_i64(mt_dist *d, int64_t *x, size_t n) {
+    if (d->size > 1 && n > 0) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, d->world);
+}
+
 void mt_dist_grad_allreduce(mt_dist *d, float *g, size_t n, size_t bucket_bytes) {
     if (d->dp_size == 1 || n == 0) return;
     size_t be = bucket_bytes / sizeof(float);

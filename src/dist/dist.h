@@ -45,6 +45,8 @@ void mt_dist_abort(const char *msg) __attribute__((noreturn));
 void mt_dist_allreduce_sum_f32(mt_dist *d, float *x, size_t n);
 void mt_dist_allreduce_sum_f64(mt_dist *d, double *x, size_t n);
 void mt_dist_allreduce_sum_i64(mt_dist *d, int64_t *x, size_t n);
+/* In-place sum over every rank of the world (no time accounted; n < 2^31). */
+void mt_dist_world_sum_i64(mt_dist *d, int64_t *x, size_t n);
 /* Gradient reduction: in-place sum of g[n] over DP in buckets of bucket_bytes (one
  * MPI_Allreduce per bucket, in buffer order). Run after the backward today; the buckets are
  * the unit a later slice overlaps with the backward (reduce a bucket as soon as the layers

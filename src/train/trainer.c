@@ -547,6 +547,7 @@ int mt_train(const mt_train_opts *opts) {
     int bad = 0, rc = 0;
     const double t_begin = mt_now();
     double t_timed = 0, tok_timed = 0, cpu_timed = 0, comm_timed = 0; /* excludes the first step (warm-up) */
+    int steps_timed = 0;
     double ema_tps = 0;
     int64_t *load = n_moe > 0 ? mt_xmalloc(sizeof(int64_t) * (size_t)cfg.num_hidden_layers * cfg.n_routed_experts) : NULL;
     double *red = mt_xmalloc(sizeof(double) * (size_t)(cfg.num_hidden_layers + 1));
@@ -653,7 +654,7 @@ int mt_train(const mt_train_opts *opts) {
         if (wait < 0) wait = 0;
         double tps = (double)step_tokens / dt;
         if (step > start_step + 1) { cpu_timed += dt * (1.0 - wait); }
-        if (step > start_step + 1) { t_timed += dt; tok_timed += (double)step_tokens; comm_timed += comm; }
+        if (step > start_step + 1) { t_timed += dt; tok_timed += (double)step_tokens; comm_timed += comm; steps_timed++; }
         ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
         double mfu = root ? flops_tok * tps / (peak * D * 1e9) : 0.0;
         double elapsed = mt_now() - t_begin;
@@ -721,6 +722,12 @@ int mt_train(const mt_train_opts *opts) {
         int final_step = o.steps;
         if (save_checkpoint(&o, &r, d, final_step, samples, bad, last_good, sizeof last_good) != 0) rc = -1;
     }
+    /* peak RSS of every rank, for the summary (the planner's memory model is per rank) */
+    int64_t *rss_all = mt_xcalloc((size_t)d->size, sizeof(int64_t));
+    if (rc == 0) {
+        rss_all[d->rank] = (int64_t)mt_peak_rss();
+        mt_dist_world_sum_i64(d, rss_all, (size_t)d->size);
+    }
     if (rc == 0 && root) {
         double tps = t_timed > 0 ? tok_timed / t_timed : 0;
         double mfu = flops_tok * tps / (peak * D * 1e9);
@@ -730,8 +737,11 @@ int mt_train(const mt_train_opts *opts) {
         fprintf(r.metrics,
                 "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
                 "\"peak_rss_bytes\":%zu,\"dp\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
-                "\"checkpoint\":\"%s\"}\n",
-                o.steps, tps, mfu, wait, peak, rss, D, o.dist_opt ? "true" : "false", opt_bytes, comm_share, last_good);
+                "\"step_time_s\":%.6f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
+                o.steps, tps, mfu, wait, peak, rss, D, o.dist_opt ? "true" : "false", opt_bytes, comm_share,
+                steps_timed > 0 ? t_timed / steps_timed : 0.0, last_good);
+        for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[i]);
+        fprintf(r.metrics, "]}\n");
         if (!o.quiet) {
             char peaks[64];
             if (D > 1) snprintf(peaks, sizeof peaks, "%d x %.0f", D, peak);
@@ -751,6 +761,7 @@ int mt_train(const mt_train_opts *opts) {
         if (mt_trace_write(tp) != 0) mt_warn("%s", mt_last_error());
         else if (!o.quiet) printf("  trace      %s (open in Perfetto / chrome://tracing)\n", tp);
     }
+    free(rss_all);
     run_free(&r);
     return rc;
 }
