@@ -20,10 +20,10 @@ enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays i
 
 /* ---------------------------------------------------------------- layout */
 
-static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int64_t d0, int64_t d1,
-                      const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int64_t d0, int64_t d1,
-                      const char *fmt, ...) {
+static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, int layer, int expert,
+                      int64_t d0, int64_t d1, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
+static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, int layer, int expert,
+                      int64_t d0, int64_t d1, const char *fmt, ...) {
     size_t numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
     if (t) {
         mt_tensor *x = &t[idx];
@@ -37,6 +37,11 @@ static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int64_t d0,
         x->offset = *off;
         x->numel = numel;
         x->decay = decay;
+        x->role = role;
+        x->layer = layer;
+        x->expert = expert;
+        x->full_index = idx;
+        x->replica = 0;
     }
     *off += numel;
     return idx + 1;
@@ -48,39 +53,93 @@ int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
     size_t off = 0;
     int n = 0;
-    n = add_tensor(t, n, &off, 1, c->vocab_size, C, "model.embed_tokens.weight");
+    n = add_tensor(t, n, &off, 1, MT_R_EMBED, -1, -1, c->vocab_size, C, "model.embed_tokens.weight");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const char *p = "model.layers";
-        n = add_tensor(t, n, &off, 0, C, 0, "%s.%d.input_layernorm.weight", p, l);
-        n = add_tensor(t, n, &off, 1, (int64_t)H * D, C, "%s.%d.self_attn.q_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 1, (int64_t)G * D, C, "%s.%d.self_attn.k_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 1, (int64_t)G * D, C, "%s.%d.self_attn.v_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 1, C, (int64_t)H * D, "%s.%d.self_attn.o_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 0, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+        n = add_tensor(t, n, &off, 0, MT_R_IN_NORM, l, -1, C, 0, "%s.%d.input_layernorm.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WQ, l, -1, (int64_t)H * D, C, "%s.%d.self_attn.q_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WK, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.k_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WV, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.v_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WO, l, -1, C, (int64_t)H * D, "%s.%d.self_attn.o_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 0, MT_R_POST_NORM, l, -1, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
         if (!mt_config_is_moe(c, l)) {
-            n = add_tensor(t, n, &off, 1, F, C, "%s.%d.mlp.gate_proj.weight", p, l);
-            n = add_tensor(t, n, &off, 1, F, C, "%s.%d.mlp.up_proj.weight", p, l);
-            n = add_tensor(t, n, &off, 1, C, F, "%s.%d.mlp.down_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_GATE, l, -1, F, C, "%s.%d.mlp.gate_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_UP, l, -1, F, C, "%s.%d.mlp.up_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_DOWN, l, -1, C, F, "%s.%d.mlp.down_proj.weight", p, l);
         } else {
-            n = add_tensor(t, n, &off, 1, E, C, "%s.%d.mlp.gate.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_ROUTER, l, -1, E, C, "%s.%d.mlp.gate.weight", p, l);
             /* expert e's gate_proj and up_proj adjacent ([2Fm, C]: one GEMM computes both),
              * then every expert's down_proj */
             for (int e = 0; e < E; e++) {
-                n = add_tensor(t, n, &off, 1, Fm, C, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
-                n = add_tensor(t, n, &off, 1, Fm, C, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+                n = add_tensor(t, n, &off, 1, MT_R_EGATE, l, e, Fm, C, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+                n = add_tensor(t, n, &off, 1, MT_R_EUP, l, e, Fm, C, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
             }
             for (int e = 0; e < E; e++)
-                n = add_tensor(t, n, &off, 1, C, Fm, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+                n = add_tensor(t, n, &off, 1, MT_R_EDOWN, l, e, C, Fm, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
             if (Fs > 0) {
-                n = add_tensor(t, n, &off, 1, Fs, C, "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
-                n = add_tensor(t, n, &off, 1, Fs, C, "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
-                n = add_tensor(t, n, &off, 1, C, Fs, "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, MT_R_SGATE, l, -1, Fs, C, "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, MT_R_SUP, l, -1, Fs, C, "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, MT_R_SDOWN, l, -1, C, Fs, "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
             }
         }
     }
-    n = add_tensor(t, n, &off, 0, C, 0, "model.norm.weight");
-    if (!c->tie_word_embeddings) n = add_tensor(t, n, &off, 1, c->vocab_size, C, "lm_head.weight");
+    n = add_tensor(t, n, &off, 0, MT_R_NORM, -1, -1, C, 0, "model.norm.weight");
+    if (!c->tie_word_embeddings) n = add_tensor(t, n, &off, 1, MT_R_HEAD, -1, -1, c->vocab_size, C, "lm_head.weight");
     if (nparams) *nparams = off;
+    return n;
+}
+
+void mt_shard_full(mt_shard *s, const mt_config *c) {
+    memset(s, 0, sizeof *s);
+    s->ep_rank = 0;
+    s->ep_size = 1;
+    for (int l = 0; l < c->num_hidden_layers && l < 256; l++) s->layer[l] = 1;
+    s->embed = s->head = 1;
+}
+
+/* does the shard hold full tensor t? 2 = as a replica (the tied embedding used as head) */
+static int shard_holds(const mt_config *c, const mt_shard *sh, const mt_tensor *t) {
+    if (t->layer >= 0) {
+        if (!sh->layer[t->layer]) return 0;
+        if (t->expert < 0) return 1;
+        int le = c->n_routed_experts / sh->ep_size;
+        return t->expert / le == sh->ep_rank;
+    }
+    if (t->role == MT_R_EMBED) return sh->embed ? 1 : (sh->head && c->tie_word_embeddings) ? 2 : 0;
+    return sh->head;
+}
+
+int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, size_t *nparams,
+                          size_t *n_dense) {
+    mt_shard full;
+    if (!sh) {
+        mt_shard_full(&full, c);
+        sh = &full;
+    }
+    int nf = mt_model_layout(c, NULL, NULL);
+    mt_tensor *all = mt_xcalloc((size_t)nf, sizeof *all);
+    mt_model_layout(c, all, NULL);
+    /* pass 0: every tensor but the routed experts (all of them without EP); pass 1: experts */
+    size_t off = 0, nd = 0;
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < nf; i++) {
+            int h = shard_holds(c, sh, &all[i]);
+            int is_exp = all[i].expert >= 0 && sh->ep_size > 1;
+            if (!h || is_exp != pass) continue;
+            if (t) {
+                t[n] = all[i];
+                t[n].offset = off;
+                t[n].replica = h == 2;
+            }
+            off += all[i].numel;
+            n++;
+        }
+        if (pass == 0) nd = off;
+    }
+    free(all);
+    if (nparams) *nparams = off;
+    if (n_dense) *n_dense = nd;
     return n;
 }
 
@@ -112,42 +171,40 @@ double mt_model_flops_per_token(const mt_config *c, int T) {
 static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, float **norm,
                  float **head) {
     const mt_config *c = &m->cfg;
-    int i = 0;
-    *embed = base + m->tensors[i++].offset;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        mt_layer_w *L = &w[l];
-        memset(L, 0, sizeof *L);
-        L->in_norm = base + m->tensors[i++].offset;
-        L->wq = base + m->tensors[i++].offset;
-        L->wk = base + m->tensors[i++].offset;
-        L->wv = base + m->tensors[i++].offset;
-        L->wo = base + m->tensors[i++].offset;
-        L->post_norm = base + m->tensors[i++].offset;
-        if (!mt_config_is_moe(c, l)) {
-            L->gate = base + m->tensors[i++].offset;
-            L->up = base + m->tensors[i++].offset;
-            L->down = base + m->tensors[i++].offset;
-        } else {
-            int E = c->n_routed_experts;
-            L->router = base + m->tensors[i++].offset;
-            L->egate = base + m->tensors[i].offset;
-            L->eup = base + m->tensors[i + 1].offset;
-            i += 2 * E;
-            L->edown = base + m->tensors[i].offset;
-            i += E;
-            if (c->n_shared_experts > 0) {
-                L->sgate = base + m->tensors[i++].offset;
-                L->sup = base + m->tensors[i++].offset;
-                L->sdown = base + m->tensors[i++].offset;
-            }
+    const int e0 = m->shard.ep_rank * (c->n_routed_experts / m->shard.ep_size);
+    memset(w, 0, sizeof *w * (size_t)c->num_hidden_layers);
+    *embed = *norm = *head = NULL;
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        float *p = base + t->offset;
+        mt_layer_w *L = t->layer >= 0 ? &w[t->layer] : NULL;
+        switch (t->role) {
+        case MT_R_EMBED: *embed = p; break;
+        case MT_R_NORM: *norm = p; break;
+        case MT_R_HEAD: *head = p; break;
+        case MT_R_IN_NORM: L->in_norm = p; break;
+        case MT_R_WQ: L->wq = p; break;
+        case MT_R_WK: L->wk = p; break;
+        case MT_R_WV: L->wv = p; break;
+        case MT_R_WO: L->wo = p; break;
+        case MT_R_POST_NORM: L->post_norm = p; break;
+        case MT_R_GATE: L->gate = p; break;
+        case MT_R_UP: L->up = p; break;
+        case MT_R_DOWN: L->down = p; break;
+        case MT_R_ROUTER: L->router = p; break;
+        case MT_R_EGATE: if (t->expert == e0) L->egate = p; break;
+        case MT_R_EUP: if (t->expert == e0) L->eup = p; break;
+        case MT_R_EDOWN: if (t->expert == e0) L->edown = p; break;
+        case MT_R_SGATE: L->sgate = p; break;
+        case MT_R_SUP: L->sup = p; break;
+        case MT_R_SDOWN: L->sdown = p; break;
+        default: MT_ASSERT(0);
         }
     }
-    *norm = base + m->tensors[i++].offset;
-    *head = c->tie_word_embeddings ? *embed : base + m->tensors[i++].offset;
-    MT_ASSERT(i == m->ntensors);
+    if (c->tie_word_embeddings) *head = *embed;
 }
 
-int mt_model_init(mt_model *m, const mt_config *cfg) {
+int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep) {
     memset(m, 0, sizeof *m);
     if (cfg->num_hidden_layers > 256)
         return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
@@ -159,17 +216,24 @@ int mt_model_init(mt_model *m, const mt_config *cfg) {
         return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
                         "(only \"gqa\")", cfg->attention_type);
     m->cfg = *cfg;
-    m->ntensors = mt_model_layout(cfg, NULL, NULL);
-    m->tensors = mt_xcalloc((size_t)m->ntensors, sizeof(mt_tensor));
-    mt_model_layout(cfg, m->tensors, &m->nparams);
-    m->params = mt_alloc(m->nparams * sizeof(float));
-    m->grads = mt_alloc(m->nparams * sizeof(float));
+    if (sh) m->shard = *sh;
+    else mt_shard_full(&m->shard, cfg);
+    MT_ASSERT(m->shard.ep_size >= 1 && (cfg->n_routed_experts == 0 || cfg->n_routed_experts % m->shard.ep_size == 0));
+    MT_ASSERT(m->shard.ep_size == 1 || ep != NULL);
+    m->ep = m->shard.ep_size > 1 ? ep : NULL;
+    m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL);
+    m->tensors = mt_xcalloc((size_t)m->ntensors + 1, sizeof(mt_tensor));
+    mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_dense);
+    m->params = mt_alloc((m->nparams + 1) * sizeof(float));
+    m->grads = mt_alloc((m->nparams + 1) * sizeof(float));
     m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
     m->g = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
     bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
     bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
     return 0;
 }
+
+int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_shard(m, cfg, NULL, NULL); }
 
 void mt_model_free(mt_model *m) {
     mt_free(m->params);
@@ -188,9 +252,10 @@ void mt_model_init_weights(mt_model *m, uint64_t seed, float std) {
             for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
             continue;
         }
-        /* stream = tensor index: the same draw whatever the thread count or layout */
+        /* stream = index in the whole model: the same draw whatever the thread count or layout */
+        const uint64_t stream = (uint64_t)t->full_index;
 #pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < t->numel; j++) p[j] = std * mt_normal(seed, (uint64_t)i, j);
+        for (size_t j = 0; j < t->numel; j++) p[j] = std * mt_normal(seed, stream, j);
     }
 }
 
@@ -224,13 +289,16 @@ typedef struct {
     float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order) */
     float *sgu;                   /* [N,2Fs] shared experts gate|up */
     float *f;                     /* [B,E] per-sequence routed fraction f_e */
+    mt_ep_batch epb;              /* EP: the dispatch of this layer (owned by the exchange) */
+    float *ep_egu;                /* EP: [epb.R, 2Fm] expert gate|up (allocated per step) */
 } layer_acts;
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts, policy, count_load;
+    int lo, hi, first, last;      /* the chunk: decoder layers [lo, hi), embedding, head */
     size_t cap, last_n;           /* capacity B*T; tokens of the last step */
     layer_acts *L;
-    float *xf, *lnf, *rstdf;      /* final residual, final norm out, rstd */
+    float *xf, *lnf, *rstdf;      /* chunk output (final residual), final norm out, rstd */
     float *cos_t, *sin_t;
     /* scratch shared by all layers */
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
@@ -268,8 +336,8 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->hbuf = carve(cv, N * C * fl);
         a->gubuf = E ? carve(cv, maxz(R * 2 * Fm, N * 2 * Fs) * fl) : NULL;
     }
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        layer_acts *L = &a->L[l];
+    for (int l = a->lo; l < a->hi; l++) {
+        layer_acts *L = &a->L[l - a->lo];
         L->x = carve(cv, N * C * fl);
         L->rstd1 = carve(cv, N * fl);
         L->q = carve(cv, N * H * D * fl);
@@ -298,8 +366,10 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         }
     }
     a->xf = carve(cv, N * C * fl);
-    a->lnf = carve(cv, N * C * fl);
-    a->rstdf = carve(cv, N * fl);
+    if (a->last) {
+        a->lnf = carve(cv, N * C * fl);
+        a->rstdf = carve(cv, N * fl);
+    }
     a->cos_t = carve(cv, (size_t)T * D / 2 * fl);
     a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
     a->ln = carve(cv, N * C * fl);
@@ -321,7 +391,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->wrow = carve(cv, R * fl);
     }
     a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
-    a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
+    if (a->last) a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
 }
 
 int mt_recompute_parse(const char *name) {
@@ -330,31 +400,46 @@ int mt_recompute_parse(const char *name) {
     return mt_error("--recompute: unknown policy '%s' (none or selective)", name);
 }
 
-size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
+                           int policy) {
     mt_acts a;
     memset(&a, 0, sizeof a);
     a.policy = policy;
-    a.L = mt_xcalloc((size_t)c->num_hidden_layers, sizeof(layer_acts));
+    a.lo = lo;
+    a.hi = hi;
+    a.first = first;
+    a.last = last;
+    a.L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
     carver cv = {NULL, 0, 1};
     acts_layout(&a, c, B, T, nthr, &cv);
     free(a.L);
     return cv.off;
 }
 
+size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+    return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy);
+}
+
 size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
     return mt_acts_bytes_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
 }
 
-mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
+                           int policy) {
     MT_ASSERT(policy == MT_RECOMPUTE_NONE || policy == MT_RECOMPUTE_SELECTIVE);
+    MT_ASSERT(0 <= lo && lo <= hi && hi <= c->num_hidden_layers);
     mt_acts *a = mt_xcalloc(1, sizeof *a);
     a->B = B;
     a->T = T;
     a->nthr = nthr;
     a->policy = policy;
+    a->lo = lo;
+    a->hi = hi;
+    a->first = first;
+    a->last = last;
     a->cap = (size_t)B * T;
-    a->L = mt_xcalloc((size_t)c->num_hidden_layers, sizeof(layer_acts));
-    a->arena_bytes = mt_acts_bytes_policy(c, B, T, nthr, policy);
+    a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
+    a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy);
     a->arena = mt_alloc(a->arena_bytes);
     carver cv = {a->arena, 0, 0};
     acts_layout(a, c, B, T, nthr, &cv);
@@ -365,9 +450,17 @@ mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int poli
     return a;
 }
 
+mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+    return mt_acts_new_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy);
+}
+
 mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
     return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
 }
+
+float *mt_acts_input(mt_acts *a) { return a->hi > a->lo ? a->L[0].x : a->xf; }
+float *mt_acts_output(mt_acts *a) { return a->xf; }
+float *mt_acts_grad(mt_acts *a) { return a->dres; }
 
 void mt_acts_free(mt_acts *a) {
     if (!a) return;
@@ -385,10 +478,10 @@ void mt_acts_reset_load(mt_acts *a) {
 
 uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *c) {
     uint64_t h = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = a->lo; l < a->hi; l++) {
         if (!mt_config_is_moe(c, l)) continue;
         for (size_t i = 0; i < a->last_n * (size_t)c->num_experts_per_tok; i++)
-            h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[l].sel[i]);
+            h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[l - a->lo].sel[i]);
     }
     return h;
 }
@@ -469,13 +562,10 @@ static void swiglu_ffn_bwd(float *dx, float *dwgu, float *dwd, const float *dout
     mt_linear_bwd(dx, dwgu, a3, x, wgu, N, C, 2 * F, beta_in);
 }
 
-/* MoE block forward on the normed input ln[N,C]: out[N,C] += shared(ln) + sum_j w_j E_j(ln). */
-static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                    int B, int T, const float *ln, float *out) {
-    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
+/* Router: scores in fp32, selection, routing weights (L->probs, L->sel, L->wsel). */
+static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, const float *ln, int N) {
+    const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
-    /* router scores in fp32, selection, routing weights */
     mt_linear_fwd(L->probs, ln, w->router, N, C, E, 0.0f);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
@@ -499,15 +589,28 @@ static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
             L->wsel[(size_t)t * K + j] = wj * (float)c->routed_scaling_factor;
         }
     }
+}
+
+/* per-sequence routed fractions f_e (for the balance loss) */
+static void route_fractions(const mt_config *c, layer_acts *L, int B, int T) {
+    const int E = c->n_routed_experts, K = c->num_experts_per_tok, R = B * T * K;
+    memset(L->f, 0, sizeof(float) * (size_t)B * E);
+    for (int i = 0; i < R; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
+    for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
+}
+
+/* MoE block forward on the normed input ln[N,C]: out[N,C] += shared(ln) + sum_j w_j E_j(ln). */
+static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
+                    int B, int T, const float *ln, float *out) {
+    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
+    route_fwd(c, L, w, ln, N);
     /* fused permute: rows grouped by expert, gathered into xe */
     mt_moe_permute(a->xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
     const int32_t *off = L->eoff;
     if (a->count_load) /* training tokens only, not evaluation */
         for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
-    /* per-sequence routed fractions f_e (for the balance loss) */
-    memset(L->f, 0, sizeof(float) * (size_t)B * E);
-    for (int i = 0; i < R; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
-    for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
+    route_fractions(c, L, B, T);
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
     mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd(a->big1, L->egu, R, Fm);
@@ -516,6 +619,42 @@ static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
      * stream: the residual add costs no pass of its own */
     if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 1.0f);
     mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
+}
+
+/* The same with the routed experts spread over an EP group: the (token, expert) rows travel
+ * to the experts' ranks (dispatch), the local experts run as one grouped GEMM on what arrived
+ * from every rank, and the outputs travel back weighted (combine). Sizes depend on the
+ * routing of the whole group, so the expert buffers are allocated per step. */
+static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
+                       int B, int T, const float *ln, float *out, int train) {
+    const mt_config *c = &m->cfg;
+    const mt_ep_ops *ep = m->ep;
+    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
+    route_fwd(c, L, w, ln, N);
+    if (a->count_load)
+        for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
+    route_fractions(c, L, B, T);
+    ep->dispatch(ep->ctx, &L->epb, ln, L->sel, L->wsel, N, K, C, E);
+    const int R = L->epb.R;
+    L->ep_egu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
+    float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
+    float *ye = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
+    mt_grouped_linear_fwd(L->ep_egu, L->epb.xe, w->egate, (size_t)2 * Fm * C, L->epb.off, LE, C, 2 * Fm, 0.0f);
+    mt_swiglu_rows_fwd(act, L->ep_egu, R, Fm);
+    mt_grouped_linear_fwd(ye, act, w->edown, (size_t)C * Fm, L->epb.off, LE, Fm, C, 0.0f);
+    ep->combine(ep->ctx, &L->epb, a->ye, ye); /* a->ye: [N*K, C] scratch, >= [N, C] */
+    mt_free(act);
+    mt_free(ye);
+    if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 1.0f);
+    const float *y = a->ye;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < (size_t)N * C; i++) out[i] += y[i];
+    if (!train) { /* no backward will come for this dispatch */
+        ep->release(ep->ctx, &L->epb);
+        mt_free(L->ep_egu);
+        L->ep_egu = NULL;
+    }
 }
 
 /* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] */
@@ -540,14 +679,15 @@ static void balance_fwd(const mt_config *c, const layer_acts *L, int B, int T, d
     *sum_out += total;
 }
 
+static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
+                      const float *ln, float *dln, int N, int T, float bal_coef);
+
 /* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. */
 static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w,
                     mt_layer_w *dw, int B, int T, const float *ln, const float *dout, float *dln,
                     float bal_coef) {
     const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
-    const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
-    const float scale = (float)c->routed_scaling_factor;
     const int32_t *off = L->eoff;
     const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
     /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
@@ -588,7 +728,16 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, a->xe, off, E, C, 2 * Fm);
     mt_grouped_linear_bwd_data(a->ye, dgu, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_moe_permute_bwd(dln, a->ye, L->slot_row, N, K, C, Fs > 0);
-    /* router backward: dw -> dp -> ds */
+    route_bwd(c, a, L, w, dw, ln, dln, N, T, bal_coef);
+}
+
+/* Router backward: a->dw[N*K] (gradient of the routing weights, slot order) and the
+ * balance loss -> dp -> scores; dln += its gradient, the router's weight gradient accumulates. */
+static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
+                      const float *ln, float *dln, int N, int T, float bal_coef) {
+    const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
+    const float scale = (float)c->routed_scaling_factor;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         const float *p = L->probs + (size_t)t * E;
@@ -628,6 +777,63 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     mt_linear_bwd(dln, dw->router, a->ds, ln, w->router, N, C, E, 1.0f);
 }
 
+/* MoE block backward with the experts over an EP group (see moe_fwd_ep): the unweighted
+ * output gradients travel to the experts (gather), the input gradients come back (the
+ * dispatch's backward) and so do the routing-weight gradients (to_source). */
+static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
+                       int B, int T, const float *ln, const float *dout, float *dln, float bal_coef) {
+    const mt_config *c = &m->cfg;
+    const mt_ep_ops *ep = m->ep;
+    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
+    const mt_ep_batch *b = &L->epb;
+    const int R = b->R;
+    const int32_t *off = b->off;
+    if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
+    if (Fs > 0)
+        swiglu_ffn_bwd(dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, 0.0f,
+                       a->big1, a->big2, a->big3);
+    float *yeu = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
+    float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
+    float *dact = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
+    float *dgu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
+    float *dwv = mt_alloc(sizeof(float) * ((size_t)R + 1));
+    ep->gather(ep->ctx, b, yeu, dout);
+    mt_swiglu_rows_fwd(act, L->ep_egu, R, Fm);
+    mt_grouped_linear_bwd_data(dact, yeu, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++) {
+        const float *x = act + (size_t)r * Fm, *y = dact + (size_t)r * Fm;
+        float dot = 0.0f;
+        for (int f = 0; f < Fm; f++) dot += x[f] * y[f];
+        dwv[r] = dot;
+        float *xm = act + (size_t)r * Fm;
+        for (int f = 0; f < Fm; f++) xm[f] *= b->w[r];
+    }
+    mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, yeu, act, off, LE, Fm, C);
+    mt_swiglu_rows_bwd(dgu, dact, L->ep_egu, b->w, R, Fm);
+    mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, b->xe, off, LE, C, 2 * Fm);
+    mt_grouped_linear_bwd_data(yeu, dgu, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
+    ep->dispatch_bwd(ep->ctx, b, a->ye, yeu);
+    const float *dx = a->ye;
+    if (Fs > 0) {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < (size_t)N * C; i++) dln[i] += dx[i];
+    } else {
+        mt_copy(dln, dx, (size_t)N * C);
+    }
+    ep->to_source(ep->ctx, b, a->dw, dwv);
+    mt_free(yeu);
+    mt_free(act);
+    mt_free(dact);
+    mt_free(dgu);
+    mt_free(dwv);
+    ep->release(ep->ctx, &L->epb);
+    mt_free(L->ep_egu);
+    L->ep_egu = NULL;
+    route_bwd(c, a, L, w, dw, ln, dln, N, T, bal_coef);
+}
+
 /* ---------------------------------------------------------------- step */
 
 void mt_doc_positions(const int32_t *inputs, int B, int T, int32_t eot, int32_t *pos) {
@@ -647,26 +853,34 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
 void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                        const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
                        float *logits, mt_step_stats *st) {
+    memset(st, 0, sizeof *st);
+    mt_model_forward(m, a, inputs, targets, pos, B, T, train, ce_scale, logits, st);
+    if (train) mt_model_backward(m, a, inputs, pos, B, T, bal_scale);
+}
+
+void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
+                      const int32_t *pos, int B, int T, int train, float ce_scale, float *logits,
+                      mt_step_stats *st) {
     const mt_config *c = &m->cfg;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
     const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
-    const int Ln = c->num_hidden_layers, V = c->vocab_size;
+    const int V = c->vocab_size, lo = a->lo, hi = a->hi;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap);
-    memset(st, 0, sizeof *st);
     a->last_n = (size_t)N;
     a->count_load = train;
 
-    /* embedding */
-    float *x0 = a->L[0].x;
+    float *x0 = mt_acts_input(a);
+    if (a->first) { /* embedding */
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        memcpy(x0 + (size_t)n * C, m->embed + (size_t)inputs[n] * C, sizeof(float) * C);
+        for (int n = 0; n < N; n++)
+            memcpy(x0 + (size_t)n * C, m->embed + (size_t)inputs[n] * C, sizeof(float) * C);
+    }
 
-    for (int l = 0; l < Ln; l++) {
-        layer_acts *L = &a->L[l];
+    for (int l = lo; l < hi; l++) {
+        layer_acts *L = &a->L[l - lo];
         const mt_layer_w *w = &m->w[l];
-        float *xout = l + 1 < Ln ? a->L[l + 1].x : a->xf;
+        float *xout = l + 1 < hi ? a->L[l + 1 - lo].x : a->xf;
         mt_trace_begin("fwd.attention");
         mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, N, C, eps);
         mt_linear_fwd(L->q, a->ln, w->wq, N, C, H * D, 0.0f);
@@ -686,28 +900,38 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
             swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
         } else {
             mt_trace_begin("fwd.moe");
-            moe_fwd(c, a, L, w, l, B, T, a->ln, xout);
+            if (m->ep) moe_fwd_ep(m, a, L, w, l, B, T, a->ln, xout, train);
+            else moe_fwd(c, a, L, w, l, B, T, a->ln, xout);
             balance_fwd(c, L, B, T, &st->bal_sum[l]);
         }
         mt_trace_end();
     }
+    if (!a->last) return;
     mt_trace_begin(train ? "fwd.head+ce (+bwd)" : "fwd.head");
     mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, N, C, eps);
     int64_t nv = 0;
     for (int n = 0; n < N; n++) nv += targets[n] >= 0;
-    st->n_valid = nv;
-    st->ce_sum = mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf,
-                            m->head, targets, N, C, V, ce_scale, a->head_scratch);
+    st->n_valid += nv;
+    st->ce_sum += mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf,
+                             m->head, targets, N, C, V, ce_scale, a->head_scratch);
     mt_trace_end();
-    if (!train) return;
+}
 
-    /* backward */
+void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
+                       float bal_scale) {
+    const mt_config *c = &m->cfg;
+    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
+    const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
+    const int lo = a->lo, hi = a->hi;
+    const float eps = (float)c->rms_norm_eps;
     float *d = a->dres;
-    mt_zero(d, (size_t)N * C);
-    mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, N, C);
+    if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
+        mt_zero(d, (size_t)N * C);
+        mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, N, C);
+    }
     const float bal_coef = (float)(c->aux_loss_alpha * bal_scale);
-    for (int l = Ln - 1; l >= 0; l--) {
-        layer_acts *L = &a->L[l];
+    for (int l = hi - 1; l >= lo; l--) {
+        layer_acts *L = &a->L[l - lo];
         const mt_layer_w *w = &m->w[l];
         mt_layer_w *dw = &m->g[l];
         if (a->policy == MT_RECOMPUTE_SELECTIVE) { /* h = x + att Wo^T, as in the forward */
@@ -720,6 +944,8 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         if (!mt_config_is_moe(c, l))
             swiglu_ffn_bwd(a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, 0.0f,
                            a->big1, a->big2, a->big3);
+        else if (m->ep)
+            moe_bwd_ep(m, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
         else
             moe_bwd(c, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
         mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, N, C);
@@ -738,6 +964,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, N, C);
         mt_trace_end();
     }
+    if (!a->first) return; /* d is the gradient of the chunk's input */
     /* embedding backward: thread i owns the vocabulary rows congruent to i, and adds the
      * tokens in their order, so every row sums in the same order for any thread count */
 #pragma omp parallel

@@ -13,6 +13,13 @@
 
 #include "model/config.h"
 
+/* What a tensor is (bind() finds the pointers by role, not by position). */
+enum mt_role {
+    MT_R_EMBED = 0, MT_R_IN_NORM, MT_R_WQ, MT_R_WK, MT_R_WV, MT_R_WO, MT_R_POST_NORM,
+    MT_R_GATE, MT_R_UP, MT_R_DOWN, MT_R_ROUTER, MT_R_EGATE, MT_R_EUP, MT_R_EDOWN,
+    MT_R_SGATE, MT_R_SUP, MT_R_SDOWN, MT_R_NORM, MT_R_HEAD
+};
+
 typedef struct {
     char name[96];
     int ndim;
@@ -20,7 +27,26 @@ typedef struct {
     size_t offset;   /* in floats, into the flat buffer */
     size_t numel;
     int decay;       /* weight decay applies (matrices), 0 for norms */
+    int role;        /* enum mt_role */
+    int layer;       /* decoder layer, -1 for embedding / final norm / head */
+    int expert;      /* routed expert index (global), -1 otherwise */
+    int full_index;  /* index of this tensor in the whole model's table (checkpoint order) */
+    int replica;     /* 1: a copy of a tensor another pipeline stage owns (tied embedding
+                      * on the last stage); its gradient is summed with the owner's */
 } mt_tensor;
+
+/* Which part of the model a rank holds (pipeline and expert parallelism). Tensor names
+ * stay the global MODEL.md names; a sharded model is a subset of the whole model's tensors.
+ * Routed experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) of every held MoE layer are
+ * kept; with ep_size > 1 they are placed after every other tensor, so the flat buffer is
+ * [dense part | expert part] and each part is reduced over its own group. */
+typedef struct {
+    int ep_rank, ep_size;
+    unsigned char layer[256];   /* 1 = decoder layer held here */
+    int embed, head;            /* holds the token embedding / the final norm and head */
+} mt_shard;
+/* The whole model (one process). */
+void mt_shard_full(mt_shard *s, const mt_config *c);
 
 typedef struct {
     float *in_norm, *wq, *wk, *wv, *wo, *post_norm;
@@ -32,8 +58,40 @@ typedef struct {
     float *sgate, *sup, *sdown;     /* shared experts: [Fs,C], [Fs,C] (adjacent), [C,Fs] (NULL if none) */
 } mt_layer_w;
 
+/* Expert-parallel token exchange, supplied by dist/ (the model does not know MPI). A batch
+ * is one dispatch: the rows of the (token, expert) pairs this rank's experts must process,
+ * grouped by local expert. Errors inside an exchange end the job (they are broken
+ * invariants: every rank routed with the same model). */
+typedef struct {
+    int R;                 /* rows received */
+    const int32_t *off;    /* [local experts + 1] rows of local expert le: off[le]..off[le+1] */
+    const float *xe;       /* [R, C] the token rows */
+    const float *w;        /* [R] routing weight of each row */
+    void *plan;            /* the exchange's own state */
+} mt_ep_batch;
+
+typedef struct mt_ep_ops {
+    void *ctx;
+    int rank, size;        /* in the expert-parallel group */
+    /* x[N,C], sel[N*K] global expert ids, w[N*K] -> b */
+    void (*dispatch)(void *ctx, mt_ep_batch *b, const float *x, const int32_t *sel, const float *w,
+                     int N, int K, int C, int E);
+    /* out[N,C] = per token sum_j w_j y_j, y[R,C] in the batch's layout */
+    void (*combine)(void *ctx, const mt_ep_batch *b, float *out, const float *y);
+    /* xr[R,C] = x[token of row r] (unweighted; x is [N,C] on the source ranks) */
+    void (*gather)(void *ctx, const mt_ep_batch *b, float *xr, const float *x);
+    /* dx[N,C] = per token sum over its rows of dxe[R,C] */
+    void (*dispatch_bwd)(void *ctx, const mt_ep_batch *b, float *dx, const float *dxe);
+    /* vs[N*K] (slot order of the source tokens) = v[R] of the rows */
+    void (*to_source)(void *ctx, const mt_ep_batch *b, float *vs, const float *v);
+    void (*release)(void *ctx, mt_ep_batch *b);
+} mt_ep_ops;
+
 typedef struct {
     mt_config cfg;
+    mt_shard shard;
+    const mt_ep_ops *ep;            /* NULL: every expert is local */
+    size_t n_dense;                 /* floats before the expert part (== nparams without EP) */
     int ntensors;
     mt_tensor *tensors;
     size_t nparams;
@@ -54,8 +112,14 @@ double mt_model_active_params(const mt_config *cfg);
 double mt_model_flops_per_token(const mt_config *cfg, int T);
 
 int mt_model_init(mt_model *m, const mt_config *cfg);
+/* The part of the model described by sh (tensor table, offsets and pointers for it only);
+ * ep may be NULL when sh->ep_size == 1. */
+int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep);
+/* Tensor table of a shard (like mt_model_layout; NULL sh = whole model). */
+int mt_model_layout_shard(const mt_config *cfg, const mt_shard *sh, mt_tensor *tensors, size_t *nparams,
+                          size_t *n_dense);
 void mt_model_free(mt_model *m);
-/* Seeded, layout-independent init: matrices ~ N(0, std^2), norms = 1. */
+/* Seeded, layout-independent init (keyed by full_index): matrices ~ N(0, std^2), norms = 1. */
 void mt_model_init_weights(mt_model *m, uint64_t seed, float std);
 const mt_tensor *mt_model_find(const mt_model *m, const char *name);
 void mt_model_zero_grads(mt_model *m);
@@ -74,6 +138,18 @@ enum mt_recompute { MT_RECOMPUTE_NONE = 0, MT_RECOMPUTE_SELECTIVE = 1 };
 int mt_recompute_parse(const char *name);
 size_t mt_acts_bytes_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
 mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
+/* Activations of one pipeline chunk: decoder layers [lo, hi), with the embedding when
+ * first and the final norm, head and loss when last. */
+size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
+                           int policy);
+mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
+                           int policy);
+/* [B*T, C] buffers of a chunk: where a non-first chunk's input is received, its output,
+ * and the gradient buffer (before mt_model_backward: the gradient of the output, received
+ * by a non-last chunk; after it: the gradient of the input, to send to the previous stage). */
+float *mt_acts_input(mt_acts *a);
+float *mt_acts_output(mt_acts *a);
+float *mt_acts_grad(mt_acts *a);
 void mt_acts_free(mt_acts *a);
 
 typedef struct {
@@ -96,6 +172,16 @@ void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t
 void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                        const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
                        float *logits, mt_step_stats *st);
+/* The two halves of mt_model_step_pos for one chunk (pipeline parallelism). forward adds
+ * into *st (the caller zeroes it); a first chunk embeds `inputs`, others read
+ * mt_acts_input(a); a last chunk computes the head and CE (and, when train, the head's
+ * backward). backward accumulates the weight gradients of the chunk; a non-last chunk
+ * starts from mt_acts_grad(a), which it overwrites with the gradient of its input. */
+void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
+                      const int32_t *pos, int B, int T, int train, float ce_scale, float *logits,
+                      mt_step_stats *st);
+void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
+                       float bal_scale);
 /* Document-mode positions: position 0 at the start of a row and after every `eot` token
  * (the end-of-text token itself ends the previous document). */
 void mt_doc_positions(const int32_t *inputs, int B, int T, int32_t eot, int32_t *pos);
