@@ -144,7 +144,7 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
     roff[LE] = r;
 
     mt_a2a_plan pl[2];
-    float *xe[2], *out[2], *dx[2], *dy[2], *dw[2];
+    float *xe[2], *out[2], *dx[2], *dy[2], *dw[2], *xg[2], *vs[2];
     mt_a2a_bytes b[2];
     float *dout = rnd((size_t)N * C, seed + 200 + me, -1, 1);
     for (int m = 0; m < 2; m++) {
@@ -165,7 +165,23 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
         dy[m] = falloc((size_t)p->R * C);
         dw[m] = falloc((size_t)p->R);
         mt_a2a_combine_bwd(a, p, dy[m], dw[m], dout, y);
+        /* gather: dout rows unweighted along the plan; to_source: a value per pair back */
+        xg[m] = falloc((size_t)p->R * C);
+        mt_a2a_gather(a, p, xg[m], dout);
+        float *v = falloc((size_t)p->R);
+        for (int q = 0; q < p->R; q++) v[q] = (float)(p->src[q] * 100000 + p->tok[q] * 16 + p->slot[q]) - 0.5f;
+        vs[m] = falloc((size_t)N * K);
+        mt_a2a_to_source(a, p, vs[m], v);
+        free(v);
         free(y);
+    }
+    {   /* to_source returns to pair t*K+j of this rank exactly the value its expert rank set */
+        int badv = 0;
+        for (int m = 0; m < 2; m++)
+            for (int t = 0; t < N; t++)
+                for (int j = 0; j < K; j++)
+                    badv += vs[m][(size_t)t * K + j] != (float)(me * 100000 + t * 16 + j) - 0.5f;
+        CHECK(badv == 0, "to_source: %d values not returned to their pair", badv);
     }
     const mt_a2a_plan *F = &pl[0], *H = &pl[1];
     /* layouts: FLAT == HIER == reference */
@@ -198,6 +214,13 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
             badw += dw[0][q] != (float)s;
         }
         CHECK(bad == 0 && badw == 0, "combine_bwd vs reference: %d dy, %d dw differ", bad, badw);
+        int badg = 0;
+        for (int q = 0; q < Rr; q++)
+            for (int c = 0; c < C; c++) {
+                const float *go = gd + (size_t)(g.noff[rsrc[q]] + rtok[q]) * C;
+                badg += xg[0][(size_t)q * C + c] != go[c] || xg[1][(size_t)q * C + c] != go[c];
+            }
+        CHECK(badg == 0, "gather vs reference: %d values differ", badg);
         free(gd), free(c2), free(d2);
     }
     /* combine, dispatch backward: FLAT == HIER == tree reference; plain sum within 1e-5 */
@@ -249,7 +272,7 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
     }
     for (int m = 0; m < 2; m++) {
         mt_a2a_plan_free(&pl[m]);
-        mt_free(xe[m]), free(out[m]), free(dx[m]), free(dy[m]), free(dw[m]);
+        mt_free(xe[m]), free(out[m]), free(dx[m]), free(dy[m]), free(dw[m]), free(xg[m]), free(vs[m]);
     }
     free(x), free(w), free(sel), free(dout), free(g.x), free(g.w), free(g.sel), free(g.N), free(g.noff);
     free(cnt), free(dis), free(roff), free(rsrc), free(rtok), free(rslot), free(rw), free(rxe);

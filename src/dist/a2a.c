@@ -337,17 +337,21 @@ static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x) {
     return r;
 }
 
-/* item rows [nitem, C] back to out[N,C] */
-static void move_bwd(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *items) {
+/* item rows [nitem, C] back to out[N,C] (C: row width, the plan's or another) */
+static void move_bwd_c(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *items, int C) {
     if (p->nst == 2) {
         const mt_a2a_stage *s0 = &p->st[0];
-        float *mid = mt_alloc(sizeof(float) * (size_t)p->C * ((size_t)s0->nrecv + 1));
-        stage_bwd(a, &p->st[1], mid, s0->nrecv, items, p->C);
-        stage_bwd(a, s0, out, p->N, mid, p->C);
+        float *mid = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s0->nrecv + 1));
+        stage_bwd(a, &p->st[1], mid, s0->nrecv, items, C);
+        stage_bwd(a, s0, out, p->N, mid, C);
         mt_free(mid);
     } else {
-        stage_bwd(a, &p->st[0], out, p->N, items, p->C);
+        stage_bwd(a, &p->st[0], out, p->N, items, C);
     }
+}
+
+static void move_bwd(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *items) {
+    move_bwd_c(a, p, out, items, p->C);
 }
 
 /* ---- dispatch ---- */
@@ -597,5 +601,29 @@ void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, c
             }
         }
     }
+    mt_free(items);
+}
+
+void mt_a2a_gather(mt_a2a *a, const mt_a2a_plan *p, float *xr, const float *x) {
+    const int C = p->C;
+    float *items = move_fwd(a, p, x);
+    for (int i = 0; i < p->nitem; i++)
+        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
+            memcpy(xr + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
+    mt_free(items);
+}
+
+void mt_a2a_to_source(mt_a2a *a, const mt_a2a_plan *p, float *vs, const float *v) {
+    /* one row of K values per item, each pair's value in its slot, zeros elsewhere: every
+     * slot of a token is set in exactly one item, so the sums on the way back are exact */
+    const int K = p->K;
+    float *items = mt_alloc(sizeof(float) * (size_t)K * ((size_t)p->nitem + 1));
+    memset(items, 0, sizeof(float) * (size_t)K * (size_t)p->nitem);
+    for (int i = 0; i < p->nitem; i++)
+        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
+            int r = p->pair_pos[q];
+            items[(size_t)i * K + p->slot[r]] = v[r];
+        }
+    move_bwd_c(a, p, vs, items, K);
     mt_free(items);
 }

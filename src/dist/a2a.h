@@ -109,4 +109,11 @@ void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float
 void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
                         const float *y);
 
+/* xr[R,C] = x[tok_r] rows of the source tokens in the dispatch layout, unweighted (a
+ * dispatch of new rows along an existing plan, e.g. the output gradient in the backward). */
+void mt_a2a_gather(mt_a2a *a, const mt_a2a_plan *p, float *xr, const float *x);
+/* vs[N*K] on the source ranks (pair t*K + j) = v[r] of the pair's row on its expert's rank:
+ * moves per-pair values (e.g. the routing-weight gradients dw) back to the source layout. */
+void mt_a2a_to_source(mt_a2a *a, const mt_a2a_plan *p, float *vs, const float *v);
+
 #endif
