@@ -50,6 +50,12 @@ int mt_cmd_train(int argc, char **argv) {
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},
         {"dist-opt", MT_ARG_BOOL, &o.dist_opt, "under mpirun: distributed optimizer (ZeRO-1, AdamW state sharded over DP)", NULL},
         {"bucket-mb", MT_ARG_DBL, &o.bucket_mb, "under mpirun: gradient all-reduce bucket size in MiB (default 25)", NULL},
+        {"pp", MT_ARG_INT, &o.pp, "under mpirun: pipeline stages (1F1B schedule; DP = ranks / PP; default 1)", NULL},
+        {"vpp", MT_ARG_INT, &o.vpp, "model chunks per pipeline rank (interleaved schedule; --accum a multiple of --pp)", NULL},
+        {"split", MT_ARG_STR, &o.split, "decoder layers of each of the PP x VPP virtual stages, e.g. 3,2,2,1 (default: even)", NULL},
+        {"ep", MT_ARG_INT, &o.ep, "under mpirun: expert-parallel group size, carved out of the DP ranks (default 1)", NULL},
+        {"a2a", MT_ARG_STR, &o.a2a, "expert all-to-all: hier (one inter-node copy per node, default) or flat", NULL},
+        {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,
                            NULL, 0, NULL);

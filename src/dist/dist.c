@@ -9,7 +9,22 @@
 
 #include "base/common.h"
 
-static mt_dist g_dist = {.rank = 0, .size = 1, .dp_rank = 0, .dp_size = 1, .local_rank = 0, .local_size = 1};
+static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1, .pp_size = 1, .dp_size = 1,
+                         .ep_size = 1, .edp_size = 1,
+                         .all = {MPI_COMM_NULL, 0, 1}, .dp = {MPI_COMM_NULL, 0, 1}, .ep = {MPI_COMM_NULL, 0, 1},
+                         .edp = {MPI_COMM_NULL, 0, 1}, .pp = {MPI_COMM_NULL, 0, 1}, .emb = {MPI_COMM_NULL, 0, 1}};
+
+static void group_split(mt_group *g, int color, int key) {
+    if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+    MPI_Comm_split(g_dist.world, color, key, &g->comm);
+    if (g->comm == MPI_COMM_NULL) {
+        g->rank = 0;
+        g->size = 1;
+        return;
+    }
+    MPI_Comm_rank(g->comm, &g->rank);
+    MPI_Comm_size(g->comm, &g->size);
+}
 
 int mt_dist_init(int *argc, char ***argv) {
     MT_ASSERT(!g_dist.initialized);
@@ -21,14 +36,13 @@ int mt_dist_init(int *argc, char ***argv) {
         mt_warn("MPI provides thread level %d < MPI_THREAD_FUNNELED; continuing", provided);
     }
     g_dist.initialized = 1;
-    g_dist.world = MPI_COMM_WORLD;
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_dist.rank);
+        MPI_Comm_rank(MPI_COMM_WORLD, &g_dist.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_dist.size);
-    /* DP is the whole world in this slice; its own communicator keeps its traffic apart
-     * from that of later groups */
-    MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.dp);
-    MPI_Comm_rank(g_dist.dp, &g_dist.dp_rank);
-    MPI_Comm_size(g_dist.dp, &g_dist.dp_size);
+    /* each group has its own communicator, which keeps the traffic of groups apart */
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.world);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.all.comm);
+    g_dist.all.rank = g_dist.rank;
+    g_dist.all.size = g_dist.size;
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_dist.rank, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &g_dist.local_rank);
@@ -37,12 +51,43 @@ int mt_dist_init(int *argc, char ***argv) {
     /* the runtime pins OpenMP thread i to the i-th allowed CPU: right for one process per
      * node, wrong for several sharing the same CPUs (all their thread 0s on one core) */
     if (g_dist.local_size > 1 && !getenv("MT_PIN")) setenv("MT_PIN", "0", 1);
+    return mt_dist_set_layout(&g_dist, 1, 1);
+}
+
+int mt_dist_set_layout(mt_dist *d, int pp, int ep) {
+    if (pp < 1 || ep < 1) return mt_error("--pp and --ep must be at least 1");
+    if (d->size % pp != 0)
+        return mt_error("--pp %d does not divide the %d ranks (world = PP x DP)", pp, d->size);
+    const int D = d->size / pp;
+    if (D % ep != 0)
+        return mt_error("--ep %d does not divide the data-parallel size %d (%d ranks / PP %d): the EP groups are "
+                        "carved out of the DP ranks of each stage", ep, D, d->size, pp);
+    d->pp_size = pp;
+    d->dp_size = D;
+    d->ep_size = ep;
+    d->edp_size = D / ep;
+    d->pp_rank = d->rank / D;
+    d->dp_rank = d->rank % D;
+    d->ep_rank = d->dp_rank % ep;
+    d->edp_rank = d->dp_rank / ep;
+    if (!d->initialized) return 0; /* a world of one: every group is this rank */
+    group_split(&d->dp, d->pp_rank, d->dp_rank);
+    group_split(&d->pp, d->dp_rank, d->pp_rank);
+    group_split(&d->ep, d->pp_rank * d->edp_size + d->edp_rank, d->ep_rank);
+    group_split(&d->edp, d->pp_rank * ep + d->ep_rank, d->edp_rank);
+    int in_emb = pp > 1 && (d->pp_rank == 0 || d->pp_rank == pp - 1);
+    group_split(&d->emb, in_emb ? d->dp_rank : MPI_UNDEFINED, d->pp_rank);
+    MT_ASSERT(d->dp.size == D && d->ep.size == ep && d->edp.size == D / ep && d->pp.size == pp);
+    MT_ASSERT(d->dp.rank == d->dp_rank && d->ep.rank == d->ep_rank && d->edp.rank == d->edp_rank);
     return 0;
 }
 
 void mt_dist_finalize(void) {
     if (!g_dist.initialized) return;
-    MPI_Comm_free(&g_dist.dp);
+    mt_group *gs[] = {&g_dist.all, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
+    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
+        if (gs[i]->comm != MPI_COMM_NULL) MPI_Comm_free(&gs[i]->comm);
+    MPI_Comm_free(&g_dist.world);
     MPI_Finalize();
     g_dist.initialized = 0;
 }
@@ -64,113 +109,89 @@ void mt_dist_abort(const char *msg) {
 /* MPI counts are int: large buffers go in pieces of at most this many elements */
 enum { MAX_COUNT = 1 << 30 };
 
-static void allreduce(mt_dist *d, void *x, size_t n, size_t esize, MPI_Datatype t) {
-    if (d->dp_size == 1 || n == 0) return;
+static int active(const mt_group *g) { return g->size > 1 && g->comm != MPI_COMM_NULL; }
+
+static void allreduce(mt_group *g, void *x, size_t n, size_t esize, MPI_Datatype t) {
+    if (!active(g) || n == 0) return;
     double t0 = MPI_Wtime();
     for (size_t i = 0; i < n; i += MAX_COUNT) {
         size_t c = n - i < MAX_COUNT ? n - i : MAX_COUNT;
-        MPI_Allreduce(MPI_IN_PLACE, (char *)x + i * esize, (int)c, t, MPI_SUM, d->dp);
+        MPI_Allreduce(MPI_IN_PLACE, (char *)x + i * esize, (int)c, t, MPI_SUM, g->comm);
     }
-    d->comm_s += MPI_Wtime() - t0;
+    g_dist.comm_s += MPI_Wtime() - t0;
 }
 
-void mt_dist_allreduce_sum_f32(mt_dist *d, float *x, size_t n) { allreduce(d, x, n, sizeof *x, MPI_FLOAT); }
-void mt_dist_allreduce_sum_f64(mt_dist *d, double *x, size_t n) { allreduce(d, x, n, sizeof *x, MPI_DOUBLE); }
-void mt_dist_allreduce_sum_i64(mt_dist *d, int64_t *x, size_t n) { allreduce(d, x, n, sizeof *x, MPI_INT64_T); }
+void mt_group_sum_f32(mt_group *g, float *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_FLOAT); }
+void mt_group_sum_f64(mt_group *g, double *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_DOUBLE); }
+void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_INT64_T); }
 
 void mt_dist_world_sum_i64(mt_dist *d, int64_t *x, size_t n) {
     if (d->size > 1 && n > 0) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, d->world);
 }
 
-void mt_dist_grad_allreduce(mt_dist *d, float *g, size_t n, size_t bucket_bytes) {
-    if (d->dp_size == 1 || n == 0) return;
+void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes) {
+    if (!active(g) || n == 0) return;
     size_t be = bucket_bytes / sizeof(float);
     if (be < 1) be = 1;
     if (be > MAX_COUNT) be = MAX_COUNT;
     double t0 = MPI_Wtime();
     for (size_t i = 0; i < n; i += be) {
         size_t c = n - i < be ? n - i : be;
-        MPI_Allreduce(MPI_IN_PLACE, g + i, (int)c, MPI_FLOAT, MPI_SUM, d->dp);
+        MPI_Allreduce(MPI_IN_PLACE, x + i, (int)c, MPI_FLOAT, MPI_SUM, g->comm);
     }
-    d->comm_s += MPI_Wtime() - t0;
+    g_dist.comm_s += MPI_Wtime() - t0;
 }
 
-void mt_dist_shard(const mt_dist *d, size_t n, int r, size_t *lo, size_t *hi) {
-    MT_ASSERT(r >= 0 && r < d->dp_size);
-    /* floor(n*r/D) without the overflow of n*r: n = q*D + m gives q*r + floor(m*r/D) */
-    const size_t D = (size_t)d->dp_size, q = n / D, m = n % D;
-    *lo = q * (size_t)r + m * (size_t)r / D;
-    *hi = q * (size_t)(r + 1) + m * (size_t)(r + 1) / D;
+void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) {
+    MT_ASSERT(r >= 0 && r < g->size);
+    /* floor(n*r/S) without the overflow of n*r: n = q*S + m gives q*r + floor(m*r/S) */
+    const size_t S = (size_t)g->size, q = n / S, m = n % S;
+    *lo = q * (size_t)r + m * (size_t)r / S;
+    *hi = q * (size_t)(r + 1) + m * (size_t)(r + 1) / S;
 }
 
 /* counts and displacements of the shards, in elements (shards must fit an int count) */
-static void shard_counts(const mt_dist *d, size_t n, int *cnt, int *dis) {
-    for (int r = 0; r < d->dp_size; r++) {
+static void shard_counts(const mt_group *g, size_t n, int *cnt, int *dis) {
+    for (int r = 0; r < g->size; r++) {
         size_t lo, hi;
-        mt_dist_shard(d, n, r, &lo, &hi);
+        mt_group_shard(g, n, r, &lo, &hi);
         MT_ASSERT(hi - lo <= (size_t)INT_MAX && lo <= (size_t)INT_MAX);
         cnt[r] = (int)(hi - lo);
         dis[r] = (int)lo;
     }
 }
 
-void mt_dist_reduce_scatter(mt_dist *d, const float *g, size_t n, float *shard) {
-    if (d->dp_size == 1) {
-        memcpy(shard, g, n * sizeof *g);
+void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard) {
+    if (!active(g)) {
+        memcpy(shard, x, n * sizeof *x);
         return;
     }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)d->dp_size * 2), *dis = cnt + d->dp_size;
-    shard_counts(d, n, cnt, dis);
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
+    shard_counts(g, n, cnt, dis);
     double t0 = MPI_Wtime();
-    MPI_Reduce_scatter(g, shard, cnt, MPI_FLOAT, MPI_SUM, d->dp);
-    d->comm_s += MPI_Wtime() - t0;
+    MPI_Reduce_scatter(x, shard, cnt, MPI_FLOAT, MPI_SUM, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
     free(cnt);
 }
 
-void mt_dist_allgather(mt_dist *d, float *p, size_t n) {
-    if (d->dp_size == 1) return;
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)d->dp_size * 2), *dis = cnt + d->dp_size;
-    shard_counts(d, n, cnt, dis);
+void mt_group_allgather(mt_group *g, float *p, size_t n) {
+    if (!active(g)) return;
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
+    shard_counts(g, n, cnt, dis);
     double t0 = MPI_Wtime();
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, cnt, dis, MPI_FLOAT, d->dp);
-    d->comm_s += MPI_Wtime() - t0;
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, cnt, dis, MPI_FLOAT, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
     free(cnt);
 }
 
-void mt_dist_gather_shards(mt_dist *d, const float *shard, size_t n, float *full) {
-    if (d->dp_size == 1) {
-        memcpy(full, shard, n * sizeof *full);
-        return;
-    }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)d->dp_size * 2), *dis = cnt + d->dp_size;
-    shard_counts(d, n, cnt, dis);
-    double t0 = MPI_Wtime();
-    MPI_Gatherv(shard, cnt[d->dp_rank], MPI_FLOAT, full, cnt, dis, MPI_FLOAT, 0, d->dp);
-    d->comm_s += MPI_Wtime() - t0;
-    free(cnt);
-}
-
-void mt_dist_scatter_shards(mt_dist *d, const float *full, size_t n, float *shard) {
-    if (d->dp_size == 1) {
-        memcpy(shard, full, n * sizeof *full);
-        return;
-    }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)d->dp_size * 2), *dis = cnt + d->dp_size;
-    shard_counts(d, n, cnt, dis);
-    double t0 = MPI_Wtime();
-    MPI_Scatterv(full, cnt, dis, MPI_FLOAT, shard, cnt[d->dp_rank], MPI_FLOAT, 0, d->dp);
-    d->comm_s += MPI_Wtime() - t0;
-    free(cnt);
-}
-
-void mt_dist_bcast_f32(mt_dist *d, float *x, size_t n) {
-    if (d->dp_size == 1) return;
+void mt_group_bcast_f32(mt_group *g, float *x, size_t n) {
+    if (!active(g)) return;
     double t0 = MPI_Wtime();
     for (size_t i = 0; i < n; i += MAX_COUNT) {
         size_t c = n - i < MAX_COUNT ? n - i : MAX_COUNT;
-        MPI_Bcast(x + i, (int)c, MPI_FLOAT, 0, d->dp);
+        MPI_Bcast(x + i, (int)c, MPI_FLOAT, 0, g->comm);
     }
-    d->comm_s += MPI_Wtime() - t0;
+    g_dist.comm_s += MPI_Wtime() - t0;
 }
 
 void mt_dist_barrier(mt_dist *d) {

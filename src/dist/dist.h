@@ -1,8 +1,8 @@
 /* dist/dist.h — the process layout and the collectives the trainer uses, over MPI.
  *
- * This slice has data parallelism only: DP = world size and the DP communicator is a
- * duplicate of MPI_COMM_WORLD (later slices carve TP/PP/EP groups out of the world and the
- * DP group becomes one of them; callers already name the group they reduce over).
+ * The world is cut into pipeline stages, each stage's ranks are data parallel, and the
+ * experts of each stage are spread over expert-parallel (EP) groups carved out of its DP
+ * ranks. Collectives name the group they run over (mt_group).
  *
  * A plain `moetrain train` without mpirun runs as an MPI singleton (world size 1); every
  * helper below returns at once when its group has one rank, so a single process does
@@ -19,11 +19,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A communicator with this rank's place in it. */
+typedef struct {
+    MPI_Comm comm;           /* MPI_COMM_NULL when this rank is not in the group */
+    int rank, size;
+} mt_group;
+
 typedef struct {
     int rank, size;          /* in MPI_COMM_WORLD */
-    int dp_rank, dp_size;    /* in the data-parallel group */
     int local_rank, local_size; /* ranks on this node (MPI_COMM_TYPE_SHARED) */
-    MPI_Comm world, dp;
+    /* the layout (mt_dist_set_layout): world rank = pp_rank * dp_size + dp_rank; the EP
+     * groups are blocks of ep_size consecutive DP ranks; the expert-DP group joins the ranks
+     * of one stage with the same ep_rank */
+    int pp_rank, pp_size, dp_rank, dp_size, ep_rank, ep_size, edp_rank, edp_size;
+    mt_group all, dp, ep, edp, pp; /* all: the world as a group */
+    mt_group emb;            /* first and last pipeline stage of one DP index (tied embedding) */
+    MPI_Comm world;          /* a duplicate of MPI_COMM_WORLD (the same ranks as `all`) */
     int initialized;         /* MPI_Init was called by mt_dist_init */
     double comm_s;           /* seconds spent in collectives since the last reset */
 } mt_dist;
@@ -41,32 +52,30 @@ mt_dist *mt_dist_get(void);
  * MPI_Abort (exit code 1). With one rank it only prints and exits. */
 void mt_dist_abort(const char *msg) __attribute__((noreturn));
 
-/* In-place sums over the DP group. */
-void mt_dist_allreduce_sum_f32(mt_dist *d, float *x, size_t n);
-void mt_dist_allreduce_sum_f64(mt_dist *d, double *x, size_t n);
-void mt_dist_allreduce_sum_i64(mt_dist *d, int64_t *x, size_t n);
+/* The parallel layout: PP stages x DP, EP carved out of DP. Errors (-1, message naming the
+ * failed constraint) when the world size is not a multiple of pp or ep does not divide
+ * the DP size. Collective over the world. */
+int mt_dist_set_layout(mt_dist *d, int pp, int ep);
+
+/* In-place sums over a group (no-ops on a group of one rank or when the rank is not in it). */
+void mt_group_sum_f32(mt_group *g, float *x, size_t n);
+void mt_group_sum_f64(mt_group *g, double *x, size_t n);
+void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
 /* In-place sum over every rank of the world (no time accounted; n < 2^31). */
 void mt_dist_world_sum_i64(mt_dist *d, int64_t *x, size_t n);
-/* Gradient reduction: in-place sum of g[n] over DP in buckets of bucket_bytes (one
- * MPI_Allreduce per bucket, in buffer order). Run after the backward today; the buckets are
- * the unit a later slice overlaps with the backward (reduce a bucket as soon as the layers
- * that write it are done). */
-void mt_dist_grad_allreduce(mt_dist *d, float *g, size_t n, size_t bucket_bytes);
+/* Gradient reduction: in-place sum of x[n] over g in buckets of bucket_bytes (one
+ * MPI_Allreduce per bucket, in buffer order). */
+void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes);
 
-/* Distributed optimizer (ZeRO-1) over DP: the flat buffer of n floats is split into
- * dp_size contiguous shards, shard r = [n*r/D, n*(r+1)/D). */
-void mt_dist_shard(const mt_dist *d, size_t n, int r, size_t *lo, size_t *hi);
-/* shard[hi-lo] = this rank's shard of the sum over DP of g[n] (MPI_Reduce_scatter). */
-void mt_dist_reduce_scatter(mt_dist *d, const float *g, size_t n, float *shard);
-/* Every rank's shard of p[n] (each rank has updated its own) to every rank, in place
- * (MPI_Allgatherv). */
-void mt_dist_allgather(mt_dist *d, float *p, size_t n);
-/* full[n] on DP rank 0 (may be NULL elsewhere) = the concatenation of every rank's shard. */
-void mt_dist_gather_shards(mt_dist *d, const float *shard, size_t n, float *full);
-/* shard = this rank's part of full[n] held by DP rank 0 (NULL elsewhere). */
-void mt_dist_scatter_shards(mt_dist *d, const float *full, size_t n, float *shard);
-/* Broadcast of x[n] from DP rank 0. */
-void mt_dist_bcast_f32(mt_dist *d, float *x, size_t n);
+/* Distributed optimizer (ZeRO-1) over a group: the flat buffer of n floats is split into
+ * g->size contiguous shards, shard r = [n*r/S, n*(r+1)/S). */
+void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi);
+/* shard[hi-lo] = this rank's shard of the sum over g of x[n] (MPI_Reduce_scatter). */
+void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard);
+/* Every rank's shard of p[n] (each rank has updated its own) to every rank, in place. */
+void mt_group_allgather(mt_group *g, float *p, size_t n);
+/* Broadcast of x[n] from the group's rank 0. */
+void mt_group_bcast_f32(mt_group *g, float *x, size_t n);
 /* Barrier over the world (no time accounted). */
 void mt_dist_barrier(mt_dist *d);
 

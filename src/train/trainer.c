@@ -16,7 +16,10 @@
 #include "dist/dist.h"
 #include "kernels/blas.h"
 #include "kernels/ops.h"
+#include "dist/ep.h"
+#include "dist/reshard.h"
 #include "train/checkpoint.h"
+#include "train/pipeline.h"
 
 void mt_train_defaults(mt_train_opts *o) {
     memset(o, 0, sizeof *o);
@@ -44,6 +47,7 @@ void mt_train_defaults(mt_train_opts *o) {
     o->load_every = 0;
     o->eot = 256;
     o->bucket_mb = 25;
+    o->pp = o->vpp = o->ep = 1;
 }
 
 double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio) {
@@ -89,15 +93,40 @@ double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T,
     return cnt ? sum / (double)cnt : 0.0;
 }
 
-/* The same split over the DP ranks (every rank holds the same parameters). */
-static double eval_loss_dp(mt_dist *d, mt_model *m, mt_acts *a, const mt_loader *val, int B, int T,
-                           int64_t windows, int32_t doc_eot) {
-    if (d->dp_size == 1) return mt_eval_loss(m, a, val, B, T, windows, doc_eot);
-    double sc[2];
-    int64_t cnt;
-    eval_part(m, a, val, B, T, windows, doc_eot, d->dp_rank, d->dp_size, &sc[0], &cnt);
-    sc[1] = (double)cnt;
-    mt_dist_allreduce_sum_f64(d, sc, 2);
+/* Validation loss under any layout: the windows are split over the DP ranks, micro-batches
+ * of B through the pipeline. Every rank runs the same number of micro-batches (a rank past
+ * the end runs one row whose targets are all ignored), because the expert exchange and the
+ * pipeline are collective. */
+static double eval_loss_pipe(mt_dist *d, mt_pipe *p, mt_model *m, const mt_loader *val, int B, int T,
+                             int64_t windows, int32_t doc_eot) {
+    uint64_t W = mt_loader_windows(val);
+    if (windows <= 0 || (uint64_t)windows > W) windows = (int64_t)W;
+    const int D = d->dp_size;
+    int32_t *in = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
+    int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
+    int32_t *pos = doc_eot >= 0 ? mt_xmalloc(sizeof(int32_t) * (size_t)B * T) : NULL;
+    double sc[2] = {0, 0};
+    const int64_t iters = (windows + (int64_t)D * B - 1) / ((int64_t)D * B);
+    for (int64_t it = 0; it < iters; it++) {
+        const int64_t w0 = (it * D + d->dp_rank) * B;
+        int nb = w0 < windows ? (int)(windows - w0 < B ? windows - w0 : B) : 0;
+        for (int b = 0; b < nb; b++) mt_loader_window(val, (uint64_t)(w0 + b), in + (size_t)b * T, tg + (size_t)b * T);
+        if (nb == 0) { /* padding: a real row, no target counts */
+            mt_loader_window(val, 0, in, tg);
+            for (int t = 0; t < T; t++) tg[t] = -1;
+        }
+        int rows = nb ? nb : 1;
+        if (pos) mt_doc_positions(in, rows, T, doc_eot, pos);
+        mt_step_stats st;
+        memset(&st, 0, sizeof st);
+        mt_pipe_eval(p, m, &d->pp, in, tg, pos, rows, T, &st);
+        sc[0] += st.ce_sum;
+        sc[1] += (double)st.n_valid;
+    }
+    free(in);
+    free(tg);
+    free(pos);
+    mt_group_sum_f64(&d->all, sc, 2); /* only last stages have non-zero terms */
     return sc[1] > 0 ? sc[0] / sc[1] : 0.0;
 }
 
@@ -243,86 +272,160 @@ static int draw_plot(const char *out) {
     return 0;
 }
 
+/* One part of the flat parameter buffer with the group its gradients are reduced over:
+ * region 0 = everything but the routed experts (over DP), region 1 = the routed experts held
+ * here (over the expert-DP group; empty without EP). */
+typedef struct {
+    size_t lo, n;                 /* range of the flat buffer */
+    size_t olo, on;               /* the optimizer's range: all of it, or this rank's shard (dist_opt) */
+    mt_group *g;
+    float *m, *v;                 /* AdamW moments [on] */
+    float *gshard;                /* dist_opt: this rank's shard of the summed gradient */
+    int nt;                       /* tensor table for the optimizer, clipped to [olo, olo+on) and */
+    size_t *t_off, *t_len;        /* relative to olo */
+    int *t_decay;
+} opt_region;
+
 typedef struct {
     mt_model m;
-    mt_acts *acts;
+    mt_pipe pipe;
+    mt_ep ep;
+    int have_ep;
+    mt_tensor *full_t;            /* the whole model's tensor table (checkpoints, resharding) */
+    size_t nfull;
+    int nfull_t;
     mt_loader *train, *val;
-    float *adam_m, *adam_v;       /* [opt_n]: all parameters, or this rank's shard with dist_opt */
-    float *gshard;                /* dist_opt: this rank's shard of the summed gradient */
-    size_t opt_lo, opt_n;         /* the optimizer's range of the flat parameter buffer */
+    opt_region reg[2];
     int opt_step;                 /* AdamW updates applied: the bias-correction step */
     int32_t *in, *tg, *pos;
-    int nt;                       /* tensor table for the optimizer, clipped to its range and */
-    size_t *t_off, *t_len;        /* relative to opt_lo */
-    int *t_decay;
     FILE *metrics, *tsv;
 } run_state;
 
 static void run_free(run_state *r) {
-    mt_acts_free(r->acts);
+    mt_pipe_free(&r->pipe);
     mt_model_free(&r->m);
+    if (r->have_ep) mt_ep_free(&r->ep);
+    free(r->full_t);
     if (r->train) mt_loader_free(r->train);
     if (r->val) mt_loader_free(r->val);
-    mt_free(r->adam_m);
-    mt_free(r->adam_v);
-    mt_free(r->gshard);
+    for (int i = 0; i < 2; i++) {
+        opt_region *g = &r->reg[i];
+        mt_free(g->m);
+        mt_free(g->v);
+        mt_free(g->gshard);
+        free(g->t_off);
+        free(g->t_len);
+        free(g->t_decay);
+    }
     free(r->in);
     free(r->tg);
     free(r->pos);
-    free(r->t_off);
-    free(r->t_len);
-    free(r->t_decay);
     if (r->metrics) fclose(r->metrics);
     if (r->tsv) fclose(r->tsv);
 }
 
-/* The optimizer's tensor table: the parts of the model's tensors inside [lo, lo+n), with
- * offsets relative to lo (weight decay stays per tensor). */
-static void build_opt_table(run_state *r, size_t lo, size_t n) {
-    r->t_off = mt_xmalloc(sizeof(size_t) * r->m.ntensors);
-    r->t_len = mt_xmalloc(sizeof(size_t) * r->m.ntensors);
-    r->t_decay = mt_xmalloc(sizeof(int) * r->m.ntensors);
-    r->nt = 0;
+/* The optimizer's tensor table of a region: the parts of the model's tensors inside
+ * [olo, olo+on), with offsets relative to olo (weight decay stays per tensor). */
+static void build_opt_table(run_state *r, opt_region *g) {
+    g->t_off = mt_xmalloc(sizeof(size_t) * ((size_t)r->m.ntensors + 1));
+    g->t_len = mt_xmalloc(sizeof(size_t) * ((size_t)r->m.ntensors + 1));
+    g->t_decay = mt_xmalloc(sizeof(int) * ((size_t)r->m.ntensors + 1));
+    g->nt = 0;
     for (int i = 0; i < r->m.ntensors; i++) {
         const mt_tensor *t = &r->m.tensors[i];
-        size_t a = t->offset > lo ? t->offset : lo;
-        size_t b = t->offset + t->numel < lo + n ? t->offset + t->numel : lo + n;
+        size_t a = t->offset > g->olo ? t->offset : g->olo;
+        size_t b = t->offset + t->numel < g->olo + g->on ? t->offset + t->numel : g->olo + g->on;
         if (a >= b) continue;
-        r->t_off[r->nt] = a - lo;
-        r->t_len[r->nt] = b - a;
-        r->t_decay[r->nt] = t->decay;
-        r->nt++;
+        g->t_off[g->nt] = a - g->olo;
+        g->t_len[g->nt] = b - a;
+        g->t_decay[g->nt] = t->decay;
+        g->nt++;
     }
 }
 
-/* Rank 0 writes the checkpoint; with dist_opt every rank first sends its moments' shard
- * (collective: every rank calls this). */
+/* full-size (this rank's part) moments: the regions' shards gathered over their groups */
+static void moments_local(run_state *r, int dist_opt, float *fm, float *fv) {
+    for (int i = 0; i < 2; i++) {
+        opt_region *g = &r->reg[i];
+        if (g->n == 0) continue;
+        memcpy(fm + g->olo, g->m, g->on * sizeof(float));
+        memcpy(fv + g->olo, g->v, g->on * sizeof(float));
+        if (dist_opt) {
+            mt_group_allgather(g->g, fm + g->lo, g->n);
+            mt_group_allgather(g->g, fv + g->lo, g->n);
+        }
+    }
+}
+
+/* this rank's optimizer shards from full-size (this rank's part) moments */
+static void moments_take(run_state *r, const float *fm, const float *fv) {
+    for (int i = 0; i < 2; i++) {
+        opt_region *g = &r->reg[i];
+        memcpy(g->m, fm + g->olo, g->on * sizeof(float));
+        memcpy(g->v, fv + g->olo, g->on * sizeof(float));
+    }
+}
+
+/* Every rank sends the tensors it owns (DP index 0 of its stage; experts: expert-DP index 0)
+ * and world rank 0 writes the checkpoint of the whole model (collective). */
 static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int step, uint64_t samples, int bad,
                            char *last_good, size_t cap) {
     char name[64], dir[4096];
     snprintf(name, sizeof name, "step_%08d", step);
     snprintf(dir, sizeof dir, "%s/%s", o->out, name);
-    float *fm = r->adam_m, *fv = r->adam_v;
-    if (o->dist_opt && d->dp_size > 1) {
-        fm = d->dp_rank == 0 ? mt_alloc(r->m.nparams * sizeof(float)) : NULL;
-        fv = d->dp_rank == 0 ? mt_alloc(r->m.nparams * sizeof(float)) : NULL;
-        mt_dist_gather_shards(d, r->adam_m, r->m.nparams, fm);
-        mt_dist_gather_shards(d, r->adam_v, r->m.nparams, fv);
-    }
+    const size_t P = r->m.nparams, NF = r->nfull;
+    const int own_d = d->dp_rank == 0, own_e = d->edp_rank == 0;
+    float *lm = mt_alloc((P + 1) * sizeof(float)), *lv = mt_alloc((P + 1) * sizeof(float));
+    moments_local(r, o->dist_opt, lm, lv);
+    mt_model full;
     int rc = 0;
-    if (d->rank == 0) {
+    if (d->rank == 0) rc = mt_model_init(&full, &r->m.cfg);
+    float *fm = mt_alloc((NF + 1) * sizeof(float)), *fv = mt_alloc((NF + 1) * sizeof(float));
+    float *fp = d->rank == 0 && rc == 0 ? full.params : mt_alloc((NF + 1) * sizeof(float));
+    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, r->m.params, own_d, own_e, fp);
+    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lm, own_d, own_e, fm);
+    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lv, own_d, own_e, fv);
+    mt_free(lm);
+    mt_free(lv);
+    if (d->rank == 0 && rc == 0) {
         char *st = state_to_json(o, step, r->opt_step, samples, bad, d->dp_size);
-        rc = mt_ckpt_save(dir, &r->m, fm, fv, st);
+        rc = mt_ckpt_save(dir, &full, fm, fv, st);
         free(st);
         if (rc == 0) rc = mt_ckpt_set_latest(o->out, name);
+        mt_model_free(&full);
+    } else {
+        mt_free(fp);
     }
-    if (fm != r->adam_m) {
-        mt_free(fm);
-        mt_free(fv);
-    }
+    mt_free(fm);
+    mt_free(fv);
     if (rc != 0) return -1;
     snprintf(last_good, cap, "%s", dir);
     if (d->rank == 0 && o->keep > 0) prune_checkpoints(o->out, o->keep);
+    return 0;
+}
+
+/* Layers of each of the S virtual stages: --split "a,b,..." or an even split. */
+static int stage_bounds(const char *split, int L, int S, int *bounds) {
+    bounds[0] = 0;
+    if (!split) {
+        if (L % S != 0)
+            return mt_error("train: %d layers do not divide into PP x VPP = %d virtual stages; give --split "
+                            "with the layers of each stage (e.g. an uneven split)", L, S);
+        for (int s = 0; s < S; s++) bounds[s + 1] = bounds[s] + L / S;
+        return 0;
+    }
+    const char *c = split;
+    for (int s = 0; s < S; s++) {
+        char *end;
+        long v = strtol(c, &end, 10);
+        if (end == c || v < 0 || (s < S - 1 && *end != ',') || (s == S - 1 && *end != 0))
+            return mt_error("train: --split '%s' must be %d non-negative layer counts separated by commas "
+                            "(one per virtual stage, PP x VPP)", split, S);
+        bounds[s + 1] = bounds[s] + (int)v;
+        c = end + 1;
+    }
+    if (bounds[S] != L)
+        return mt_error("train: --split '%s' sums to %d layers, the model has %d", split, bounds[S], L);
     return 0;
 }
 
@@ -353,7 +456,15 @@ int mt_train(const mt_train_opts *opts) {
     int start_step = 0;
     uint64_t samples = 0;
     mt_dist *d = mt_dist_get();
+    /* the layout first: the DP size decides how a resumed run's global batch is split */
+    if (o.vpp > 1 && o.pp < 2) return mt_error("train: --vpp %d needs --pp >= 2 (chunks of a pipeline)", o.vpp);
+    if (mt_dist_set_layout(d, o.pp, o.ep) != 0) return -1;
     const int D = d->dp_size, root = d->rank == 0;
+    mt_a2a_mode a2a_mode = MT_A2A_HIER;
+    if (o.a2a && strcmp(o.a2a, "flat") == 0) a2a_mode = MT_A2A_FLAT;
+    else if (o.a2a && strcmp(o.a2a, "hier") != 0)
+        return mt_error("train: --a2a '%s': flat or hier", o.a2a);
+    if (o.ranks_per_node < 0) return mt_error("train: --ranks-per-node must be >= 0 (0 = real nodes)");
     mt_set_threads(o.threads > 0 ? o.threads : mt_get_threads());
     const int nthr = mt_get_threads();
 
@@ -444,54 +555,111 @@ int mt_train(const mt_train_opts *opts) {
         return mt_error("%s: validation token id does not fit vocab_size %d", o.data, cfg.vocab_size);
     }
 
-    /* model and state; with dist_opt the moments exist only for this rank's shard */
-    if (mt_model_init(&r.m, &cfg) != 0) { run_free(&r); return -1; }
+    /* the layout's constraints on the model */
+    const int S = o.pp * o.vpp, Lh = cfg.num_hidden_layers;
+    if (o.ep > 1 && cfg.n_routed_experts == 0) return mt_error("train: --ep %d: the model has no routed experts", o.ep);
+    if (o.ep > 1 && cfg.n_routed_experts % o.ep != 0)
+        return mt_error("train: --ep %d does not divide the %d routed experts", o.ep, cfg.n_routed_experts);
+    if (o.vpp > 1 && o.accum % o.pp != 0)
+        return mt_error("train: the interleaved schedule (--vpp %d) needs --accum (micro-batches, %d) to be a multiple "
+                        "of --pp %d", o.vpp, o.accum, o.pp);
+    int *bounds = mt_xmalloc(sizeof(int) * ((size_t)S + 1));
+    if (stage_bounds(o.split, Lh, S, bounds) != 0) { free(bounds); run_free(&r); return -1; }
+    mt_shard sh;
+    memset(&sh, 0, sizeof sh);
+    sh.ep_rank = d->ep_rank;
+    sh.ep_size = o.ep;
+    for (int c = 0; c < o.vpp; c++) {
+        int st = c * o.pp + d->pp_rank;
+        for (int l = bounds[st]; l < bounds[st + 1]; l++) sh.layer[l] = 1;
+    }
+    sh.embed = d->pp_rank == 0;
+    sh.head = d->pp_rank == o.pp - 1;
+    if (o.ep > 1) {
+        if (mt_ep_init(&r.ep, d->ep.comm, o.ranks_per_node, a2a_mode) != 0) { free(bounds); run_free(&r); return -1; }
+        r.have_ep = 1;
+    }
+
+    /* model and state; with dist_opt the moments exist only for this rank's shards */
+    if (mt_model_init_shard(&r.m, &cfg, &sh, r.have_ep ? &r.ep.ops : NULL) != 0) { free(bounds); run_free(&r); return -1; }
+    r.nfull_t = mt_model_layout(&cfg, NULL, NULL);
+    r.full_t = mt_xcalloc((size_t)r.nfull_t, sizeof(mt_tensor));
+    mt_model_layout(&cfg, r.full_t, &r.nfull);
     const size_t P = r.m.nparams;
-    r.opt_lo = 0;
-    r.opt_n = P;
-    if (o.dist_opt) {
-        size_t hi;
-        mt_dist_shard(d, P, d->dp_rank, &r.opt_lo, &hi);
-        r.opt_n = hi - r.opt_lo;
-        r.gshard = mt_alloc((r.opt_n ? r.opt_n : 1) * sizeof(float));
+    r.reg[0] = (opt_region){.lo = 0, .n = r.m.n_dense, .g = &d->dp};
+    r.reg[1] = (opt_region){.lo = r.m.n_dense, .n = P - r.m.n_dense, .g = &d->edp};
+    size_t opt_bytes = 0;
+    for (int i = 0; i < 2; i++) {
+        opt_region *g = &r.reg[i];
+        g->olo = g->lo;
+        g->on = g->n;
+        if (o.dist_opt) {
+            size_t lo, hi;
+            mt_group_shard(g->g, g->n, g->g->rank, &lo, &hi);
+            g->olo = g->lo + lo;
+            g->on = hi - lo;
+            g->gshard = mt_alloc((g->on + 1) * sizeof(float));
+        }
+        g->m = mt_alloc((g->on + 1) * sizeof(float));
+        g->v = mt_alloc((g->on + 1) * sizeof(float));
+        opt_bytes += 2 * g->on * sizeof(float);
+        build_opt_table(&r, g);
     }
-    r.adam_m = mt_alloc((r.opt_n ? r.opt_n : 1) * sizeof(float));
-    r.adam_v = mt_alloc((r.opt_n ? r.opt_n : 1) * sizeof(float));
-    const size_t opt_bytes = 2 * r.opt_n * sizeof(float);
     if (o.resume || o.init) {
-        /* rank 0 reads the files, the others receive what they hold */
-        if (root && mt_ckpt_load_weights(ckdir, &r.m) != 0) { run_free(&r); return -1; }
-        mt_dist_bcast_f32(d, r.m.params, P);
-    } else {
-        float std = o.init_std > 0 ? (float)o.init_std
-                                   : sqrtf(1.0f / (2.0f * cfg.hidden_size * cfg.num_hidden_layers));
-        mt_model_init_weights(&r.m, o.seed, std); /* a pure function of the seed: same on every rank */
-    }
-    if (o.resume) {
-        int sharded = o.dist_opt && D > 1;
-        float *fm = r.adam_m, *fv = r.adam_v;
-        if (sharded) {
-            fm = root ? mt_alloc(P * sizeof(float)) : NULL;
-            fv = root ? mt_alloc(P * sizeof(float)) : NULL;
+        /* rank 0 reads the whole model (checked against the config), every rank takes its part */
+        mt_model full;
+        int lrc = 0;
+        float *fbuf;
+        if (root) {
+            lrc = mt_model_init(&full, &cfg);
+            if (lrc == 0) lrc = mt_ckpt_load_weights(ckdir, &full);
+            fbuf = lrc == 0 ? full.params : NULL;
+        } else {
+            fbuf = mt_alloc((r.nfull + 1) * sizeof(float));
         }
-        int rc = root ? mt_ckpt_load_optimizer(ckdir, &r.m, fm, fv) : 0;
-        if (rc == 0 && sharded) {
-            mt_dist_scatter_shards(d, fm, P, r.adam_m);
-            mt_dist_scatter_shards(d, fv, P, r.adam_v);
-        } else if (rc == 0) {
-            mt_dist_bcast_f32(d, r.adam_m, P);
-            mt_dist_bcast_f32(d, r.adam_v, P);
-        }
-        if (sharded) {
+        int bad_load = lrc != 0;
+        if (d->size > 1) MPI_Bcast(&bad_load, 1, MPI_INT, 0, d->world);
+        if (!bad_load) mt_reshard_scatter(&d->all, r.full_t, fbuf, r.nfull, &r.m, r.m.params);
+        float *lm = NULL, *lv = NULL;
+        if (!bad_load && o.resume) {
+            float *fm = mt_alloc((r.nfull + 1) * sizeof(float)), *fv = mt_alloc((r.nfull + 1) * sizeof(float));
+            if (root) lrc = mt_ckpt_load_optimizer(ckdir, &full, fm, fv);
+            bad_load = lrc != 0;
+            if (d->size > 1) MPI_Bcast(&bad_load, 1, MPI_INT, 0, d->world);
+            if (!bad_load) {
+                lm = mt_alloc((P + 1) * sizeof(float));
+                lv = mt_alloc((P + 1) * sizeof(float));
+                mt_reshard_scatter(&d->all, r.full_t, fm, r.nfull, &r.m, lm);
+                mt_reshard_scatter(&d->all, r.full_t, fv, r.nfull, &r.m, lv);
+                moments_take(&r, lm, lv);
+            }
             mt_free(fm);
             mt_free(fv);
         }
-        if (rc != 0) { run_free(&r); return -1; }
+        mt_free(lm);
+        mt_free(lv);
+        if (root) {
+            if (lrc == 0 || fbuf) mt_model_free(&full);
+        } else {
+            mt_free(fbuf);
+        }
+        if (bad_load) {
+            free(bounds);
+            run_free(&r);
+            return root ? -1 : mt_error("train: rank 0 could not load the checkpoint %s", ckdir);
+        }
+    } else {
+        float std = o.init_std > 0 ? (float)o.init_std
+                                   : sqrtf(1.0f / (2.0f * cfg.hidden_size * cfg.num_hidden_layers));
+        mt_model_init_weights(&r.m, o.seed, std); /* keyed by the whole model's tensor index: any layout */
     }
     const int policy = mt_recompute_parse(o.recompute ? o.recompute : "none");
-    if (policy < 0) { run_free(&r); return -1; }
-    r.acts = mt_acts_new_policy(&cfg, o.batch, o.seq, nthr, policy);
-    build_opt_table(&r, r.opt_lo, r.opt_n);
+    if (policy < 0) { free(bounds); run_free(&r); return -1; }
+    if (mt_pipe_init(&r.pipe, &cfg, o.pp, o.vpp, o.accum, d->pp_rank, bounds, o.batch, o.seq, nthr, policy) != 0) {
+        free(bounds);
+        run_free(&r);
+        return -1;
+    }
     const size_t BT = (size_t)o.batch * o.seq;
     r.in = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
     r.tg = mt_xmalloc(sizeof(int32_t) * BT * o.accum);
@@ -502,13 +670,13 @@ int mt_train(const mt_train_opts *opts) {
         if (o.metrics) snprintf(path, sizeof path, "%s", o.metrics);
         else snprintf(path, sizeof path, "%s/metrics.jsonl", o.out);
         r.metrics = fopen(path, start_step ? "a" : "w");
-        if (!r.metrics) { run_free(&r); return mt_error("%s: cannot open metrics file", path); }
+        if (!r.metrics) { free(bounds); run_free(&r); return mt_error("%s: cannot open metrics file", path); }
         snprintf(path, sizeof path, "%s/loss.tsv", o.out);
         r.tsv = fopen(path, start_step ? "a" : "w");
-        if (!r.tsv) { run_free(&r); return mt_error("%s: cannot open", path); }
+        if (!r.tsv) { free(bounds); run_free(&r); return mt_error("%s: cannot open", path); }
     }
 
-    /* the GEMM peak of one rank (MFU denominator: DP x this) */
+    /* the GEMM peak of one rank (MFU denominator: ranks x this) */
     /* the start-up measurement is low on a busy machine; --peak-gflops pins the denominator */
     if (o.profile) mt_trace_enable(d->rank, (size_t)(o.steps - start_step + 1) * (size_t)(cfg.num_hidden_layers * 4 + 16) * o.accum);
     const double peak = o.peak_gflops > 0 ? o.peak_gflops : root ? mt_gemm_gflops(1024, 0.3) : 0.0;
@@ -517,28 +685,48 @@ int mt_train(const mt_train_opts *opts) {
     const int n_moe = cfg.num_hidden_layers - (cfg.n_routed_experts > 0 ? cfg.first_k_dense_replace : cfg.num_hidden_layers);
     const size_t step_tokens = BT * o.accum * D;
     const size_t bucket_bytes = (size_t)(o.bucket_mb * 1048576.0);
+    const int W = d->size;
     if (root && !o.quiet) {
         printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
                "%d threads, BLAS kernel %s (%.0f GFLOP/s peak %s)\n",
-               r.m.nparams, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, mt_blas_corename(), peak,
+               r.nfull, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, mt_blas_corename(), peak,
                o.peak_gflops > 0 ? "given" : "measured");
         char dp[64] = "";
         if (D > 1) snprintf(dp, sizeof dp, " x DP %d", D);
         printf("  batch %d x seq %d x accum %d%s = %zu tokens/step, %d steps, lr %.2e warmup %d, "
                "activations %.1f MiB, data %llu train tokens%s\n",
                o.batch, o.seq, o.accum, dp, step_tokens, o.steps, o.lr, o.warmup,
-               (double)mt_acts_bytes_policy(&cfg, o.batch, o.seq, nthr, policy) / 1048576.0,
+               (double)r.pipe.acts_bytes / 1048576.0,
                (unsigned long long)mt_loader_tokens(r.train), r.val ? "" : " (no val split)");
+        if (W > 1) {
+            printf("  layout: %d ranks = PP %d x DP %d", W, o.pp, D);
+            if (o.vpp > 1) printf(", %d chunks per stage (interleaved schedule)", o.vpp);
+            else if (o.pp > 1) printf(" (1F1B schedule)");
+            if (o.ep > 1)
+                printf(", EP %d (%d experts per rank, %s all-to-all over %d node%s)", o.ep, cfg.n_routed_experts / o.ep,
+                       a2a_mode == MT_A2A_HIER ? "hierarchical" : "flat", r.ep.a2a.nnodes, r.ep.a2a.nnodes > 1 ? "s" : "");
+            printf("\n");
+            if (o.pp > 1) {
+                printf("  layers per virtual stage:");
+                for (int st = 0; st < S; st++) printf(" %d", bounds[st + 1] - bounds[st]);
+                printf("\n");
+            }
+        }
         if (D > 1)
             printf("  data parallel over %d ranks: %s\n", D,
                    o.dist_opt ? "distributed optimizer (gradients reduce-scattered, AdamW sharded, parameters all-gathered)"
                               : "gradients all-reduced");
         if (start_step) printf("  resumed from %s at step %d\n", ckdir, start_step);
     }
-    /* rank 0's shard is the largest (shards differ by at most one element) */
+    free(bounds);
+    if (W > 1) { /* the fullest rank's */
+        unsigned long long ob = opt_bytes;
+        MPI_Allreduce(MPI_IN_PLACE, &ob, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, d->world);
+        opt_bytes = (size_t)ob;
+    }
     if (root && !o.quiet) {
-        printf("  optimizer state per rank: %.2f MiB (AdamW moments%s)\n", (double)opt_bytes / 1048576.0,
-               o.dist_opt && D > 1 ? ", sharded over DP" : "");
+        printf("  optimizer state per rank: %.2f MiB (AdamW moments%s; the fullest rank)\n", (double)opt_bytes / 1048576.0,
+               o.dist_opt && W > 1 ? ", sharded" : "");
         fflush(stdout);
     }
 
@@ -551,60 +739,81 @@ int mt_train(const mt_train_opts *opts) {
     double ema_tps = 0;
     int64_t *load = n_moe > 0 ? mt_xmalloc(sizeof(int64_t) * (size_t)cfg.num_hidden_layers * cfg.n_routed_experts) : NULL;
     double *red = mt_xmalloc(sizeof(double) * (size_t)(cfg.num_hidden_layers + 1));
+    mt_a2a_bytes a2a_prev = {0};
     for (int step = start_step + 1; step <= o.steps; step++) {
         double t0 = mt_now(), c0 = mt_cpu_time();
         d->comm_s = 0;
         mt_trace_reset_totals();
         mt_trace_begin("step");
         mt_trace_begin("data");
-        /* micro-batch mb of rank r is micro-batch r*accum + mb of the global batch */
+        /* micro-batch mb of DP rank r is micro-batch r*accum + mb of the global batch; every
+         * pipeline stage reads it (the first needs the tokens, the last the targets, all the
+         * document positions) */
         for (int mb = 0; mb < o.accum; mb++)
             mt_loader_batch(r.train, samples + ((uint64_t)d->dp_rank * o.accum + mb) * o.batch, o.batch,
                             r.in + mb * BT, r.tg + mb * BT);
         int64_t nvalid = 0;
         for (size_t i = 0; i < BT * o.accum; i++) nvalid += r.tg[i] >= 0;
-        mt_dist_allreduce_sum_i64(d, &nvalid, 1); /* the CE normaliser is that of the global batch */
+        mt_group_sum_i64(&d->dp, &nvalid, 1); /* the CE normaliser is that of the global batch */
+        if (o.doc_mode)
+            for (int mb = 0; mb < o.accum; mb++) mt_doc_positions(r.in + mb * BT, o.batch, o.seq, o.eot, r.pos + mb * BT);
         mt_trace_end();
         mt_trace_begin("compute.zero_grads");
         mt_model_zero_grads(&r.m);
         mt_trace_end();
-        double ce_sum = 0, bal[256] = {0};
         mt_step_stats st;
+        memset(&st, 0, sizeof st);
         const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
         const float bal_scale = 1.0f / (float)(o.batch * o.accum * D);
-        for (int mb = 0; mb < o.accum; mb++) {
-            int32_t *pos = NULL;
-            if (o.doc_mode) {
-                pos = r.pos + mb * BT;
-                mt_doc_positions(r.in + mb * BT, o.batch, o.seq, o.eot, pos);
-            }
-            mt_model_step_pos(&r.m, r.acts, r.in + mb * BT, r.tg + mb * BT, pos, o.batch, o.seq, 1, ce_scale,
-                              bal_scale, NULL, &st);
-            ce_sum += st.ce_sum;
-            for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] += st.bal_sum[l];
-        }
-        if (D > 1) { /* loss terms of the global batch */
+        mt_pipe_train(&r.pipe, &r.m, &d->pp, r.in, r.tg, r.pos, o.batch, o.seq, ce_scale, bal_scale, &st);
+        double ce_sum = st.ce_sum, bal[256];
+        for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] = st.bal_sum[l];
+        if (W > 1) { /* loss terms of the global batch: CE on the last stages, balance where each layer is */
             red[0] = ce_sum;
             for (int l = 0; l < cfg.num_hidden_layers; l++) red[1 + l] = bal[l];
-            mt_dist_allreduce_sum_f64(d, red, (size_t)cfg.num_hidden_layers + 1);
+            mt_group_sum_f64(&d->all, red, (size_t)cfg.num_hidden_layers + 1);
             ce_sum = red[0];
             for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] = red[1 + l];
         }
-        /* gradients: summed over DP after the whole backward (overlapping the buckets with
-         * the backward is a later optimisation); ZeRO-1 keeps only this rank's shard */
-        double gnorm;
+        /* gradients: the tied embedding's two copies (first and last stage) summed, then each
+         * region summed over its group after the whole backward; ZeRO-1 keeps only this
+         * rank's shard */
         mt_trace_begin("comm.gradients");
-        if (o.dist_opt) mt_dist_reduce_scatter(d, r.m.grads, P, r.gshard);
-        else mt_dist_grad_allreduce(d, r.m.grads, P, bucket_bytes);
+        if (cfg.tie_word_embeddings && o.pp > 1 && (sh.embed || sh.head))
+            mt_group_sum_f32(&d->emb, sh.embed ? r.m.d_embed : r.m.d_head, (size_t)cfg.vocab_size * cfg.hidden_size);
+        for (int i = 0; i < 2; i++) {
+            opt_region *g = &r.reg[i];
+            if (o.dist_opt) mt_group_reduce_scatter(g->g, r.m.grads + g->lo, g->n, g->gshard);
+            else mt_group_grad_allreduce(g->g, r.m.grads + g->lo, g->n, bucket_bytes);
+        }
         mt_trace_end();
         mt_trace_begin("optimizer.grad_norm");
-        if (o.dist_opt) {
-            double ss = mt_sumsq(r.gshard, r.opt_n);
-            mt_dist_allreduce_sum_f64(d, &ss, 1);
-            gnorm = sqrt(ss);
-        } else {
-            gnorm = sqrt(mt_sumsq(r.m.grads, P));
+        /* every parameter counted once: its shard (dist_opt), or the copy of DP index 0
+         * (experts: expert-DP index 0); the tied embedding's replica never */
+        double ss = 0;
+        for (int i = 0; i < 2; i++) {
+            opt_region *g = &r.reg[i];
+            if (o.dist_opt) {
+                ss += mt_sumsq(g->gshard, g->on);
+            } else if (g->g->rank == 0) {
+                ss += mt_sumsq(r.m.grads + g->lo, g->n);
+            }
         }
+        if (cfg.tie_word_embeddings && o.pp > 1 && sh.head && !sh.embed) {
+            /* remove the replica's share from what this rank counted */
+            const mt_tensor *t = NULL;
+            for (int i = 0; i < r.m.ntensors; i++)
+                if (r.m.tensors[i].replica) t = &r.m.tensors[i];
+            MT_ASSERT(t && t->offset + t->numel <= r.reg[0].lo + r.reg[0].n);
+            opt_region *g = &r.reg[0];
+            size_t a0 = o.dist_opt ? (t->offset > g->olo ? t->offset : g->olo) : t->offset;
+            size_t b0 = o.dist_opt ? (t->offset + t->numel < g->olo + g->on ? t->offset + t->numel : g->olo + g->on)
+                                   : t->offset + t->numel;
+            if (a0 < b0 && (o.dist_opt || g->g->rank == 0))
+                ss -= mt_sumsq(o.dist_opt ? g->gshard + (a0 - g->olo) : r.m.grads + a0, b0 - a0);
+        }
+        mt_group_sum_f64(&d->all, &ss, 1);
+        double gnorm = sqrt(ss > 0 ? ss : 0);
         mt_trace_end();
         double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
         for (int l = 0; l < cfg.num_hidden_layers; l++) bal_total += bal[l] * bal_scale;
@@ -629,15 +838,19 @@ int mt_train(const mt_train_opts *opts) {
         } else {
             bad = 0;
             float gscale = (o.clip > 0 && gnorm > o.clip) ? (float)(o.clip / (gnorm + 1e-6)) : 1.0f;
-            const float *g = o.dist_opt ? r.gshard : r.m.grads;
+            ++r.opt_step;
             mt_trace_begin("optimizer");
-            mt_adamw_multi(r.m.params + r.opt_lo, g, r.adam_m, r.adam_v, r.nt, r.t_off, r.t_len, r.t_decay,
-                           (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.wd, gscale,
-                           ++r.opt_step);
+            for (int i = 0; i < 2; i++) {
+                opt_region *g = &r.reg[i];
+                const float *gr = o.dist_opt ? g->gshard : r.m.grads + g->olo;
+                mt_adamw_multi(r.m.params + g->olo, gr, g->m, g->v, g->nt, g->t_off, g->t_len, g->t_decay,
+                               (float)lr, (float)o.beta1, (float)o.beta2, (float)o.eps, (float)o.wd, gscale,
+                               r.opt_step);
+            }
             mt_trace_end();
             if (o.dist_opt) {
                 mt_trace_begin("comm.params");
-                mt_dist_allgather(d, r.m.params, P);
+                for (int i = 0; i < 2; i++) mt_group_allgather(r.reg[i].g, r.m.params + r.reg[i].lo, r.reg[i].n);
                 mt_trace_end();
             }
         }
@@ -646,9 +859,9 @@ int mt_train(const mt_train_opts *opts) {
         if (o.profile && !o.quiet) {
             double cf = mt_trace_total("fwd."), cb = mt_trace_total("bwd."), cm = mt_trace_total("comm.");
             double op = mt_trace_total("optimizer"), da = mt_trace_total("data");
-            printf("  profile rank %d step %d: forward %.3f s, backward %.3f s, communication %.3f s, "
-                   "optimizer %.3f s, data %.3f s, other %.3f s\n", d->rank, step, cf, cb, cm, op, da,
-                   dt - cf - cb - cm - op - da);
+            printf("  profile rank %d step %d: forward %.3f s, backward %.3f s, communication %.3f s "
+                   "(expert all-to-all inside forward/backward: %.3f s), optimizer %.3f s, data %.3f s, other %.3f s\n",
+                   d->rank, step, cf, cb, cm, comm - cm > 0 ? comm - cm : 0.0, op, da, dt - cf - cb - cm - op - da);
         }
         double wait = 1.0 - (mt_cpu_time() - c0) / (nthr * dt);
         if (wait < 0) wait = 0;
@@ -656,17 +869,30 @@ int mt_train(const mt_train_opts *opts) {
         if (step > start_step + 1) { cpu_timed += dt * (1.0 - wait); }
         if (step > start_step + 1) { t_timed += dt; tok_timed += (double)step_tokens; comm_timed += comm; steps_timed++; }
         ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
-        double mfu = root ? flops_tok * tps / (peak * D * 1e9) : 0.0;
+        double mfu = root ? flops_tok * tps / (peak * W * 1e9) : 0.0;
         double elapsed = mt_now() - t_begin;
         double eta = (o.steps - step) * (elapsed / (step - start_step));
         double vloss = NAN;
         if (r.val && o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps))
-            vloss = eval_loss_dp(d, &r.m, r.acts, r.val, o.batch, o.seq, o.eval_windows, o.doc_mode ? o.eot : -1);
+            vloss = eval_loss_pipe(d, &r.pipe, &r.m, r.val, o.batch, o.seq, o.eval_windows, o.doc_mode ? o.eot : -1);
+        /* expert all-to-all bytes of this step, summed over the ranks */
+        int64_t ab[4] = {0, 0, 0, 0};
+        if (r.have_ep) {
+            ab[0] = r.ep.a2a.bytes.inter - a2a_prev.inter;
+            ab[1] = r.ep.a2a.bytes.intra - a2a_prev.intra;
+            ab[2] = r.ep.count.inter_rows[0], ab[3] = r.ep.count.inter_rows[1];
+            a2a_prev = r.ep.a2a.bytes;
+            memset(&r.ep.count, 0, sizeof r.ep.count);
+        }
+        if (o.ep > 1) mt_group_sum_i64(&d->all, ab, 4);
         if (finite && root) {
             fprintf(r.metrics,
                     "{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"ce\":%.6f,\"balance\":%.6f,\"lr\":%.6e,"
                     "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"comm_s\":%.4f,\"elapsed\":%.2f",
                     step, loss, ce, bal_total, lr, gnorm, tps, mfu, wait, comm, elapsed);
+            if (o.ep > 1)
+                fprintf(r.metrics, ",\"a2a_inter_bytes\":%lld,\"a2a_intra_bytes\":%lld,\"a2a_inter_rows_flat\":%lld,"
+                        "\"a2a_inter_rows_hier\":%lld", (long long)ab[0], (long long)ab[1], (long long)ab[2], (long long)ab[3]);
             if (!isnan(vloss)) fprintf(r.metrics, ",\"val_loss\":%.6f", vloss);
             fprintf(r.metrics, "}\n");
             fflush(r.metrics);
@@ -680,7 +906,10 @@ int mt_train(const mt_train_opts *opts) {
             fmt_hms(et, sizeof et, eta);
             printf("step %*d/%d | loss %.4f | bal %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | MFU %.1f%% | wait %.1f%% | ",
                    (int)(log10(o.steps) + 1), step, o.steps, loss, bal_total, lr, gnorm, ema_tps, 100 * mfu, 100 * wait);
-            if (D > 1) printf("comm %.3fs | ", comm);
+            if (W > 1) printf("comm %.3fs | ", comm);
+            if (o.ep > 1)
+                printf("a2a inter-node %.2f MiB (flat would send %.2f MiB of rows, hier %.2f) | ", ab[0] / 1048576.0,
+                       ab[2] * (double)cfg.hidden_size * 4 / 1048576.0, ab[3] * (double)cfg.hidden_size * 4 / 1048576.0);
             printf("%s elapsed | ETA %s", el, et);
             if (!isnan(vloss)) printf(" | val %.4f", vloss);
             printf("\n");
@@ -688,8 +917,10 @@ int mt_train(const mt_train_opts *opts) {
         }
         if (o.load_every > 0 && n_moe > 0 && (step % o.load_every == 0 || step == o.steps)) {
             const int E = cfg.n_routed_experts;
-            memcpy(load, mt_acts_load(r.acts), sizeof(int64_t) * (size_t)cfg.num_hidden_layers * E);
-            mt_dist_allreduce_sum_i64(d, load, (size_t)cfg.num_hidden_layers * E); /* the global batch's load */
+            memset(load, 0, sizeof(int64_t) * (size_t)cfg.num_hidden_layers * E);
+            mt_pipe_load(&r.pipe, &cfg, load);
+            /* the global batch's load: each layer counted by the stage that holds it, over DP */
+            mt_group_sum_i64(&d->all, load, (size_t)cfg.num_hidden_layers * E);
             if (root) {
                 if (!o.quiet) printf("  expert load (max/mean tokens per expert):");
                 fprintf(r.metrics, "{\"event\":\"expert_load\",\"step\":%d,\"layers\":{", step);
@@ -707,7 +938,7 @@ int mt_train(const mt_train_opts *opts) {
                 fprintf(r.metrics, "}}\n");
                 if (!o.quiet) printf("\n");
             }
-            mt_acts_reset_load(r.acts);
+            mt_pipe_reset_load(&r.pipe);
         }
         /* a checkpoint is written only after a finite step: it must be one to go back to */
         if (o.save_every > 0 && step % o.save_every == 0 && step != o.steps && bad == 0) {
@@ -730,25 +961,26 @@ int mt_train(const mt_train_opts *opts) {
     }
     if (rc == 0 && root) {
         double tps = t_timed > 0 ? tok_timed / t_timed : 0;
-        double mfu = flops_tok * tps / (peak * D * 1e9);
+        double mfu = flops_tok * tps / (peak * W * 1e9);
         double wait = t_timed > 0 ? 1.0 - cpu_timed / t_timed : 0;
         double comm_share = t_timed > 0 ? comm_timed / t_timed : 0;
         size_t rss = mt_peak_rss();
         fprintf(r.metrics,
                 "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
-                "\"peak_rss_bytes\":%zu,\"dp\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
+                "\"peak_rss_bytes\":%zu,\"dp\":%d,\"pp\":%d,\"vpp\":%d,\"ep\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,"
+                "\"activation_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
                 "\"step_time_s\":%.6f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
-                o.steps, tps, mfu, wait, peak, rss, D, o.dist_opt ? "true" : "false", opt_bytes, comm_share,
-                steps_timed > 0 ? t_timed / steps_timed : 0.0, last_good);
+                o.steps, tps, mfu, wait, peak, rss, D, o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
+                r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, last_good);
         for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[i]);
         fprintf(r.metrics, "]}\n");
         if (!o.quiet) {
             char peaks[64];
-            if (D > 1) snprintf(peaks, sizeof peaks, "%d x %.0f", D, peak);
+            if (W > 1) snprintf(peaks, sizeof peaks, "%d x %.0f", W, peak);
             else snprintf(peaks, sizeof peaks, "%.0f", peak);
             printf("done: %.0f tok/s (steady state), MFU %.1f%% of %s GFLOP/s, threads waiting %.1f%%, peak RSS %.0f MiB",
                    tps, 100 * mfu, peaks, 100 * wait, (double)rss / 1048576.0);
-            if (D > 1) printf(", communication %.1f%% of the step", 100 * comm_share);
+            if (W > 1) printf(", communication %.1f%% of the step", 100 * comm_share);
             printf("\n  checkpoint %s\n  metrics    %s/metrics.jsonl\n", last_good, o.out);
         }
         fflush(r.metrics);

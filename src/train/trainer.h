@@ -2,14 +2,17 @@
  * global-norm clipping, AdamW with warmup + cosine LR, non-finite step skipping, periodic
  * checkpoints, progress line, JSONL metrics, expert-load reports.
  *
- * Under mpirun the ranks are data-parallel (dist/dist.h): a step's global batch is
- * batch x accum x DP sequences, rank r running micro-batch mb on samples
- * samples + (r*accum + mb)*batch, so DP ranks see exactly what one process sees with
- * accum*DP micro-batches. Gradients are summed over DP in buckets, or, with dist_opt
- * (ZeRO-1), reduce-scattered so each rank keeps AdamW moments and does the update for its
- * 1/DP shard only, then the parameters are all-gathered. Rank 0 prints, writes metrics and
- * writes checkpoints in the single-process format (moments gathered first), so a run
- * resumes under any DP and optimizer layout. */
+ * Under mpirun the world is PP stages x DP ranks (dist/dist.h), with the experts of each
+ * stage spread over EP groups carved out of its DP ranks. A step's global batch is
+ * batch x accum x DP sequences, DP rank r running micro-batch mb on samples
+ * samples + (r*accum + mb)*batch, so the ranks see exactly what one process sees with
+ * accum*DP micro-batches. Each stage runs its part of the pipeline schedule
+ * (train/pipeline.h; accum = micro-batches). Gradients of the dense part are summed over
+ * DP, those of the experts over the expert-DP group, in buckets, or, with dist_opt (ZeRO-1),
+ * reduce-scattered so each rank keeps AdamW moments and does the update for its shard only,
+ * then the parameters are all-gathered. Rank 0 prints, writes metrics and writes
+ * checkpoints in the single-process format (every rank's tensors and moments gathered
+ * first), so a run resumes under any layout. */
 #ifndef MT_TRAIN_TRAINER_H
 #define MT_TRAIN_TRAINER_H
 
@@ -38,6 +41,10 @@ typedef struct {
     int quiet;
     int dist_opt;            /* ZeRO-1: shard the AdamW state and update over DP */
     double bucket_mb;        /* gradient all-reduce bucket size in MiB (default 25) */
+    int pp, vpp, ep;         /* pipeline stages, chunks per stage, expert-parallel size */
+    const char *split;       /* layers per virtual stage ("3,2,2,1"); NULL = even */
+    const char *a2a;         /* "hier" (default) or "flat" */
+    int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     /* given on the command line: with --resume these override the checkpoint's settings */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;

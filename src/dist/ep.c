@@ -1,0 +1,122 @@
+/* dist/ep.c — mt_ep_ops over the a2a collective (see ep.h). */
+#include "dist/ep.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "dist/dist.h"
+
+void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, mt_ep_count *c) {
+    const int P = a->size, LE = E / P;
+    unsigned char *rk = mt_xcalloc((size_t)P, 1), *nd = mt_xcalloc((size_t)a->nnodes, 1);
+    for (int t = 0; t < N; t++) {
+        memset(rk, 0, (size_t)P);
+        memset(nd, 0, (size_t)a->nnodes);
+        for (int j = 0; j < K; j++) {
+            int r = sel[(size_t)t * K + j] / LE;
+            rk[r] = 1;
+            nd[a->node_of[r]] = 1;
+        }
+        for (int r = 0; r < P; r++) {
+            if (!rk[r] || r == a->rank) continue;
+            int remote = a->node_of[r] != a->node_id;
+            if (remote) c->inter_rows[0]++;
+            else c->intra_rows[0]++;
+            if (!remote) {
+                c->intra_rows[1]++; /* own node: sent directly */
+            } else {                /* remote node: the relay fans out to the others */
+                int n = a->node_of[r], sz = a->node_start[n + 1] - a->node_start[n];
+                int relay = a->node_rank[a->node_start[n] + a->local % sz];
+                if (r != relay) c->intra_rows[1]++;
+            }
+        }
+        for (int n = 0; n < a->nnodes; n++)
+            if (nd[n] && n != a->node_id) c->inter_rows[1]++;
+    }
+    free(rk);
+    free(nd);
+}
+
+typedef struct {
+    mt_a2a_plan plan;
+    mt_ep_count rows;      /* rows of one exchange along this plan */
+} ep_plan;
+
+static void add_count(mt_ep *e, const ep_plan *p) {
+    for (int m = 0; m < 2; m++) {
+        e->count.inter_rows[m] += p->rows.inter_rows[m];
+        e->count.intra_rows[m] += p->rows.intra_rows[m];
+    }
+}
+
+static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const int32_t *sel, const float *w, int N,
+                        int K, int C, int E) {
+    mt_ep *e = ctx;
+    ep_plan *pp = mt_xcalloc(1, sizeof *pp);
+    mt_a2a_plan *p = &pp->plan;
+    float *xe = NULL;
+    mt_ep_count_rows(&e->a2a, sel, N, K, E, &pp->rows);
+    add_count(e, pp);
+    if (mt_a2a_dispatch(&e->a2a, e->mode, p, &xe, x, sel, w, N, K, C, E) != 0) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "expert-parallel dispatch failed: %s", mt_last_error());
+        mt_dist_abort(msg);
+    }
+    b->R = p->R;
+    b->off = p->off;
+    b->xe = xe;
+    b->w = p->w;
+    b->plan = pp;
+}
+
+static void ep_combine(void *ctx, const mt_ep_batch *b, float *out, const float *y) {
+    mt_ep *e = ctx;
+    const ep_plan *pp = b->plan;
+    add_count(e, pp);
+    mt_a2a_combine(&e->a2a, &pp->plan, out, y, pp->plan.w);
+}
+
+static void ep_gather(void *ctx, const mt_ep_batch *b, float *xr, const float *x) {
+    mt_ep *e = ctx;
+    const ep_plan *pp = b->plan;
+    add_count(e, pp);
+    mt_a2a_gather(&e->a2a, &pp->plan, xr, x);
+}
+
+static void ep_dispatch_bwd(void *ctx, const mt_ep_batch *b, float *dx, const float *dxe) {
+    mt_ep *e = ctx;
+    const ep_plan *pp = b->plan;
+    add_count(e, pp);
+    mt_a2a_dispatch_bwd(&e->a2a, &pp->plan, dx, dxe);
+}
+
+static void ep_to_source(void *ctx, const mt_ep_batch *b, float *vs, const float *v) {
+    mt_ep *e = ctx;
+    const ep_plan *pp = b->plan;
+    mt_a2a_to_source(&e->a2a, &pp->plan, vs, v);
+}
+
+static void ep_release(void *ctx, mt_ep_batch *b) {
+    (void)ctx;
+    if (b->plan) {
+        ep_plan *pp = b->plan;
+        mt_a2a_plan_free(&pp->plan);
+        free(pp);
+    }
+    mt_free((float *)b->xe);
+    memset(b, 0, sizeof *b);
+}
+
+int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode) {
+    memset(e, 0, sizeof *e);
+    if (mt_a2a_init(&e->a2a, ep, ranks_per_node) != 0) return -1;
+    e->mode = mode;
+    e->ops = (mt_ep_ops){.ctx = e, .rank = e->a2a.rank, .size = e->a2a.size, .dispatch = ep_dispatch,
+                         .combine = ep_combine, .gather = ep_gather, .dispatch_bwd = ep_dispatch_bwd,
+                         .to_source = ep_to_source, .release = ep_release};
+    return 0;
+}
+
+void mt_ep_free(mt_ep *e) { mt_a2a_free(&e->a2a); }

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Pipeline and expert parallelism (issue 3). Every layout trains 10 steps on the same data
+# and seed as one process with the same global batch (--accum = micro-batches x DP) and
+# must print the same losses (within 1e-5 relative):
+#   EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses),
+#   PP2 (1F1B), PP2 x VPP2 (interleaved), PP4 x VPP2 with an uneven --split (10 layers),
+#   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x EP2 with --dist-opt and tied embeddings;
+# a checkpoint saved under PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
+# run; impossible layouts are refused naming the constraint.
+# Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
+set -euo pipefail
+MT=$(realpath "$1")
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "SKIP: mpirun not found (apt-get install openmpi-bin): the MPI tests did not run"
+    exit 77
+fi
+T=${MT_TEST_TMP:-/tmp}/test_parallel.$$
+rm -rf "$T"; mkdir -p "$T"
+T=$(realpath "$T")
+trap 'rm -rf "$T"' EXIT
+passed=0
+fail() { echo "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+
+export OMP_NUM_THREADS=1
+MPI=(mpirun)
+if mpirun --version 2>&1 | grep -q "Open MPI"; then
+    MPI+=(--oversubscribe)
+    [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+fi
+run() { local n=$1; shift; "${MPI[@]}" -np "$n" "$MT" "$@"; }
+
+"$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
+SRC=${MT_SRC:-$(dirname "$0")/..}
+# demo with 10 layers (uneven splits) and a tied variant
+sed 's/"num_hidden_layers": 4/"num_hidden_layers": 10/' "$SRC/configs/demo.json" > "$T/demo10.json"
+sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$SRC/configs/demo.json" > "$T/tied.json"
+grep -q '"num_hidden_layers": 10' "$T/demo10.json" && grep -q '"tie_word_embeddings": true' "$T/tied.json" \
+    || fail "could not derive the test configs from configs/demo.json"
+base=(--data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --threads 1 --steps 10 --quiet --eval-every 5 --eval-windows 24)
+
+losses() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
+vals() { grep '"event":"step"' "$1" | sed -nE 's/.*"step":([0-9]+),.*"val_loss":([^,}]+).*/\1 \2/p'; }
+close() { # two "step value" lists: same steps, values within 1e-5 relative
+    [ -n "$1" ] && [ "$(echo "$1" | wc -l)" = "$(echo "$2" | wc -l)" ] || return 1
+    paste <(echo "$1") <(echo "$2") | awk '{ if ($1 != $3) exit 1; d = $2 - $4; if (d < 0) d = -d;
+        m = $2 < 0 ? -$2 : $2; if (d > 1e-5 * m) exit 1 }'
+}
+same() { close "$(losses "$1")" "$(losses "$2")" && close "$(vals "$1")" "$(vals "$2")"; }
+check() { # name reference.jsonl layout.jsonl
+    echo "  $1: $(losses "$3" | awk 'NR==1 || NR==10 {printf "step %s %s  ", $1, $2}')(single: $(losses "$2" | awk 'NR==10 {print $2}'))"
+    same "$2" "$3" || { paste <(losses "$2") <(losses "$3"); fail "$1: losses differ from the single process"; }
+    ok "$1 = single process"
+}
+
+# single-process references
+for a in 2 4; do "$MT" train --config demo "${base[@]}" --accum $a --out "$T/s$a"; done
+"$MT" train --config "$T/demo10.json" "${base[@]}" --accum 4 --out "$T/s10"
+"$MT" train --config "$T/tied.json" "${base[@]}" --accum 4 --out "$T/st"
+
+run 2 train --config demo "${base[@]}" --ep 2 --out "$T/ep2"
+check "EP2 (DP2)" "$T/s2/metrics.jsonl" "$T/ep2/metrics.jsonl"
+run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --out "$T/ep4h"
+check "EP4 over 2 nodes, hierarchical" "$T/s4/metrics.jsonl" "$T/ep4h/metrics.jsonl"
+run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --a2a flat --out "$T/ep4f"
+[ "$(losses "$T/ep4h/metrics.jsonl")" = "$(losses "$T/ep4f/metrics.jsonl")" ] \
+    || fail "flat and hierarchical all-to-all gave different losses"
+ok "EP4: flat and hierarchical all-to-all give identical losses"
+# the same routing: hierarchical sends fewer inter-node rows and bytes than flat would
+r=$(grep -m1 '"step":2,' "$T/ep4h/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*"a2a_inter_rows_flat":([0-9]+),"a2a_inter_rows_hier":([0-9]+).*/\1 \2 \3/')
+rf=$(grep -m1 '"step":2,' "$T/ep4f/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*/\1/')
+set -- $r
+echo "  step 2 inter-node: hier sent $1 bytes, flat sent $rf bytes; rows on the same routing: flat $2, hier $3"
+[ "$3" -lt "$2" ] && [ "$1" -lt "$rf" ] || fail "hierarchical all-to-all did not send fewer inter-node bytes"
+ok "hierarchical all-to-all sends fewer inter-node bytes than flat (top-2 of 8 experts over 2 nodes)"
+
+run 2 train --config demo "${base[@]}" --pp 2 --accum 2 --out "$T/pp2"
+check "PP2 (1F1B)" "$T/s2/metrics.jsonl" "$T/pp2/metrics.jsonl"
+run 2 train --config demo "${base[@]}" --pp 2 --vpp 2 --accum 2 --out "$T/pp2v2"
+check "PP2 x VPP2 (interleaved)" "$T/s2/metrics.jsonl" "$T/pp2v2/metrics.jsonl"
+run 4 train --config "$T/demo10.json" "${base[@]}" --pp 4 --vpp 2 --accum 4 --split 2,1,1,1,2,1,1,1 --out "$T/pp4v2"
+check "PP4 x VPP2, uneven split 2,1,1,1,2,1,1,1" "$T/s10/metrics.jsonl" "$T/pp4v2/metrics.jsonl"
+run 4 train --config demo "${base[@]}" --pp 2 --accum 2 --out "$T/dp2pp2"
+check "DP2 x PP2" "$T/s4/metrics.jsonl" "$T/dp2pp2/metrics.jsonl"
+run 8 train --config demo "${base[@]}" --pp 2 --ep 4 --ranks-per-node 2 --out "$T/r8"
+check "8 ranks: PP2 x DP4 with EP4 over 2 nodes" "$T/s4/metrics.jsonl" "$T/r8/metrics.jsonl"
+run 4 train --config "$T/tied.json" "${base[@]}" --pp 2 --ep 2 --accum 2 --dist-opt --out "$T/tied"
+check "PP2 x DP2 x EP2, --dist-opt, tied embeddings" "$T/st/metrics.jsonl" "$T/tied/metrics.jsonl"
+
+# resume across a layout change: PP2 saves at step 5, EP2 x DP2 continues from there
+run 2 train --config demo "${base[@]}" --pp 2 --accum 2 --save-every 5 --keep 5 --out "$T/ra"
+run 2 train --resume "$T/ra/step_00000005" --data "$T/data" --threads 1 --quiet --steps 10 --ep 2 --out "$T/rb"
+grep -v '"step":[1-5],' "$T/s2/metrics.jsonl" > "$T/u_tail.jsonl"
+close "$(losses "$T/u_tail.jsonl")" "$(losses "$T/rb/metrics.jsonl")" \
+    || { paste <(losses "$T/u_tail.jsonl") <(losses "$T/rb/metrics.jsonl"); fail "PP2 -> EP2 x DP2 resume changed the losses"; }
+ok "a PP2 checkpoint resumes under EP2 x DP2 with the losses of the uninterrupted run (steps 6-10)"
+
+# impossible layouts are refused, naming the constraint
+refuse() { # expected-message ranks flags...
+    local msg=$1 n=$2; shift 2
+    if run "$n" train --config demo "${base[@]}" --out "$T/bad" "$@" > "$T/bad.out" 2>&1; then fail "accepted: $*"; fi
+    grep -q -- "$msg" "$T/bad.out" || { cat "$T/bad.out"; fail "no clear message for $*"; }
+    ok "refused $*: $(grep -m1 -o -- "$msg.*" "$T/bad.out" | head -c 120)"
+}
+refuse "does not divide the 8 routed experts" 3 --ep 3
+refuse "does not divide the data-parallel size" 2 --ep 4
+refuse "does not divide the 3 ranks" 3 --pp 2
+refuse "layers do not divide into PP x VPP" 2 --pp 2 --vpp 3 --accum 2
+refuse "needs --accum" 2 --pp 2 --vpp 2 --accum 3
+refuse "sums to 3 layers" 2 --pp 2 --split 2,1
+echo "$passed passed, 0 failed"
