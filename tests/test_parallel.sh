@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Pipeline and expert parallelism (issue 3). Every layout trains 10 steps on the same data
-# and seed as one process with the same global batch (--accum = micro-batches x DP) and
-# must print the same losses (within 1e-5 relative):
-#   EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses),
+# Tensor, sequence, pipeline and expert parallelism (issue 3). Every layout trains 10 steps
+# on the same data and seed as one process with the same global batch (--accum =
+# micro-batches x DP) and must print the same losses and validation losses (within 1e-5
+# relative):
+#   TP2, TP2 + SP, TP2 x EP2 (SP), TP2 x DP2 x EP2, EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses),
 #   PP2 (1F1B), PP2 x VPP2 (interleaved), PP4 x VPP2 with an uneven --split (10 layers),
-#   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x EP2 with --dist-opt and tied embeddings;
-# a checkpoint saved under PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
+#   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x TP2 (SP) x DP2 with EP4 (8 ranks),
+#   PP2 x EP2 with --dist-opt and tied embeddings;
+# a checkpoint saved under TP2 x PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
 # run; impossible layouts are refused naming the constraint.
 # Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
 set -euo pipefail
@@ -54,10 +56,18 @@ check() { # name reference.jsonl layout.jsonl
 }
 
 # single-process references
-for a in 2 4; do "$MT" train --config demo "${base[@]}" --accum $a --out "$T/s$a"; done
+for a in 1 2 4; do "$MT" train --config demo "${base[@]}" --accum $a --out "$T/s$a"; done
 "$MT" train --config "$T/demo10.json" "${base[@]}" --accum 4 --out "$T/s10"
 "$MT" train --config "$T/tied.json" "${base[@]}" --accum 4 --out "$T/st"
 
+run 2 train --config demo "${base[@]}" --tp 2 --out "$T/tp2"
+check "TP2" "$T/s1/metrics.jsonl" "$T/tp2/metrics.jsonl"
+run 2 train --config demo "${base[@]}" --tp 2 --sp --out "$T/tp2sp"
+check "TP2 + SP" "$T/s1/metrics.jsonl" "$T/tp2sp/metrics.jsonl"
+run 2 train --config demo "${base[@]}" --tp 2 --sp --ep 2 --out "$T/tp2ep2"
+check "TP2 x EP2 (SP; experts over the TP ranks)" "$T/s1/metrics.jsonl" "$T/tp2ep2/metrics.jsonl"
+run 4 train --config demo "${base[@]}" --tp 2 --ep 2 --out "$T/tp2dp2ep2"
+check "TP2 x DP2 x EP2 (no SP; experts over DP)" "$T/s2/metrics.jsonl" "$T/tp2dp2ep2/metrics.jsonl"
 run 2 train --config demo "${base[@]}" --ep 2 --out "$T/ep2"
 check "EP2 (DP2)" "$T/s2/metrics.jsonl" "$T/ep2/metrics.jsonl"
 run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --out "$T/ep4h"
@@ -84,16 +94,18 @@ run 4 train --config demo "${base[@]}" --pp 2 --accum 2 --out "$T/dp2pp2"
 check "DP2 x PP2" "$T/s4/metrics.jsonl" "$T/dp2pp2/metrics.jsonl"
 run 8 train --config demo "${base[@]}" --pp 2 --ep 4 --ranks-per-node 2 --out "$T/r8"
 check "8 ranks: PP2 x DP4 with EP4 over 2 nodes" "$T/s4/metrics.jsonl" "$T/r8/metrics.jsonl"
+run 8 train --config demo "${base[@]}" --pp 2 --tp 2 --sp --ep 4 --accum 2 --ranks-per-node 4 --out "$T/r8t"
+check "8 ranks: PP2 x TP2 (SP) x DP2 with EP4" "$T/s4/metrics.jsonl" "$T/r8t/metrics.jsonl"
 run 4 train --config "$T/tied.json" "${base[@]}" --pp 2 --ep 2 --accum 2 --dist-opt --out "$T/tied"
 check "PP2 x DP2 x EP2, --dist-opt, tied embeddings" "$T/st/metrics.jsonl" "$T/tied/metrics.jsonl"
 
-# resume across a layout change: PP2 saves at step 5, EP2 x DP2 continues from there
-run 2 train --config demo "${base[@]}" --pp 2 --accum 2 --save-every 5 --keep 5 --out "$T/ra"
+# resume across a layout change: TP2 x PP2 saves at step 5, EP2 x DP2 continues from there
+run 4 train --config demo "${base[@]}" --pp 2 --tp 2 --sp --accum 2 --save-every 5 --keep 5 --out "$T/ra"
 run 2 train --resume "$T/ra/step_00000005" --data "$T/data" --threads 1 --quiet --steps 10 --ep 2 --out "$T/rb"
 grep -v '"step":[1-5],' "$T/s2/metrics.jsonl" > "$T/u_tail.jsonl"
 close "$(losses "$T/u_tail.jsonl")" "$(losses "$T/rb/metrics.jsonl")" \
-    || { paste <(losses "$T/u_tail.jsonl") <(losses "$T/rb/metrics.jsonl"); fail "PP2 -> EP2 x DP2 resume changed the losses"; }
-ok "a PP2 checkpoint resumes under EP2 x DP2 with the losses of the uninterrupted run (steps 6-10)"
+    || { paste <(losses "$T/u_tail.jsonl") <(losses "$T/rb/metrics.jsonl"); fail "TP2 x PP2 -> EP2 x DP2 resume changed the losses"; }
+ok "a TP2 x PP2 checkpoint resumes under EP2 x DP2 with the losses of the uninterrupted run (steps 6-10)"
 
 # impossible layouts are refused, naming the constraint
 refuse() { # expected-message ranks flags...
@@ -103,9 +115,11 @@ refuse() { # expected-message ranks flags...
     ok "refused $*: $(grep -m1 -o -- "$msg.*" "$T/bad.out" | head -c 120)"
 }
 refuse "does not divide the 8 routed experts" 3 --ep 3
-refuse "does not divide the data-parallel size" 2 --ep 4
+refuse "does not divide the 2 data-parallel ranks" 2 --ep 4
 refuse "does not divide the 3 ranks" 3 --pp 2
 refuse "layers do not divide into PP x VPP" 2 --pp 2 --vpp 3 --accum 2
 refuse "needs --accum" 2 --pp 2 --vpp 2 --accum 3
 refuse "sums to 3 layers" 2 --pp 2 --split 2,1
+refuse "does not divide the attention heads" 3 --tp 3
+refuse "needs --tp >= 2" 1 --sp
 echo "$passed passed, 0 failed"

@@ -53,6 +53,8 @@ int mt_cmd_train(int argc, char **argv) {
         {"pp", MT_ARG_INT, &o.pp, "under mpirun: pipeline stages (1F1B schedule; DP = ranks / PP; default 1)", NULL},
         {"vpp", MT_ARG_INT, &o.vpp, "model chunks per pipeline rank (interleaved schedule; --accum a multiple of --pp)", NULL},
         {"split", MT_ARG_STR, &o.split, "decoder layers of each of the PP x VPP virtual stages, e.g. 3,2,2,1 (default: even)", NULL},
+        {"tp", MT_ARG_INT, &o.tp, "under mpirun: tensor-parallel size (heads and dense FFN split; DP = ranks / (PP x TP))", NULL},
+        {"sp", MT_ARG_BOOL, &o.sp, "sequence parallelism with --tp: norms, residuals and MoE on 1/TP of the tokens", NULL},
         {"ep", MT_ARG_INT, &o.ep, "under mpirun: expert-parallel group size, carved out of the DP ranks (default 1)", NULL},
         {"a2a", MT_ARG_STR, &o.a2a, "expert all-to-all: hier (one inter-node copy per node, default) or flat", NULL},
         {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},

@@ -11,7 +11,8 @@
 
 static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1, .pp_size = 1, .dp_size = 1,
                          .ep_size = 1, .edp_size = 1,
-                         .all = {MPI_COMM_NULL, 0, 1}, .dp = {MPI_COMM_NULL, 0, 1}, .ep = {MPI_COMM_NULL, 0, 1},
+                         .all = {MPI_COMM_NULL, 0, 1}, .dp = {MPI_COMM_NULL, 0, 1}, .tp = {MPI_COMM_NULL, 0, 1},
+                         .dpt = {MPI_COMM_NULL, 0, 1}, .tp_size = 1, .ep = {MPI_COMM_NULL, 0, 1},
                          .edp = {MPI_COMM_NULL, 0, 1}, .pp = {MPI_COMM_NULL, 0, 1}, .emb = {MPI_COMM_NULL, 0, 1}};
 
 static void group_split(mt_group *g, int color, int key) {
@@ -51,40 +52,50 @@ int mt_dist_init(int *argc, char ***argv) {
     /* the runtime pins OpenMP thread i to the i-th allowed CPU: right for one process per
      * node, wrong for several sharing the same CPUs (all their thread 0s on one core) */
     if (g_dist.local_size > 1 && !getenv("MT_PIN")) setenv("MT_PIN", "0", 1);
-    return mt_dist_set_layout(&g_dist, 1, 1);
+    return mt_dist_set_layout(&g_dist, 1, 1, 0, 1);
 }
 
-int mt_dist_set_layout(mt_dist *d, int pp, int ep) {
-    if (pp < 1 || ep < 1) return mt_error("--pp and --ep must be at least 1");
-    if (d->size % pp != 0)
-        return mt_error("--pp %d does not divide the %d ranks (world = PP x DP)", pp, d->size);
-    const int D = d->size / pp;
-    if (D % ep != 0)
-        return mt_error("--ep %d does not divide the data-parallel size %d (%d ranks / PP %d): the EP groups are "
-                        "carved out of the DP ranks of each stage", ep, D, d->size, pp);
+int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep) {
+    if (pp < 1 || ep < 1 || tp < 1) return mt_error("--pp, --tp and --ep must be at least 1");
+    if (d->size % (pp * tp) != 0)
+        return mt_error("--pp %d x --tp %d does not divide the %d ranks (world = PP x DP x TP)", pp, tp, d->size);
+    const int D = d->size / (pp * tp);
+    sp = sp && tp > 1;
+    const int X = sp ? D * tp : D; /* the ranks the EP groups are carved from */
+    if (X % ep != 0)
+        return mt_error("--ep %d does not divide the %d %s of a stage (%d ranks / PP %d%s): the EP groups are "
+                        "carved out of them", ep, X, sp ? "DP x TP ranks" : "data-parallel ranks", d->size, pp,
+                        sp ? "" : tp > 1 ? " / TP; with --sp they span DP x TP" : "");
     d->pp_size = pp;
     d->dp_size = D;
+    d->tp_size = tp;
+    d->sp = sp;
     d->ep_size = ep;
-    d->edp_size = D / ep;
-    d->pp_rank = d->rank / D;
-    d->dp_rank = d->rank % D;
-    d->ep_rank = d->dp_rank % ep;
-    d->edp_rank = d->dp_rank / ep;
+    d->edp_size = X / ep;
+    d->tp_rank = d->rank % tp;
+    d->dp_rank = d->rank / tp % D;
+    d->pp_rank = d->rank / (tp * D);
+    const int x = sp ? d->dp_rank * tp + d->tp_rank : d->dp_rank;
+    d->ep_rank = x % ep;
+    d->edp_rank = x / ep;
     if (!d->initialized) return 0; /* a world of one: every group is this rank */
-    group_split(&d->dp, d->pp_rank, d->dp_rank);
-    group_split(&d->pp, d->dp_rank, d->pp_rank);
-    group_split(&d->ep, d->pp_rank * d->edp_size + d->edp_rank, d->ep_rank);
-    group_split(&d->edp, d->pp_rank * ep + d->ep_rank, d->edp_rank);
+    const int sub = sp ? 0 : d->tp_rank, nsub = sp ? 1 : tp; /* without SP, EP stays inside one tp_rank */
+    group_split(&d->tp, d->pp_rank * D + d->dp_rank, d->tp_rank);
+    group_split(&d->dp, d->pp_rank * tp + d->tp_rank, d->dp_rank);
+    group_split(&d->dpt, d->pp_rank, d->dp_rank * tp + d->tp_rank);
+    group_split(&d->pp, d->dp_rank * tp + d->tp_rank, d->pp_rank);
+    group_split(&d->ep, (d->pp_rank * nsub + sub) * (X / ep) + d->edp_rank, d->ep_rank);
+    group_split(&d->edp, (d->pp_rank * nsub + sub) * ep + d->ep_rank, d->edp_rank);
     int in_emb = pp > 1 && (d->pp_rank == 0 || d->pp_rank == pp - 1);
-    group_split(&d->emb, in_emb ? d->dp_rank : MPI_UNDEFINED, d->pp_rank);
-    MT_ASSERT(d->dp.size == D && d->ep.size == ep && d->edp.size == D / ep && d->pp.size == pp);
+    group_split(&d->emb, in_emb ? d->dp_rank * tp + d->tp_rank : MPI_UNDEFINED, d->pp_rank);
+    MT_ASSERT(d->dp.size == D && d->ep.size == ep && d->edp.size == X / ep && d->pp.size == pp && d->tp.size == tp);
     MT_ASSERT(d->dp.rank == d->dp_rank && d->ep.rank == d->ep_rank && d->edp.rank == d->edp_rank);
     return 0;
 }
 
 void mt_dist_finalize(void) {
     if (!g_dist.initialized) return;
-    mt_group *gs[] = {&g_dist.all, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
+    mt_group *gs[] = {&g_dist.all, &g_dist.tp, &g_dist.dpt, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
     for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
         if (gs[i]->comm != MPI_COMM_NULL) MPI_Comm_free(&gs[i]->comm);
     MPI_Comm_free(&g_dist.world);

@@ -28,11 +28,13 @@ typedef struct {
 typedef struct {
     int rank, size;          /* in MPI_COMM_WORLD */
     int local_rank, local_size; /* ranks on this node (MPI_COMM_TYPE_SHARED) */
-    /* the layout (mt_dist_set_layout): world rank = pp_rank * dp_size + dp_rank; the EP
-     * groups are blocks of ep_size consecutive DP ranks; the expert-DP group joins the ranks
-     * of one stage with the same ep_rank */
-    int pp_rank, pp_size, dp_rank, dp_size, ep_rank, ep_size, edp_rank, edp_size;
-    mt_group all, dp, ep, edp, pp; /* all: the world as a group */
+    /* the layout (mt_dist_set_layout), Megatron's order with TP fastest:
+     * world rank = (pp_rank * dp_size + dp_rank) * tp_size + tp_rank. The EP groups are
+     * blocks of ep_size consecutive ranks of the stage's DP x TP ranks with sequence
+     * parallelism (every TP rank routes its own tokens), of its DP ranks (same tp_rank)
+     * without; the expert-DP group joins the ranks of a stage with the same ep_rank. */
+    int pp_rank, pp_size, dp_rank, dp_size, tp_rank, tp_size, sp, ep_rank, ep_size, edp_rank, edp_size;
+    mt_group all, dp, tp, dpt, ep, edp, pp; /* all: the world; dpt: the stage's DP x TP ranks */
     mt_group emb;            /* first and last pipeline stage of one DP index (tied embedding) */
     MPI_Comm world;          /* a duplicate of MPI_COMM_WORLD (the same ranks as `all`) */
     int initialized;         /* MPI_Init was called by mt_dist_init */
@@ -52,10 +54,10 @@ mt_dist *mt_dist_get(void);
  * MPI_Abort (exit code 1). With one rank it only prints and exits. */
 void mt_dist_abort(const char *msg) __attribute__((noreturn));
 
-/* The parallel layout: PP stages x DP, EP carved out of DP. Errors (-1, message naming the
- * failed constraint) when the world size is not a multiple of pp or ep does not divide
- * the DP size. Collective over the world. */
-int mt_dist_set_layout(mt_dist *d, int pp, int ep);
+/* The parallel layout: PP stages x DP x TP, EP carved out of DP (x TP with sp). Errors
+ * (-1, message naming the failed constraint) when pp x tp does not divide the world or ep
+ * does not divide the ranks it is carved from. Collective over the world. */
+int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep);
 
 /* In-place sums over a group (no-ops on a group of one rank or when the rank is not in it). */
 void mt_group_sum_f32(mt_group *g, float *x, size_t n);

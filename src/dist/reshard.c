@@ -7,15 +7,30 @@
 
 enum { CHUNK = 1 << 26 }; /* floats per MPI call */
 
+/* copy between a part's tensor (maybe a TP slice) and its place in the whole tensor f */
+static void slice_copy(float *full, const mt_tensor *f, float *part, const mt_tensor *t, int to_full) {
+    MT_ASSERT(strcmp(f->name, t->name) == 0);
+    float *fb = full + f->offset;
+    size_t rows = (size_t)t->shape[0], cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+    size_t fcols = f->ndim == 2 ? (size_t)f->shape[1] : 1, r0 = 0, c0 = 0;
+    if (t->tp_dim < 0) MT_ASSERT(f->numel == t->numel);
+    if (t->tp_dim == 0) r0 = (size_t)t->tp_off;
+    if (t->tp_dim == 1) c0 = (size_t)t->tp_off;
+    for (size_t r = 0; r < rows; r++) {
+        float *a = fb + (r0 + r) * fcols + c0, *b = part + t->offset + r * cols;
+        if (to_full) memcpy(a, b, cols * sizeof(float));
+        else memcpy(b, a, cols * sizeof(float));
+    }
+}
+
 void mt_reshard_gather(mt_group *g, int root, const mt_tensor *full_t, size_t nfull, const mt_model *part,
-                       const float *pbuf, int own_dense, int own_expert, float *full) {
+                       const float *pbuf, int own_tp, int own_dense, int own_expert, float *full) {
     memset(full, 0, nfull * sizeof(float));
     for (int i = 0; i < part->ntensors; i++) {
         const mt_tensor *t = &part->tensors[i];
-        if (t->replica || !(t->expert >= 0 ? own_expert : own_dense)) continue;
-        const mt_tensor *f = &full_t[t->full_index];
-        MT_ASSERT(f->numel == t->numel && strcmp(f->name, t->name) == 0);
-        memcpy(full + f->offset, pbuf + t->offset, t->numel * sizeof(float));
+        int own = t->tp_dim >= 0 ? own_tp : t->expert >= 0 ? own_expert : own_dense;
+        if (t->replica || !own) continue;
+        slice_copy(full, &full_t[t->full_index], (float *)pbuf, t, 1);
     }
     if (g->size == 1 || g->comm == MPI_COMM_NULL) return;
     double t0 = MPI_Wtime();
@@ -33,8 +48,6 @@ void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, float *full, size_
     mt_group_bcast_f32(g, full, nfull);
     for (int i = 0; i < part->ntensors; i++) {
         const mt_tensor *t = &part->tensors[i];
-        const mt_tensor *f = &full_t[t->full_index];
-        MT_ASSERT(f->numel == t->numel && strcmp(f->name, t->name) == 0);
-        memcpy(pbuf + t->offset, full + f->offset, t->numel * sizeof(float));
+        slice_copy(full, &full_t[t->full_index], pbuf, t, 0);
     }
 }

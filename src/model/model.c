@@ -42,6 +42,9 @@ static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, i
         x->expert = expert;
         x->full_index = idx;
         x->replica = 0;
+        x->tp_dim = -1;
+        x->tp_off = 0;
+        x->tp_full = 0;
     }
     *off += numel;
     return idx + 1;
@@ -95,6 +98,19 @@ void mt_shard_full(mt_shard *s, const mt_config *c) {
     s->ep_size = 1;
     for (int l = 0; l < c->num_hidden_layers && l < 256; l++) s->layer[l] = 1;
     s->embed = s->head = 1;
+    s->tp_rank = 0;
+    s->tp_size = 1;
+    s->sp = 0;
+}
+
+/* the dimension a tensor is split along under tensor parallelism, -1 if replicated:
+ * column-parallel (rows of the weight) q, k, v, gate, up; row-parallel (columns) o, down */
+static int tp_split_dim(int role) {
+    switch (role) {
+    case MT_R_WQ: case MT_R_WK: case MT_R_WV: case MT_R_GATE: case MT_R_UP: return 0;
+    case MT_R_WO: case MT_R_DOWN: return 1;
+    default: return -1;
+    }
 }
 
 /* does the shard hold full tensor t? 2 = as a replica (the tied embedding used as head) */
@@ -110,7 +126,7 @@ static int shard_holds(const mt_config *c, const mt_shard *sh, const mt_tensor *
 }
 
 int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, size_t *nparams,
-                          size_t *n_dense) {
+                          size_t *n_tp, size_t *n_dense) {
     mt_shard full;
     if (!sh) {
         mt_shard_full(&full, c);
@@ -119,26 +135,40 @@ int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, 
     int nf = mt_model_layout(c, NULL, NULL);
     mt_tensor *all = mt_xcalloc((size_t)nf, sizeof *all);
     mt_model_layout(c, all, NULL);
-    /* pass 0: every tensor but the routed experts (all of them without EP); pass 1: experts */
-    size_t off = 0, nd = 0;
+    /* pass 0: TP slices; pass 1: the other tensors but the routed experts under EP; pass 2:
+     * those experts */
+    const int tp = sh->tp_size > 1 ? sh->tp_size : 1;
+    size_t off = 0, ntp = 0, nd = 0;
     int n = 0;
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 3; pass++) {
         for (int i = 0; i < nf; i++) {
             int h = shard_holds(c, sh, &all[i]);
-            int is_exp = all[i].expert >= 0 && sh->ep_size > 1;
-            if (!h || is_exp != pass) continue;
+            int dim = tp > 1 ? tp_split_dim(all[i].role) : -1;
+            int p = dim >= 0 ? 0 : (all[i].expert >= 0 && sh->ep_size > 1) ? 2 : 1;
+            if (!h || p != pass) continue;
+            mt_tensor x = all[i];
+            if (dim >= 0) {
+                MT_ASSERT(x.shape[dim] % tp == 0);
+                x.tp_dim = dim;
+                x.tp_full = x.shape[dim];
+                x.shape[dim] /= tp;
+                x.tp_off = x.shape[dim] * sh->tp_rank;
+                x.numel /= (size_t)tp;
+            }
             if (t) {
-                t[n] = all[i];
+                t[n] = x;
                 t[n].offset = off;
                 t[n].replica = h == 2;
             }
-            off += all[i].numel;
+            off += x.numel;
             n++;
         }
-        if (pass == 0) nd = off;
+        if (pass == 0) ntp = off;
+        if (pass == 1) nd = off;
     }
     free(all);
     if (nparams) *nparams = off;
+    if (n_tp) *n_tp = ntp;
     if (n_dense) *n_dense = nd;
     return n;
 }
@@ -204,7 +234,8 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
     if (c->tie_word_embeddings) *head = *embed;
 }
 
-int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep) {
+int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
+                        const mt_tp_ops *tp) {
     memset(m, 0, sizeof *m);
     if (cfg->num_hidden_layers > 256)
         return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
@@ -221,9 +252,12 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     MT_ASSERT(m->shard.ep_size >= 1 && (cfg->n_routed_experts == 0 || cfg->n_routed_experts % m->shard.ep_size == 0));
     MT_ASSERT(m->shard.ep_size == 1 || ep != NULL);
     m->ep = m->shard.ep_size > 1 ? ep : NULL;
-    m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL);
+    if (m->shard.tp_size < 1) m->shard.tp_size = 1;
+    MT_ASSERT(m->shard.tp_size == 1 || tp != NULL);
+    m->tp = m->shard.tp_size > 1 ? tp : NULL;
+    m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL, NULL);
     m->tensors = mt_xcalloc((size_t)m->ntensors + 1, sizeof(mt_tensor));
-    mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_dense);
+    mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
     m->params = mt_alloc((m->nparams + 1) * sizeof(float));
     m->grads = mt_alloc((m->nparams + 1) * sizeof(float));
     m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
@@ -233,7 +267,7 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     return 0;
 }
 
-int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_shard(m, cfg, NULL, NULL); }
+int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_shard(m, cfg, NULL, NULL, NULL); }
 
 void mt_model_free(mt_model *m) {
     mt_free(m->params);
@@ -252,10 +286,17 @@ void mt_model_init_weights(mt_model *m, uint64_t seed, float std) {
             for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
             continue;
         }
-        /* stream = index in the whole model: the same draw whatever the thread count or layout */
+        /* stream = index in the whole model, counter = element index in the whole tensor:
+         * the same draw whatever the thread count or layout (a TP slice draws its part) */
         const uint64_t stream = (uint64_t)t->full_index;
+        const size_t cols = (size_t)t->shape[1];
 #pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < t->numel; j++) p[j] = std * mt_normal(seed, stream, j);
+        for (size_t j = 0; j < t->numel; j++) {
+            size_t fj = j;
+            if (t->tp_dim == 0) fj = (size_t)t->tp_off * cols + j;
+            else if (t->tp_dim == 1) fj = (j / cols) * (size_t)t->tp_full + (size_t)t->tp_off + j % cols;
+            p[j] = std * mt_normal(seed, stream, fj);
+        }
     }
 }
 
@@ -296,6 +337,9 @@ typedef struct {
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts, policy, count_load;
     int lo, hi, first, last;      /* the chunk: decoder layers [lo, hi), embedding, head */
+    int tp, sp;                   /* tensor parallel size, sequence parallelism */
+    int Nl, g0;                   /* last forward: rows of the residual stream, first token's index */
+    float *gat, *part, *dgat;     /* TP: [N,C] gathered input, row-parallel partial sums, gathered gradient */
     size_t cap, last_n;           /* capacity B*T; tokens of the last step */
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* chunk output (final residual), final norm out, rstd */
@@ -325,10 +369,14 @@ static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
 
 /* One function lays out every activation buffer: run dry to size, then for real. */
 static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, carver *cv) {
-    const size_t N = (size_t)B * T, C = c->hidden_size, H = c->num_attention_heads;
-    const size_t G = c->num_key_value_heads, D = c->head_dim, E = c->n_routed_experts;
+    /* with TP: attention and the dense FFN see all N tokens with the local heads / columns;
+     * the residual stream, norms, MoE and head hold Nl = N/tp tokens with SP (else N) */
+    const size_t tp = a->tp > 1 ? (size_t)a->tp : 1;
+    const size_t Nt = (size_t)B * T, N = a->sp ? Nt / tp : Nt, C = c->hidden_size;
+    const size_t H = c->num_attention_heads / tp, G = c->num_key_value_heads / tp, D = c->head_dim;
+    const size_t E = c->n_routed_experts;
     const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
-    const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size;
+    const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size / tp;
     const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
     size_t bigsz = 0, big2sz = 0; /* [rows, F] and [rows, 2F] scratch */
     const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
@@ -340,17 +388,17 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         layer_acts *L = &a->L[l - a->lo];
         L->x = carve(cv, N * C * fl);
         L->rstd1 = carve(cv, N * fl);
-        L->q = carve(cv, N * H * D * fl);
-        L->k = carve(cv, N * G * D * fl);
-        L->v = carve(cv, N * G * D * fl);
-        L->att = carve(cv, N * H * D * fl);
-        L->lse = carve(cv, N * H * fl);
+        L->q = carve(cv, Nt * H * D * fl);
+        L->k = carve(cv, Nt * G * D * fl);
+        L->v = carve(cv, Nt * G * D * fl);
+        L->att = carve(cv, Nt * H * D * fl);
+        L->lse = carve(cv, Nt * H * fl);
         L->h = sel ? a->hbuf : carve(cv, N * C * fl);
         L->rstd2 = carve(cv, N * fl);
         if (!mt_config_is_moe(c, l)) {
-            L->gu = carve(cv, N * 2 * F * fl);
-            bigsz = maxz(bigsz, N * F);
-            big2sz = maxz(big2sz, N * 2 * F);
+            L->gu = carve(cv, Nt * 2 * F * fl);
+            bigsz = maxz(bigsz, Nt * F);
+            big2sz = maxz(big2sz, Nt * 2 * F);
         } else {
             L->probs = carve(cv, N * E * fl);
             L->sel = carve(cv, R * il);
@@ -376,10 +424,15 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->rstd_tmp = carve(cv, N * fl);
     a->dres = carve(cv, N * C * fl);
     a->dln = carve(cv, N * C * fl);
-    a->datt = carve(cv, N * H * D * fl);
-    a->dq = carve(cv, N * H * D * fl);
-    a->dk = carve(cv, N * G * D * fl);
-    a->dv = carve(cv, N * G * D * fl);
+    a->datt = carve(cv, Nt * H * D * fl);
+    a->dq = carve(cv, Nt * H * D * fl);
+    a->dk = carve(cv, Nt * G * D * fl);
+    a->dv = carve(cv, Nt * G * D * fl);
+    if (tp > 1) {
+        a->gat = carve(cv, Nt * C * fl);
+        a->part = carve(cv, Nt * C * fl);
+        a->dgat = carve(cv, Nt * C * fl);
+    }
     a->big1 = carve(cv, bigsz * fl);
     a->big2 = carve(cv, bigsz * fl);
     a->big3 = carve(cv, big2sz * fl);
@@ -401,10 +454,12 @@ int mt_recompute_parse(const char *name) {
 }
 
 size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy) {
+                           int policy, int tp, int sp) {
     mt_acts a;
     memset(&a, 0, sizeof a);
     a.policy = policy;
+    a.tp = tp;
+    a.sp = sp && tp > 1;
     a.lo = lo;
     a.hi = hi;
     a.first = first;
@@ -417,7 +472,7 @@ size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int la
 }
 
 size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
-    return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy);
+    return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0);
 }
 
 size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
@@ -425,7 +480,7 @@ size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
 }
 
 mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy) {
+                           int policy, int tp, int sp) {
     MT_ASSERT(policy == MT_RECOMPUTE_NONE || policy == MT_RECOMPUTE_SELECTIVE);
     MT_ASSERT(0 <= lo && lo <= hi && hi <= c->num_hidden_layers);
     mt_acts *a = mt_xcalloc(1, sizeof *a);
@@ -437,9 +492,11 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     a->hi = hi;
     a->first = first;
     a->last = last;
+    a->tp = tp > 1 ? tp : 1;
+    a->sp = sp && tp > 1;
     a->cap = (size_t)B * T;
     a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
-    a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy);
+    a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp);
     a->arena = mt_alloc(a->arena_bytes);
     carver cv = {a->arena, 0, 0};
     acts_layout(a, c, B, T, nthr, &cv);
@@ -451,12 +508,14 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
 }
 
 mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy) {
-    return mt_acts_new_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy);
+    return mt_acts_new_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0);
 }
 
 mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
     return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
 }
+
+int mt_acts_rows(const mt_acts *a, int n) { return a->sp ? n / a->tp : n; }
 
 float *mt_acts_input(mt_acts *a) { return a->hi > a->lo ? a->L[0].x : a->xf; }
 float *mt_acts_output(mt_acts *a) { return a->xf; }
@@ -591,18 +650,22 @@ static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, co
     }
 }
 
-/* per-sequence routed fractions f_e (for the balance loss) */
-static void route_fractions(const mt_config *c, layer_acts *L, int B, int T) {
-    const int E = c->n_routed_experts, K = c->num_experts_per_tok, R = B * T * K;
+/* per-sequence routed fractions f_e (for the balance loss) of the chunk's Nl tokens, token
+ * 0 being token g0 of the micro-batch; with SP the counts of the TP ranks are summed */
+static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, int B, int T) {
+    const mt_config *c = &m->cfg;
+    const int E = c->n_routed_experts, K = c->num_experts_per_tok, R = a->Nl * K;
     memset(L->f, 0, sizeof(float) * (size_t)B * E);
-    for (int i = 0; i < R; i++) L->f[(size_t)(i / K / T) * E + L->sel[i]] += 1.0f;
+    for (int i = 0; i < R; i++) L->f[(size_t)((a->g0 + i / K) / T) * E + L->sel[i]] += 1.0f;
+    if (m->tp && m->tp->sp) m->tp->sum_f32(m->tp->ctx, L->f, (size_t)B * E);
     for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
 }
 
 /* MoE block forward on the normed input ln[N,C]: out[N,C] += shared(ln) + sum_j w_j E_j(ln). */
-static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
+static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
                     int B, int T, const float *ln, float *out) {
-    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const mt_config *c = &m->cfg;
+    const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     route_fwd(c, L, w, ln, N);
     /* fused permute: rows grouped by expert, gathered into xe */
@@ -610,7 +673,7 @@ static void moe_fwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     const int32_t *off = L->eoff;
     if (a->count_load) /* training tokens only, not evaluation */
         for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
-    route_fractions(c, L, B, T);
+    route_fractions(m, a, L, B, T);
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
     mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd(a->big1, L->egu, R, Fm);
@@ -629,12 +692,12 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
                        int B, int T, const float *ln, float *out, int train) {
     const mt_config *c = &m->cfg;
     const mt_ep_ops *ep = m->ep;
-    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
     route_fwd(c, L, w, ln, N);
     if (a->count_load)
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
-    route_fractions(c, L, B, T);
+    route_fractions(m, a, L, B, T);
     ep->dispatch(ep->ctx, &L->epb, ln, L->sel, L->wsel, N, K, C, E);
     const int R = L->epb.R;
     L->ep_egu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
@@ -657,25 +720,30 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     }
 }
 
-/* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] */
-static void balance_fwd(const mt_config *c, const layer_acts *L, int B, int T, double *sum_out) {
+/* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] (with SP the
+ * per-sequence sums of the TP ranks are added first) */
+static void balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, int B, int T, double *sum_out) {
+    const mt_config *c = &m->cfg;
     const int E = c->n_routed_experts;
-    double total = 0.0, P[MAX_E];
-    for (int b = 0; b < B; b++) {
-        for (int e = 0; e < E; e++) P[e] = 0.0;
-        for (int t = 0; t < T; t++) {
-            const float *p = L->probs + ((size_t)b * T + t) * E;
-            float norm = 1.0f;
-            if (c->scoring_func == MT_SCORING_SIGMOID) {
-                norm = 0.0f;
-                for (int e = 0; e < E; e++) norm += p[e];
-            }
-            for (int e = 0; e < E; e++) P[e] += p[e] / norm;
+    double *P = mt_xcalloc((size_t)B * E, sizeof(double));
+    for (int t = 0; t < a->Nl; t++) {
+        const float *p = L->probs + (size_t)t * E;
+        double *Pb = P + (size_t)((a->g0 + t) / T) * E;
+        float norm = 1.0f;
+        if (c->scoring_func == MT_SCORING_SIGMOID) {
+            norm = 0.0f;
+            for (int e = 0; e < E; e++) norm += p[e];
         }
+        for (int e = 0; e < E; e++) Pb[e] += p[e] / norm;
+    }
+    if (m->tp && m->tp->sp) m->tp->sum_f64(m->tp->ctx, P, (size_t)B * E);
+    double total = 0.0;
+    for (int b = 0; b < B; b++) {
         double bl = 0.0;
-        for (int e = 0; e < E; e++) bl += L->f[(size_t)b * E + e] * (P[e] / T);
+        for (int e = 0; e < E; e++) bl += L->f[(size_t)b * E + e] * (P[(size_t)b * E + e] / T);
         total += E * bl;
     }
+    free(P);
     *sum_out += total;
 }
 
@@ -686,7 +754,8 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
 static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w,
                     mt_layer_w *dw, int B, int T, const float *ln, const float *dout, float *dln,
                     float bal_coef) {
-    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    (void)B;
+    const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     const int32_t *off = L->eoff;
     const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
@@ -756,7 +825,7 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
         }
         if (bal_coef != 0.0f) {
             /* d/dptilde[t,e] = bal_coef * E * f_e / T */
-            const float *f = L->f + (size_t)(t / T) * E;
+            const float *f = L->f + (size_t)((a->g0 + t) / T) * E;
             if (!sigmoid) {
                 for (int e = 0; e < E; e++) dp[e] += bal_coef * E * f[e] / T;
             } else {
@@ -784,7 +853,8 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
                        int B, int T, const float *ln, const float *dout, float *dln, float bal_coef) {
     const mt_config *c = &m->cfg;
     const mt_ep_ops *ep = m->ep;
-    const int N = B * T, C = c->hidden_size, E = c->n_routed_experts;
+    (void)B;
+    const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
     const mt_ep_batch *b = &L->epb;
     const int R = b->R;
@@ -858,23 +928,44 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     if (train) mt_model_backward(m, a, inputs, pos, B, T, bal_scale);
 }
 
+/* Tensor parallelism: the input of a column-parallel linear, all N tokens (SP: gathered
+ * from the TP ranks' blocks into a->gat; else the local rows are all the rows) */
+static const float *tp_in(const mt_model *m, mt_acts *a, float *buf, const float *local, int C) {
+    if (!a->sp) return local;
+    m->tp->gather(m->tp->ctx, buf, local, (size_t)a->Nl * C);
+    return buf;
+}
+
+/* the sum over TP of a row-parallel linear's partial [N,C] into this rank's rows out[Nl,C]
+ * (SP: reduce-scatter; else all-reduce); part is clobbered */
+static void tp_out(const mt_model *m, mt_acts *a, float *out, float *part, int N, int C) {
+    m->tp->reduce(m->tp->ctx, out, part, (size_t)N * C);
+    (void)a;
+}
+
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                       const int32_t *pos, int B, int T, int train, float ce_scale, float *logits,
                       mt_step_stats *st) {
     const mt_config *c = &m->cfg;
-    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
-    const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
+    const int tp = m->tp ? m->tp->size : 1;
+    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
+    const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int V = c->vocab_size, lo = a->lo, hi = a->hi;
     const float eps = (float)c->rms_norm_eps;
-    MT_ASSERT(T <= a->T && (size_t)N <= a->cap);
-    a->last_n = (size_t)N;
+    MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
+    a->Nl = a->sp ? N / tp : N;
+    a->g0 = a->sp ? m->tp->rank * a->Nl : 0;
+    MT_ASSERT(!a->sp || N % tp == 0);
+    const int Nl = a->Nl;
+    a->last_n = (size_t)Nl;
     a->count_load = train;
 
     float *x0 = mt_acts_input(a);
-    if (a->first) { /* embedding */
+    if (a->first) { /* embedding of this rank's tokens */
+        const int32_t *tok = inputs + a->g0;
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            memcpy(x0 + (size_t)n * C, m->embed + (size_t)inputs[n] * C, sizeof(float) * C);
+        for (int n = 0; n < Nl; n++)
+            memcpy(x0 + (size_t)n * C, m->embed + (size_t)tok[n] * C, sizeof(float) * C);
     }
 
     for (int l = lo; l < hi; l++) {
@@ -882,52 +973,72 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         const mt_layer_w *w = &m->w[l];
         float *xout = l + 1 < hi ? a->L[l + 1 - lo].x : a->xf;
         mt_trace_begin("fwd.attention");
-        mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, N, C, eps);
-        mt_linear_fwd(L->q, a->ln, w->wq, N, C, H * D, 0.0f);
-        mt_linear_fwd(L->k, a->ln, w->wk, N, C, G * D, 0.0f);
-        mt_linear_fwd(L->v, a->ln, w->wv, N, C, G * D, 0.0f);
+        mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, Nl, C, eps);
+        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : a->ln;
+        mt_linear_fwd(L->q, lnf, w->wq, N, C, H * D, 0.0f);
+        mt_linear_fwd(L->k, lnf, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd(L->v, lnf, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
         mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
         mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr);
-        /* residual add fused into the output projection (beta = 1) */
-        mt_copy(L->h, L->x, (size_t)N * C);
-        mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
-        mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, N, C, eps);
-        mt_copy(xout, L->h, (size_t)N * C);
+        if (tp == 1) { /* residual add fused into the output projection (beta = 1) */
+            mt_copy(L->h, L->x, (size_t)N * C);
+            mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+        } else {       /* row-parallel: partial sums over the local heads, summed over TP */
+            mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
+            tp_out(m, a, L->h, a->part, N, C);
+            const float *x = L->x;
+            float *h = L->h;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < (size_t)Nl * C; i++) h[i] += x[i];
+        }
+        mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, Nl, C, eps);
+        mt_copy(xout, L->h, (size_t)Nl * C);
         mt_trace_end();
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
-            swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
+            if (tp == 1) {
+                swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
+            } else {
+                const float *lf = tp_in(m, a, a->gat, a->ln, C);
+                swiglu_ffn_fwd(a->part, L->gu, a->big1, lf, w->gate, w->down, N, C, F, 0.0f);
+                tp_out(m, a, a->dln, a->part, N, C); /* dln: scratch in the forward */
+                const float *y = a->dln;
+#pragma omp parallel for schedule(static)
+                for (size_t i = 0; i < (size_t)Nl * C; i++) xout[i] += y[i];
+            }
         } else {
             mt_trace_begin("fwd.moe");
             if (m->ep) moe_fwd_ep(m, a, L, w, l, B, T, a->ln, xout, train);
-            else moe_fwd(c, a, L, w, l, B, T, a->ln, xout);
-            balance_fwd(c, L, B, T, &st->bal_sum[l]);
+            else moe_fwd(m, a, L, w, l, B, T, a->ln, xout);
+            balance_fwd(m, a, L, B, T, &st->bal_sum[l]);
         }
         mt_trace_end();
     }
     if (!a->last) return;
     mt_trace_begin(train ? "fwd.head+ce (+bwd)" : "fwd.head");
-    mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, N, C, eps);
+    const int32_t *tg = targets + a->g0;
+    mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, Nl, C, eps);
     int64_t nv = 0;
-    for (int n = 0; n < N; n++) nv += targets[n] >= 0;
+    for (int n = 0; n < Nl; n++) nv += tg[n] >= 0;
     st->n_valid += nv;
     st->ce_sum += mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf,
-                             m->head, targets, N, C, V, ce_scale, a->head_scratch);
+                             m->head, tg, Nl, C, V, ce_scale, a->head_scratch);
     mt_trace_end();
 }
 
 void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
                        float bal_scale) {
     const mt_config *c = &m->cfg;
-    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads;
-    const int G = c->num_key_value_heads, D = c->head_dim, F = c->intermediate_size;
-    const int lo = a->lo, hi = a->hi;
+    const int tp = m->tp ? m->tp->size : 1;
+    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
+    const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
+    const int lo = a->lo, hi = a->hi, Nl = a->Nl;
     const float eps = (float)c->rms_norm_eps;
     float *d = a->dres;
     if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
-        mt_zero(d, (size_t)N * C);
-        mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, N, C);
+        mt_zero(d, (size_t)Nl * C);
+        mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, Nl, C);
     }
     const float bal_coef = (float)(c->aux_loss_alpha * bal_scale);
     for (int l = hi - 1; l >= lo; l--) {
@@ -935,44 +1046,64 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         const mt_layer_w *w = &m->w[l];
         mt_layer_w *dw = &m->g[l];
         if (a->policy == MT_RECOMPUTE_SELECTIVE) { /* h = x + att Wo^T, as in the forward */
-            mt_copy(L->h, L->x, (size_t)N * C);
-            mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+            if (tp == 1) {
+                mt_copy(L->h, L->x, (size_t)N * C);
+                mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+            } else {
+                mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
+                tp_out(m, a, L->h, a->part, N, C);
+                for (size_t i = 0; i < (size_t)Nl * C; i++) L->h[i] += L->x[i];
+            }
         }
         mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
         /* ffn: d is the gradient of the layer output; recompute its normed input */
-        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, N, C, eps);
-        if (!mt_config_is_moe(c, l))
-            swiglu_ffn_bwd(a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, 0.0f,
-                           a->big1, a->big2, a->big3);
-        else if (m->ep)
+        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, Nl, C, eps);
+        if (!mt_config_is_moe(c, l)) {
+            if (tp == 1) {
+                swiglu_ffn_bwd(a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, 0.0f,
+                               a->big1, a->big2, a->big3);
+            } else { /* gathered input and output gradient; the input gradient summed over TP */
+                const float *lf = tp_in(m, a, a->gat, a->ln, C);
+                const float *df = tp_in(m, a, a->dgat, d, C);
+                swiglu_ffn_bwd(a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F, 0.0f,
+                               a->big1, a->big2, a->big3);
+                tp_out(m, a, a->dln, a->part, N, C);
+            }
+        } else if (m->ep) {
             moe_bwd_ep(m, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
-        else
+        } else {
             moe_bwd(c, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
-        mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, N, C);
+        }
+        mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, Nl, C);
         mt_trace_end();
         mt_trace_begin("bwd.attention");
         /* attention: d is now the gradient of h */
-        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->x, w->in_norm, N, C, eps);
-        mt_linear_bwd(a->datt, dw->wo, d, L->att, w->wo, N, H * D, C, 0.0f);
+        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->x, w->in_norm, Nl, C, eps);
+        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : a->ln;
+        const float *df = tp > 1 ? tp_in(m, a, a->dgat, d, C) : d;
+        mt_linear_bwd(a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
         mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
                          a->att_scratch, a->nthr);
         mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
         mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
-        mt_linear_bwd(a->dln, dw->wq, a->dq, a->ln, w->wq, N, C, H * D, 0.0f);
-        mt_linear_bwd(a->dln, dw->wk, a->dk, a->ln, w->wk, N, C, G * D, 1.0f);
-        mt_linear_bwd(a->dln, dw->wv, a->dv, a->ln, w->wv, N, C, G * D, 1.0f);
-        mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, N, C);
+        float *dl = tp > 1 ? a->part : a->dln;
+        mt_linear_bwd(dl, dw->wq, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
+        mt_linear_bwd(dl, dw->wk, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
+        mt_linear_bwd(dl, dw->wv, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
+        if (tp > 1) tp_out(m, a, a->dln, a->part, N, C);
+        mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
         mt_trace_end();
     }
     if (!a->first) return; /* d is the gradient of the chunk's input */
     /* embedding backward: thread i owns the vocabulary rows congruent to i, and adds the
      * tokens in their order, so every row sums in the same order for any thread count */
+    const int32_t *tok = inputs + a->g0;
 #pragma omp parallel
     {
         int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-        for (int n = 0; n < N; n++) {
-            if (inputs[n] % nt != tid) continue;
-            float *de = m->d_embed + (size_t)inputs[n] * C;
+        for (int n = 0; n < Nl; n++) {
+            if (tok[n] % nt != tid) continue;
+            float *de = m->d_embed + (size_t)tok[n] * C;
             const float *dn = d + (size_t)n * C;
             for (int q = 0; q < C; q++) de[q] += dn[q];
         }

@@ -33,17 +33,25 @@ typedef struct {
     int full_index;  /* index of this tensor in the whole model's table (checkpoint order) */
     int replica;     /* 1: a copy of a tensor another pipeline stage owns (tied embedding
                       * on the last stage); its gradient is summed with the owner's */
+    int tp_dim;      /* tensor parallelism: -1 whole; 0: rows [tp_off, tp_off+shape[0]) of
+                      * tp_full rows; 1: columns [tp_off, tp_off+shape[1]) of tp_full */
+    int64_t tp_off, tp_full;
 } mt_tensor;
 
 /* Which part of the model a rank holds (pipeline and expert parallelism). Tensor names
  * stay the global MODEL.md names; a sharded model is a subset of the whole model's tensors.
  * Routed experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) of every held MoE layer are
- * kept; with ep_size > 1 they are placed after every other tensor, so the flat buffer is
- * [dense part | expert part] and each part is reduced over its own group. */
+ * kept; with ep_size > 1 they are placed after every other tensor. With tp_size > 1 the
+ * attention projections (q/k/v rows and o columns, by heads) and the dense FFN (gate/up
+ * rows, down columns) hold the rank's slice (Megatron's column / row parallel linears) and
+ * come first. The flat buffer is [TP slices | replicated | routed experts], each part
+ * reduced over its own group. */
 typedef struct {
     int ep_rank, ep_size;
     unsigned char layer[256];   /* 1 = decoder layer held here */
     int embed, head;            /* holds the token embedding / the final norm and head */
+    int tp_rank, tp_size;       /* tensor parallelism: heads and dense FFN columns split */
+    int sp;                     /* sequence parallelism: the residual stream split by tokens */
 } mt_shard;
 /* The whole model (one process). */
 void mt_shard_full(mt_shard *s, const mt_config *c);
@@ -57,6 +65,20 @@ typedef struct {
                                      * down_e = edown + e*C*Fm [C,Fm] */
     float *sgate, *sup, *sdown;     /* shared experts: [Fs,C], [Fs,C] (adjacent), [C,Fs] (NULL if none) */
 } mt_layer_w;
+
+/* Tensor-parallel collectives over the TP group, supplied by dist/. With sp the residual
+ * stream of a micro-batch is split into tp_size contiguous blocks of tokens; gather
+ * assembles the whole [N, C] from the local [N/tp, C] blocks (all-gather) and reduce sums
+ * the partial [N, C] of a row-parallel linear into this rank's block (reduce-scatter).
+ * Without sp, gather is the identity (never called) and reduce is an all-reduce. */
+typedef struct mt_tp_ops {
+    void *ctx;
+    int rank, size, sp;
+    void (*gather)(void *ctx, float *full, const float *local, size_t local_n);
+    void (*reduce)(void *ctx, float *out, float *full, size_t full_n);
+    void (*sum_f32)(void *ctx, float *x, size_t n);
+    void (*sum_f64)(void *ctx, double *x, size_t n);
+} mt_tp_ops;
 
 /* Expert-parallel token exchange, supplied by dist/ (the model does not know MPI). A batch
  * is one dispatch: the rows of the (token, expert) pairs this rank's experts must process,
@@ -91,6 +113,8 @@ typedef struct {
     mt_config cfg;
     mt_shard shard;
     const mt_ep_ops *ep;            /* NULL: every expert is local */
+    const mt_tp_ops *tp;            /* NULL: no tensor parallelism */
+    size_t n_tp;                    /* floats of the TP-sliced part (0 without TP) */
     size_t n_dense;                 /* floats before the expert part (== nparams without EP) */
     int ntensors;
     mt_tensor *tensors;
@@ -114,10 +138,11 @@ double mt_model_flops_per_token(const mt_config *cfg, int T);
 int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The part of the model described by sh (tensor table, offsets and pointers for it only);
  * ep may be NULL when sh->ep_size == 1. */
-int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep);
+int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
+                        const mt_tp_ops *tp);
 /* Tensor table of a shard (like mt_model_layout; NULL sh = whole model). */
 int mt_model_layout_shard(const mt_config *cfg, const mt_shard *sh, mt_tensor *tensors, size_t *nparams,
-                          size_t *n_dense);
+                          size_t *n_tp, size_t *n_dense);
 void mt_model_free(mt_model *m);
 /* Seeded, layout-independent init (keyed by full_index): matrices ~ N(0, std^2), norms = 1. */
 void mt_model_init_weights(mt_model *m, uint64_t seed, float std);
@@ -141,9 +166,11 @@ mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int po
 /* Activations of one pipeline chunk: decoder layers [lo, hi), with the embedding when
  * first and the final norm, head and loss when last. */
 size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy);
+                           int policy, int tp, int sp);
 mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy);
+                           int policy, int tp, int sp);
+/* Rows of the residual stream a chunk holds for a micro-batch of n tokens (n / tp with sp). */
+int mt_acts_rows(const mt_acts *a, int n);
 /* [B*T, C] buffers of a chunk: where a non-first chunk's input is received, its output,
  * and the gradient buffer (before mt_model_backward: the gradient of the output, received
  * by a non-last chunk; after it: the gradient of the input, to send to the previous stage). */

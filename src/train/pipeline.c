@@ -8,7 +8,7 @@
 #include "base/trace.h"
 
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
-                 int T, int nthr, int policy) {
+                 int T, int nthr, int policy, int tp, int sp) {
     memset(p, 0, sizeof *p);
     if (vpp > 256) return mt_error("--vpp %d: at most 256 chunks per rank", vpp);
     if (mt_schedule_make(&p->sched, pp, vpp, m) != 0) return -1;
@@ -48,8 +48,9 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
             p->slot_mb[i] = -1;
             p->req[2 * i] = p->req[2 * i + 1] = MPI_REQUEST_NULL;
             if (k >= p->nslot[ch]) continue;
-            p->slot[i] = mt_acts_new_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy);
-            p->acts_bytes += mt_acts_bytes_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy);
+            p->slot[i] = mt_acts_new_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp, sp);
+            p->acts_bytes +=
+                mt_acts_bytes_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp, sp);
         }
     }
     return 0;
@@ -99,7 +100,8 @@ static void recv_rows(float *buf, size_t n, int peer, int tag, mt_group *g) {
 
 void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
                    const int32_t *pos, int B, int T, float ce_scale, float bal_scale, mt_step_stats *st) {
-    const size_t BT = (size_t)B * T, NC = BT * (size_t)m->cfg.hidden_size;
+    const size_t BT = (size_t)B * T;
+    const size_t NC = (size_t)mt_acts_rows(p->slot[0], (int)BT) * (size_t)m->cfg.hidden_size;
     MT_ASSERT(NC <= (size_t)INT32_MAX);
     const mt_action *act = p->sched.act[p->rank];
     for (int i = 0; i < p->sched.len[p->rank]; i++) {
@@ -135,7 +137,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
 
 void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
                   const int32_t *pos, int nb, int T, mt_step_stats *st) {
-    const size_t NC = (size_t)nb * T * (size_t)m->cfg.hidden_size;
+    const size_t NC = (size_t)mt_acts_rows(p->slot[0], nb * T) * (size_t)m->cfg.hidden_size;
     for (int ch = 0; ch < p->V; ch++) {
         const int s = ch * p->P + p->rank;
         const size_t k = (size_t)ch * p->maxslot;

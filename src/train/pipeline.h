@@ -4,7 +4,8 @@
  *
  * A rank holds V chunks (virtual stages chunk*P + rank); chunk c is decoder layers
  * [lo[c], hi[c]) plus the embedding on virtual stage 0 and the final norm, head and loss on
- * the last. Each chunk has as many activation slots as the schedule keeps micro-batches of
+ * the last (with TP the activations exchanged are this rank's rows of the residual stream,
+ * a 1/TP block of the tokens under sequence parallelism). Each chunk has as many activation slots as the schedule keeps micro-batches of
  * it in flight; a slot is taken by the micro-batch's forward (or the receive before it) and
  * given back after its backward once the sends from it have completed. With P = V = 1 the
  * list is forward, backward per micro-batch: the plain gradient-accumulation loop. */
@@ -34,7 +35,7 @@ typedef struct {
  * Errors (-1) when the schedule cannot be built (e.g. M not a multiple of P with V > 1) or
  * the message tags would not fit MPI_TAG_UB. */
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
-                 int T, int nthr, int policy);
+                 int T, int nthr, int policy, int tp, int sp);
 void mt_pipe_free(mt_pipe *p);
 
 /* One training step's forward and backward of M micro-batches: inputs/targets/pos hold

@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "dist/ep.h"
 #include "dist/reshard.h"
+#include "dist/tp.h"
 #include "train/checkpoint.h"
 #include "train/pipeline.h"
 
@@ -47,7 +48,7 @@ void mt_train_defaults(mt_train_opts *o) {
     o->load_every = 0;
     o->eot = 256;
     o->bucket_mb = 25;
-    o->pp = o->vpp = o->ep = 1;
+    o->pp = o->vpp = o->ep = o->tp = 1;
 }
 
 double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio) {
@@ -120,8 +121,10 @@ static double eval_loss_pipe(mt_dist *d, mt_pipe *p, mt_model *m, const mt_loade
         mt_step_stats st;
         memset(&st, 0, sizeof st);
         mt_pipe_eval(p, m, &d->pp, in, tg, pos, rows, T, &st);
-        sc[0] += st.ce_sum;
-        sc[1] += (double)st.n_valid;
+        if (d->sp || d->tp_rank == 0) { /* without SP every TP rank computes the same loss */
+            sc[0] += st.ce_sum;
+            sc[1] += (double)st.n_valid;
+        }
     }
     free(in);
     free(tg);
@@ -291,11 +294,12 @@ typedef struct {
     mt_pipe pipe;
     mt_ep ep;
     int have_ep;
+    mt_tp tp;
     mt_tensor *full_t;            /* the whole model's tensor table (checkpoints, resharding) */
     size_t nfull;
     int nfull_t;
     mt_loader *train, *val;
-    opt_region reg[2];
+    opt_region reg[3];
     int opt_step;                 /* AdamW updates applied: the bias-correction step */
     int32_t *in, *tg, *pos;
     FILE *metrics, *tsv;
@@ -308,7 +312,7 @@ static void run_free(run_state *r) {
     free(r->full_t);
     if (r->train) mt_loader_free(r->train);
     if (r->val) mt_loader_free(r->val);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         opt_region *g = &r->reg[i];
         mt_free(g->m);
         mt_free(g->v);
@@ -345,7 +349,7 @@ static void build_opt_table(run_state *r, opt_region *g) {
 
 /* full-size (this rank's part) moments: the regions' shards gathered over their groups */
 static void moments_local(run_state *r, int dist_opt, float *fm, float *fv) {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         opt_region *g = &r->reg[i];
         if (g->n == 0) continue;
         memcpy(fm + g->olo, g->m, g->on * sizeof(float));
@@ -359,7 +363,7 @@ static void moments_local(run_state *r, int dist_opt, float *fm, float *fv) {
 
 /* this rank's optimizer shards from full-size (this rank's part) moments */
 static void moments_take(run_state *r, const float *fm, const float *fv) {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         opt_region *g = &r->reg[i];
         memcpy(g->m, fm + g->olo, g->on * sizeof(float));
         memcpy(g->v, fv + g->olo, g->on * sizeof(float));
@@ -374,7 +378,10 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
     snprintf(name, sizeof name, "step_%08d", step);
     snprintf(dir, sizeof dir, "%s/%s", o->out, name);
     const size_t P = r->m.nparams, NF = r->nfull;
-    const int own_d = d->dp_rank == 0, own_e = d->edp_rank == 0;
+    /* TP slices: DP index 0 of every TP rank; replicated tensors: also TP rank 0; experts:
+     * expert-DP index 0 (and TP rank 0 when they are replicated over TP, without SP) */
+    const int own_t = d->dp_rank == 0, own_d = own_t && d->tp_rank == 0;
+    const int own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
     float *lm = mt_alloc((P + 1) * sizeof(float)), *lv = mt_alloc((P + 1) * sizeof(float));
     moments_local(r, o->dist_opt, lm, lv);
     mt_model full;
@@ -382,9 +389,9 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
     if (d->rank == 0) rc = mt_model_init(&full, &r->m.cfg);
     float *fm = mt_alloc((NF + 1) * sizeof(float)), *fv = mt_alloc((NF + 1) * sizeof(float));
     float *fp = d->rank == 0 && rc == 0 ? full.params : mt_alloc((NF + 1) * sizeof(float));
-    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, r->m.params, own_d, own_e, fp);
-    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lm, own_d, own_e, fm);
-    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lv, own_d, own_e, fv);
+    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, r->m.params, own_t, own_d, own_e, fp);
+    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lm, own_t, own_d, own_e, fm);
+    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lv, own_t, own_d, own_e, fv);
     mt_free(lm);
     mt_free(lv);
     if (d->rank == 0 && rc == 0) {
@@ -458,7 +465,8 @@ int mt_train(const mt_train_opts *opts) {
     mt_dist *d = mt_dist_get();
     /* the layout first: the DP size decides how a resumed run's global batch is split */
     if (o.vpp > 1 && o.pp < 2) return mt_error("train: --vpp %d needs --pp >= 2 (chunks of a pipeline)", o.vpp);
-    if (mt_dist_set_layout(d, o.pp, o.ep) != 0) return -1;
+    if (o.sp && o.tp < 2) return mt_error("train: --sp (sequence parallelism) needs --tp >= 2");
+    if (mt_dist_set_layout(d, o.pp, o.tp, o.sp, o.ep) != 0) return -1;
     const int D = d->dp_size, root = d->rank == 0;
     mt_a2a_mode a2a_mode = MT_A2A_HIER;
     if (o.a2a && strcmp(o.a2a, "flat") == 0) a2a_mode = MT_A2A_FLAT;
@@ -560,6 +568,18 @@ int mt_train(const mt_train_opts *opts) {
     if (o.ep > 1 && cfg.n_routed_experts == 0) return mt_error("train: --ep %d: the model has no routed experts", o.ep);
     if (o.ep > 1 && cfg.n_routed_experts % o.ep != 0)
         return mt_error("train: --ep %d does not divide the %d routed experts", o.ep, cfg.n_routed_experts);
+    if (o.tp > 1) {
+        const int dense_layers = cfg.n_routed_experts > 0 ? cfg.first_k_dense_replace : Lh;
+        if (cfg.num_attention_heads % o.tp || cfg.num_key_value_heads % o.tp)
+            return mt_error("train: --tp %d does not divide the attention heads (%d) and key/value heads (%d)", o.tp,
+                            cfg.num_attention_heads, cfg.num_key_value_heads);
+        if (dense_layers > 0 && cfg.intermediate_size % o.tp)
+            return mt_error("train: --tp %d does not divide intermediate_size %d of the dense FFN", o.tp,
+                            cfg.intermediate_size);
+        if (o.sp && o.seq % o.tp)
+            return mt_error("train: --sp splits the tokens of a sequence over TP: --seq %d is not a multiple of --tp %d",
+                            o.seq, o.tp);
+    }
     if (o.vpp > 1 && o.accum % o.pp != 0)
         return mt_error("train: the interleaved schedule (--vpp %d) needs --accum (micro-batches, %d) to be a multiple "
                         "of --pp %d", o.vpp, o.accum, o.pp);
@@ -575,21 +595,34 @@ int mt_train(const mt_train_opts *opts) {
     }
     sh.embed = d->pp_rank == 0;
     sh.head = d->pp_rank == o.pp - 1;
+    sh.tp_rank = d->tp_rank;
+    sh.tp_size = o.tp;
+    sh.sp = d->sp;
+    if (o.tp > 1) mt_tp_init(&r.tp, &d->tp, d->sp);
     if (o.ep > 1) {
         if (mt_ep_init(&r.ep, d->ep.comm, o.ranks_per_node, a2a_mode) != 0) { free(bounds); run_free(&r); return -1; }
         r.have_ep = 1;
     }
 
     /* model and state; with dist_opt the moments exist only for this rank's shards */
-    if (mt_model_init_shard(&r.m, &cfg, &sh, r.have_ep ? &r.ep.ops : NULL) != 0) { free(bounds); run_free(&r); return -1; }
+    if (mt_model_init_shard(&r.m, &cfg, &sh, r.have_ep ? &r.ep.ops : NULL, o.tp > 1 ? &r.tp.ops : NULL) != 0) {
+        free(bounds);
+        run_free(&r);
+        return -1;
+    }
     r.nfull_t = mt_model_layout(&cfg, NULL, NULL);
     r.full_t = mt_xcalloc((size_t)r.nfull_t, sizeof(mt_tensor));
     mt_model_layout(&cfg, r.full_t, &r.nfull);
     const size_t P = r.m.nparams;
-    r.reg[0] = (opt_region){.lo = 0, .n = r.m.n_dense, .g = &d->dp};
-    r.reg[1] = (opt_region){.lo = r.m.n_dense, .n = P - r.m.n_dense, .g = &d->edp};
+    /* TP slices over DP; replicated tensors over DP (x TP with SP, where every TP rank saw
+     * other tokens); routed experts over the expert-DP group */
+    r.reg[0] = (opt_region){.lo = 0, .n = r.m.n_tp, .g = &d->dp};
+    r.reg[1] = (opt_region){.lo = r.m.n_tp, .n = r.m.n_dense - r.m.n_tp, .g = d->sp ? &d->dpt : &d->dp};
+    r.reg[2] = (opt_region){.lo = r.m.n_dense, .n = P - r.m.n_dense, .g = &d->edp};
+    /* without SP the replicated tensors and experts are the same on every TP rank */
+    const int tp_dup[3] = {0, o.tp > 1 && !d->sp, o.tp > 1 && !d->sp};
     size_t opt_bytes = 0;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         opt_region *g = &r.reg[i];
         g->olo = g->lo;
         g->on = g->n;
@@ -655,7 +688,8 @@ int mt_train(const mt_train_opts *opts) {
     }
     const int policy = mt_recompute_parse(o.recompute ? o.recompute : "none");
     if (policy < 0) { free(bounds); run_free(&r); return -1; }
-    if (mt_pipe_init(&r.pipe, &cfg, o.pp, o.vpp, o.accum, d->pp_rank, bounds, o.batch, o.seq, nthr, policy) != 0) {
+    if (mt_pipe_init(&r.pipe, &cfg, o.pp, o.vpp, o.accum, d->pp_rank, bounds, o.batch, o.seq, nthr, policy, o.tp,
+                     d->sp) != 0) {
         free(bounds);
         run_free(&r);
         return -1;
@@ -699,7 +733,7 @@ int mt_train(const mt_train_opts *opts) {
                (double)r.pipe.acts_bytes / 1048576.0,
                (unsigned long long)mt_loader_tokens(r.train), r.val ? "" : " (no val split)");
         if (W > 1) {
-            printf("  layout: %d ranks = PP %d x DP %d", W, o.pp, D);
+            printf("  layout: %d ranks = PP %d x DP %d x TP %d%s", W, o.pp, D, o.tp, d->sp ? " (sequence parallel)" : "");
             if (o.vpp > 1) printf(", %d chunks per stage (interleaved schedule)", o.vpp);
             else if (o.pp > 1) printf(" (1F1B schedule)");
             if (o.ep > 1)
@@ -766,8 +800,9 @@ int mt_train(const mt_train_opts *opts) {
         const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
         const float bal_scale = 1.0f / (float)(o.batch * o.accum * D);
         mt_pipe_train(&r.pipe, &r.m, &d->pp, r.in, r.tg, r.pos, o.batch, o.seq, ce_scale, bal_scale, &st);
-        double ce_sum = st.ce_sum, bal[256];
-        for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] = st.bal_sum[l];
+        /* counted once: the balance terms are the same on every TP rank, and without SP so is CE */
+        double ce_sum = d->sp || d->tp_rank == 0 ? st.ce_sum : 0.0, bal[256];
+        for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] = d->tp_rank == 0 ? st.bal_sum[l] : 0.0;
         if (W > 1) { /* loss terms of the global batch: CE on the last stages, balance where each layer is */
             red[0] = ce_sum;
             for (int l = 0; l < cfg.num_hidden_layers; l++) red[1 + l] = bal[l];
@@ -781,7 +816,7 @@ int mt_train(const mt_train_opts *opts) {
         mt_trace_begin("comm.gradients");
         if (cfg.tie_word_embeddings && o.pp > 1 && (sh.embed || sh.head))
             mt_group_sum_f32(&d->emb, sh.embed ? r.m.d_embed : r.m.d_head, (size_t)cfg.vocab_size * cfg.hidden_size);
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 3; i++) {
             opt_region *g = &r.reg[i];
             if (o.dist_opt) mt_group_reduce_scatter(g->g, r.m.grads + g->lo, g->n, g->gshard);
             else mt_group_grad_allreduce(g->g, r.m.grads + g->lo, g->n, bucket_bytes);
@@ -791,8 +826,9 @@ int mt_train(const mt_train_opts *opts) {
         /* every parameter counted once: its shard (dist_opt), or the copy of DP index 0
          * (experts: expert-DP index 0); the tied embedding's replica never */
         double ss = 0;
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 3; i++) {
             opt_region *g = &r.reg[i];
+            if (tp_dup[i] && d->tp_rank != 0) continue;
             if (o.dist_opt) {
                 ss += mt_sumsq(g->gshard, g->on);
             } else if (g->g->rank == 0) {
@@ -804,12 +840,12 @@ int mt_train(const mt_train_opts *opts) {
             const mt_tensor *t = NULL;
             for (int i = 0; i < r.m.ntensors; i++)
                 if (r.m.tensors[i].replica) t = &r.m.tensors[i];
-            MT_ASSERT(t && t->offset + t->numel <= r.reg[0].lo + r.reg[0].n);
-            opt_region *g = &r.reg[0];
+            MT_ASSERT(t && t->offset >= r.reg[1].lo && t->offset + t->numel <= r.reg[1].lo + r.reg[1].n);
+            opt_region *g = &r.reg[1];
             size_t a0 = o.dist_opt ? (t->offset > g->olo ? t->offset : g->olo) : t->offset;
             size_t b0 = o.dist_opt ? (t->offset + t->numel < g->olo + g->on ? t->offset + t->numel : g->olo + g->on)
                                    : t->offset + t->numel;
-            if (a0 < b0 && (o.dist_opt || g->g->rank == 0))
+            if (a0 < b0 && (o.dist_opt || g->g->rank == 0) && !(tp_dup[1] && d->tp_rank != 0))
                 ss -= mt_sumsq(o.dist_opt ? g->gshard + (a0 - g->olo) : r.m.grads + a0, b0 - a0);
         }
         mt_group_sum_f64(&d->all, &ss, 1);
@@ -840,7 +876,7 @@ int mt_train(const mt_train_opts *opts) {
             float gscale = (o.clip > 0 && gnorm > o.clip) ? (float)(o.clip / (gnorm + 1e-6)) : 1.0f;
             ++r.opt_step;
             mt_trace_begin("optimizer");
-            for (int i = 0; i < 2; i++) {
+            for (int i = 0; i < 3; i++) {
                 opt_region *g = &r.reg[i];
                 const float *gr = o.dist_opt ? g->gshard : r.m.grads + g->olo;
                 mt_adamw_multi(r.m.params + g->olo, gr, g->m, g->v, g->nt, g->t_off, g->t_len, g->t_decay,
@@ -850,7 +886,7 @@ int mt_train(const mt_train_opts *opts) {
             mt_trace_end();
             if (o.dist_opt) {
                 mt_trace_begin("comm.params");
-                for (int i = 0; i < 2; i++) mt_group_allgather(r.reg[i].g, r.m.params + r.reg[i].lo, r.reg[i].n);
+                for (int i = 0; i < 3; i++) mt_group_allgather(r.reg[i].g, r.m.params + r.reg[i].lo, r.reg[i].n);
                 mt_trace_end();
             }
         }
@@ -918,7 +954,7 @@ int mt_train(const mt_train_opts *opts) {
         if (o.load_every > 0 && n_moe > 0 && (step % o.load_every == 0 || step == o.steps)) {
             const int E = cfg.n_routed_experts;
             memset(load, 0, sizeof(int64_t) * (size_t)cfg.num_hidden_layers * E);
-            mt_pipe_load(&r.pipe, &cfg, load);
+            if (d->sp || d->tp_rank == 0) mt_pipe_load(&r.pipe, &cfg, load); /* without SP: TP ranks route the same tokens */
             /* the global batch's load: each layer counted by the stage that holds it, over DP */
             mt_group_sum_i64(&d->all, load, (size_t)cfg.num_hidden_layers * E);
             if (root) {
@@ -967,10 +1003,10 @@ int mt_train(const mt_train_opts *opts) {
         size_t rss = mt_peak_rss();
         fprintf(r.metrics,
                 "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
-                "\"peak_rss_bytes\":%zu,\"dp\":%d,\"pp\":%d,\"vpp\":%d,\"ep\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,"
+                "\"peak_rss_bytes\":%zu,\"dp\":%d,\"tp\":%d,\"sp\":%s,\"pp\":%d,\"vpp\":%d,\"ep\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,"
                 "\"activation_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
                 "\"step_time_s\":%.6f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
-                o.steps, tps, mfu, wait, peak, rss, D, o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
+                o.steps, tps, mfu, wait, peak, rss, D, o.tp, d->sp ? "true" : "false", o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
                 r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, last_good);
         for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[i]);
         fprintf(r.metrics, "]}\n");

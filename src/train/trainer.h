@@ -41,7 +41,8 @@ typedef struct {
     int quiet;
     int dist_opt;            /* ZeRO-1: shard the AdamW state and update over DP */
     double bucket_mb;        /* gradient all-reduce bucket size in MiB (default 25) */
-    int pp, vpp, ep;         /* pipeline stages, chunks per stage, expert-parallel size */
+    int pp, vpp, ep, tp;     /* pipeline stages, chunks per stage, expert-parallel size, tensor-parallel size */
+    int sp;                  /* sequence parallelism (with tp > 1) */
     const char *split;       /* layers per virtual stage ("3,2,2,1"); NULL = even */
     const char *a2a;         /* "hier" (default) or "flat" */
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
