@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "dist/dist.h"
 
 void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, mt_ep_count *c) {
@@ -59,7 +60,10 @@ static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const int32_t
     float *xe = NULL;
     mt_ep_count_rows(&e->a2a, sel, N, K, E, &pp->rows);
     add_count(e, pp);
-    if (mt_a2a_dispatch(&e->a2a, e->mode, p, &xe, x, sel, w, N, K, C, E) != 0) {
+    mt_trace_begin("comm.a2a");
+    int rc = mt_a2a_dispatch(&e->a2a, e->mode, p, &xe, x, sel, w, N, K, C, E);
+    mt_trace_end();
+    if (rc != 0) {
         char msg[1200];
         snprintf(msg, sizeof msg, "expert-parallel dispatch failed: %s", mt_last_error());
         mt_dist_abort(msg);
@@ -75,27 +79,35 @@ static void ep_combine(void *ctx, const mt_ep_batch *b, float *out, const float 
     mt_ep *e = ctx;
     const ep_plan *pp = b->plan;
     add_count(e, pp);
+    mt_trace_begin("comm.a2a");
     mt_a2a_combine(&e->a2a, &pp->plan, out, y, pp->plan.w);
+    mt_trace_end();
 }
 
 static void ep_gather(void *ctx, const mt_ep_batch *b, float *xr, const float *x) {
     mt_ep *e = ctx;
     const ep_plan *pp = b->plan;
     add_count(e, pp);
+    mt_trace_begin("comm.a2a");
     mt_a2a_gather(&e->a2a, &pp->plan, xr, x);
+    mt_trace_end();
 }
 
 static void ep_dispatch_bwd(void *ctx, const mt_ep_batch *b, float *dx, const float *dxe) {
     mt_ep *e = ctx;
     const ep_plan *pp = b->plan;
     add_count(e, pp);
+    mt_trace_begin("comm.a2a");
     mt_a2a_dispatch_bwd(&e->a2a, &pp->plan, dx, dxe);
+    mt_trace_end();
 }
 
 static void ep_to_source(void *ctx, const mt_ep_batch *b, float *vs, const float *v) {
     mt_ep *e = ctx;
     const ep_plan *pp = b->plan;
+    mt_trace_begin("comm.a2a");
     mt_a2a_to_source(&e->a2a, &pp->plan, vs, v);
+    mt_trace_end();
 }
 
 static void ep_release(void *ctx, mt_ep_batch *b) {

@@ -712,7 +712,8 @@ int mt_train(const mt_train_opts *opts) {
 
     /* the GEMM peak of one rank (MFU denominator: ranks x this) */
     /* the start-up measurement is low on a busy machine; --peak-gflops pins the denominator */
-    if (o.profile) mt_trace_enable(d->rank, (size_t)(o.steps - start_step + 1) * (size_t)(cfg.num_hidden_layers * 4 + 16) * o.accum);
+    if (o.profile)
+        mt_trace_enable(d->rank, (size_t)(o.steps - start_step + 1) * (size_t)(cfg.num_hidden_layers * 24 + 32) * o.accum);
     const double peak = o.peak_gflops > 0 ? o.peak_gflops : root ? mt_gemm_gflops(1024, 0.3) : 0.0;
     const double flops_tok = mt_model_flops_per_token(&cfg, o.seq);
     const double act_params = mt_model_active_params(&cfg);
@@ -774,6 +775,7 @@ int mt_train(const mt_train_opts *opts) {
     int64_t *load = n_moe > 0 ? mt_xmalloc(sizeof(int64_t) * (size_t)cfg.num_hidden_layers * cfg.n_routed_experts) : NULL;
     double *red = mt_xmalloc(sizeof(double) * (size_t)(cfg.num_hidden_layers + 1));
     mt_a2a_bytes a2a_prev = {0};
+    double prof_sum[9] = {0}; /* --profile: the breakdown summed over the steady-state steps */
     for (int step = start_step + 1; step <= o.steps; step++) {
         double t0 = mt_now(), c0 = mt_cpu_time();
         d->comm_s = 0;
@@ -806,7 +808,11 @@ int mt_train(const mt_train_opts *opts) {
         if (W > 1) { /* loss terms of the global batch: CE on the last stages, balance where each layer is */
             red[0] = ce_sum;
             for (int l = 0; l < cfg.num_hidden_layers; l++) red[1 + l] = bal[l];
+            /* the first collective over every rank after the schedule: a stage that finished
+             * early waits here for the pipeline to drain (part of the bubble) */
+            mt_trace_begin("comm.pipeline.flush");
             mt_group_sum_f64(&d->all, red, (size_t)cfg.num_hidden_layers + 1);
+            mt_trace_end();
             ce_sum = red[0];
             for (int l = 0; l < cfg.num_hidden_layers; l++) bal[l] = red[1 + l];
         }
@@ -892,12 +898,22 @@ int mt_train(const mt_train_opts *opts) {
         }
         mt_trace_end(); /* step */
         double dt = mt_now() - t0, comm = d->comm_s;
-        if (o.profile && !o.quiet) {
-            double cf = mt_trace_total("fwd."), cb = mt_trace_total("bwd."), cm = mt_trace_total("comm.");
+        if (o.profile) {
+            /* the TP collectives and all-to-alls run inside the forward and backward spans;
+             * nothing overlaps them yet, so all communication time is exposed */
+            double cf = mt_trace_total("fwd."), cb = mt_trace_total("bwd.");
+            double ctp = mt_trace_total("comm.tp"), ca2a = mt_trace_total("comm.a2a");
+            double cpp = mt_trace_total("comm.pipeline"), cg = mt_trace_total("comm.gradients");
+            double cpar = mt_trace_total("comm.params");
             double op = mt_trace_total("optimizer"), da = mt_trace_total("data");
-            printf("  profile rank %d step %d: forward %.3f s, backward %.3f s, communication %.3f s "
-                   "(expert all-to-all inside forward/backward: %.3f s), optimizer %.3f s, data %.3f s, other %.3f s\n",
-                   d->rank, step, cf, cb, cm, comm - cm > 0 ? comm - cm : 0.0, op, da, dt - cf - cb - cm - op - da);
+            double comp = cf + cb - ctp - ca2a;
+            double prof[9] = {comp, ctp, ca2a, cpp, cg, cpar, op, da, dt - comp - ctp - ca2a - cpp - cg - cpar - op - da};
+            if (step > start_step + 1)
+                for (int i = 0; i < 9; i++) prof_sum[i] += prof[i];
+            if (!o.quiet)
+                printf("  profile rank %d step %d: compute %.3f s | exposed comm: TP %.3f, all-to-all %.3f, pipeline "
+                       "wait (bubble + p2p) %.3f, gradients %.3f, params %.3f s | optimizer %.3f | data %.3f | other %.3f\n",
+                       d->rank, step, prof[0], prof[1], prof[2], prof[3], prof[4], prof[5], prof[6], prof[7], prof[8]);
         }
         double wait = 1.0 - (mt_cpu_time() - c0) / (nthr * dt);
         if (wait < 0) wait = 0;
@@ -988,6 +1004,23 @@ int mt_train(const mt_train_opts *opts) {
     } else if (rc == 0) {
         int final_step = o.steps;
         if (save_checkpoint(&o, &r, d, final_step, samples, bad, last_good, sizeof last_good) != 0) rc = -1;
+    }
+    /* --profile: every rank's mean breakdown per step, into the metrics (rank 0 writes) */
+    if (rc == 0 && o.profile) {
+        double *all = root ? mt_xmalloc(sizeof(double) * 9 * (size_t)d->size) : NULL;
+        for (int i = 0; i < 9; i++) prof_sum[i] /= steps_timed > 0 ? steps_timed : 1;
+        if (d->size > 1) MPI_Gather(prof_sum, 9, MPI_DOUBLE, all, 9, MPI_DOUBLE, 0, d->world);
+        else memcpy(all, prof_sum, sizeof prof_sum);
+        if (root) {
+            static const char *const nm[9] = {"compute", "tp", "a2a", "pipeline_wait", "gradients", "params",
+                                              "optimizer", "data", "other"};
+            for (int rk = 0; rk < d->size; rk++) {
+                fprintf(r.metrics, "{\"event\":\"profile\",\"rank\":%d,\"pp_rank\":%d", rk, rk / (o.tp * D));
+                for (int i = 0; i < 9; i++) fprintf(r.metrics, ",\"%s_s\":%.6f", nm[i], all[(size_t)rk * 9 + i]);
+                fprintf(r.metrics, "}\n");
+            }
+        }
+        free(all);
     }
     /* peak RSS of every rank, for the summary (the planner's memory model is per rank) */
     int64_t *rss_all = mt_xcalloc((size_t)d->size, sizeof(int64_t));
