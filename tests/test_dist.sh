@@ -11,26 +11,8 @@
 #     non-zero exit within seconds instead of hanging
 # Usage: bash tests/test_dist.sh path/to/moetrain   (skips with 77 when mpirun is missing)
 set -euo pipefail
-MT=$(realpath "$1")
-if ! command -v mpirun >/dev/null 2>&1; then
-    echo "SKIP: mpirun not found (apt-get install openmpi-bin): the MPI tests did not run"
-    exit 77
-fi
-T=${MT_TEST_TMP:-/tmp}/test_dist.$$
-rm -rf "$T"; mkdir -p "$T"
-T=$(realpath "$T")
-trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
-passed=0
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-
-export OMP_NUM_THREADS=1
-MPI=(mpirun)
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-    MPI+=(--oversubscribe)
-    [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-fi
-run() { local n=$1; shift; "${MPI[@]}" -np "$n" "$MT" "$@"; }
+NAME=test_dist
+source "$(dirname "$0")/lib/mpi.sh"
 
 "$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
 common=(--config demo --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --threads 1)

@@ -11,26 +11,8 @@
 # run; impossible layouts are refused naming the constraint.
 # Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
 set -euo pipefail
-MT=$(realpath "$1")
-if ! command -v mpirun >/dev/null 2>&1; then
-    echo "SKIP: mpirun not found (apt-get install openmpi-bin): the MPI tests did not run"
-    exit 77
-fi
-T=${MT_TEST_TMP:-/tmp}/test_parallel.$$
-rm -rf "$T"; mkdir -p "$T"
-T=$(realpath "$T")
-trap 'rm -rf "$T"' EXIT
-passed=0
-fail() { echo "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-
-export OMP_NUM_THREADS=1
-MPI=(mpirun)
-if mpirun --version 2>&1 | grep -q "Open MPI"; then
-    MPI+=(--oversubscribe)
-    [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-fi
-run() { local n=$1; shift; "${MPI[@]}" -np "$n" "$MT" "$@"; }
+NAME=test_parallel
+source "$(dirname "$0")/lib/mpi.sh"
 
 "$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
 SRC=${MT_SRC:-$(dirname "$0")/..}
