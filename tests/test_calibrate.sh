@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `moetrain bench --calibrate` (issue 4 item 4, docs/PLAN.md "Calibration"): the measured
 # cluster file parses, holds positive numbers, loads in `moetrain plan`, and (under
-# mpirun, when present) records 2 devices on one node with measured links. Prints a
+# mpirun, when present) records 2 devices on one node with measured links and collectives
+# (the cpu and mpi sections: docs/PLAN.md "Calibration"). Prints a
 # predicted-vs-measured step time of the "small" config on one process (not asserted).
 #
 # Usage: bash tests/test_calibrate.sh /path/to/moetrain
@@ -44,8 +45,18 @@ c = d["efficiency"]["gemm_curve"]
 assert 2 <= len(c) <= 16, c
 assert all(0 < e <= 1 for _, e in c) and all(a[0] < b[0] for a, b in zip(c, c[1:])), c
 assert max(r[3] for r in d["measured"]["sgemm_gflops"]) <= 1000 * d["peak_tflops"]["fp32"] * 1.001
+cpu = d["cpu"]
+assert cpu["cores_per_node"] >= 1 and len(cpu["by_threads"]) >= 1, cpu
+assert all(e["threads"] >= 1 and e["peak_tflops"] > 0 and e["memory_bw_gbs"] > 0 and e["reserve_mb"] >= 0
+           and 0 < e["attention"] <= 1 and len(e["gemm_curve"]) >= 1 for e in cpu["by_threads"]), cpu
 if want_dev > 1:
     assert d["measured"]["alltoall"]["per_rank_gbs"] > 0 and d["measured"]["pingpong_intra"]["bw_gbs"] > 0
+    m = d["mpi"]
+    assert m["ranks"] == want_dev and m["per_peer_mb"] >= 0, m
+    assert all(m[k + "_bw_gbs"] > 0 for k in ("allreduce", "reduce_scatter", "allgather")), m
+    assert all(m[k + "_scratch"] >= 0 for k in ("allreduce", "reduce_scatter", "allgather", "reduce")), m
+else:
+    assert "mpi" not in d
 EOF
 }
 
@@ -77,7 +88,7 @@ elif grep -q "error" "$TMP/err.log"; then ok "unwritable path is an error"; else
 if command -v mpirun >/dev/null 2>&1; then
     MPI=(mpirun)
     if mpirun --version 2>&1 | grep -q "Open MPI"; then
-        MPI+=(--oversubscribe)
+        MPI+=(--oversubscribe --bind-to none)  # both ranks may use both cores, as the trainer runs
         [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
     fi
     OUT2="$TMP/cal2.json"

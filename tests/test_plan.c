@@ -310,6 +310,95 @@ static void test_search_and_cli(void) {
     CHECK(mt_cmd_plan(12, a4) != 0, "718B on 64 devices should not fit");
 }
 
+
+/* ---------------------------------------------------------------- a calibrated CPU machine */
+
+/* A calibrated file's cpu and mpi sections: a device is a rank with its threads sharing the
+ * node's cores, and the planner's trainer mode counts what the trainer allocates. */
+static void test_trainer_mode(void) {
+    static const char *cpu_json =
+        "{\"name\": \"cpu2\", \"devices\": 1, \"devices_per_node\": 1, \"peak_tflops\": {\"bf16\": 0.2, \"fp32\": 0.2},"
+        " \"memory_gb\": 24, \"memory_bw_gbs\": 40, \"intra_node\": {\"bw_gbs\": 10, \"latency_us\": 1},"
+        " \"inter_node\": {\"bw_gbs\": 10, \"latency_us\": 1}, \"efficiency\": {\"attention\": 0.5, \"memory\": 1},"
+        " \"cpu\": {\"cores_per_node\": 2, \"by_threads\": ["
+        "   {\"threads\": 1, \"peak_tflops\": 0.1, \"memory_bw_gbs\": 30, \"attention\": 0.5, \"reserve_mb\": 20,"
+        "    \"gemm_curve\": [[0.01, 0.8], [1, 0.9]]},"
+        "   {\"threads\": 2, \"peak_tflops\": 0.19, \"memory_bw_gbs\": 40, \"attention\": 0.45, \"reserve_mb\": 40,"
+        "    \"gemm_curve\": [[0.01, 0.7], [1, 0.9]]}]},"
+        " \"mpi\": {\"per_peer_mb\": 2, \"allreduce_bw_gbs\": 3, \"reduce_scatter_bw_gbs\": 1, \"allgather_bw_gbs\": 3,"
+        "   \"allreduce_scratch\": 0.5, \"reduce_scatter_scratch\": 1.5, \"allgather_scratch\": 0, \"reduce_scratch\": 1}}";
+    mt_cluster base, cl;
+    MT_ASSERT(mt_cluster_parse(&base, cpu_json, "cpu2") == 0);
+    CHECK(base.ncpu == 2 && base.cores == 2 && fabs(base.red_scratch - 1) < 1e-12, "cpu/mpi sections parsed");
+    /* shares: 1 rank x 2 threads = the 2-thread figures; 2 x 1 = the 1-thread ones; 4 x 1 on
+     * 2 cores = half of them; 1 x 4 = the 2-thread figures (time slicing) */
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 2, 1) == 0);
+    CHECK(fabs(cl.peak_fp32 - 0.19e12) < 1 && fabs(cl.reserved_bytes - 40 * 1048576.0) < 1, "1x2: %g", cl.peak_fp32);
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 1, 2) == 0);
+    CHECK(fabs(cl.peak_fp32 - 0.1e12) < 1 && cl.dev_share == 1 && cl.per_node == 2, "2x1: %g", cl.peak_fp32);
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 1, 4) == 0);
+    CHECK(fabs(cl.peak_fp32 - 0.05e12) < 1 && fabs(cl.ar_bw - 1.5e9) < 1 && fabs(cl.mem_bw - 15e9) < 1,
+          "4x1 on 2 cores: %g", cl.peak_fp32);
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 4, 1) == 0);
+    CHECK(fabs(cl.peak_fp32 - 0.19e12) < 1, "1x4 on 2 cores: %g", cl.peak_fp32);
+    mt_cluster gpu;
+    load_cluster(&gpu, "configs/clusters/h100.json");
+    CHECK(mt_cluster_for_device(&gpu, 1, 1) != 0, "no cpu section: refused");
+
+    /* memory: fp32 weights, grads and two moments (16 B a parameter, as the trainer), the
+     * arena of model.c, the reserve; the checkpoint peak on top */
+    mt_config c;
+    load_config(&c, "configs/small.json");
+    size_t np = 0;
+    mt_model_layout(&c, NULL, &np);
+    mt_plan_settings st;
+    mt_plan_settings_default(&st);
+    st.seq = 256;
+    st.elt = 4;
+    st.trainer = 1;
+    st.threads = 2;
+    st.devices = 1;
+    st.dist_opt = 0;
+    st.global_seqs = 4;
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 2, 1) == 0);
+    mt_layout l;
+    MT_ASSERT(mt_layout_parse(&l, "mb=4,rc=selective") == 0);
+    mt_plan_result r;
+    mt_plan_eval(&c, &cl, &st, &l, &r);
+    const double arena = (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_NONE);
+    CHECK(r.reason == MT_PLAN_OK && r.mem_weights == 4.0 * np && r.mem_grads == 4.0 * np && r.mem_opt == 8.0 * np,
+          "trainer: 4+4+8 B a parameter (%g %g %g, %zu params)", r.mem_weights, r.mem_grads, r.mem_opt, np);
+    CHECK(r.mem_acts == arena && r.mem_work == 0, "trainer arena %g vs mt_acts_bytes_policy %g", r.mem_acts, arena);
+    CHECK(fabs(r.mem_step - (16.0 * np + arena + 40 * 1048576.0)) < 1, "step peak %g", r.mem_step);
+    CHECK(fabs(r.mem_ckpt - (r.mem_step + 8.0 * np + 16.0 * np)) < 1 && r.mem_total == r.mem_ckpt,
+          "checkpoint peak %g (step %g)", r.mem_ckpt, r.mem_step);
+    /* the trainer's --recompute selective = the planner's selective-gemm: its arena, more time */
+    mt_layout lg;
+    MT_ASSERT(mt_layout_parse(&lg, "mb=4,rc=selective-gemm") == 0 && lg.rc == MT_RC_SELECTIVE_GEMM);
+    mt_plan_result rg;
+    mt_plan_eval(&c, &cl, &st, &lg, &rg);
+    CHECK(rg.mem_acts == (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_SELECTIVE) && rg.mem_acts < r.mem_acts &&
+          rg.t_compute > r.t_compute * 1.02, "selective-gemm: %g B, %g s vs %g B, %g s", rg.mem_acts, rg.t_compute,
+          r.mem_acts, r.t_compute);
+    /* DP2 with ZeRO-1: half the moments, a gradient shard, the reduce-scatter's scratch of
+     * the largest region; the checkpoint adds MPI_Reduce's scratch on rank 0 */
+    st.devices = 2;
+    st.threads = 1;
+    st.dist_opt = 1;
+    st.global_seqs = 8;
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 1, 2) == 0);
+    mt_plan_eval(&c, &cl, &st, &l, &r);
+    CHECK(r.l.dp == 2 && fabs(r.mem_opt - 4.0 * np) < 8 && r.mem_comm > 2.0 * np + 2 * 1048576.0 &&
+          r.mem_ckpt > r.mem_step && r.t_dp > 0 && r.t_opt > 0, "DP2 ZeRO-1: opt %g comm %g dp %g", r.mem_opt,
+          r.mem_comm, r.t_dp);
+}
+
 int main(void) {
     snprintf(src_dir, sizeof src_dir, "%s", __FILE__);
     char *slash = strrchr(src_dir, '/');
@@ -321,6 +410,7 @@ int main(void) {
     test_schedules();
     test_published_runs();
     test_search_and_cli();
+    test_trainer_mode();
     if (failures) {
         printf("test_plan: %d FAILED\n", failures);
         return 1;

@@ -376,19 +376,22 @@ int mt_cmd_bench(int argc, char **argv) {
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("bench", "[--config NAME --batch B --seq T --steps N]  |  --calibrate OUT.json [--quick]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
-    mt_set_threads(threads > 0 ? threads : mt_get_threads());
     if (calibrate) {
         if (config) {
             mt_error("moetrain bench: --calibrate and --config are separate runs");
             return mt_cli_fail();
         }
-        /* under mpirun the calibration also measures the links between ranks */
+        /* under mpirun the calibration also measures the links between ranks; MPI first,
+         * so that the threads are placed as the trainer places them (dist.c turns the
+         * pinning off when ranks share a node) */
         const int mpi = mt_calibrate_under_mpi();
         if (mpi && mt_dist_init(&argc, &argv) != 0) return mt_cli_fail();
+        mt_set_threads(threads > 0 ? threads : mt_get_threads());
         rc = mt_calibrate(calibrate, quick);
         if (mpi) mt_dist_finalize();
         return rc ? mt_cli_fail() : 0;
     }
+    mt_set_threads(threads > 0 ? threads : mt_get_threads());
     printf("BLAS kernel %s, %d threads\n", mt_blas_corename(), mt_get_threads());
     double peak = 0;
     for (int n = 512; n <= 2048; n *= 2) {

@@ -48,8 +48,8 @@ static int parse_batch(const char *s, int T, long long *seqs) {
 
 int mt_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *gb = NULL, *layout = NULL, *dtype = "bf16", *optim = "adamw";
-    int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0;
-    double imbalance = 0;
+    int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0, threads = 0, per_node = 0;
+    double imbalance = 0, bucket_mb = 25;
     mt_arg specs[] = {
         {"model", MT_ARG_STR, &model, "model config.json or preset name (required)", NULL},
         {"config", MT_ARG_STR, &model, "same as --model", NULL},
@@ -57,6 +57,9 @@ int mt_cmd_plan(int argc, char **argv) {
         {"seq", MT_ARG_INT, &T, "sequence length (default 8192)", NULL},
         {"global-batch", MT_ARG_STR, &gb, "sequences per step (1536, 1536seq) or tokens (12.5Mtok); default 16M tokens", NULL},
         {"devices", MT_ARG_INT, &devices, "devices (overrides the cluster file)", NULL},
+        {"devices-per-node", MT_ARG_INT, &per_node, "devices per node (overrides the cluster file; calibrated CPU files: default all devices on one node)", NULL},
+        {"threads", MT_ARG_INT, &threads, "calibrated CPU files: threads per device (rank); default the most measured", NULL},
+        {"bucket-mb", MT_ARG_DBL, &bucket_mb, "calibrated CPU files: the trainer's gradient all-reduce bucket in MiB (default 25)", NULL},
         {"dtype", MT_ARG_STR, &dtype, "bf16 (default; fp32 master weights and gradients) or fp32", NULL},
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
@@ -84,6 +87,26 @@ int mt_cmd_plan(int argc, char **argv) {
     st.seq = T;
     st.devices = devices > 0 ? devices : cl.devices;
     st.dist_opt = !no_dist_opt;
+    if (per_node < 0 || threads < 0 || !(bucket_mb > 0)) {
+        mt_error("moetrain plan: --devices-per-node, --threads and --bucket-mb must be positive");
+        return mt_cli_fail();
+    }
+    if (threads > 0 && cl.ncpu == 0) {
+        mt_error("moetrain plan: --threads needs a cluster file with a cpu section (moetrain bench --calibrate)");
+        return mt_cli_fail();
+    }
+    if (cl.ncpu > 0) {
+        /* a calibrated CPU machine: a device is one rank of the moetrain trainer with its
+         * threads; ranks share the node's cores */
+        int pn = per_node > 0 ? per_node : st.devices;
+        if (mt_cluster_for_device(&cl, threads > 0 ? threads : cl.cpu[cl.ncpu - 1].threads, pn) != 0)
+            return mt_cli_fail();
+        st.trainer = !strcmp(dtype, "fp32");
+        st.threads = cl.dev_threads;
+        st.bucket_bytes = bucket_mb * 1048576.0;
+    } else if (per_node > 0) {
+        cl.per_node = per_node;
+    }
     if (imbalance != 0) {
         if (imbalance < 1) {
             mt_error("moetrain plan: --imbalance must be >= 1 (got %g)", imbalance);

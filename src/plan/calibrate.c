@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,11 @@ static float *cal_fill(size_t n, uint64_t seed) {
     return a;
 }
 
-static void cal_gemm(cal_meas *m, int quick) {
+static double cal_status_kb(const char *key);
+
+/* reserve: the resident bytes that are not the measurement's own buffers, read while they
+ * are live (binary, libraries, BLAS / OpenMP per-thread buffers, MPI, allocator slack) */
+static void cal_gemm(cal_meas *m, int quick, double *reserve) {
     const double bud = quick ? 0.03 : 0.25;
     const int nm = quick ? CAL_NM - 1 : CAL_NM; /* --quick: no M = 4096 */
     size_t in_max = 0, w_max = 0, out_max = 0;
@@ -60,6 +65,7 @@ static void cal_gemm(cal_meas *m, int quick) {
             MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
             m->gemm[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
         }
+    if (reserve) *reserve = cal_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
     mt_free(x); mt_free(W); mt_free(y);
 }
 
@@ -105,6 +111,27 @@ static void cal_memory(cal_meas *m, int quick) {
     mt_free(a); mt_free(b); mt_free(g); mt_free(v);
 }
 
+/* A "Key:   123 kB" line of /proc/self/status, in kB (0 if missing). */
+static double cal_status_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0) { kb = strtod(line + n, NULL); break; }
+    fclose(f);
+    return kb;
+}
+
+/* Resets VmHWM to the current VmRSS (Linux >= 4.0); 0 on success. */
+static int cal_reset_hwm(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
 /* MemTotal and MemAvailable in bytes; -1 if /proc/meminfo cannot be read. */
 static int cal_meminfo(double *total, double *avail) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -119,6 +146,8 @@ static int cal_meminfo(double *total, double *avail) {
     fclose(f);
     return *total > 0 ? 0 : -1;
 }
+
+static double r4(double x);
 
 /* ---- MPI -------------------------------------------------------------------------- */
 
@@ -180,6 +209,117 @@ static double cal_alltoall(mt_dist *d, size_t block, int reps) {
     return best;
 }
 
+/* The ranks other than 0 wait without spinning (a blocking MPI call polls and would take
+ * a core from the rank that measures alone). */
+static void cal_quiet_barrier(mt_dist *d) {
+    MPI_Request req;
+    MPI_Ibarrier(d->world, &req);
+    int done = 0;
+    while (!done) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (!done) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* One collective as the trainer calls it: time of the slowest rank (best of reps after a
+ * warm-up) and its temporary memory (VmHWM over VmRSS before the call, max over ranks). */
+enum { COLL_ALLREDUCE = 0, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_REDUCE, COLL_N };
+static const char *const coll_name[COLL_N] = {"allreduce", "reduce_scatter", "allgather", "reduce"};
+
+static void cal_collective(MPI_Comm comm, int which, size_t bytes, int reps, double *secs, double *scratch) {
+    int crank, csize;
+    MPI_Comm_rank(comm, &crank);
+    MPI_Comm_size(comm, &csize);
+    const size_t n = bytes / sizeof(float), g = (size_t)csize;
+    float *x = mt_alloc(n * sizeof(float)), *shard = mt_alloc((n / g + 1) * sizeof(float));
+    int *cnt = mt_xmalloc(sizeof(int) * g * 2), *dis = cnt + g;
+    for (size_t r = 0; r < g; r++) {
+        size_t lo = n * r / g, hi = n * (r + 1) / g;
+        cnt[r] = (int)(hi - lo);
+        dis[r] = (int)lo;
+    }
+    double best = INFINITY, extra = 0;
+    for (int i = 0; i < reps + 1; i++) {
+        double rss = cal_status_kb("VmRSS:");
+        int hwm_ok = cal_reset_hwm() == 0;
+        MPI_Barrier(comm);
+        double t0 = MPI_Wtime();
+        if (which == COLL_ALLREDUCE) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, comm);
+        else if (which == COLL_REDUCE_SCATTER) MPI_Reduce_scatter(x, shard, cnt, MPI_FLOAT, MPI_SUM, comm);
+        else if (which == COLL_ALLGATHER) MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, cnt, dis, MPI_FLOAT, comm);
+        else if (crank == 0) MPI_Reduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, 0, comm); /* to a root */
+        else MPI_Reduce(x, NULL, (int)n, MPI_FLOAT, MPI_SUM, 0, comm);
+        double t = MPI_Wtime() - t0;
+        double hwm = cal_status_kb("VmHWM:");
+        double e = hwm_ok && hwm > rss ? (hwm - rss) * 1024.0 : 0;
+        if (e > extra) extra = e;
+        if (i > 0 && t < best) best = t; /* the first one is a warm-up */
+    }
+    double v[2] = {best, extra};
+    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, comm);
+    *secs = v[0];
+    *scratch = v[1] / (double)bytes;
+    mt_free(x);
+    mt_free(shard);
+    free(cnt);
+}
+
+/* ---- curve ------------------------------------------------------------------------ */
+
+/* peak = the best SGEMM; curve = rate / peak binned by FLOPs per call (log-spaced,
+ * FLOP-weighted); attention efficiency against that peak. Returns the curve points. */
+static int cal_curve(const cal_meas *m, double *peak_out, double *gflop, double *eff, double *att_out, int *natt_out) {
+    double peak = 0, lo = INFINITY, hi = 0;
+    for (int i = 0; i < CAL_NG; i++) {
+        if (m->gemm[i] <= 0) continue;
+        double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
+        if (m->gemm[i] > peak) peak = m->gemm[i];
+        if (f < lo) lo = f;
+        if (f > hi) hi = f;
+    }
+    enum { NB = 10 };
+    double bf[NB] = {0}, bt[NB] = {0}, blog[NB] = {0};
+    int bn[NB] = {0};
+    const double w = (log10(hi) - log10(lo)) / NB;
+    for (int i = 0; i < CAL_NG; i++) {
+        if (m->gemm[i] <= 0) continue;
+        double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
+        int b = w > 0 ? (int)((log10(f) - log10(lo)) / w) : 0;
+        if (b >= NB) b = NB - 1;
+        bf[b] += f;
+        bt[b] += f / (m->gemm[i] * 1e9); /* seconds: the bin's efficiency is FLOP-weighted */
+        blog[b] += log10(f);
+        bn[b]++;
+    }
+    int n = 0;
+    double last = 0;
+    for (int b = 0; b < NB; b++) {
+        if (!bn[b]) continue;
+        double g = r4(pow(10, blog[b] / bn[b]) * 1e-9), e = r4(fmin(1.0, bf[b] / bt[b] * 1e-9 / peak));
+        if (!(g > last)) continue; /* rounding merged two bins */
+        last = g;
+        gflop[n] = g;
+        eff[n++] = e;
+    }
+    /* attention: the planner counts backward = 2 x forward, so its efficiency is 3 x fwd
+     * FLOPs / (fwd + bwd time); the mean over the measured T */
+    double att = 0;
+    int natt = 0;
+    for (int i = 0; i < CAL_NT; i++) {
+        if (m->att_f[i] <= 0) continue;
+        double ff = cal_att_flops(CAL_T[i]), t = ff / (m->att_f[i] * 1e9) + 2.5 * ff / (m->att_b[i] * 1e9);
+        att += 3 * ff / t * 1e-9 / peak;
+        natt++;
+    }
+    *att_out = fmin(1.0, natt ? att / natt : 0.5);
+    if (natt_out) *natt_out = natt;
+    *peak_out = peak;
+    return n;
+}
+
 /* ---- output ----------------------------------------------------------------------- */
 
 static double r4(double x) { /* 4 significant digits: readable files */
@@ -219,16 +359,42 @@ int mt_calibrate(const char *path, int quick) {
         printf("\n");
         fflush(stdout);
     }
+    /* 1. one rank alone on the node with 1, 2, 4 ... cores threads (the others sleep):
+     * what a device of `threads` threads gets when the node is not shared */
+    const int cal_threads = mt_get_threads();
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), aff = cores;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) aff = CPU_COUNT(&set);
+    if (cores < 1) cores = 1;
+    int nsolo = 0, solo_t[MT_CLUSTER_THREADS_MAX];
+    for (int t = 1; t <= aff && nsolo < MT_CLUSTER_THREADS_MAX; t *= 2) solo_t[nsolo++] = t;
+    if (solo_t[nsolo - 1] < aff && nsolo < MT_CLUSTER_THREADS_MAX) solo_t[nsolo++] = aff;
+    cal_meas solo[MT_CLUSTER_THREADS_MAX];
+    double solo_res[MT_CLUSTER_THREADS_MAX];
+    for (int i = 0; i < nsolo; i++) {
+        if (root) {
+            mt_set_threads(solo_t[i]);
+            memset(&solo[i], 0, sizeof solo[i]);
+            cal_gemm(&solo[i], quick, &solo_res[i]);
+            cal_attention(&solo[i], 1); /* T = 512 only */
+            cal_memory(&solo[i], quick);
+        }
+        if (mpi) cal_quiet_barrier(d);
+    }
+    mt_set_threads(cal_threads);
+
+    /* 2. every rank at once with the calibration's threads (the top-level figures) */
     cal_meas m;
     memset(&m, 0, sizeof m);
     if (mpi) mt_dist_barrier(d);
-    cal_gemm(&m, quick);
+    cal_gemm(&m, quick, NULL);
     cal_attention(&m, quick);
     cal_memory(&m, quick);
     /* the slowest rank's figures (-1 = skipped stays -1: every rank skips the same) */
     if (mpi) MPI_Allreduce(MPI_IN_PLACE, &m, (int)(sizeof m / sizeof(double)), MPI_DOUBLE, MPI_MIN, d->world);
 
     /* links: partners of rank 0 on the same node and on another node (host name hash) */
+    const double rss_mpi0 = cal_status_kb("RssShmem:"); /* MPI's shared-memory segments */
     cal_link intra = {0, 0}, inter = {0, 0};
     double a2a_s = 0, a2a_small_s = 0;
     const size_t a2a_block = quick ? (size_t)256 << 10 : (size_t)1 << 20;
@@ -251,49 +417,48 @@ int mt_calibrate(const char *path, int quick) {
         a2a_s = cal_alltoall(d, a2a_block, quick ? 3 : 10);
         a2a_small_s = cal_alltoall(d, 8, quick ? 20 : 100);
     }
+    /* 3. the trainer's collectives on a large message (its gradients are 100s of MB):
+     * ring-equivalent bandwidth and temporary memory; the resident shared memory MPI adds
+     * per other rank of the node (RssShmem before and after all the MPI traffic: private
+     * heap growth would mix in the allocator's slack) */
+    const size_t coll_bytes = quick ? (size_t)64 << 20 : (size_t)256 << 20, ar_bytes = (size_t)25 << 20;
+    /* on the first g = 2, 4, ... and all ranks at once (the others wait without spinning):
+     * with more ranks than cores the collectives share them, as the trainer's ranks do */
+    enum { NG = 8 };
+    int ngs = 0, gs[NG];
+    double coll_s[NG][COLL_N], coll_scr[NG][COLL_N], per_peer = 0;
+    memset(coll_s, 0, sizeof coll_s);
+    memset(coll_scr, 0, sizeof coll_scr);
+    if (mpi) {
+        for (int g = 2; g < d->size && ngs < NG - 1; g *= 2) gs[ngs++] = g;
+        gs[ngs++] = d->size;
+        for (int i = 0; i < ngs; i++) {
+            MPI_Comm sub;
+            MPI_Comm_split(d->world, d->rank < gs[i], d->rank, &sub);
+            /* the all-reduce on the trainer's default bucket (25 MiB), the others on the message */
+            if (d->rank < gs[i])
+                for (int k = 0; k < COLL_N; k++)
+                    cal_collective(sub, k, k == COLL_ALLREDUCE ? ar_bytes : coll_bytes,
+                                   k == COLL_ALLREDUCE ? 6 : quick ? 3 : 4, &coll_s[i][k], &coll_scr[i][k]);
+            MPI_Comm_free(&sub);
+            cal_quiet_barrier(d);
+        }
+        double grow = (cal_status_kb("RssShmem:") - rss_mpi0) * 1024.0;
+        MPI_Allreduce(MPI_IN_PLACE, &grow, 1, MPI_DOUBLE, MPI_MAX, d->world);
+        per_peer = d->local_size > 1 ? fmax(0, grow) / (d->local_size - 1) : 0;
+    }
     if (!root) return 0;
 
     double mem_total = 0, mem_avail = 0;
     int have_mem = cal_meminfo(&mem_total, &mem_avail) == 0;
     const int per_node = mpi ? d->local_size : 1, devices = mpi ? d->size : 1;
 
-    /* peak = the best SGEMM; curve = rate / peak binned by FLOPs per call (log-spaced) */
-    double peak = 0, lo = INFINITY, hi = 0;
-    for (int i = 0; i < CAL_NG; i++) {
-        if (m.gemm[i] <= 0) continue;
-        double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
-        if (m.gemm[i] > peak) peak = m.gemm[i];
-        if (f < lo) lo = f;
-        if (f > hi) hi = f;
-    }
-    enum { NB = 10 };
-    double bf[NB] = {0}, bt[NB] = {0}, blog[NB] = {0};
-    int bn[NB] = {0};
-    const double w = (log10(hi) - log10(lo)) / NB;
-    for (int i = 0; i < CAL_NG; i++) {
-        if (m.gemm[i] <= 0) continue;
-        double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
-        int b = w > 0 ? (int)((log10(f) - log10(lo)) / w) : 0;
-        if (b >= NB) b = NB - 1;
-        bf[b] += f;
-        bt[b] += f / (m.gemm[i] * 1e9); /* seconds: the bin's efficiency is FLOP-weighted */
-        blog[b] += log10(f);
-        bn[b]++;
-    }
-    /* attention: the planner counts backward = 2 x forward, so its efficiency is 3 x fwd
-     * FLOPs / (fwd + bwd time); the mean over the measured T */
-    double att_eff = 0;
+    double peak, att_eff, cg[MT_CLUSTER_CURVE_MAX], ce[MT_CLUSTER_CURVE_MAX];
     int natt = 0;
-    for (int i = 0; i < CAL_NT; i++) {
-        if (m.att_f[i] <= 0) continue;
-        double ff = cal_att_flops(CAL_T[i]), t = ff / (m.att_f[i] * 1e9) + 2.5 * ff / (m.att_b[i] * 1e9);
-        att_eff += 3 * ff / t * 1e-9 / peak;
-        natt++;
-    }
-    att_eff = fmin(1.0, att_eff / natt);
+    const int ncurve = cal_curve(&m, &peak, cg, ce, &att_eff, &natt);
     const double mem_eff = fmin(1.0, m.adamw_gbs / m.copy_gbs);
 
-    char date[64], host[128] = "localhost", src[256];
+    char date[64], host[128] = "localhost", src[512];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
     gethostname(host, sizeof host - 1);
@@ -333,16 +498,53 @@ int mt_calibrate(const char *path, int quick) {
     cJSON_AddNumberToObject(eff, "attention", r4(att_eff));
     cJSON_AddNumberToObject(eff, "memory", r4(mem_eff));
     cJSON *curve = cJSON_AddArrayToObject(eff, "gemm_curve");
-    double last = 0;
-    int ncurve = 0;
-    for (int b = 0; b < NB; b++) {
-        if (!bn[b]) continue;
-        double g = r4(pow(10, blog[b] / bn[b]) * 1e-9), e = r4(fmin(1.0, bf[b] / bt[b] * 1e-9 / peak));
-        if (!(g > last)) continue; /* rounding merged two bins */
-        last = g;
-        ncurve++;
-        cJSON_AddItemToArray(curve, num_pair(g, e));
+    for (int i = 0; i < ncurve; i++) cJSON_AddItemToArray(curve, num_pair(cg[i], ce[i]));
+    /* the node's CPU: one rank alone with each thread count (plan --threads) */
+    cJSON *cpu = cJSON_AddObjectToObject(root_o, "cpu");
+    cJSON_AddNumberToObject(cpu, "cores_per_node", cores);
+    cJSON *byt = cJSON_AddArrayToObject(cpu, "by_threads");
+    for (int i = 0; i < nsolo; i++) {
+        double speak, sae, g[MT_CLUSTER_CURVE_MAX], e[MT_CLUSTER_CURVE_MAX];
+        int nc = cal_curve(&solo[i], &speak, g, e, &sae, NULL);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "threads", solo_t[i]);
+        cJSON_AddNumberToObject(o, "peak_tflops", r4(speak * 1e-3));
+        cJSON_AddNumberToObject(o, "memory_bw_gbs", r4(solo[i].copy_gbs));
+        cJSON_AddNumberToObject(o, "attention", r4(sae));
+        cJSON_AddNumberToObject(o, "reserve_mb", r4(fmax(0, solo_res[i]) / 1048576.0));
+        cJSON *c = cJSON_AddArrayToObject(o, "gemm_curve");
+        for (int j = 0; j < nc; j++) cJSON_AddItemToArray(c, num_pair(g[j], e[j]));
+        cJSON_AddItemToArray(byt, o);
     }
+    if (mpi) {
+        /* ring-equivalent per-rank bandwidths: all-reduce = 2 (g-1)/g bytes / bw, the
+         * reduce-scatter and all-gather (g-1)/g bytes / bw */
+        cJSON *mo = cJSON_AddObjectToObject(root_o, "mpi");
+        cJSON_AddNumberToObject(mo, "ranks", d->size);
+        cJSON_AddNumberToObject(mo, "per_peer_mb", r4(per_peer / 1048576.0));
+        cJSON_AddNumberToObject(mo, "message_mb", (double)(coll_bytes >> 20));
+        cJSON_AddNumberToObject(mo, "allreduce_message_mb", (double)(ar_bytes >> 20));
+        cJSON *br = cJSON_AddArrayToObject(mo, "by_ranks");
+        for (int i = 0; i < ngs; i++) {
+            /* the last entry (all ranks) also at the top level */
+            cJSON *e = i == ngs - 1 ? mo : cJSON_CreateObject();
+            const double g = gs[i];
+            if (i < ngs - 1) cJSON_AddNumberToObject(e, "ranks", gs[i]);
+            for (int k = 0; k < COLL_N; k++) {
+                const double f = (g - 1) / g * (double)(k == COLL_ALLREDUCE ? ar_bytes : coll_bytes);
+                char key[64];
+                snprintf(key, sizeof key, "%s_bw_gbs", coll_name[k]);
+                if (k != COLL_REDUCE)
+                    cJSON_AddNumberToObject(e, key, r4((k == COLL_ALLREDUCE ? 2 : 1) * f / coll_s[i][k] * 1e-9));
+                snprintf(key, sizeof key, "%s_scratch", coll_name[k]);
+                cJSON_AddNumberToObject(e, key, r4(coll_scr[i][k]));
+            }
+            if (i < ngs - 1) cJSON_AddItemToArray(br, e);
+        }
+    }
+    if (aff < cores)
+        cJSON_AddItemToArray(assumed, cJSON_CreateString("cpu.by_threads beyond the CPUs this process may run on "
+                                                         "(mpirun binds ranks to cores: use --bind-to none)"));
     /* extras the planner ignores (docs/PLAN.md): the raw figures */
     cJSON *ms = cJSON_AddObjectToObject(root_o, "measured");
     cJSON_AddStringToObject(ms, "blas", mt_blas_corename());

@@ -12,11 +12,44 @@
  *   efficiency (optional): {gemm, attention, memory} fractions of peak, defaults 0.7,
  *     0.5, 0.7; gemm_curve: [[GFLOP per GEMM call, efficiency], ...] ascending, used
  *     instead of the constant gemm efficiency (linear in log10 of the size, clamped).
- * A measured file: `moetrain bench --calibrate OUT.json` writes this format (src/plan/calibrate.c). */
+ * A measured file: `moetrain bench --calibrate OUT.json` writes this format (src/plan/calibrate.c),
+ * with two more optional sections that describe a CPU node running the moetrain trainer:
+ *   cpu: {cores_per_node, by_threads: [{threads, peak_tflops, memory_bw_gbs, attention,
+ *     gemm_curve, reserve_mb}, ...]}: one rank alone on the node with that many threads
+ *     (reserve_mb: the resident memory of a rank that is not a sized buffer: binary,
+ *     libraries, BLAS/OpenMP buffers, MPI, allocator slack). A "device" is then one rank
+ *     with `threads` threads; with R ranks on a node of C cores each gets the share
+ *     min(1, C / (R x threads)) of its rates (mt_cluster_for_device).
+ *   mpi: {per_peer_mb (resident memory per other rank on the node), allreduce_bw_gbs,
+ *     reduce_scatter_bw_gbs, allgather_bw_gbs (ring-equivalent per-rank bandwidths of
+ *     the collectives, measured: time = (g-1)/g x bytes / bw per pass), allreduce_scratch,
+ *     reduce_scatter_scratch, allgather_scratch, reduce_scratch (peak temporary memory of
+ *     the collective / its message bytes, max over ranks; reduce: MPI_Reduce in place to a
+ *     root, as the trainer's checkpoint gathers), ranks (how many measured), by_ranks: [the
+ *     same keys for fewer ranks at once, with their "ranks"]}; mt_cluster_for_device uses
+ *     the entry with the most ranks <= the ranks of the node.
+ * With a cpu section the planner models the moetrain trainer (plan.h, mt_plan_settings). */
 #ifndef MT_PLAN_CLUSTER_H
 #define MT_PLAN_CLUSTER_H
 
-enum { MT_CLUSTER_CURVE_MAX = 16 };
+enum { MT_CLUSTER_CURVE_MAX = 16, MT_CLUSTER_THREADS_MAX = 8 };
+
+/* The MPI collectives measured with `ranks` ranks of the node at once (bandwidths in
+ * bytes/s, ring-equivalent; scratch = temporary bytes / message bytes). */
+typedef struct {
+    int ranks;
+    double ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch, red_scratch;
+} mt_cluster_mpi;
+
+/* One rank alone on a CPU node with `threads` threads. */
+typedef struct {
+    int threads;
+    double peak;                     /* FLOP/s */
+    double mem_bw, eff_att;          /* bytes/s, fraction */
+    double reserve;                  /* bytes */
+    int ncurve;
+    double curve_flops[MT_CLUSTER_CURVE_MAX], curve_eff[MT_CLUSTER_CURVE_MAX];
+} mt_cluster_cpu;
 
 typedef struct {
     char name[64];
@@ -29,12 +62,29 @@ typedef struct {
     double eff_gemm, eff_att, eff_mem;
     int ncurve;
     double curve_flops[MT_CLUSTER_CURVE_MAX], curve_eff[MT_CLUSTER_CURVE_MAX];
+    /* CPU node (0 entries: not described) */
+    int cores, ncpu;
+    mt_cluster_cpu cpu[MT_CLUSTER_THREADS_MAX];
+    /* measured MPI figures (0 = not measured: the link bandwidth / no extra memory) */
+    double mpi_per_peer, ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch, red_scratch;
+    int mpi_ranks;                   /* ranks of the entry in use (0: none) */
+    int nmpi;                        /* mpi.by_ranks and the top level, ascending in ranks */
+    mt_cluster_mpi mpi[8];
+    /* set by mt_cluster_for_device: threads per rank, ranks per node, CPU share */
+    int dev_threads, dev_per_node;
+    double dev_share;
 } mt_cluster;
 
 /* Loads a cluster file; -1 with a message naming the file and key on error. */
 int mt_cluster_load(mt_cluster *cl, const char *path);
 /* Parses from a JSON string; `what` names the source in messages. */
 int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what);
+/* Makes `cl` describe one rank with `threads` threads, `per_node` ranks on a node of a CPU
+ * cluster: peak, GEMM curve, attention efficiency, memory bandwidth and reserve of the
+ * nearest measured thread count (scaled linearly in the threads when it was not measured),
+ * each rate and the collectives' bandwidths times the CPU share min(1, cores / (per_node x
+ * threads)); devices_per_node = per_node. -1 with a message without a cpu section. */
+int mt_cluster_for_device(mt_cluster *cl, int threads, int per_node);
 /* GEMM efficiency for one GEMM call of `flops` FLOPs. */
 double mt_cluster_gemm_eff(const mt_cluster *cl, double flops);
 

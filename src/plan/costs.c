@@ -57,6 +57,9 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     const double base = C * elt + f4 + H * f4 + C * elt + f4;
     u->act_tok[MT_RC_NONE] += base + saved;
     u->act_tok[MT_RC_SELECTIVE] += base + saved;
+    u->act_tok[MT_RC_SELECTIVE_GEMM] += base + saved - C * elt; /* h recomputed from the attention output */
+    u->f_rc_gemm += 2 * C * H * (is_mla(c) ? c->v_head_dim : c->head_dim);
+    u->work_rc_tok += C * elt;                         /* ... into one buffer shared by the layers */
     u->act_tok[MT_RC_FULL] += C * elt;                /* only the layer input */
     u->work_tok += 3 * C * elt + f4 + work;            /* normed input, residual grad, its grad */
     /* two norms (read+write), two residual adds (2 reads + write), RoPE (read+write) */
@@ -64,13 +67,19 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     u->tp_colls += 2;                                  /* all-gather in, reduce-scatter out */
 }
 
-/* SwiGLU of hidden size F on every token (dense FFN or shared experts). */
-static void swiglu(double C, double F, int elt, mt_unit_cost *u) {
+/* SwiGLU of hidden size F on every token (dense FFN or shared experts; selective-gemm
+ * recomputes the shared experts' gate|up outputs into one buffer shared by the layers). */
+static void swiglu(double C, double F, int elt, int shared, mt_unit_cost *u) {
     u->p_tp += 3 * C * F;
     u->p_active += 3 * C * F;
     u->f_gemm += 6 * C * F;
     u->act_tok[MT_RC_NONE] += 3 * F * elt;             /* gate|up outputs, silu(g)*u */
     u->act_tok[MT_RC_SELECTIVE] += 2 * F * elt;        /* silu(g)*u recomputed */
+    u->act_tok[MT_RC_SELECTIVE_GEMM] += shared ? 0 : 2 * F * elt;
+    if (shared) {
+        u->f_rc_gemm += 4 * C * F;
+        u->work_rc_tok += 2 * F * elt;
+    }
     u->work_tok += 4 * F * elt;
     u->mem_tok += 3 * F * elt;
     u->tp_colls += 2;
@@ -81,7 +90,7 @@ static void layer(const mt_config *c, int l, int T, int elt, mt_unit_cost *u) {
     attention(c, T, elt, u);
     if (!mt_config_is_moe(c, l)) {
         u->kind = MT_UNIT_DENSE;
-        swiglu(C, c->intermediate_size, elt, u);
+        swiglu(C, c->intermediate_size, elt, 0, u);
         if (u->gemm_width < 2 * C * c->intermediate_size) u->gemm_width = 2 * C * c->intermediate_size;
         return;
     }
@@ -101,13 +110,16 @@ static void layer(const mt_config *c, int l, int T, int elt, mt_unit_cost *u) {
     const double route = E * f4 + 4 * K * f4;
     u->act_tok[MT_RC_NONE] += route;
     u->act_tok[MT_RC_SELECTIVE] += route;
+    u->act_tok[MT_RC_SELECTIVE_GEMM] += route;
     u->act_expert_tok[MT_RC_NONE] += K * (3 * Fm + C) * elt;  /* + silu(g)*u, gathered input */
     u->act_expert_tok[MT_RC_SELECTIVE] += K * 2 * Fm * elt;
+    u->f_rc_expert += 4 * C * Fm * K;                         /* selective-gemm: gate|up again */
     u->work_tok += E * f4;
     u->work_expert_tok += K * (2 * C + 4 * Fm) * elt + 2 * K * f4;
+    u->work_rc_expert_tok += K * 2 * Fm * elt;                /* selective-gemm's shared gate|up buffer */
     u->mem_tok += E * f4 * 2;
     u->mem_expert_tok += K * (4 * C + 3 * Fm) * elt;          /* permute, unpermute, SwiGLU */
-    if (Fs > 0) swiglu(C, Fs, elt, u);
+    if (Fs > 0) swiglu(C, Fs, elt, 1, u);
 }
 
 int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u) {
@@ -132,7 +144,7 @@ int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u) {
         m->p_rep += 3 * C;
         m->p_active += 2 * C * C + V * C;
         m->f_gemm += 4 * C * C + 2 * V * C;
-        for (int r = 0; r < 3; r++) m->act_tok[r] += 2 * C * elt + 2 * f4 + C * elt + f4;
+        for (int r = 0; r < MT_RC_N; r++) m->act_tok[r] += 2 * C * elt + 2 * f4 + C * elt + f4;
         m->work_tok += V * f4;                 /* fp32 logits of its head */
         m->mem_tok += 6 * C * elt;
         m->tp_colls += 3;
@@ -144,7 +156,7 @@ int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     h->p_active = V * C;
     h->f_gemm = 2 * V * C;
     h->gemm_width = 2 * V * C;
-    for (int r = 0; r < 3; r++) h->act_tok[r] = 2 * C * elt + f4;  /* final x, its norm, 1/rms */
+    for (int r = 0; r < MT_RC_N; r++) h->act_tok[r] = 2 * C * elt + f4;  /* final x, its norm, 1/rms */
     h->work_tok = V * f4;                      /* fp32 logits (vocab-parallel cross-entropy) */
     h->mem_tok = 2 * C * elt + 3 * V * f4;     /* norm; softmax over the logits */
     h->tp_colls = 1;

@@ -21,10 +21,13 @@
 
 enum mt_unit_kind { MT_UNIT_EMBED = 0, MT_UNIT_DENSE, MT_UNIT_MOE, MT_UNIT_MTP, MT_UNIT_HEAD };
 
-/* What the backward keeps: everything the forward produced (none), the trainer's choice of
- * recomputing cheap element-wise results and the gathered expert inputs (selective), or
- * only each layer's input, re-running the layer's forward in the backward (full). */
-enum mt_plan_recompute { MT_RC_NONE = 0, MT_RC_SELECTIVE, MT_RC_FULL };
+/* What the backward keeps: everything the forward produced (none), the trainer's default
+ * of recomputing cheap element-wise results and the gathered expert inputs (selective =
+ * the trainer's `--recompute none`), that plus recomputing the residual after attention
+ * (the output projection) and the gate|up outputs of the routed and shared experts
+ * (selective-gemm = the trainer's `--recompute selective`), or only each layer's input,
+ * re-running the layer's forward in the backward (full). */
+enum mt_plan_recompute { MT_RC_NONE = 0, MT_RC_SELECTIVE, MT_RC_FULL, MT_RC_SELECTIVE_GEMM, MT_RC_N };
 
 typedef struct {
     int kind;            /* enum mt_unit_kind */
@@ -42,9 +45,12 @@ typedef struct {
      * permute/unpermute), bytes; dense part and routed part */
     double mem_tok, mem_expert_tok;
     /* bytes per token kept for the backward, per enum mt_plan_recompute; dense / routed part */
-    double act_tok[3], act_expert_tok[3];
+    double act_tok[MT_RC_N], act_expert_tok[MT_RC_N];
+    /* forward GEMM FLOPs per token re-done by selective-gemm: dense part, routed part */
+    double f_rc_gemm, f_rc_expert;
     /* bytes per token of the backward's working tensors (not kept between micro-batches) */
     double work_tok, work_expert_tok;
+    double work_rc_tok, work_rc_expert_tok; /* more under selective-gemm (its shared buffers) */
     int tp_colls;        /* TP all-gather or reduce-scatter of a [tokens, d] tensor per forward */
     int moe;             /* has a routed-expert block (two all-to-alls per forward) */
 } mt_unit_cost;

@@ -26,6 +26,7 @@
 
 #include "base/common.h"
 #include "dist/schedule.h"
+#include "model/model.h"
 #include "plan/sim.h"
 
 const char *const mt_plan_reason_name[MT_PLAN_NREASONS] = {
@@ -33,7 +34,7 @@ const char *const mt_plan_reason_name[MT_PLAN_NREASONS] = {
     "EP: experts or DP x TP not divisible", "global batch not divisible (DP x mb, x PP if interleaved)",
     "fewer layers than virtual stages", "out of device memory"};
 
-static const char *const rc_name[] = {"none", "selective", "full"};
+static const char *const rc_name[] = {"none", "selective", "full", "selective-gemm"};
 static const char *const a2a_name[] = {"flat", "hier"};
 static const char *const split_name[] = {"even", "balanced"};
 
@@ -43,6 +44,8 @@ void mt_plan_settings_default(mt_plan_settings *s) {
     s->elt = 2;
     s->dist_opt = 1;
     s->imbalance = 1.2;
+    s->threads = 1;
+    s->bucket_bytes = 25.0 * 1048576.0;
 }
 
 /* Everything that does not depend on the layout, computed once per search. */
@@ -132,6 +135,14 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     double rf = 0, rtp = 0, ra = 0;
     if (layer && l->rc == MT_RC_FULL) { rf = cf; rtp = tpc; ra = a2a; }
     if (layer && l->rc == MT_RC_SELECTIVE) rf = 0.25 * tm; /* SwiGLU / gather re-done */
+    if (layer && l->rc == MT_RC_SELECTIVE_GEMM) {
+        /* and the output projection and the experts' gate|up GEMMs */
+        rf = 0.25 * tm + u->f_rc_gemm * n / (peak * mt_cluster_gemm_eff(cl, n * u->gemm_width));
+        if (u->moe) {
+            double rows = n * c->num_experts_per_tok * imb * l->ep / c->n_routed_experts;
+            rf += u->f_rc_expert * n * imb / (peak * mt_cluster_gemm_eff(cl, rows * 4.0 * c->hidden_size * c->moe_intermediate_size));
+        }
+    }
     t->fwd = cf + tpc + a2a;
     t->bwd = cb + tpc + a2a + rf + rtp + ra;
     t->comp = cf + cb + rf;
@@ -271,6 +282,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             int rc = (u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP) ? l->rc : MT_RC_SELECTIVE;
             acts[s] += (u->act_tok[rc] + u->act_expert_tok[rc] * imb) * n;
             double wk = (u->work_tok + u->work_expert_tok * imb) * n;
+            if (rc == MT_RC_SELECTIVE_GEMM) wk += (u->work_rc_tok + u->work_rc_expert_tok * imb) * n;
             if (rc == MT_RC_FULL) wk += (u->act_tok[MT_RC_NONE] + u->act_expert_tok[MT_RC_NONE] * imb) * n;
             if (wk > work[r]) work[r] = wk;
             if (u->moe) moe_on[r] = 1;
@@ -280,10 +292,24 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             pdense[s] += x->u[0].p_tp / l->tp;
         /* DP gradient reduction (fp32) of the stage's parameters, once its backwards are done */
         double bw, lat, t = 0;
-        group_link(cl, l->dp, l->tp, &bw, &lat);
-        t += ring(4 * pdense[s], l->dp, bw, lat) * (st->dist_opt ? 1 : 2);
-        group_link(cl, edp, l->ep, &bw, &lat);
-        t += ring(4 * pexp[s], edp, bw, lat) * (st->dist_opt ? 1 : 2);
+        if (st->trainer) {
+            /* the trainer's collectives, measured: per region (dense over DP, experts over
+             * expert-DP) the all-reduce in buckets, or the reduce-scatter */
+            const double pr[2] = {pdense[s], pexp[s]};
+            const int gs[2] = {l->dp, edp}, stride[2] = {l->tp, l->ep};
+            for (int k = 0; k < 2; k++) {
+                group_link(cl, gs[k], stride[k], &bw, &lat);
+                double g = 4 * pr[k], ab = cl->ar_bw > 0 ? cl->ar_bw : bw, rb = cl->rs_bw > 0 ? cl->rs_bw : bw;
+                double nb = ceil(g / st->bucket_bytes);
+                if (gs[k] > 1 && g > 0)
+                    t += st->dist_opt ? ring(g, gs[k], rb, lat) : 2 * ring(g, gs[k], ab, lat) + (nb - 1) * 2 * (gs[k] - 1) * lat;
+            }
+        } else {
+            group_link(cl, l->dp, l->tp, &bw, &lat);
+            t += ring(4 * pdense[s], l->dp, bw, lat) * (st->dist_opt ? 1 : 2);
+            group_link(cl, edp, l->ep, &bw, &lat);
+            t += ring(4 * pexp[s], edp, bw, lat) * (st->dist_opt ? 1 : 2);
+        }
         sync[s] = t;
     }
 
@@ -314,7 +340,55 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         const double sd = st->dist_opt ? l->dp : 1, se = st->dist_opt ? edp : 1;
         double mw = st->elt * (pd + pe), mg = 4 * (pd + pe), mo = 12 * (pd / sd + pe / se);
         double mc = 2 * msg + (moe_on[r] ? 2 * n * c->num_experts_per_tok * c->hidden_size * st->elt * imb : 0);
-        double tot = mw + mg + mo + peak + work[r] + mc + cl->reserved_bytes;
+        double wk = work[r], ckpt = 0;
+        if (st->trainer) {
+            const double nfull = mt_cost_params(c);
+            /* fp32 weights and gradients, two fp32 moments (no master copy); the arenas of
+             * model.c itself (train/pipeline.c: one per micro-batch a chunk holds at once,
+             * from the same schedule) */
+            mo = 8 * (pd / sd + pe / se);
+            if (l->tp == 1 && (l->rc == MT_RC_SELECTIVE || l->rc == MT_RC_SELECTIVE_GEMM)) {
+                const int policy = l->rc == MT_RC_SELECTIVE ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_SELECTIVE;
+                int nslot[MT_PLAN_MAX_STAGES] = {0}, cnt[MT_PLAN_MAX_STAGES] = {0};
+                for (int i = 0; i < sched->len[r]; i++) {
+                    const mt_action *a = &sched->act[r][i];
+                    if (a->kind == MT_ACT_FWD && ++cnt[a->chunk] > nslot[a->chunk]) nslot[a->chunk] = cnt[a->chunk];
+                    if (a->kind == MT_ACT_BWD) cnt[a->chunk]--;
+                }
+                peak = 0;
+                for (int v = 0; v < V; v++) {
+                    const int sv = v * P + r;
+                    int lo = 0;
+                    for (int k = 0; k < sv; k++) lo += res->layers[k];
+                    peak += (nslot[v] > 1 ? nslot[v] : 1) *
+                            (double)mt_acts_bytes_chunk(c, lo, lo + res->layers[sv], sv == 0, sv == S - 1, l->mb,
+                                                        st->seq, st->threads, policy, 1, 0);
+                }
+                wk = 0;
+            }
+            /* communication memory: the ZeRO-1 gradient shard, MPI's segments for the other
+             * ranks of the node, and the scratch of the largest collective of the step */
+            double gbytes = 4 * fmax(pd, pe), scratch = 0; /* the largest region's message */
+            int peers = (st->devices < cl->per_node ? st->devices : cl->per_node) - 1;
+            mc = (st->dist_opt ? 4 * (pd / sd + pe / se) : 0) + (peers > 0 ? peers * cl->mpi_per_peer : 0);
+            if (l->dp > 1 || edp > 1)
+                scratch = st->dist_opt ? fmax(cl->rs_scratch, cl->ag_scratch) * gbytes
+                                       : cl->ar_scratch * fmin(gbytes, st->bucket_bytes);
+            /* the checkpoint at the end (trainer.c save_checkpoint), the step's buffers still
+             * allocated: every rank copies its moments (8 B a local parameter) and holds
+             * full-size buffers for the gathered moments and parameters (12 B a parameter of
+             * the whole model); world rank 0 gathers the parameters into a whole model with
+             * its gradient buffer (16 B) */
+            ckpt = mw + mg + mo + peak + wk + mc + cl->reserved_bytes + 8 * (pd + pe) + (r == 0 ? 16 : 12) * nfull;
+            /* ... with MPI_Reduce to rank 0 over all ranks, in pieces of 2^26 floats
+             * (dist/reshard.c): the root's scratch, measured with mpi_ranks ranks; for
+             * other counts scaled by the levels of a binomial tree */
+            if (r == 0 && st->devices > 1 && cl->mpi_ranks > 1)
+                ckpt += cl->red_scratch * ceil(log2(st->devices)) / ceil(log2(cl->mpi_ranks)) * 4 * fmin(nfull, 67108864.0);
+            mc += scratch;
+        }
+        double step_tot = mw + mg + mo + peak + wk + mc + cl->reserved_bytes;
+        double tot = fmax(step_tot, ckpt);
         if (tot > res->mem_total) {
             res->mem_rank = r;
             res->mem_total = tot;
@@ -322,21 +396,27 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             res->mem_grads = mg;
             res->mem_opt = mo;
             res->mem_acts = peak;
-            res->mem_work = work[r];
+            res->mem_work = wk;
             res->mem_comm = mc;
             res->mem_reserved = cl->reserved_bytes;
+            res->mem_step = step_tot;
+            res->mem_ckpt = ckpt;
         }
         /* optimizer: AdamW reads/writes ~36 bytes per local parameter (memory bound);
          * then the bf16 parameter all-gather, overlapped with the next step's first forward */
         double bw, lat, ag = 0;
         opt[r] = 36 * (pd / sd + pe / se) / (cl->mem_bw * cl->eff_mem);
+        if (st->trainer) /* AdamW (28 B: reads p, g, m, v, writes p, m, v), zeroing the
+                          * gradients and their norm (4 B each) */
+            opt[r] = (28 * (pd / sd + pe / se) + 4 * (pd + pe) + 4 * (st->dist_opt ? (pd / sd + pe / se) : pd + pe)) /
+                     (cl->mem_bw * cl->eff_mem);
         if (st->dist_opt) {
             group_link(cl, l->dp, l->tp, &bw, &lat);
-            ag += ring(st->elt * pd, l->dp, bw, lat);
+            ag += ring(st->elt * pd, l->dp, st->trainer && cl->ag_bw > 0 ? cl->ag_bw : bw, lat);
             group_link(cl, edp, l->ep, &bw, &lat);
-            ag += ring(st->elt * pe, edp, bw, lat);
+            ag += ring(st->elt * pe, edp, st->trainer && cl->ag_bw > 0 ? cl->ag_bw : bw, lat);
         }
-        double ex = fmax(0, ag - fwd[r]);
+        double ex = st->trainer ? ag : fmax(0, ag - fwd[r]); /* the trainer gathers after the update */
         opt[r] += ex;
         if (ex > exposed_ag) exposed_ag = ex;
         if (busy > busy_max) { busy_max = busy; busy_rank = r; }
@@ -501,7 +581,7 @@ int mt_layout_parse(mt_layout *l, const char *s) {
         const char *const *names = !strcmp(k, "rc") || !strcmp(k, "recompute") ? rc_name
                                  : !strcmp(k, "a2a") ? a2a_name : !strcmp(k, "split") ? split_name : NULL;
         int *d2 = names == rc_name ? &l->rc : names == a2a_name ? &l->a2a : &l->split;
-        int cnt = names == rc_name ? 3 : 2, found = 0;
+        int cnt = names == rc_name ? MT_RC_N : 2, found = 0;
         if (!names) return mt_error("--layout: unknown key '%s' (tp, pp, vpp, ep, dp, mb, rc, a2a, split)", k);
         for (int i = 0; i < cnt; i++)
             if (!strcmp(v, names[i]) || (names == a2a_name && i == 1 && !strcmp(v, "hierarchical"))) {
@@ -551,6 +631,9 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
         fprintf(f, "memory        %.2f GB on pipeline rank %d: weights %.2f, grads %.2f, optimizer %.2f, activations %.2f, working %.2f, comm buffers %.2f, reserved %.2f\n",
                 x->mem_total / GB, x->mem_rank, x->mem_weights / GB, x->mem_grads / GB, x->mem_opt / GB,
                 x->mem_acts / GB, x->mem_work / GB, x->mem_comm / GB, x->mem_reserved / GB);
+        if (x->mem_ckpt > 0)
+            fprintf(f, "              peak of the step %.3f GB, while writing the checkpoint %.3f GB\n",
+                    x->mem_step / GB, x->mem_ckpt / GB);
     }
 }
 
@@ -618,6 +701,8 @@ static cJSON *result_json(const mt_plan_result *x) {
     cJSON_AddNumberToObject(m, "comm_buffers", x->mem_comm);
     cJSON_AddNumberToObject(m, "reserved", x->mem_reserved);
     cJSON_AddNumberToObject(m, "pipeline_rank", x->mem_rank);
+    cJSON_AddNumberToObject(m, "step_peak", x->mem_step);
+    if (x->mem_ckpt > 0) cJSON_AddNumberToObject(m, "checkpoint_peak", x->mem_ckpt);
     cJSON *sp = cJSON_AddArrayToObject(o, "layers_per_stage");
     for (int s = 0; s < x->nstages; s++) cJSON_AddItemToArray(sp, cJSON_CreateNumber(x->layers[s]));
     return o;

@@ -42,6 +42,17 @@ typedef struct {
     int elt;                 /* bytes per activation / weight element: 2 (bf16) */
     int dist_opt;            /* ZeRO-1: optimizer state sharded over (expert-)DP */
     double imbalance;        /* dropless MoE: busiest EP rank's tokens / mean */
+    /* trainer != 0: model the moetrain trainer on a CPU cluster (a calibrated file, after
+     * mt_cluster_for_device) instead of a Megatron-style GPU job: fp32 weights, gradients
+     * and two AdamW moments (no master copy), with dist_opt a gradient shard buffer; the
+     * activation arena of model.c (mt_acts_bytes_policy) when PP = EP = 1; MPI's
+     * measured scratch and per-peer memory and the rank's measured reserve; the DP
+     * reduction after the backward and the parameter all-gather after the optimizer, not
+     * overlapped; the checkpoint at the end (every rank gathers the whole model's parameters
+     * and moments in memory, trainer.c save_checkpoint). */
+    int trainer;
+    int threads;             /* trainer: threads per rank (sizes the arena's per-thread scratch) */
+    double bucket_bytes;     /* trainer: gradient all-reduce bucket (--bucket-mb, default 25 MiB) */
 } mt_plan_settings;
 
 typedef struct {
@@ -61,6 +72,8 @@ typedef struct {
     /* memory of the fullest pipeline rank, bytes */
     int mem_rank;
     double mem_total, mem_weights, mem_grads, mem_opt, mem_acts, mem_work, mem_comm, mem_reserved;
+    double mem_step;         /* the training step's peak (= mem_total unless the checkpoint is higher) */
+    double mem_ckpt;         /* trainer: peak while writing the checkpoint (0 if not modelled) */
     int nstages;
     short layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
 } mt_plan_result;
@@ -85,7 +98,8 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
                    mt_plan_result *best, int n, mt_plan_stats *stats, int progress);
 
 /* "tp=8,pp=16,vpp=2,ep=32,mb=1,rc=selective,a2a=hier,split=balanced" (omitted keys: 1,
- * none/flat/even; dp is derived). -1 with a message on a bad string. */
+ * none/flat/even; dp is derived; rc: none, selective, full, selective-gemm). -1 with a
+ * message on a bad string. */
 int mt_layout_parse(mt_layout *l, const char *s);
 void mt_layout_format(const mt_layout *l, char *buf, size_t n);
 
