@@ -90,6 +90,13 @@ double mt_cpu_time(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int mt_reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
 size_t mt_peak_rss(void) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;

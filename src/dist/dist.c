@@ -195,6 +195,32 @@ void mt_group_allgather(mt_group *g, float *p, size_t n) {
     free(cnt);
 }
 
+void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *full) {
+    if (!active(g)) {
+        memcpy(full, shard, n * sizeof *full);
+        return;
+    }
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
+    shard_counts(g, n, cnt, dis);
+    double t0 = MPI_Wtime();
+    MPI_Gatherv(shard, cnt[g->rank], MPI_FLOAT, full, cnt, dis, MPI_FLOAT, 0, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+    free(cnt);
+}
+
+void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard) {
+    if (!active(g)) {
+        memcpy(shard, full, n * sizeof *full);
+        return;
+    }
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
+    shard_counts(g, n, cnt, dis);
+    double t0 = MPI_Wtime();
+    MPI_Scatterv(full, cnt, dis, MPI_FLOAT, shard, cnt[g->rank], MPI_FLOAT, 0, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+    free(cnt);
+}
+
 void mt_group_bcast_f32(mt_group *g, float *x, size_t n) {
     if (!active(g)) return;
     double t0 = MPI_Wtime();

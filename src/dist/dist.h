@@ -76,6 +76,10 @@ void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi);
 void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard);
 /* Every rank's shard of p[n] (each rank has updated its own) to every rank, in place. */
 void mt_group_allgather(mt_group *g, float *p, size_t n);
+/* full[n] on the group's rank 0 (unused elsewhere) = the concatenation of every rank's shard. */
+void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *full);
+/* shard = this rank's part of full[n] held by the group's rank 0 (unused elsewhere). */
+void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard);
 /* Broadcast of x[n] from the group's rank 0. */
 void mt_group_bcast_f32(mt_group *g, float *x, size_t n);
 /* Barrier over the world (no time accounted). */

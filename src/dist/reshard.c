@@ -1,53 +1,140 @@
-/* dist/reshard.c — see reshard.h. */
+/* dist/reshard.c — see reshard.h.
+ *
+ * Protocol: every rank sends rank 0 the list of the tensors it takes part with (whole index,
+ * slice, shape: 5 int64 each; MPI_Gather of the counts, MPI_Gatherv of the lists); then the
+ * data moves tensor by tensor in that order with blocking sends / receives, rank by rank. */
 #include "dist/reshard.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
 
-enum { CHUNK = 1 << 26 }; /* floats per MPI call */
+enum { HDR = 5 }; /* full_index, tp_dim, tp_off, rows, cols */
 
-/* copy between a part's tensor (maybe a TP slice) and its place in the whole tensor f */
-static void slice_copy(float *full, const mt_tensor *f, float *part, const mt_tensor *t, int to_full) {
-    MT_ASSERT(strcmp(f->name, t->name) == 0);
+/* copy between a part's tensor (maybe a TP slice; `part` points at its first element) and its
+ * place in the whole buffer */
+static void slice_copy(float *full, const mt_tensor *f, float *part, const int64_t *h, int to_full) {
     float *fb = full + f->offset;
-    size_t rows = (size_t)t->shape[0], cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+    size_t rows = (size_t)h[3], cols = (size_t)h[4];
     size_t fcols = f->ndim == 2 ? (size_t)f->shape[1] : 1, r0 = 0, c0 = 0;
-    if (t->tp_dim < 0) MT_ASSERT(f->numel == t->numel);
-    if (t->tp_dim == 0) r0 = (size_t)t->tp_off;
-    if (t->tp_dim == 1) c0 = (size_t)t->tp_off;
+    if (h[1] == 0) r0 = (size_t)h[2];
+    if (h[1] == 1) c0 = (size_t)h[2];
+    if (h[1] < 0 || (h[1] == 0 && cols == fcols)) { /* contiguous */
+        float *a = fb + r0 * fcols;
+        if (to_full) memcpy(a, part, rows * cols * sizeof(float));
+        else memcpy(part, a, rows * cols * sizeof(float));
+        return;
+    }
     for (size_t r = 0; r < rows; r++) {
-        float *a = fb + (r0 + r) * fcols + c0, *b = part + t->offset + r * cols;
+        float *a = fb + (r0 + r) * fcols + c0, *b = part + r * cols;
         if (to_full) memcpy(a, b, cols * sizeof(float));
         else memcpy(b, a, cols * sizeof(float));
     }
 }
 
-void mt_reshard_gather(mt_group *g, int root, const mt_tensor *full_t, size_t nfull, const mt_model *part,
-                       const float *pbuf, int own_tp, int own_dense, int own_expert, float *full) {
-    memset(full, 0, nfull * sizeof(float));
-    for (int i = 0; i < part->ntensors; i++) {
-        const mt_tensor *t = &part->tensors[i];
-        int own = t->tp_dim >= 0 ? own_tp : t->expert >= 0 ? own_expert : own_dense;
-        if (t->replica || !own) continue;
-        slice_copy(full, &full_t[t->full_index], (float *)pbuf, t, 1);
-    }
-    if (g->size == 1 || g->comm == MPI_COMM_NULL) return;
-    double t0 = MPI_Wtime();
-    for (size_t i = 0; i < nfull; i += CHUNK) {
-        int c = (int)(nfull - i < CHUNK ? nfull - i : CHUNK);
-        if (root < 0) MPI_Allreduce(MPI_IN_PLACE, full + i, c, MPI_FLOAT, MPI_SUM, g->comm);
-        else if (g->rank == root) MPI_Reduce(MPI_IN_PLACE, full + i, c, MPI_FLOAT, MPI_SUM, root, g->comm);
-        else MPI_Reduce(full + i, NULL, c, MPI_FLOAT, MPI_SUM, root, g->comm);
-    }
-    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+static void header(const mt_tensor *t, int64_t *h) {
+    h[0] = t->full_index;
+    h[1] = t->tp_dim;
+    h[2] = t->tp_off;
+    h[3] = t->shape[0];
+    h[4] = t->ndim == 2 ? t->shape[1] : 1;
 }
 
-void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, float *full, size_t nfull, const mt_model *part,
-                        float *pbuf) {
-    mt_group_bcast_f32(g, full, nfull);
+/* this rank's list: the tensors it owns (gather) or all it holds (scatter) */
+static int my_list(const mt_model *part, int gather, int own_tp, int own_dense, int own_expert, int **idx,
+                   int64_t **hdr) {
+    *idx = mt_xmalloc(sizeof(int) * ((size_t)part->ntensors + 1));
+    *hdr = mt_xmalloc(sizeof(int64_t) * HDR * ((size_t)part->ntensors + 1));
+    int n = 0;
     for (int i = 0; i < part->ntensors; i++) {
         const mt_tensor *t = &part->tensors[i];
-        slice_copy(full, &full_t[t->full_index], pbuf, t, 0);
+        if (gather) {
+            int own = t->tp_dim >= 0 ? own_tp : t->expert >= 0 ? own_expert : own_dense;
+            if (t->replica || !own) continue;
+        }
+        (*idx)[n] = i;
+        header(t, *hdr + (size_t)HDR * n);
+        n++;
     }
+    return n;
+}
+
+/* rank 0: every rank's list (counts[size], lists concatenated) */
+static int64_t *all_lists(mt_group *g, int n, const int64_t *hdr, int *counts, int *displ) {
+    int cnt = n * HDR;
+    MPI_Gather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, 0, g->comm);
+    int64_t *all = NULL;
+    if (g->rank == 0) {
+        int tot = 0;
+        for (int r = 0; r < g->size; r++) displ[r] = tot, tot += counts[r];
+        all = mt_xmalloc(sizeof(int64_t) * ((size_t)tot + 1));
+    }
+    MPI_Gatherv(hdr, cnt, MPI_INT64_T, all, counts, displ, MPI_INT64_T, 0, g->comm);
+    return all;
+}
+
+static void move(mt_group *g, const mt_tensor *full_t, float *full, const mt_model *part, float *pbuf,
+                 int gather, int own_tp, int own_dense, int own_expert) {
+    int *idx;
+    int64_t *hdr;
+    int n = my_list(part, gather, own_tp, own_dense, own_expert, &idx, &hdr);
+    const int single = g->size == 1 || g->comm == MPI_COMM_NULL;
+    if (single || g->rank == 0) /* rank 0's own tensors: local copies */
+        for (int k = 0; k < n; k++)
+            slice_copy(full, &full_t[hdr[HDR * k]], pbuf + part->tensors[idx[k]].offset, hdr + HDR * k, gather);
+    if (single) {
+        free(idx);
+        free(hdr);
+        return;
+    }
+    double t0 = MPI_Wtime();
+    int *counts = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *displ = counts + g->size;
+    int64_t *all = all_lists(g, n, hdr, counts, displ);
+    if (g->rank == 0) {
+        size_t maxn = 0;
+        for (int r = 1; r < g->size; r++)
+            for (int k = 0; k < counts[r] / HDR; k++) {
+                const int64_t *h = all + displ[r] + HDR * k;
+                if ((size_t)(h[3] * h[4]) > maxn) maxn = (size_t)(h[3] * h[4]);
+            }
+        float *tmp = mt_alloc((maxn + 1) * sizeof(float));
+        for (int r = 1; r < g->size; r++)
+            for (int k = 0; k < counts[r] / HDR; k++) {
+                const int64_t *h = all + displ[r] + HDR * k;
+                const size_t ne = (size_t)(h[3] * h[4]);
+                MT_ASSERT(ne <= (size_t)INT32_MAX);
+                if (gather) {
+                    MPI_Recv(tmp, (int)ne, MPI_FLOAT, r, 0, g->comm, MPI_STATUS_IGNORE);
+                    slice_copy(full, &full_t[h[0]], tmp, h, 1);
+                } else {
+                    slice_copy(full, &full_t[h[0]], tmp, h, 0);
+                    MPI_Send(tmp, (int)ne, MPI_FLOAT, r, 0, g->comm);
+                }
+            }
+        mt_free(tmp);
+    } else {
+        for (int k = 0; k < n; k++) {
+            const mt_tensor *t = &part->tensors[idx[k]];
+            MT_ASSERT(t->numel <= (size_t)INT32_MAX);
+            if (gather) MPI_Send(pbuf + t->offset, (int)t->numel, MPI_FLOAT, 0, 0, g->comm);
+            else MPI_Recv(pbuf + t->offset, (int)t->numel, MPI_FLOAT, 0, 0, g->comm, MPI_STATUS_IGNORE);
+        }
+    }
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    free(all);
+    free(counts);
+    free(idx);
+    free(hdr);
+}
+
+void mt_reshard_gather(mt_group *g, const mt_tensor *full_t, size_t nfull, const mt_model *part,
+                       const float *pbuf, int own_tp, int own_dense, int own_expert, float *full) {
+    if (g->rank == 0) memset(full, 0, nfull * sizeof(float));
+    move(g, full_t, full, part, (float *)pbuf, 1, own_tp, own_dense, own_expert);
+}
+
+void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, const float *full, const mt_model *part,
+                        float *pbuf) {
+    move(g, full_t, (float *)full, part, pbuf, 0, 0, 0, 0);
 }

@@ -124,13 +124,6 @@ static double cal_status_kb(const char *key) {
     return kb;
 }
 
-/* Resets VmHWM to the current VmRSS (Linux >= 4.0); 0 on success. */
-static int cal_reset_hwm(void) {
-    FILE *f = fopen("/proc/self/clear_refs", "w");
-    if (!f) return -1;
-    int ok = fputs("5", f) >= 0;
-    return fclose(f) == 0 && ok ? 0 : -1;
-}
 
 /* MemTotal and MemAvailable in bytes; -1 if /proc/meminfo cannot be read. */
 static int cal_meminfo(double *total, double *avail) {
@@ -226,8 +219,8 @@ static void cal_quiet_barrier(mt_dist *d) {
 
 /* One collective as the trainer calls it: time of the slowest rank (best of reps after a
  * warm-up) and its temporary memory (VmHWM over VmRSS before the call, max over ranks). */
-enum { COLL_ALLREDUCE = 0, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_REDUCE, COLL_N };
-static const char *const coll_name[COLL_N] = {"allreduce", "reduce_scatter", "allgather", "reduce"};
+enum { COLL_ALLREDUCE = 0, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_N };
+static const char *const coll_name[COLL_N] = {"allreduce", "reduce_scatter", "allgather"};
 
 static void cal_collective(MPI_Comm comm, int which, size_t bytes, int reps, double *secs, double *scratch) {
     int crank, csize;
@@ -244,14 +237,12 @@ static void cal_collective(MPI_Comm comm, int which, size_t bytes, int reps, dou
     double best = INFINITY, extra = 0;
     for (int i = 0; i < reps + 1; i++) {
         double rss = cal_status_kb("VmRSS:");
-        int hwm_ok = cal_reset_hwm() == 0;
+        int hwm_ok = mt_reset_peak_rss() == 0;
         MPI_Barrier(comm);
         double t0 = MPI_Wtime();
         if (which == COLL_ALLREDUCE) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, comm);
         else if (which == COLL_REDUCE_SCATTER) MPI_Reduce_scatter(x, shard, cnt, MPI_FLOAT, MPI_SUM, comm);
-        else if (which == COLL_ALLGATHER) MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, cnt, dis, MPI_FLOAT, comm);
-        else if (crank == 0) MPI_Reduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, 0, comm); /* to a root */
-        else MPI_Reduce(x, NULL, (int)n, MPI_FLOAT, MPI_SUM, 0, comm);
+        else MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, cnt, dis, MPI_FLOAT, comm);
         double t = MPI_Wtime() - t0;
         double hwm = cal_status_kb("VmHWM:");
         double e = hwm_ok && hwm > rss ? (hwm - rss) * 1024.0 : 0;
@@ -534,8 +525,7 @@ int mt_calibrate(const char *path, int quick) {
                 const double f = (g - 1) / g * (double)(k == COLL_ALLREDUCE ? ar_bytes : coll_bytes);
                 char key[64];
                 snprintf(key, sizeof key, "%s_bw_gbs", coll_name[k]);
-                if (k != COLL_REDUCE)
-                    cJSON_AddNumberToObject(e, key, r4((k == COLL_ALLREDUCE ? 2 : 1) * f / coll_s[i][k] * 1e-9));
+                cJSON_AddNumberToObject(e, key, r4((k == COLL_ALLREDUCE ? 2 : 1) * f / coll_s[i][k] * 1e-9));
                 snprintf(key, sizeof key, "%s_scratch", coll_name[k]);
                 cJSON_AddNumberToObject(e, key, r4(coll_scr[i][k]));
             }

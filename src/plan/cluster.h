@@ -23,9 +23,8 @@
  *   mpi: {per_peer_mb (resident memory per other rank on the node), allreduce_bw_gbs,
  *     reduce_scatter_bw_gbs, allgather_bw_gbs (ring-equivalent per-rank bandwidths of
  *     the collectives, measured: time = (g-1)/g x bytes / bw per pass), allreduce_scratch,
- *     reduce_scatter_scratch, allgather_scratch, reduce_scratch (peak temporary memory of
- *     the collective / its message bytes, max over ranks; reduce: MPI_Reduce in place to a
- *     root, as the trainer's checkpoint gathers), ranks (how many measured), by_ranks: [the
+ *     reduce_scatter_scratch, allgather_scratch (peak temporary memory of the collective /
+ *     its message bytes, max over ranks), ranks (how many measured), by_ranks: [the
  *     same keys for fewer ranks at once, with their "ranks"]}; mt_cluster_for_device uses
  *     the entry with the most ranks <= the ranks of the node.
  * With a cpu section the planner models the moetrain trainer (plan.h, mt_plan_settings). */
@@ -38,7 +37,7 @@ enum { MT_CLUSTER_CURVE_MAX = 16, MT_CLUSTER_THREADS_MAX = 8 };
  * bytes/s, ring-equivalent; scratch = temporary bytes / message bytes). */
 typedef struct {
     int ranks;
-    double ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch, red_scratch;
+    double ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch;
 } mt_cluster_mpi;
 
 /* One rank alone on a CPU node with `threads` threads. */
@@ -66,7 +65,7 @@ typedef struct {
     int cores, ncpu;
     mt_cluster_cpu cpu[MT_CLUSTER_THREADS_MAX];
     /* measured MPI figures (0 = not measured: the link bandwidth / no extra memory) */
-    double mpi_per_peer, ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch, red_scratch;
+    double mpi_per_peer, ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch;
     int mpi_ranks;                   /* ranks of the entry in use (0: none) */
     int nmpi;                        /* mpi.by_ranks and the top level, ascending in ranks */
     mt_cluster_mpi mpi[8];

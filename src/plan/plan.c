@@ -340,7 +340,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         const double sd = st->dist_opt ? l->dp : 1, se = st->dist_opt ? edp : 1;
         double mw = st->elt * (pd + pe), mg = 4 * (pd + pe), mo = 12 * (pd / sd + pe / se);
         double mc = 2 * msg + (moe_on[r] ? 2 * n * c->num_experts_per_tok * c->hidden_size * st->elt * imb : 0);
-        double wk = work[r], ckpt = 0;
+        double wk = work[r], ckpt = 0, ckpt_extra = 0;
         if (st->trainer) {
             const double nfull = mt_cost_params(c);
             /* fp32 weights and gradients, two fp32 moments (no master copy); the arenas of
@@ -375,16 +375,17 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                 scratch = st->dist_opt ? fmax(cl->rs_scratch, cl->ag_scratch) * gbytes
                                        : cl->ar_scratch * fmin(gbytes, st->bucket_bytes);
             /* the checkpoint at the end (trainer.c save_checkpoint), the step's buffers still
-             * allocated: every rank copies its moments (8 B a local parameter) and holds
-             * full-size buffers for the gathered moments and parameters (12 B a parameter of
-             * the whole model); world rank 0 gathers the parameters into a whole model with
-             * its gradient buffer (16 B) */
-            ckpt = mw + mg + mo + peak + wk + mc + cl->reserved_bytes + 8 * (pd + pe) + (r == 0 ? 16 : 12) * nfull;
-            /* ... with MPI_Reduce to rank 0 over all ranks, in pieces of 2^26 floats
-             * (dist/reshard.c): the root's scratch, measured with mpi_ranks ranks; for
-             * other counts scaled by the levels of a binomial tree */
-            if (r == 0 && st->devices > 1 && cl->mpi_ranks > 1)
-                ckpt += cl->red_scratch * ceil(log2(st->devices)) / ceil(log2(cl->mpi_ranks)) * 4 * fmin(nfull, 67108864.0);
+             * allocated. A rank holding the whole model (no TP, PP, EP) writes from its own
+             * buffers; with ZeRO-1 world rank 0 first gathers the moments (8 B a parameter).
+             * A sharded layout sends its tensors to world rank 0 point to point
+             * (dist/reshard.c): rank 0 holds whole-model parameters and moments (12 B a
+             * parameter); with ZeRO-1 every rank first assembles its part's moments (8 B a
+             * local parameter) */
+            const int whole = l->tp == 1 && l->pp == 1 && l->ep == 1;
+            double extra = whole ? (st->dist_opt && r == 0 ? 8 * nfull : 0)
+                                 : (st->dist_opt ? 8 * (pd + pe) : 0) + (r == 0 ? 12 * nfull : 0);
+            ckpt = mw + mg + mo + peak + wk + mc + cl->reserved_bytes + extra;
+            ckpt_extra = extra;
             mc += scratch;
         }
         double step_tot = mw + mg + mo + peak + wk + mc + cl->reserved_bytes;
@@ -401,6 +402,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             res->mem_reserved = cl->reserved_bytes;
             res->mem_step = step_tot;
             res->mem_ckpt = ckpt;
+            res->mem_ckpt_extra = ckpt_extra;
         }
         /* optimizer: AdamW reads/writes ~36 bytes per local parameter (memory bound);
          * then the bf16 parameter all-gather, overlapped with the next step's first forward */

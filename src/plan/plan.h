@@ -74,6 +74,7 @@ typedef struct {
     double mem_total, mem_weights, mem_grads, mem_opt, mem_acts, mem_work, mem_comm, mem_reserved;
     double mem_step;         /* the training step's peak (= mem_total unless the checkpoint is higher) */
     double mem_ckpt;         /* trainer: peak while writing the checkpoint (0 if not modelled) */
+    double mem_ckpt_extra;   /* trainer: of which the checkpoint's own buffers */
     int nstages;
     short layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
 } mt_plan_result;

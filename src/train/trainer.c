@@ -300,6 +300,8 @@ typedef struct {
     int nfull_t;
     mt_loader *train, *val;
     opt_region reg[3];
+    float *mom_m, *mom_v;         /* without dist_opt: every region's moments, one buffer each */
+    int whole;                    /* this rank holds the whole model (no TP, PP or EP) */
     int opt_step;                 /* AdamW updates applied: the bias-correction step */
     int32_t *in, *tg, *pos;
     FILE *metrics, *tsv;
@@ -312,10 +314,14 @@ static void run_free(run_state *r) {
     free(r->full_t);
     if (r->train) mt_loader_free(r->train);
     if (r->val) mt_loader_free(r->val);
+    mt_free(r->mom_m);
+    mt_free(r->mom_v);
     for (int i = 0; i < 3; i++) {
         opt_region *g = &r->reg[i];
-        mt_free(g->m);
-        mt_free(g->v);
+        if (!r->mom_m) {
+            mt_free(g->m);
+            mt_free(g->v);
+        }
         mt_free(g->gshard);
         free(g->t_off);
         free(g->t_len);
@@ -347,17 +353,16 @@ static void build_opt_table(run_state *r, opt_region *g) {
     }
 }
 
-/* full-size (this rank's part) moments: the regions' shards gathered over their groups */
-static void moments_local(run_state *r, int dist_opt, float *fm, float *fv) {
+/* full-size (this rank's part) moments from the regions' shards, gathered over their groups
+ * (dist_opt only; without it the moments are already one buffer) */
+static void moments_local(run_state *r, float *fm, float *fv) {
     for (int i = 0; i < 3; i++) {
         opt_region *g = &r->reg[i];
         if (g->n == 0) continue;
         memcpy(fm + g->olo, g->m, g->on * sizeof(float));
         memcpy(fv + g->olo, g->v, g->on * sizeof(float));
-        if (dist_opt) {
-            mt_group_allgather(g->g, fm + g->lo, g->n);
-            mt_group_allgather(g->g, fv + g->lo, g->n);
-        }
+        mt_group_allgather(g->g, fm + g->lo, g->n);
+        mt_group_allgather(g->g, fv + g->lo, g->n);
     }
 }
 
@@ -370,45 +375,155 @@ static void moments_take(run_state *r, const float *fm, const float *fv) {
     }
 }
 
-/* Every rank sends the tensors it owns (DP index 0 of its stage; experts: expert-DP index 0)
- * and world rank 0 writes the checkpoint of the whole model (collective). */
+/* a view of the whole model over a parameter buffer (the checkpoint code needs only the
+ * config, the tensor table and the parameters; no gradient buffer) */
+static mt_model whole_view(const run_state *r, const mt_config *cfg, float *params) {
+    mt_model v;
+    memset(&v, 0, sizeof v);
+    v.cfg = *cfg;
+    v.tensors = r->full_t;
+    v.ntensors = r->nfull_t;
+    v.nparams = r->nfull;
+    v.params = params;
+    return v;
+}
+
+/* Writes the checkpoint of the whole model from world rank 0 (collective). A rank holding
+ * the whole model writes from its own buffers (ZeRO-1 moments gathered to it first); a
+ * sharded layout sends every owned tensor to rank 0 (TP slices: DP index 0 of every TP rank;
+ * replicated tensors: also TP rank 0; experts: expert-DP index 0, and TP rank 0 when they are
+ * replicated over TP, without SP), which alone holds whole-model buffers. */
 static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int step, uint64_t samples, int bad,
                            char *last_good, size_t cap) {
     char name[64], dir[4096];
     snprintf(name, sizeof name, "step_%08d", step);
     snprintf(dir, sizeof dir, "%s/%s", o->out, name);
     const size_t P = r->m.nparams, NF = r->nfull;
-    /* TP slices: DP index 0 of every TP rank; replicated tensors: also TP rank 0; experts:
-     * expert-DP index 0 (and TP rank 0 when they are replicated over TP, without SP) */
-    const int own_t = d->dp_rank == 0, own_d = own_t && d->tp_rank == 0;
-    const int own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
-    float *lm = mt_alloc((P + 1) * sizeof(float)), *lv = mt_alloc((P + 1) * sizeof(float));
-    moments_local(r, o->dist_opt, lm, lv);
-    mt_model full;
+    const int root = d->rank == 0;
+    float *lm = r->mom_m, *lv = r->mom_v;  /* this rank's moments, laid out like its parameters */
+    float *fp = NULL, *fm = NULL, *fv = NULL; /* whole-model buffers (rank 0) */
+    if (r->whole) {
+        fp = r->m.params;
+        if (o->dist_opt) { /* every rank's shard of the one region to rank 0 */
+            opt_region *g = &r->reg[1];
+            MT_ASSERT(g->lo == 0 && g->n == P && g->g->size == d->size);
+            fm = root ? mt_alloc((NF + 1) * sizeof(float)) : NULL;
+            fv = root ? mt_alloc((NF + 1) * sizeof(float)) : NULL;
+            mt_group_gather_shards(g->g, g->m, P, fm);
+            mt_group_gather_shards(g->g, g->v, P, fv);
+        } else {
+            fm = lm, fv = lv;
+        }
+    } else {
+        if (o->dist_opt) {
+            lm = mt_alloc((P + 1) * sizeof(float));
+            lv = mt_alloc((P + 1) * sizeof(float));
+            moments_local(r, lm, lv);
+        }
+        if (root) {
+            fp = mt_alloc((NF + 1) * sizeof(float));
+            fm = mt_alloc((NF + 1) * sizeof(float));
+            fv = mt_alloc((NF + 1) * sizeof(float));
+        }
+        const int own_t = d->dp_rank == 0, own_d = own_t && d->tp_rank == 0;
+        const int own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
+        mt_reshard_gather(&d->all, r->full_t, NF, &r->m, r->m.params, own_t, own_d, own_e, fp);
+        mt_reshard_gather(&d->all, r->full_t, NF, &r->m, lm, own_t, own_d, own_e, fm);
+        mt_reshard_gather(&d->all, r->full_t, NF, &r->m, lv, own_t, own_d, own_e, fv);
+    }
     int rc = 0;
-    if (d->rank == 0) rc = mt_model_init(&full, &r->m.cfg);
-    float *fm = mt_alloc((NF + 1) * sizeof(float)), *fv = mt_alloc((NF + 1) * sizeof(float));
-    float *fp = d->rank == 0 && rc == 0 ? full.params : mt_alloc((NF + 1) * sizeof(float));
-    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, r->m.params, own_t, own_d, own_e, fp);
-    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lm, own_t, own_d, own_e, fm);
-    mt_reshard_gather(&d->all, 0, r->full_t, NF, &r->m, lv, own_t, own_d, own_e, fv);
-    mt_free(lm);
-    mt_free(lv);
-    if (d->rank == 0 && rc == 0) {
+    if (root) {
+        mt_model full = whole_view(r, &r->m.cfg, fp);
         char *st = state_to_json(o, step, r->opt_step, samples, bad, d->dp_size);
         rc = mt_ckpt_save(dir, &full, fm, fv, st);
         free(st);
         if (rc == 0) rc = mt_ckpt_set_latest(o->out, name);
-        mt_model_free(&full);
-    } else {
-        mt_free(fp);
     }
-    mt_free(fm);
-    mt_free(fv);
+    if (lm != r->mom_m) {
+        mt_free(lm);
+        mt_free(lv);
+    }
+    if (fp != r->m.params) mt_free(fp);
+    if (fm != r->mom_m) {
+        mt_free(fm);
+        mt_free(fv);
+    }
     if (rc != 0) return -1;
     snprintf(last_good, cap, "%s", dir);
-    if (d->rank == 0 && o->keep > 0) prune_checkpoints(o->out, o->keep);
+    if (root && o->keep > 0) prune_checkpoints(o->out, o->keep);
     return 0;
+}
+
+/* Loads weights (and, for a resume, the AdamW moments) of the checkpoint ckdir into this
+ * rank's part (collective). World rank 0 reads and checks the files against the whole
+ * model; a rank holding the whole model then receives a broadcast (ZeRO-1: its shard of the
+ * moments), a sharded one its tensors point to point. */
+static int load_checkpoint(const char *ckdir, int resume, run_state *r, const mt_config *cfg, mt_dist *d,
+                           int dist_opt) {
+    const int root = d->rank == 0;
+    const size_t P = r->m.nparams, NF = r->nfull;
+    int lrc = 0;
+    float *fp = NULL, *fm = NULL, *fv = NULL;
+    if (root) {
+        fp = r->whole ? r->m.params : mt_alloc((NF + 1) * sizeof(float));
+        mt_model full = whole_view(r, cfg, fp);
+        lrc = mt_ckpt_load_weights(ckdir, &full);
+        if (lrc == 0 && resume) {
+            fm = r->whole && !dist_opt ? r->mom_m : mt_alloc((NF + 1) * sizeof(float));
+            fv = r->whole && !dist_opt ? r->mom_v : mt_alloc((NF + 1) * sizeof(float));
+            lrc = mt_ckpt_load_optimizer(ckdir, &full, fm, fv);
+        }
+    }
+    int bad = lrc != 0;
+    if (d->size > 1) MPI_Bcast(&bad, 1, MPI_INT, 0, d->world);
+    if (!bad) {
+        if (r->whole) {
+            mt_group_bcast_f32(&d->all, r->m.params, P);
+            if (resume && !dist_opt) {
+                mt_group_bcast_f32(&d->all, r->mom_m, P);
+                mt_group_bcast_f32(&d->all, r->mom_v, P);
+            } else if (resume) {
+                opt_region *g = &r->reg[1];
+                mt_group_scatter_shards(g->g, fm, P, g->m);
+                mt_group_scatter_shards(g->g, fv, P, g->v);
+            }
+        } else {
+            mt_reshard_scatter(&d->all, r->full_t, fp, &r->m, r->m.params);
+            if (resume) {
+                float *lm = dist_opt ? mt_alloc((P + 1) * sizeof(float)) : r->mom_m;
+                float *lv = dist_opt ? mt_alloc((P + 1) * sizeof(float)) : r->mom_v;
+                mt_reshard_scatter(&d->all, r->full_t, fm, &r->m, lm);
+                mt_reshard_scatter(&d->all, r->full_t, fv, &r->m, lv);
+                if (dist_opt) {
+                    moments_take(r, lm, lv);
+                    mt_free(lm);
+                    mt_free(lv);
+                }
+            }
+        }
+    }
+    if (fp != r->m.params) mt_free(fp);
+    if (fm != r->mom_m) {
+        mt_free(fm);
+        mt_free(fv);
+    }
+    if (bad) return root ? -1 : mt_error("train: rank 0 could not load the checkpoint %s", ckdir);
+    (void)NF;
+    return 0;
+}
+
+/* Peak RSS of the whole run and of training alone (the peak before each checkpoint; the
+ * kernel's high-water mark is reset after each one). */
+typedef struct { size_t all, train; } rss_peaks;
+static void rss_mark(rss_peaks *p) {
+    size_t x = mt_peak_rss();
+    if (x > p->all) p->all = x;
+    if (x > p->train) p->train = x;
+}
+static void rss_after_save(rss_peaks *p) {
+    size_t x = mt_peak_rss();
+    if (x > p->all) p->all = x;
+    mt_reset_peak_rss();
 }
 
 /* Layers of each of the S virtual stages: --split "a,b,..." or an even split. */
@@ -622,6 +737,11 @@ int mt_train(const mt_train_opts *opts) {
     /* without SP the replicated tensors and experts are the same on every TP rank */
     const int tp_dup[3] = {0, o.tp > 1 && !d->sp, o.tp > 1 && !d->sp};
     size_t opt_bytes = 0;
+    r.whole = r.m.nparams == r.nfull && o.tp == 1 && o.pp == 1 && o.ep == 1;
+    if (!o.dist_opt) {
+        r.mom_m = mt_alloc((P + 1) * sizeof(float));
+        r.mom_v = mt_alloc((P + 1) * sizeof(float));
+    }
     for (int i = 0; i < 3; i++) {
         opt_region *g = &r.reg[i];
         g->olo = g->lo;
@@ -632,54 +752,20 @@ int mt_train(const mt_train_opts *opts) {
             g->olo = g->lo + lo;
             g->on = hi - lo;
             g->gshard = mt_alloc((g->on + 1) * sizeof(float));
+            g->m = mt_alloc((g->on + 1) * sizeof(float));
+            g->v = mt_alloc((g->on + 1) * sizeof(float));
+        } else {
+            g->m = r.mom_m + g->lo;
+            g->v = r.mom_v + g->lo;
         }
-        g->m = mt_alloc((g->on + 1) * sizeof(float));
-        g->v = mt_alloc((g->on + 1) * sizeof(float));
         opt_bytes += 2 * g->on * sizeof(float);
         build_opt_table(&r, g);
     }
     if (o.resume || o.init) {
-        /* rank 0 reads the whole model (checked against the config), every rank takes its part */
-        mt_model full;
-        int lrc = 0;
-        float *fbuf;
-        if (root) {
-            lrc = mt_model_init(&full, &cfg);
-            if (lrc == 0) lrc = mt_ckpt_load_weights(ckdir, &full);
-            fbuf = lrc == 0 ? full.params : NULL;
-        } else {
-            fbuf = mt_alloc((r.nfull + 1) * sizeof(float));
-        }
-        int bad_load = lrc != 0;
-        if (d->size > 1) MPI_Bcast(&bad_load, 1, MPI_INT, 0, d->world);
-        if (!bad_load) mt_reshard_scatter(&d->all, r.full_t, fbuf, r.nfull, &r.m, r.m.params);
-        float *lm = NULL, *lv = NULL;
-        if (!bad_load && o.resume) {
-            float *fm = mt_alloc((r.nfull + 1) * sizeof(float)), *fv = mt_alloc((r.nfull + 1) * sizeof(float));
-            if (root) lrc = mt_ckpt_load_optimizer(ckdir, &full, fm, fv);
-            bad_load = lrc != 0;
-            if (d->size > 1) MPI_Bcast(&bad_load, 1, MPI_INT, 0, d->world);
-            if (!bad_load) {
-                lm = mt_alloc((P + 1) * sizeof(float));
-                lv = mt_alloc((P + 1) * sizeof(float));
-                mt_reshard_scatter(&d->all, r.full_t, fm, r.nfull, &r.m, lm);
-                mt_reshard_scatter(&d->all, r.full_t, fv, r.nfull, &r.m, lv);
-                moments_take(&r, lm, lv);
-            }
-            mt_free(fm);
-            mt_free(fv);
-        }
-        mt_free(lm);
-        mt_free(lv);
-        if (root) {
-            if (lrc == 0 || fbuf) mt_model_free(&full);
-        } else {
-            mt_free(fbuf);
-        }
-        if (bad_load) {
+        if (load_checkpoint(ckdir, o.resume != NULL, &r, &cfg, d, o.dist_opt) != 0) {
             free(bounds);
             run_free(&r);
-            return root ? -1 : mt_error("train: rank 0 could not load the checkpoint %s", ckdir);
+            return -1;
         }
     } else {
         float std = o.init_std > 0 ? (float)o.init_std
@@ -776,6 +862,7 @@ int mt_train(const mt_train_opts *opts) {
     double *red = mt_xmalloc(sizeof(double) * (size_t)(cfg.num_hidden_layers + 1));
     mt_a2a_bytes a2a_prev = {0};
     double prof_sum[9] = {0}; /* --profile: the breakdown summed over the steady-state steps */
+    rss_peaks rss = {0, 0};
     for (int step = start_step + 1; step <= o.steps; step++) {
         double t0 = mt_now(), c0 = mt_cpu_time();
         d->comm_s = 0;
@@ -994,17 +1081,21 @@ int mt_train(const mt_train_opts *opts) {
         }
         /* a checkpoint is written only after a finite step: it must be one to go back to */
         if (o.save_every > 0 && step % o.save_every == 0 && step != o.steps && bad == 0) {
+            rss_mark(&rss);
             if (save_checkpoint(&o, &r, d, step, samples, bad, last_good, sizeof last_good) != 0) { rc = -1; break; }
+            rss_after_save(&rss);
         }
     }
     free(load);
     free(red);
+    rss_mark(&rss); /* training's peak, before the final checkpoint */
     if (rc == 0 && bad > 0) {
         if (root) mt_warn("the last step was non-finite: no final checkpoint; last good checkpoint: %s", last_good);
     } else if (rc == 0) {
         int final_step = o.steps;
         if (save_checkpoint(&o, &r, d, final_step, samples, bad, last_good, sizeof last_good) != 0) rc = -1;
     }
+    rss_after_save(&rss);
     /* --profile: every rank's mean breakdown per step, into the metrics (rank 0 writes) */
     if (rc == 0 && o.profile) {
         double *all = root ? mt_xmalloc(sizeof(double) * 9 * (size_t)d->size) : NULL;
@@ -1023,32 +1114,36 @@ int mt_train(const mt_train_opts *opts) {
         free(all);
     }
     /* peak RSS of every rank, for the summary (the planner's memory model is per rank) */
-    int64_t *rss_all = mt_xcalloc((size_t)d->size, sizeof(int64_t));
+    int64_t *rss_all = mt_xcalloc((size_t)d->size * 2, sizeof(int64_t));
     if (rc == 0) {
-        rss_all[d->rank] = (int64_t)mt_peak_rss();
-        mt_dist_world_sum_i64(d, rss_all, (size_t)d->size);
+        rss_all[d->rank] = (int64_t)rss.all;
+        rss_all[d->size + d->rank] = (int64_t)rss.train;
+        mt_dist_world_sum_i64(d, rss_all, (size_t)d->size * 2);
     }
     if (rc == 0 && root) {
         double tps = t_timed > 0 ? tok_timed / t_timed : 0;
         double mfu = flops_tok * tps / (peak * W * 1e9);
         double wait = t_timed > 0 ? 1.0 - cpu_timed / t_timed : 0;
         double comm_share = t_timed > 0 ? comm_timed / t_timed : 0;
-        size_t rss = mt_peak_rss();
+        size_t rss_peak = (size_t)rss_all[0];
         fprintf(r.metrics,
                 "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
                 "\"peak_rss_bytes\":%zu,\"dp\":%d,\"tp\":%d,\"sp\":%s,\"pp\":%d,\"vpp\":%d,\"ep\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,"
                 "\"activation_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
                 "\"step_time_s\":%.6f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
-                o.steps, tps, mfu, wait, peak, rss, D, o.tp, d->sp ? "true" : "false", o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
+                o.steps, tps, mfu, wait, peak, rss_peak, D, o.tp, d->sp ? "true" : "false", o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
                 r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, last_good);
         for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[i]);
+        /* the peak of training alone: before each checkpoint was written */
+        fprintf(r.metrics, "],\"peak_rss_train_bytes_per_rank\":[");
+        for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[d->size + i]);
         fprintf(r.metrics, "]}\n");
         if (!o.quiet) {
             char peaks[64];
             if (W > 1) snprintf(peaks, sizeof peaks, "%d x %.0f", W, peak);
             else snprintf(peaks, sizeof peaks, "%.0f", peak);
             printf("done: %.0f tok/s (steady state), MFU %.1f%% of %s GFLOP/s, threads waiting %.1f%%, peak RSS %.0f MiB",
-                   tps, 100 * mfu, peaks, 100 * wait, (double)rss / 1048576.0);
+                   tps, 100 * mfu, peaks, 100 * wait, (double)rss_peak / 1048576.0);
             if (W > 1) printf(", communication %.1f%% of the step", 100 * comm_share);
             printf("\n  checkpoint %s\n  metrics    %s/metrics.jsonl\n", last_good, o.out);
         }
