@@ -150,11 +150,17 @@ for row in "${LAYOUTS[@]}"; do
     fi
     echo "    $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}') s wall"
     rm -rf "$out"/step_*  # the final checkpoint (~1.3 GB); metrics.jsonl stays
+    # the routing's load imbalance over the EP ranks is an input of the model (how the
+    # router spreads tokens, not a property of the machine): the trainer measures it
+    imb=
+    if grep -q -- '--ep' <<< "$flags"; then
+        imb="--imbalance $("$PY" -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "summary" in l][-1]["ep_imbalance"])' "$out/metrics.jsonl")"
+    fi
     # shellcheck disable=SC2086
     "$MOETRAIN" plan --model small --cluster "$CAL" --devices "$ranks" --devices-per-node "$ranks" --threads "$threads" \
-        --seq $SEQ --global-batch "$gb" --dtype fp32 $dist --layout "$layout" --json --quiet > "$TMP/$name.plan.json" \
+        --seq $SEQ --global-batch "$gb" --dtype fp32 $dist $imb --layout "$layout" --json --quiet > "$TMP/$name.plan.json" \
         2> "$TMP/$name.plan.err"
-    echo "    plan --devices $ranks --devices-per-node $ranks --threads $threads --seq $SEQ --global-batch $gb --dtype fp32 $dist --layout $layout"
+    echo "    plan --devices $ranks --devices-per-node $ranks --threads $threads --seq $SEQ --global-batch $gb --dtype fp32 $dist $imb --layout $layout"
     printf '%s\t%s\t%s\t%s\n' "$name" "$layout" "$out/metrics.jsonl" "$TMP/$name.plan.json" >> "$ROWS"
 done
 

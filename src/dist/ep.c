@@ -68,6 +68,11 @@ static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const int32_t
         snprintf(msg, sizeof msg, "expert-parallel dispatch failed: %s", mt_last_error());
         mt_dist_abort(msg);
     }
+    if (e->nrows == e->caprows) {
+        e->caprows = e->caprows ? 2 * e->caprows : 256;
+        e->rows = mt_xrealloc(e->rows, sizeof(int64_t) * (size_t)e->caprows);
+    }
+    e->rows[e->nrows++] = p->R;
     b->R = p->R;
     b->off = p->off;
     b->xe = xe;
@@ -131,4 +136,19 @@ int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode) {
     return 0;
 }
 
-void mt_ep_free(mt_ep *e) { mt_a2a_free(&e->a2a); }
+void mt_ep_free(mt_ep *e) {
+    mt_a2a_free(&e->a2a);
+    free(e->rows);
+}
+
+double mt_ep_imbalance(mt_ep *e) {
+    const int n = e->nrows;
+    if (n == 0) return 1.0;
+    int64_t *mx = mt_xmalloc(sizeof(int64_t) * (size_t)n * 2), *sum = mx + n;
+    MPI_Allreduce(e->rows, mx, n, MPI_INT64_T, MPI_MAX, e->a2a.ep);
+    MPI_Allreduce(e->rows, sum, n, MPI_INT64_T, MPI_SUM, e->a2a.ep);
+    double a = 0, b = 0;
+    for (int i = 0; i < n; i++) a += (double)mx[i], b += (double)sum[i] / e->a2a.size;
+    free(mx);
+    return b > 0 ? a / b : 1.0;
+}

@@ -21,7 +21,14 @@ typedef struct {
     mt_a2a a2a;
     mt_a2a_mode mode;
     mt_ep_count count;     /* accumulated over every exchange (dispatch, combine and backwards) */
+    int64_t *rows;         /* rows this rank received in each dispatch so far */
+    int nrows, caprows;
 } mt_ep;
+
+/* The load imbalance the dispatches so far had (collective over the EP group): the sum over
+ * dispatches of the busiest rank's rows over the sum of the mean rank's rows (1 = even). A
+ * dispatch waits for its busiest rank, so this is the factor the experts' work is slowed by. */
+double mt_ep_imbalance(mt_ep *e);
 
 /* Rows sent by this rank for tokens routed to sel[N*K] (no communication). */
 void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, mt_ep_count *c);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "dist/a2a.h"
 #include "dist/dist.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
@@ -258,6 +259,63 @@ static void cal_collective(MPI_Comm comm, int which, size_t bytes, int reps, dou
     free(cnt);
 }
 
+/* The trainer's expert exchange of one MoE layer (dist/ep.c: dispatch and combine forward;
+ * gather, dispatch backward and the routing weights' return backward) over comm, the
+ * slowest rank's best time, at two token counts per rank (C = 512, top-2 of 8 experts per
+ * rank, uniform random routing, so no rank waits for a busier one): fitted as
+ * layer_s + byte_s x bytes of the rows a rank sends (n x k x C x 4). */
+static void cal_ep_exchange(MPI_Comm comm, int quick, double *layer_s, double *byte_s) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    const int C = 512, K = 2, E = 8 * size, ns[2] = {256, quick ? 1024 : 2048}, reps = quick ? 3 : 6;
+    mt_a2a a;
+    *layer_s = *byte_s = 0;
+    if (mt_a2a_init(&a, comm, 0) != 0) return;
+    double t[2];
+    for (int q = 0; q < 2; q++) {
+        const int N = ns[q];
+        float *x = mt_alloc(sizeof(float) * (size_t)N * C), *w = mt_alloc(sizeof(float) * (size_t)N * K);
+        float *out = mt_alloc(sizeof(float) * (size_t)N * C), *vs = mt_alloc(sizeof(float) * (size_t)N * K);
+        int32_t *sel = mt_xmalloc(sizeof(int32_t) * (size_t)N * K);
+        for (int i = 0; i < N * C; i++) x[i] = (float)(i % 97) * 0.01f;
+        for (int i = 0; i < N; i++) {
+            int e0 = (int)(mt_hash4(7, (uint64_t)rank, (uint64_t)i, 0) % (uint64_t)E);
+            int e1 = (int)((e0 + 1 + mt_hash4(7, (uint64_t)rank, (uint64_t)i, 1) % (uint64_t)(E - 1)) % (uint64_t)E);
+            sel[i * K] = e0, sel[i * K + 1] = e1;
+            w[i * K] = 0.6f, w[i * K + 1] = 0.4f;
+        }
+        double best = INFINITY;
+        for (int r = 0; r < reps + 1; r++) {
+            MPI_Barrier(comm);
+            double t0 = MPI_Wtime();
+            mt_a2a_plan p;
+            float *xe = NULL;
+            if (mt_a2a_dispatch(&a, MT_A2A_FLAT, &p, &xe, x, sel, w, N, K, C, E) != 0) break;
+            float *ye = mt_alloc(sizeof(float) * ((size_t)p.R * C + 1)), *v = mt_alloc(sizeof(float) * ((size_t)p.R + 1));
+            mt_a2a_combine(&a, &p, out, xe, p.w);
+            mt_a2a_gather(&a, &p, ye, out);
+            mt_a2a_dispatch_bwd(&a, &p, out, ye);
+            mt_a2a_to_source(&a, &p, vs, v);
+            double dt = MPI_Wtime() - t0;
+            MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, comm);
+            if (r > 0 && dt < best) best = dt; /* the first one is a warm-up */
+            mt_free(ye);
+            mt_free(v);
+            mt_free(xe);
+            mt_a2a_plan_free(&p);
+        }
+        t[q] = best;
+        mt_free(x), mt_free(w), mt_free(out), mt_free(vs);
+        free(sel);
+    }
+    mt_a2a_free(&a);
+    const double b1 = (double)ns[0] * K * C * 4, b2 = (double)ns[1] * K * C * 4;
+    if (!isfinite(t[0]) || !isfinite(t[1])) return;
+    *byte_s = fmax(0, (t[1] - t[0]) / (b2 - b1));
+    *layer_s = fmax(0, t[0] - *byte_s * b1);
+}
+
 /* ---- curve ------------------------------------------------------------------------ */
 
 /* peak = the best SGEMM; curve = rate / peak binned by FLOPs per call (log-spaced,
@@ -417,7 +475,8 @@ int mt_calibrate(const char *path, int quick) {
      * with more ranks than cores the collectives share them, as the trainer's ranks do */
     enum { NG = 8 };
     int ngs = 0, gs[NG];
-    double coll_s[NG][COLL_N], coll_scr[NG][COLL_N], per_peer = 0;
+    double coll_s[NG][COLL_N], coll_scr[NG][COLL_N], per_peer = 0, ep_s[NG][2];
+    memset(ep_s, 0, sizeof ep_s);
     memset(coll_s, 0, sizeof coll_s);
     memset(coll_scr, 0, sizeof coll_scr);
     if (mpi) {
@@ -427,10 +486,12 @@ int mt_calibrate(const char *path, int quick) {
             MPI_Comm sub;
             MPI_Comm_split(d->world, d->rank < gs[i], d->rank, &sub);
             /* the all-reduce on the trainer's default bucket (25 MiB), the others on the message */
-            if (d->rank < gs[i])
+            if (d->rank < gs[i]) {
                 for (int k = 0; k < COLL_N; k++)
                     cal_collective(sub, k, k == COLL_ALLREDUCE ? ar_bytes : coll_bytes,
                                    k == COLL_ALLREDUCE ? 6 : quick ? 3 : 4, &coll_s[i][k], &coll_scr[i][k]);
+                cal_ep_exchange(sub, quick, &ep_s[i][0], &ep_s[i][1]);
+            }
             MPI_Comm_free(&sub);
             cal_quiet_barrier(d);
         }
@@ -529,6 +590,8 @@ int mt_calibrate(const char *path, int quick) {
                 snprintf(key, sizeof key, "%s_scratch", coll_name[k]);
                 cJSON_AddNumberToObject(e, key, r4(coll_scr[i][k]));
             }
+            cJSON_AddNumberToObject(e, "ep_layer_s", ep_s[i][0]);
+            cJSON_AddNumberToObject(e, "ep_byte_s", ep_s[i][1]);
             if (i < ngs - 1) cJSON_AddItemToArray(br, e);
         }
     }

@@ -56,7 +56,8 @@ static int parse_mpi(const cJSON *o, const char *what, const char *path, mt_clus
     if (num(o, what, path, "allreduce_bw_gbs", 0, &m->ar_bw) || num(o, what, path, "reduce_scatter_bw_gbs", 0, &m->rs_bw) ||
         num(o, what, path, "allgather_bw_gbs", 0, &m->ag_bw) || num0(o, what, path, "allreduce_scratch", &m->ar_scratch) ||
         num0(o, what, path, "reduce_scatter_scratch", &m->rs_scratch) ||
-        num0(o, what, path, "allgather_scratch", &m->ag_scratch))
+        num0(o, what, path, "allgather_scratch", &m->ag_scratch) || num0(o, what, path, "ep_layer_s", &m->ep_layer_s) ||
+        num0(o, what, path, "ep_byte_s", &m->ep_byte_s))
         return -1;
     m->ar_bw *= 1e9;
     m->rs_bw *= 1e9;
@@ -134,6 +135,7 @@ int mt_cluster_for_device(mt_cluster *cl, int threads, int per_node) {
         const double s_cal = m->ranks > cl->cores ? (double)cl->cores / m->ranks : 1.0, f = s_now / s_cal;
         cl->ar_bw = m->ar_bw * f, cl->rs_bw = m->rs_bw * f, cl->ag_bw = m->ag_bw * f;
         cl->ar_scratch = m->ar_scratch, cl->rs_scratch = m->rs_scratch, cl->ag_scratch = m->ag_scratch;
+        cl->ep_layer_s = m->ep_layer_s / f, cl->ep_byte_s = m->ep_byte_s / f;
         cl->mpi_ranks = m->ranks;
     }
     cl->per_node = per_node;
@@ -207,6 +209,7 @@ int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what) {
         const mt_cluster_mpi *t = &cl->mpi[cl->nmpi - 1];
         cl->ar_bw = t->ar_bw, cl->rs_bw = t->rs_bw, cl->ag_bw = t->ag_bw;
         cl->ar_scratch = t->ar_scratch, cl->rs_scratch = t->rs_scratch, cl->ag_scratch = t->ag_scratch;
+        cl->ep_layer_s = t->ep_layer_s, cl->ep_byte_s = t->ep_byte_s;
         cl->mpi_ranks = t->ranks;
     }
     cl->devices = (int)dev;

@@ -24,7 +24,9 @@
  *     reduce_scatter_bw_gbs, allgather_bw_gbs (ring-equivalent per-rank bandwidths of
  *     the collectives, measured: time = (g-1)/g x bytes / bw per pass), allreduce_scratch,
  *     reduce_scatter_scratch, allgather_scratch (peak temporary memory of the collective /
- *     its message bytes, max over ranks), ranks (how many measured), by_ranks: [the
+ *     its message bytes, max over ranks), ep_layer_s, ep_byte_s (the trainer's expert
+ *     exchange of one MoE layer, forward and backward: seconds = ep_layer_s + ep_byte_s x
+ *     bytes of (token, expert) rows a rank sends), ranks (how many measured), by_ranks: [the
  *     same keys for fewer ranks at once, with their "ranks"]}; mt_cluster_for_device uses
  *     the entry with the most ranks <= the ranks of the node.
  * With a cpu section the planner models the moetrain trainer (plan.h, mt_plan_settings). */
@@ -38,6 +40,11 @@ enum { MT_CLUSTER_CURVE_MAX = 16, MT_CLUSTER_THREADS_MAX = 8 };
 typedef struct {
     int ranks;
     double ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch;
+    /* the trainer's expert exchange of one MoE layer (dispatch, combine, and the backward's
+     * gather, dispatch backward and routing-weight return), fitted as
+     * ep_layer_s + ep_byte_s x the bytes of the (token, expert) rows a rank sends; 0 = not
+     * measured (the link model is used) */
+    double ep_layer_s, ep_byte_s;
 } mt_cluster_mpi;
 
 /* One rank alone on a CPU node with `threads` threads. */
@@ -66,6 +73,7 @@ typedef struct {
     mt_cluster_cpu cpu[MT_CLUSTER_THREADS_MAX];
     /* measured MPI figures (0 = not measured: the link bandwidth / no extra memory) */
     double mpi_per_peer, ar_bw, rs_bw, ag_bw, ar_scratch, rs_scratch, ag_scratch;
+    double ep_layer_s, ep_byte_s;    /* the expert exchange, as in mt_cluster_mpi */
     int mpi_ranks;                   /* ranks of the entry in use (0: none) */
     int nmpi;                        /* mpi.by_ranks and the top level, ascending in ranks */
     mt_cluster_mpi mpi[8];

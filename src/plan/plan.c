@@ -117,7 +117,9 @@ typedef struct { double fwd, bwd, comp, tp, a2a; } unit_time; /* comp/tp/a2a: fw
 static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, unit_time *t) {
     const mt_config *c = x->c;
     const mt_cluster *cl = x->cl;
-    const double imb = x->st->imbalance, Ntok = (double)l->mb * x->st->seq, n = Ntok / l->tp;
+    /* the busiest EP rank's share of the routed rows sets the pace; with every expert on
+     * each rank (EP 1) the rows are the mean */
+    const double imb = l->ep > 1 ? x->st->imbalance : 1.0, Ntok = (double)l->mb * x->st->seq, n = Ntok / l->tp;
     const double peak = cl->peak_bf16;
     double tg = u->f_gemm * n / (peak * mt_cluster_gemm_eff(cl, n * u->gemm_width));
     double ta = u->f_att * n / (peak * cl->eff_att);
@@ -130,6 +132,8 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     double tm = (u->mem_tok * n + u->mem_expert_tok * n * imb) / (cl->mem_bw * cl->eff_mem);
     double tpc = u->tp_colls * ring(Ntok * c->hidden_size * x->st->elt, l->tp, cl->intra_bw, cl->intra_lat);
     double a2a = u->moe ? 2 * a2a_time(x, l, n) : 0;
+    if (u->moe && l->ep > 1 && cl->ep_layer_s > 0) /* calibrated: the trainer's exchange, half each way */
+        a2a = 0.5 * (cl->ep_layer_s + cl->ep_byte_s * n * c->num_experts_per_tok * c->hidden_size * x->st->elt * imb);
     double cf = tg + ta + te + tm, cb = 2 * (tg + ta + te + tm);
     int layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
     double rf = 0, rtp = 0, ra = 0;

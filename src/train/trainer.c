@@ -1113,6 +1113,13 @@ int mt_train(const mt_train_opts *opts) {
         }
         free(all);
     }
+    /* the experts' load imbalance over the EP ranks (the planner's --imbalance) */
+    double ep_imb = 1.0;
+    if (rc == 0 && r.have_ep) {
+        ep_imb = mt_ep_imbalance(&r.ep);
+        double x = ep_imb;
+        if (d->size > 1) MPI_Allreduce(&x, &ep_imb, 1, MPI_DOUBLE, MPI_MAX, d->world);
+    }
     /* peak RSS of every rank, for the summary (the planner's memory model is per rank) */
     int64_t *rss_all = mt_xcalloc((size_t)d->size * 2, sizeof(int64_t));
     if (rc == 0) {
@@ -1130,9 +1137,9 @@ int mt_train(const mt_train_opts *opts) {
                 "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
                 "\"peak_rss_bytes\":%zu,\"dp\":%d,\"tp\":%d,\"sp\":%s,\"pp\":%d,\"vpp\":%d,\"ep\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,"
                 "\"activation_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
-                "\"step_time_s\":%.6f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
+                "\"step_time_s\":%.6f,\"ep_imbalance\":%.4f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
                 o.steps, tps, mfu, wait, peak, rss_peak, D, o.tp, d->sp ? "true" : "false", o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
-                r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, last_good);
+                r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, ep_imb, last_good);
         for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[i]);
         /* the peak of training alone: before each checkpoint was written */
         fprintf(r.metrics, "],\"peak_rss_train_bytes_per_rank\":[");
