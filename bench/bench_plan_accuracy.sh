@@ -45,7 +45,7 @@ fi
 
 # ---- the layouts --------------------------------------------------------------------------
 # name | ranks | threads per rank | flags of `moetrain train` | `moetrain plan --layout`
-# The plan's global batch is batch x accum x DP (DP = ranks / pp), its --no-dist-opt
+# The plan's global batch is batch x accum x DP (DP = ranks / (pp x tp)), its --no-dist-opt
 # follows the absence of --dist-opt. Note on names (docs/PLAN.md): the trainer's
 # `--recompute none` is the planner's rc=selective, `--recompute selective` is
 # rc=selective-gemm. A row runs only when `moetrain train --help` lists every flag it uses
@@ -66,6 +66,7 @@ LAYOUTS=(
   "pp2-t1|2|1|--batch 2 --accum 4 --pp 2|pp=2,mb=2,rc=selective"
   "pp2-vpp2-t1|2|1|--batch 2 --accum 4 --pp 2 --vpp 2|pp=2,vpp=2,mb=2,rc=selective"
   "dp2-ep2-hier|4|1|--batch 2 --ep 2 --ranks-per-node 2 --a2a hier|ep=2,mb=2,rc=selective,a2a=hier"
+  "tp2-sp-t1|2|1|--batch 4 --tp 2 --sp|tp=2,mb=4,rc=selective"
 )
 
 echo "bench_plan_accuracy: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg), scratch $TMP"
@@ -133,7 +134,8 @@ for row in "${LAYOUTS[@]}"; do
     batch=$(grep -o -- '--batch [0-9]*' <<< "$flags" | awk '{print $2}'); batch=${batch:-8}
     accum=$(grep -o -- '--accum [0-9]*' <<< "$flags" | awk '{print $2}'); accum=${accum:-1}
     pp=$(sed -n 's/.*[,]pp=\([0-9]*\).*/\1/p' <<< ",$layout"); pp=${pp:-1}
-    dp=$((ranks / pp))
+    tp=$(sed -n 's/.*[,]tp=\([0-9]*\).*/\1/p' <<< ",$layout"); tp=${tp:-1}
+    dp=$((ranks / pp / tp))
     gb=$((batch * accum * dp))
     dist=--no-dist-opt
     grep -q -- '--dist-opt' <<< "$flags" && dist=

@@ -351,7 +351,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
              * model.c itself (train/pipeline.c: one per micro-batch a chunk holds at once,
              * from the same schedule) */
             mo = 8 * (pd / sd + pe / se);
-            if (l->tp == 1 && (l->rc == MT_RC_SELECTIVE || l->rc == MT_RC_SELECTIVE_GEMM)) {
+            if (l->rc == MT_RC_SELECTIVE || l->rc == MT_RC_SELECTIVE_GEMM) {
                 const int policy = l->rc == MT_RC_SELECTIVE ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_SELECTIVE;
                 int nslot[MT_PLAN_MAX_STAGES] = {0}, cnt[MT_PLAN_MAX_STAGES] = {0};
                 for (int i = 0; i < sched->len[r]; i++) {
@@ -366,7 +366,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                     for (int k = 0; k < sv; k++) lo += res->layers[k];
                     peak += (nslot[v] > 1 ? nslot[v] : 1) *
                             (double)mt_acts_bytes_chunk(c, lo, lo + res->layers[sv], sv == 0, sv == S - 1, l->mb,
-                                                        st->seq, st->threads, policy, 1, 0);
+                                                        st->seq, st->threads, policy, l->tp, l->tp > 1);
                 }
                 wk = 0;
             }
