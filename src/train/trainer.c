@@ -388,6 +388,15 @@ static mt_model whole_view(const run_state *r, const mt_config *cfg, float *para
     return v;
 }
 
+/* frees the whole-model buffers of a save or load that are not the run's own */
+static void free_whole(run_state *r, float *fp, float *fm, float *fv) {
+    if (fp != r->m.params) mt_free(fp);
+    if (fm != r->mom_m) {
+        mt_free(fm);
+        mt_free(fv);
+    }
+}
+
 /* Writes the checkpoint of the whole model from world rank 0 (collective). A rank holding
  * the whole model writes from its own buffers (ZeRO-1 moments gathered to it first); a
  * sharded layout sends every owned tensor to rank 0 (TP slices: DP index 0 of every TP rank;
@@ -443,11 +452,7 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
         mt_free(lm);
         mt_free(lv);
     }
-    if (fp != r->m.params) mt_free(fp);
-    if (fm != r->mom_m) {
-        mt_free(fm);
-        mt_free(fv);
-    }
+    free_whole(r, fp, fm, fv);
     if (rc != 0) return -1;
     snprintf(last_good, cap, "%s", dir);
     if (root && o->keep > 0) prune_checkpoints(o->out, o->keep);
@@ -502,11 +507,7 @@ static int load_checkpoint(const char *ckdir, int resume, run_state *r, const mt
             }
         }
     }
-    if (fp != r->m.params) mt_free(fp);
-    if (fm != r->mom_m) {
-        mt_free(fm);
-        mt_free(fv);
-    }
+    free_whole(r, fp, fm, fv);
     if (bad) return root ? -1 : mt_error("train: rank 0 could not load the checkpoint %s", ckdir);
     (void)NF;
     return 0;
