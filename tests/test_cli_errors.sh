@@ -294,9 +294,9 @@ if grep -qE 'non-finite loss.*update skipped' "$TMP/nonfinite_loss_from_init.err
 else fail nonfinite_loss_warning "no 'non-finite loss ... update skipped' warning: $(head -c 300 "$TMP/nonfinite_loss_from_init.err" | tr '\n' '|')"; fi
 
 # ---- invalid numeric values (beyond the list of the issue: crashes, hangs, silent NaN) --
-expect_fail eval_batch_zero '--batch' --timeout 10 -- "$M" eval --ckpt RUN --data D --batch 0 --windows 2 --problems 0
-expect_fail eval_batch_negative '--batch' --timeout 10 -- "$M" eval --ckpt RUN --data D --batch -1 --problems 0
-expect_fail eval_max_new_negative '--max-new' --timeout 10 -- "$M" eval --ckpt RUN --data D --problems 2 --max-new -1
+expect_fail eval_batch_zero '--batch' --timeout 60 -- "$M" eval --ckpt RUN --data D --batch 0 --windows 2 --problems 0
+expect_fail eval_batch_negative '--batch' --timeout 60 -- "$M" eval --ckpt RUN --data D --batch -1 --problems 0
+expect_fail eval_max_new_negative '--max-new' --timeout 60 -- "$M" eval --ckpt RUN --data D --problems 2 --max-new -1
 expect_fail train_lr_nan '--lr' -- "$M" train --config c.json --data D $TR --out R_LRNAN --lr nan --quiet
 expect_fail train_init_std_nan '--init-std' -- "$M" train --config c.json --data D $TR --out R_STDNAN --init-std nan --quiet
 
