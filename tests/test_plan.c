@@ -406,6 +406,22 @@ static void test_trainer_mode(void) {
     mt_plan_eval(&c, &cl, &st, &le, &r);
     CHECK(r.reason == MT_PLAN_OK && r.mem_rank == 0 && fabs(r.mem_ckpt_extra - 12.0 * np) < 1,
           "EP2 checkpoint %g step %g", r.mem_ckpt, r.mem_step);
+    /* the detail names the layout as `moetrain train` flags, split included */
+    mt_layout lp;
+    MT_ASSERT(mt_layout_parse(&lp, "pp=2,vpp=2,mb=1,rc=selective-gemm,split=balanced") == 0);
+    st.global_seqs = 4;
+    mt_plan_eval(&c, &cl, &st, &lp, &r);
+    char *txt = NULL;
+    size_t tlen = 0;
+    FILE *mf = open_memstream(&txt, &tlen);
+    mt_plan_print_detail(mf, &r);
+    fclose(mf);
+    char want[128];
+    snprintf(want, sizeof want, "--pp 2 --vpp 2 --ep 1 --batch 1 --accum %d --a2a flat --split %d,%d,%d,%d --recompute selective",
+             r.m, r.layers[0], r.layers[1], r.layers[2], r.layers[3]);
+    CHECK(strstr(txt, "train flags   --tp 1 ") && strstr(txt, want) && r.layers[0] + r.layers[1] + r.layers[2] + r.layers[3] == 8,
+          "train flags line: want '%s' in\n%s", want, txt);
+    free(txt);
 }
 
 int main(void) {

@@ -630,6 +630,17 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
     if (x->reason == MT_PLAN_OK || x->reason == MT_PLAN_MEMORY) {
         fprintf(f, "micro-batches %d per step, %d virtual stages, layers per stage:", x->m, x->nstages);
         for (int s = 0; s < x->nstages; s++) fprintf(f, " %d", x->layers[s]);
+        /* the same layout as `moetrain train` flags (the planner's "selective" is what the
+         * trainer keeps by default; its "selective-gemm" is the trainer's --recompute selective) */
+        const mt_layout *l = &x->l;
+        fprintf(f, "\ntrain flags   --tp %d%s --pp %d --vpp %d --ep %d --batch %d --accum %d --a2a %s", l->tp,
+                l->tp > 1 ? " --sp" : "", l->pp, l->vpp, l->ep, l->mb, x->m, l->a2a == MT_A2A_HIER ? "hier" : "flat");
+        if (l->pp * l->vpp > 1) {
+            fprintf(f, " --split ");
+            for (int s = 0; s < x->nstages; s++) fprintf(f, "%s%d", s ? "," : "", x->layers[s]);
+        }
+        fprintf(f, "%s", l->rc == MT_RC_SELECTIVE_GEMM ? " --recompute selective"
+                         : l->rc == MT_RC_FULL ? "  (full recompute: not in the trainer yet)" : "");
         fprintf(f, "\nstep          %.3f s   %.4gM tokens/s   MFU %.1f%%   bubble %.1f%%\n", x->step,
                 x->tok_s / 1e6, 100 * x->mfu, 100 * x->bubble);
         fprintf(f, "busiest rank  compute %.3f s, TP %.3f s, all-to-all %.3f s, exposed p2p %.3f s, exposed DP %.3f s, optimizer %.3f s\n",
