@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/common.h"
 #include "cli/cli.h"
 #include "dist/dist.h"
 #include "kernels/blas.h"
@@ -29,6 +30,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    mt_memory_policy();
     mt_blas_init(argc, argv);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);
