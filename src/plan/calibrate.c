@@ -2,6 +2,7 @@
 #include "plan/calibrate.h"
 
 #include <cjson/cJSON.h>
+#include <malloc.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -66,7 +67,12 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve) {
             MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
             m->gemm[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
         }
-    if (reserve) *reserve = cal_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
+    if (reserve) {
+        /* memory freed by the calibration's earlier phases stays in the heap (mt_memory_policy):
+         * hand it back first, so only what a process really keeps is counted */
+        malloc_trim(0);
+        *reserve = cal_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
+    }
     mt_free(x); mt_free(W); mt_free(y);
 }
 
