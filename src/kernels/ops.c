@@ -255,6 +255,11 @@ void mt_copy(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i += CH) memcpy(dst + i, src + i, sizeof(float) * (n - i < CH ? n - i : CH));
 }
 
+void mt_add(float *dst, const float *src, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
 void mt_zero(float *dst, size_t n) {
     enum { CH = 1 << 15 };
 #pragma omp parallel for schedule(static)

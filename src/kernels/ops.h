@@ -54,6 +54,8 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
  * threads waiting). */
 void mt_copy(float *dst, const float *src, size_t n);
 void mt_zero(float *dst, size_t n);
+/* dst[i] += src[i], in parallel. */
+void mt_add(float *dst, const float *src, size_t n);
 
 /* Sum of squares (double, deterministic fixed-chunk order). */
 double mt_sumsq(const float *x, size_t n);

@@ -340,7 +340,7 @@ struct mt_acts {
     int tp, sp;                   /* tensor parallel size, sequence parallelism */
     int Nl, g0;                   /* last forward: rows of the residual stream, first token's index */
     float *gat, *part, *dgat;     /* TP: [N,C] gathered input, row-parallel partial sums, gathered gradient */
-    size_t cap, last_n;           /* capacity B*T; tokens of the last step */
+    size_t cap;                   /* capacity B*T */
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* chunk output (final residual), final norm out, rstd */
     float *cos_t, *sin_t;
@@ -539,7 +539,7 @@ uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *c) {
     uint64_t h = 0;
     for (int l = a->lo; l < a->hi; l++) {
         if (!mt_config_is_moe(c, l)) continue;
-        for (size_t i = 0; i < a->last_n * (size_t)c->num_experts_per_tok; i++)
+        for (size_t i = 0; i < (size_t)a->Nl * (size_t)c->num_experts_per_tok; i++)
             h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[l - a->lo].sel[i]);
     }
     return h;
@@ -710,9 +710,7 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_free(act);
     mt_free(ye);
     if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 1.0f);
-    const float *y = a->ye;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < (size_t)N * C; i++) out[i] += y[i];
+    mt_add(out, a->ye, (size_t)N * C);
     if (!train) { /* no backward will come for this dispatch */
         ep->release(ep->ctx, &L->epb);
         mt_free(L->ep_egu);
@@ -885,13 +883,8 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, b->xe, off, LE, C, 2 * Fm);
     mt_grouped_linear_bwd_data(yeu, dgu, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
     ep->dispatch_bwd(ep->ctx, b, a->ye, yeu);
-    const float *dx = a->ye;
-    if (Fs > 0) {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < (size_t)N * C; i++) dln[i] += dx[i];
-    } else {
-        mt_copy(dln, dx, (size_t)N * C);
-    }
+    if (Fs > 0) mt_add(dln, a->ye, (size_t)N * C);
+    else mt_copy(dln, a->ye, (size_t)N * C);
     ep->to_source(ep->ctx, b, a->dw, dwv);
     mt_free(yeu);
     mt_free(act);
@@ -938,9 +931,8 @@ static const float *tp_in(const mt_model *m, mt_acts *a, float *buf, const float
 
 /* the sum over TP of a row-parallel linear's partial [N,C] into this rank's rows out[Nl,C]
  * (SP: reduce-scatter; else all-reduce); part is clobbered */
-static void tp_out(const mt_model *m, mt_acts *a, float *out, float *part, int N, int C) {
+static void tp_out(const mt_model *m, float *out, float *part, int N, int C) {
     m->tp->reduce(m->tp->ctx, out, part, (size_t)N * C);
-    (void)a;
 }
 
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
@@ -957,7 +949,6 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     a->g0 = a->sp ? m->tp->rank * a->Nl : 0;
     MT_ASSERT(!a->sp || N % tp == 0);
     const int Nl = a->Nl;
-    a->last_n = (size_t)Nl;
     a->count_load = train;
 
     float *x0 = mt_acts_input(a);
@@ -986,11 +977,8 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
             mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
         } else {       /* row-parallel: partial sums over the local heads, summed over TP */
             mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
-            tp_out(m, a, L->h, a->part, N, C);
-            const float *x = L->x;
-            float *h = L->h;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < (size_t)Nl * C; i++) h[i] += x[i];
+            tp_out(m, L->h, a->part, N, C);
+            mt_add(L->h, L->x, (size_t)Nl * C);
         }
         mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, Nl, C, eps);
         mt_copy(xout, L->h, (size_t)Nl * C);
@@ -1002,10 +990,8 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
                 swiglu_ffn_fwd(a->part, L->gu, a->big1, lf, w->gate, w->down, N, C, F, 0.0f);
-                tp_out(m, a, a->dln, a->part, N, C); /* dln: scratch in the forward */
-                const float *y = a->dln;
-#pragma omp parallel for schedule(static)
-                for (size_t i = 0; i < (size_t)Nl * C; i++) xout[i] += y[i];
+                tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
+                mt_add(xout, a->dln, (size_t)Nl * C);
             }
         } else {
             mt_trace_begin("fwd.moe");
@@ -1051,8 +1037,8 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                 mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
             } else {
                 mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
-                tp_out(m, a, L->h, a->part, N, C);
-                for (size_t i = 0; i < (size_t)Nl * C; i++) L->h[i] += L->x[i];
+                tp_out(m, L->h, a->part, N, C);
+                mt_add(L->h, L->x, (size_t)Nl * C);
             }
         }
         mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
@@ -1067,7 +1053,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                 const float *df = tp_in(m, a, a->dgat, d, C);
                 swiglu_ffn_bwd(a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F, 0.0f,
                                a->big1, a->big2, a->big3);
-                tp_out(m, a, a->dln, a->part, N, C);
+                tp_out(m, a->dln, a->part, N, C);
             }
         } else if (m->ep) {
             moe_bwd_ep(m, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
@@ -1090,7 +1076,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_linear_bwd(dl, dw->wq, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
         mt_linear_bwd(dl, dw->wk, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
         mt_linear_bwd(dl, dw->wv, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
-        if (tp > 1) tp_out(m, a, a->dln, a->part, N, C);
+        if (tp > 1) tp_out(m, a->dln, a->part, N, C);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
         mt_trace_end();
     }
