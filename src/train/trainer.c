@@ -287,6 +287,8 @@ typedef struct {
     int nt;                       /* tensor table for the optimizer, clipped to [olo, olo+on) and */
     size_t *t_off, *t_len;        /* relative to olo */
     int *t_decay;
+    int nn;                       /* what the gradient norm counts: contiguous runs of the table */
+    size_t *n_off, *n_len;        /* without replicas (the tied embedding's copy), relative to olo */
 } opt_region;
 
 typedef struct {
@@ -326,6 +328,8 @@ static void run_free(run_state *r) {
         free(g->t_off);
         free(g->t_len);
         free(g->t_decay);
+        free(g->n_off);
+        free(g->n_len);
     }
     free(r->in);
     free(r->tg);
@@ -335,12 +339,16 @@ static void run_free(run_state *r) {
 }
 
 /* The optimizer's tensor table of a region: the parts of the model's tensors inside
- * [olo, olo+on), with offsets relative to olo (weight decay stays per tensor). */
+ * [olo, olo+on), with offsets relative to olo (weight decay stays per tensor), and the runs
+ * of it the gradient norm counts (all of it unless the region holds a replica). */
 static void build_opt_table(run_state *r, opt_region *g) {
-    g->t_off = mt_xmalloc(sizeof(size_t) * ((size_t)r->m.ntensors + 1));
-    g->t_len = mt_xmalloc(sizeof(size_t) * ((size_t)r->m.ntensors + 1));
-    g->t_decay = mt_xmalloc(sizeof(int) * ((size_t)r->m.ntensors + 1));
-    g->nt = 0;
+    const size_t cap = (size_t)r->m.ntensors + 1;
+    g->t_off = mt_xmalloc(sizeof(size_t) * cap);
+    g->t_len = mt_xmalloc(sizeof(size_t) * cap);
+    g->t_decay = mt_xmalloc(sizeof(int) * cap);
+    g->n_off = mt_xmalloc(sizeof(size_t) * cap);
+    g->n_len = mt_xmalloc(sizeof(size_t) * cap);
+    g->nt = g->nn = 0;
     for (int i = 0; i < r->m.ntensors; i++) {
         const mt_tensor *t = &r->m.tensors[i];
         size_t a = t->offset > g->olo ? t->offset : g->olo;
@@ -350,6 +358,9 @@ static void build_opt_table(run_state *r, opt_region *g) {
         g->t_len[g->nt] = b - a;
         g->t_decay[g->nt] = t->decay;
         g->nt++;
+        if (t->replica) continue;
+        if (g->nn > 0 && g->n_off[g->nn - 1] + g->n_len[g->nn - 1] == a - g->olo) g->n_len[g->nn - 1] += b - a;
+        else g->n_off[g->nn] = a - g->olo, g->n_len[g->nn++] = b - a;
     }
 }
 
@@ -922,28 +933,12 @@ int mt_train(const mt_train_opts *opts) {
         double ss = 0;
         for (int i = 0; i < 3; i++) {
             opt_region *g = &r.reg[i];
-            if (tp_dup[i] && d->tp_rank != 0) continue;
-            if (o.dist_opt) {
-                ss += mt_sumsq(g->gshard, g->on);
-            } else if (g->g->rank == 0) {
-                ss += mt_sumsq(r.m.grads + g->lo, g->n);
-            }
-        }
-        if (cfg.tie_word_embeddings && o.pp > 1 && sh.head && !sh.embed) {
-            /* remove the replica's share from what this rank counted */
-            const mt_tensor *t = NULL;
-            for (int i = 0; i < r.m.ntensors; i++)
-                if (r.m.tensors[i].replica) t = &r.m.tensors[i];
-            MT_ASSERT(t && t->offset >= r.reg[1].lo && t->offset + t->numel <= r.reg[1].lo + r.reg[1].n);
-            opt_region *g = &r.reg[1];
-            size_t a0 = o.dist_opt ? (t->offset > g->olo ? t->offset : g->olo) : t->offset;
-            size_t b0 = o.dist_opt ? (t->offset + t->numel < g->olo + g->on ? t->offset + t->numel : g->olo + g->on)
-                                   : t->offset + t->numel;
-            if (a0 < b0 && (o.dist_opt || g->g->rank == 0) && !(tp_dup[1] && d->tp_rank != 0))
-                ss -= mt_sumsq(o.dist_opt ? g->gshard + (a0 - g->olo) : r.m.grads + a0, b0 - a0);
+            if ((tp_dup[i] && d->tp_rank != 0) || (!o.dist_opt && g->g->rank != 0)) continue;
+            const float *gr = o.dist_opt ? g->gshard : r.m.grads + g->olo;
+            for (int k = 0; k < g->nn; k++) ss += mt_sumsq(gr + g->n_off[k], g->n_len[k]);
         }
         mt_group_sum_f64(&d->all, &ss, 1);
-        double gnorm = sqrt(ss > 0 ? ss : 0);
+        double gnorm = sqrt(ss);
         mt_trace_end();
         double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
         for (int l = 0; l < cfg.num_hidden_layers; l++) bal_total += bal[l] * bal_scale;
