@@ -136,10 +136,6 @@ void mt_group_sum_f32(mt_group *g, float *x, size_t n) { allreduce(g, x, n, size
 void mt_group_sum_f64(mt_group *g, double *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_DOUBLE); }
 void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_INT64_T); }
 
-void mt_dist_world_sum_i64(mt_dist *d, int64_t *x, size_t n) {
-    if (d->size > 1 && n > 0) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_SUM, d->world);
-}
-
 void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes) {
     if (!active(g) || n == 0) return;
     size_t be = bucket_bytes / sizeof(float);

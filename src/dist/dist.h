@@ -63,8 +63,6 @@ int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep);
 void mt_group_sum_f32(mt_group *g, float *x, size_t n);
 void mt_group_sum_f64(mt_group *g, double *x, size_t n);
 void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
-/* In-place sum over every rank of the world (no time accounted; n < 2^31). */
-void mt_dist_world_sum_i64(mt_dist *d, int64_t *x, size_t n);
 /* Gradient reduction: in-place sum of x[n] over g in buckets of bucket_bytes (one
  * MPI_Allreduce per bucket, in buffer order). */
 void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes);

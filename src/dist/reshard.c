@@ -128,9 +128,8 @@ static void move(mt_group *g, const mt_tensor *full_t, float *full, const mt_mod
     free(hdr);
 }
 
-void mt_reshard_gather(mt_group *g, const mt_tensor *full_t, size_t nfull, const mt_model *part,
-                       const float *pbuf, int own_tp, int own_dense, int own_expert, float *full) {
-    if (g->rank == 0) memset(full, 0, nfull * sizeof(float));
+void mt_reshard_gather(mt_group *g, const mt_tensor *full_t, const mt_model *part, const float *pbuf, int own_tp,
+                       int own_dense, int own_expert, float *full) {
     move(g, full_t, full, part, (float *)pbuf, 1, own_tp, own_dense, own_expert);
 }
 

@@ -15,13 +15,13 @@
 #include "dist/dist.h"
 #include "model/model.h"
 
-/* On the group's rank 0: full[nfull] = the whole model assembled from pbuf (a buffer laid out
+/* On the group's rank 0: full = the whole model (every element written) assembled from pbuf (a buffer laid out
  * like part: its parameters, gradients or moments) of every rank. A rank contributes the
  * tensors it owns: TP slices when own_tp, other non-expert tensors when own_dense,
  * routed-expert tensors when own_expert; replicas never. Exactly one rank must own each
  * element. full_t: the whole model's table (mt_model_layout); full is unused elsewhere. */
-void mt_reshard_gather(mt_group *g, const mt_tensor *full_t, size_t nfull, const mt_model *part,
-                       const float *pbuf, int own_tp, int own_dense, int own_expert, float *full);
+void mt_reshard_gather(mt_group *g, const mt_tensor *full_t, const mt_model *part, const float *pbuf, int own_tp,
+                       int own_dense, int own_expert, float *full);
 /* pbuf (laid out like part) = part's tensors of the whole buffer full, which the group's rank
  * 0 holds (unused elsewhere). */
 void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, const float *full, const mt_model *part,

@@ -447,9 +447,9 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
         }
         const int own_t = d->dp_rank == 0, own_d = own_t && d->tp_rank == 0;
         const int own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
-        mt_reshard_gather(&d->all, r->full_t, NF, &r->m, r->m.params, own_t, own_d, own_e, fp);
-        mt_reshard_gather(&d->all, r->full_t, NF, &r->m, lm, own_t, own_d, own_e, fm);
-        mt_reshard_gather(&d->all, r->full_t, NF, &r->m, lv, own_t, own_d, own_e, fv);
+        mt_reshard_gather(&d->all, r->full_t, &r->m, r->m.params, own_t, own_d, own_e, fp);
+        mt_reshard_gather(&d->all, r->full_t, &r->m, lm, own_t, own_d, own_e, fm);
+        mt_reshard_gather(&d->all, r->full_t, &r->m, lv, own_t, own_d, own_e, fv);
     }
     int rc = 0;
     if (root) {
@@ -600,6 +600,8 @@ int mt_train(const mt_train_opts *opts) {
     else if (o.a2a && strcmp(o.a2a, "hier") != 0)
         return mt_error("train: --a2a '%s': flat or hier", o.a2a);
     if (o.ranks_per_node < 0) return mt_error("train: --ranks-per-node must be >= 0 (0 = real nodes)");
+    if (o.ep < 2 && (o.a2a || o.ranks_per_node) && root)
+        mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
     mt_set_threads(o.threads > 0 ? o.threads : mt_get_threads());
     const int nthr = mt_get_threads();
 
@@ -1121,7 +1123,7 @@ int mt_train(const mt_train_opts *opts) {
     if (rc == 0) {
         rss_all[d->rank] = (int64_t)rss.all;
         rss_all[d->size + d->rank] = (int64_t)rss.train;
-        mt_dist_world_sum_i64(d, rss_all, (size_t)d->size * 2);
+        mt_group_sum_i64(&d->all, rss_all, (size_t)d->size * 2);
     }
     if (rc == 0 && root) {
         double tps = t_timed > 0 ? tok_timed / t_timed : 0;
