@@ -60,56 +60,25 @@ double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio) {
     return minlr + 0.5 * (lr - minlr) * (1.0 + cos(M_PI * prog));
 }
 
-/* CE sum and count over micro-batches part, part+nparts, ... of the first `windows` windows */
-static void eval_part(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows,
-                      int32_t doc_eot, int part, int nparts, double *sum_out, int64_t *cnt_out) {
+/* Forward only of one micro-batch of nb rows (evaluation), adding ce_sum / n_valid to *st. */
+typedef void (*eval_fwd)(void *ctx, const int32_t *in, const int32_t *tg, const int32_t *pos, int nb, int T,
+                         mt_step_stats *st);
+
+/* CE sum and valid-target count over the first `windows` validation windows (all when
+ * windows <= 0), in micro-batches of B, the micro-batches split round-robin over nranks
+ * ranks. Every rank runs the same number of micro-batches (a rank past the end runs one row
+ * whose targets are all ignored), because the expert exchange and the pipeline are
+ * collective. sc[0] += CE sum, sc[1] += count. */
+static void eval_windows(const mt_loader *val, int B, int T, int64_t windows, int32_t doc_eot, int rank,
+                         int nranks, eval_fwd fwd, void *ctx, double *sc) {
     uint64_t W = mt_loader_windows(val);
     if (windows <= 0 || (uint64_t)windows > W) windows = (int64_t)W;
     int32_t *in = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
     int32_t *pos = doc_eot >= 0 ? mt_xmalloc(sizeof(int32_t) * (size_t)B * T) : NULL;
-    double sum = 0;
-    int64_t cnt = 0;
-    mt_step_stats st;
-    for (int64_t w0 = (int64_t)part * B; w0 < windows; w0 += (int64_t)nparts * B) {
-        int nb = (int)(windows - w0 < B ? windows - w0 : B);
-        for (int b = 0; b < nb; b++) mt_loader_window(val, (uint64_t)(w0 + b), in + (size_t)b * T, tg + (size_t)b * T);
-        if (pos) mt_doc_positions(in, nb, T, doc_eot, pos);
-        mt_model_step_pos(m, a, in, tg, pos, nb, T, 0, 0.0f, 0.0f, NULL, &st);
-        sum += st.ce_sum;
-        cnt += st.n_valid;
-    }
-    free(in);
-    free(tg);
-    free(pos);
-    *sum_out = sum;
-    *cnt_out = cnt;
-}
-
-double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows,
-                    int32_t doc_eot) {
-    double sum;
-    int64_t cnt;
-    eval_part(m, a, val, B, T, windows, doc_eot, 0, 1, &sum, &cnt);
-    return cnt ? sum / (double)cnt : 0.0;
-}
-
-/* Validation loss under any layout: the windows are split over the DP ranks, micro-batches
- * of B through the pipeline. Every rank runs the same number of micro-batches (a rank past
- * the end runs one row whose targets are all ignored), because the expert exchange and the
- * pipeline are collective. */
-static double eval_loss_pipe(mt_dist *d, mt_pipe *p, mt_model *m, const mt_loader *val, int B, int T,
-                             int64_t windows, int32_t doc_eot) {
-    uint64_t W = mt_loader_windows(val);
-    if (windows <= 0 || (uint64_t)windows > W) windows = (int64_t)W;
-    const int D = d->dp_size;
-    int32_t *in = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
-    int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)B * T);
-    int32_t *pos = doc_eot >= 0 ? mt_xmalloc(sizeof(int32_t) * (size_t)B * T) : NULL;
-    double sc[2] = {0, 0};
-    const int64_t iters = (windows + (int64_t)D * B - 1) / ((int64_t)D * B);
+    const int64_t iters = (windows + (int64_t)nranks * B - 1) / ((int64_t)nranks * B);
     for (int64_t it = 0; it < iters; it++) {
-        const int64_t w0 = (it * D + d->dp_rank) * B;
+        const int64_t w0 = (it * nranks + rank) * B;
         int nb = w0 < windows ? (int)(windows - w0 < B ? windows - w0 : B) : 0;
         for (int b = 0; b < nb; b++) mt_loader_window(val, (uint64_t)(w0 + b), in + (size_t)b * T, tg + (size_t)b * T);
         if (nb == 0) { /* padding: a real row, no target counts */
@@ -120,16 +89,46 @@ static double eval_loss_pipe(mt_dist *d, mt_pipe *p, mt_model *m, const mt_loade
         if (pos) mt_doc_positions(in, rows, T, doc_eot, pos);
         mt_step_stats st;
         memset(&st, 0, sizeof st);
-        mt_pipe_eval(p, m, &d->pp, in, tg, pos, rows, T, &st);
-        if (d->sp || d->tp_rank == 0) { /* without SP every TP rank computes the same loss */
-            sc[0] += st.ce_sum;
-            sc[1] += (double)st.n_valid;
-        }
+        fwd(ctx, in, tg, pos, rows, T, &st);
+        sc[0] += st.ce_sum;
+        sc[1] += (double)st.n_valid;
     }
     free(in);
     free(tg);
     free(pos);
-    mt_group_sum_f64(&d->all, sc, 2); /* only last stages have non-zero terms */
+}
+
+typedef struct { mt_model *m; mt_acts *a; } eval_one;
+static void eval_one_fwd(void *ctx, const int32_t *in, const int32_t *tg, const int32_t *pos, int nb, int T,
+                         mt_step_stats *st) {
+    eval_one *e = ctx;
+    mt_model_forward(e->m, e->a, in, tg, pos, nb, T, 0, 0.0f, NULL, st);
+}
+
+double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows,
+                    int32_t doc_eot) {
+    eval_one e = {m, a};
+    double sc[2] = {0, 0};
+    eval_windows(val, B, T, windows, doc_eot, 0, 1, eval_one_fwd, &e, sc);
+    return sc[1] > 0 ? sc[0] / sc[1] : 0.0;
+}
+
+typedef struct { mt_dist *d; mt_pipe *p; mt_model *m; } eval_pipe;
+static void eval_pipe_fwd(void *ctx, const int32_t *in, const int32_t *tg, const int32_t *pos, int nb, int T,
+                          mt_step_stats *st) {
+    eval_pipe *e = ctx;
+    mt_pipe_eval(e->p, e->m, &e->d->pp, in, tg, pos, nb, T, st);
+    if (!e->d->sp && e->d->tp_rank != 0) memset(st, 0, sizeof *st); /* without SP every TP rank has the same loss */
+}
+
+/* Validation loss under any layout: the windows split over the DP ranks, each micro-batch
+ * through the pipeline; CE and counts come from the last stages (summed over every rank). */
+static double eval_loss_pipe(mt_dist *d, mt_pipe *p, mt_model *m, const mt_loader *val, int B, int T,
+                             int64_t windows, int32_t doc_eot) {
+    eval_pipe e = {d, p, m};
+    double sc[2] = {0, 0};
+    eval_windows(val, B, T, windows, doc_eot, d->dp_rank, d->dp_size, eval_pipe_fwd, &e, sc);
+    mt_group_sum_f64(&d->all, sc, 2);
     return sc[1] > 0 ? sc[0] / sc[1] : 0.0;
 }
 
