@@ -157,8 +157,10 @@ void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) 
     *hi = q * (size_t)(r + 1) + m * (size_t)(r + 1) / S;
 }
 
-/* counts and displacements of the shards, in elements (shards must fit an int count) */
-static void shard_counts(const mt_group *g, size_t n, int *cnt, int *dis) {
+/* counts and displacements of the shards, in elements (shards must fit an int count):
+ * cnt[size] then dis[size] in one allocation (free(cnt)) */
+static int *shard_counts(const mt_group *g, size_t n) {
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     for (int r = 0; r < g->size; r++) {
         size_t lo, hi;
         mt_group_shard(g, n, r, &lo, &hi);
@@ -166,6 +168,7 @@ static void shard_counts(const mt_group *g, size_t n, int *cnt, int *dis) {
         cnt[r] = (int)(hi - lo);
         dis[r] = (int)lo;
     }
+    return cnt;
 }
 
 void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard) {
@@ -173,8 +176,7 @@ void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard
         memcpy(shard, x, n * sizeof *x);
         return;
     }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
-    shard_counts(g, n, cnt, dis);
+    int *cnt = shard_counts(g, n);
     double t0 = MPI_Wtime();
     MPI_Reduce_scatter(x, shard, cnt, MPI_FLOAT, MPI_SUM, g->comm);
     g_dist.comm_s += MPI_Wtime() - t0;
@@ -183,8 +185,7 @@ void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard
 
 void mt_group_allgather(mt_group *g, float *p, size_t n) {
     if (!active(g)) return;
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
-    shard_counts(g, n, cnt, dis);
+    int *cnt = shard_counts(g, n), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, cnt, dis, MPI_FLOAT, g->comm);
     g_dist.comm_s += MPI_Wtime() - t0;
@@ -196,8 +197,7 @@ void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *fu
         memcpy(full, shard, n * sizeof *full);
         return;
     }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
-    shard_counts(g, n, cnt, dis);
+    int *cnt = shard_counts(g, n), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     MPI_Gatherv(shard, cnt[g->rank], MPI_FLOAT, full, cnt, dis, MPI_FLOAT, 0, g->comm);
     g_dist.comm_s += MPI_Wtime() - t0;
@@ -209,8 +209,7 @@ void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *sh
         memcpy(shard, full, n * sizeof *full);
         return;
     }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
-    shard_counts(g, n, cnt, dis);
+    int *cnt = shard_counts(g, n), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     MPI_Scatterv(full, cnt, dis, MPI_FLOAT, shard, cnt[g->rank], MPI_FLOAT, 0, g->comm);
     g_dist.comm_s += MPI_Wtime() - t0;

@@ -750,9 +750,7 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
 
 /* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. */
 static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w,
-                    mt_layer_w *dw, int B, int T, const float *ln, const float *dout, float *dln,
-                    float bal_coef) {
-    (void)B;
+                    mt_layer_w *dw, int T, const float *ln, const float *dout, float *dln, float bal_coef) {
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     const int32_t *off = L->eoff;
@@ -848,10 +846,9 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
  * output gradients travel to the experts (gather), the input gradients come back (the
  * dispatch's backward) and so do the routing-weight gradients (to_source). */
 static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
-                       int B, int T, const float *ln, const float *dout, float *dln, float bal_coef) {
+                       int T, const float *ln, const float *dout, float *dln, float bal_coef) {
     const mt_config *c = &m->cfg;
     const mt_ep_ops *ep = m->ep;
-    (void)B;
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
     const mt_ep_batch *b = &L->epb;
@@ -1056,9 +1053,9 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                 tp_out(m, a->dln, a->part, N, C);
             }
         } else if (m->ep) {
-            moe_bwd_ep(m, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
+            moe_bwd_ep(m, a, L, w, dw, T, a->ln, d, a->dln, bal_coef);
         } else {
-            moe_bwd(c, a, L, w, dw, B, T, a->ln, d, a->dln, bal_coef);
+            moe_bwd(c, a, L, w, dw, T, a->ln, d, a->dln, bal_coef);
         }
         mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, Nl, C);
         mt_trace_end();
