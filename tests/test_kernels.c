@@ -30,26 +30,15 @@
 
 #define TEST_SALT 0x6b65726eULL
 #include "testutil.h"
+#include "kstats.h"
 
-static int failures = 0;
-#define CHECK(c) do { if (!(c)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); failures++; } } while (0)
 /* Two doubles with the same bits (determinism checks); prints both. */
 #define CHECK_SAME_D(a, b) do { double a_ = (a), b_ = (b); \
     if (memcmp(&a_, &b_, sizeof(double)) != 0) { \
         fprintf(stderr, "%s:%d: CHECK failed: %s == %s bit-for-bit (%.17g vs %.17g) [%s]\n", \
                 __FILE__, __LINE__, #a, #b, a_, b_, where); failures++; } } while (0)
-/* Two float arrays with the same bits; prints the first difference. */
-#define CHECK_SAME_F(a, b, n) check_same_f((a), (b), (n), #a, #b, __FILE__, __LINE__)
 
 /* ---- statistics: one line per kernel ------------------------------------------------- */
-
-typedef struct {
-    const char *name;
-    double tol;
-    double maxerr;
-    int cases;
-} stat;
 
 enum {
     S_SGEMM, S_LINEAR_FWD, S_LINEAR_BWD, S_RMSNORM_FWD, S_RMSNORM_BWD, S_ROPE, S_SWIGLU_FWD,
@@ -84,30 +73,6 @@ static stat stats[S_COUNT] = {
     [S_FD_HEAD] = {"fd head_ce (dx,dW)", 1e-2, 0, 0},
 };
 
-static char where[256]; /* description of the current case, for failure messages */
-
-/* Records err for stat s; a failure (err > tol, or NaN) prints file:line and the case. */
-#define RECORD(s, what, err) record_err((s), (what), (err), __FILE__, __LINE__)
-static void record_err(int s, const char *what, double err, const char *file, int line) {
-    stat *st = &stats[s];
-    st->cases++;
-    if (err > st->maxerr || isnan(err)) st->maxerr = isnan(st->maxerr) ? st->maxerr : err;
-    if (!(err <= st->tol)) {
-        fprintf(stderr, "%s:%d: %s %s [%s]: error %.3e > tol %.1e\n", file, line, st->name,
-                what, where, err, st->tol);
-        failures++;
-    }
-}
-
-static void check_same_f(const float *a, const float *b, size_t n, const char *ea,
-                         const char *eb, const char *file, int line) {
-    if (memcmp(a, b, sizeof(float) * n) == 0) return;
-    size_t i = 0;
-    while (i < n && memcmp(&a[i], &b[i], sizeof(float)) == 0) i++;
-    fprintf(stderr, "%s:%d: CHECK failed: %s == %s bit-for-bit: [%zu] %.9g vs %.9g [%s]\n",
-            file, line, ea, eb, i, (double)a[i], (double)b[i], where);
-    failures++;
-}
 
 /* ---- buffers and data: tests/testutil.h ------------------------------------------ */
 
@@ -928,11 +893,5 @@ int main(int argc, char **argv) {
     fd_swiglu();
     fd_attention();
     fd_head();
-    printf("%-26s %6s %12s %9s\n", "kernel", "cases", "max err", "tol");
-    for (int s = 0; s < S_COUNT; s++)
-        printf("%-26s %6d %12.3e %9.1e%s\n", stats[s].name, stats[s].cases, stats[s].maxerr,
-               stats[s].tol, stats[s].maxerr <= stats[s].tol ? "" : "  FAIL");
-    printf("test_kernels: %d failure(s), %.1f s, %d threads, BLAS core %s\n", failures,
-           mt_now() - t0, omp_get_max_threads(), mt_blas_corename());
-    return failures ? 1 : 0;
+    return print_stats("test_kernels", stats, S_COUNT, mt_now() - t0, omp_get_max_threads(), mt_blas_corename());
 }

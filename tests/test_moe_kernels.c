@@ -30,25 +30,9 @@
 
 #define TEST_SALT 0x6d6f65ULL
 #include "testutil.h"
-
-static int failures = 0;
-static char where[256]; /* the current case, for failure messages */
-
-#define CHECK(c) do { if (!(c)) { \
-    fprintf(stderr, "%s:%d: CHECK failed: %s [%s]\n", __FILE__, __LINE__, #c, where); \
-    failures++; } } while (0)
-/* Two int32 (float) arrays with the same bits; prints the first difference. */
-#define CHECK_SAME_I(a, b, n) check_same((a), (b), (n), 1, #a, #b, __FILE__, __LINE__)
-#define CHECK_SAME_F(a, b, n) check_same((a), (b), (n), 0, #a, #b, __FILE__, __LINE__)
+#include "kstats.h"
 
 /* ---- statistics: one line per kernel ------------------------------------------------- */
-
-typedef struct {
-    const char *name;
-    double tol;
-    double maxerr;
-    int cases;
-} stat;
 
 enum {
     S_PERMUTE, S_PERMUTE_THREADS, S_PERMUTE_BWD, S_UNPERMUTE, S_GL_FWD, S_GL_BWD_DATA,
@@ -74,35 +58,6 @@ static stat stats[S_COUNT] = {
     [S_FD_GL] = {"fd grouped_linear (din,dW)", 1e-2, 0, 0},
     [S_FD_SWIGLU_ROWS] = {"fd swiglu_rows (dgu)", 1e-2, 0, 0},
 };
-
-#define RECORD(s, what, err) record_err((s), (what), (err), __FILE__, __LINE__)
-static void record_err(int s, const char *what, double err, const char *file, int line) {
-    stat *st = &stats[s];
-    st->cases++;
-    if (err > st->maxerr || isnan(err)) st->maxerr = isnan(st->maxerr) ? st->maxerr : err;
-    if (!(err <= st->tol)) {
-        fprintf(stderr, "%s:%d: %s %s [%s]: error %.3e > tol %.1e\n", file, line, st->name, what,
-                where, err, st->tol);
-        failures++;
-    }
-}
-
-/* Exact comparison of n 4-byte elements (int32 when is_int, else float); returns 0 when
- * equal, 1 after printing the first difference and counting a failure. */
-static int check_same(const void *a, const void *b, size_t n, int is_int, const char *ea,
-                      const char *eb, const char *file, int line) {
-    if (n == 0 || memcmp(a, b, n * 4) == 0) return 0;
-    size_t i = 0;
-    while (i < n && memcmp((const char *)a + i * 4, (const char *)b + i * 4, 4) == 0) i++;
-    if (is_int)
-        fprintf(stderr, "%s:%d: CHECK failed: %s == %s exactly: [%zu] %d vs %d [%s]\n", file, line, ea,
-                eb, i, ((const int32_t *)a)[i], ((const int32_t *)b)[i], where);
-    else
-        fprintf(stderr, "%s:%d: CHECK failed: %s == %s bit-for-bit: [%zu] %.9g vs %.9g [%s]\n", file,
-                line, ea, eb, i, (double)((const float *)a)[i], (double)((const float *)b)[i], where);
-    failures++;
-    return 1;
-}
 
 /* ---- buffers and data: tests/testutil.h ------------------------------------------ */
 
@@ -431,11 +386,6 @@ int main(int argc, char **argv) {
     test_swiglu_rows();
     fd_grouped_linear();
     fd_swiglu_rows();
-    printf("%-28s %6s %12s %9s\n", "kernel", "cases", "max err", "tol");
-    for (int s = 0; s < S_COUNT; s++)
-        printf("%-28s %6d %12.3e %9.1e%s\n", stats[s].name, stats[s].cases, stats[s].maxerr,
-               stats[s].tol, stats[s].maxerr <= stats[s].tol ? "" : "  FAIL");
-    printf("test_moe_kernels: %d failure(s), %.1f s, %d threads, BLAS core %s\n", failures,
-           mt_now() - t0, omp_get_max_threads(), mt_blas_corename());
-    return failures ? 1 : 0;
+    return print_stats("test_moe_kernels", stats, S_COUNT, mt_now() - t0, omp_get_max_threads(),
+                       mt_blas_corename());
 }
