@@ -25,10 +25,10 @@ void mt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mt_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 #define MT_ASSERT(c) do { if (!(c)) mt_assert_fail(#c, __FILE__, __LINE__); } while (0)
 
-/* 64-byte aligned, zero-filled allocation; aborts on out-of-memory (with the size). */
 /* Process-wide allocator policy (call first in main): large blocks from the heap, freed
  * memory kept for reuse, so per-step buffers do not page-fault again every step. */
 void mt_memory_policy(void);
+/* 64-byte aligned, zero-filled allocation; aborts on out-of-memory (with the size). */
 void *mt_alloc(size_t bytes);
 void mt_free(void *p);
 /* Plain checked allocation helpers for small bookkeeping (abort on OOM). */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "kernels/gemm_bf16.h"
 
 char *openblas_get_corename(void);
 void openblas_set_num_threads(int n);
@@ -89,9 +90,25 @@ void mt_set_threads(int n) {
 
 int mt_get_threads(void) { return omp_get_max_threads(); }
 
+static int g_bf16;
+
+int mt_set_gemm_bf16(int on) {
+    if (on && !mt_bf16_supported())
+        return mt_error("bf16: this CPU has no AVX512-BF16 (VDPBF16PS), which mixed precision needs; "
+                        "run without --bf16");
+    g_bf16 = on != 0;
+    return 0;
+}
+
+int mt_gemm_bf16_enabled(void) { return g_bf16; }
+
 void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 0 || N == 0) return;
+    if (g_bf16) {
+        mt_gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     if (K == 0) {
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];

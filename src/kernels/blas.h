@@ -28,11 +28,18 @@ void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, i
  * dW[O,In] += dout[N,O]^T @ in[N,In]              (skipped when dW == NULL) */
 void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
                    int N, int In, int O, float beta_in);
-/* General strided SGEMM: C[M,N] = alpha*op(A) op(B) + beta*C, row-major. */
+/* General strided GEMM: C[M,N] = alpha*op(A) op(B) + beta*C, row-major, fp32 in memory.
+ * Runs OpenBLAS SGEMM, or in bf16 mode (mt_set_gemm_bf16) the mixed-precision kernel of
+ * kernels/gemm_bf16.h: operands rounded to bfloat16, products summed in fp32. */
 void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
 
-/* Measured GEMM throughput (GFLOP/s) of an n^3 SGEMM with the current threads. */
+/* Mixed precision for every GEMM of the process (1) or fp32 (0, the default). Returns -1
+ * with mt_last_error() set if the CPU has no AVX512-BF16. Set before a step, not during. */
+int mt_set_gemm_bf16(int on);
+int mt_gemm_bf16_enabled(void);
+
+/* Measured GEMM throughput (GFLOP/s) of an n^3 GEMM with the current threads and precision. */
 double mt_gemm_gflops(int n, double min_seconds);
 
 #endif

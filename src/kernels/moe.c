@@ -84,13 +84,20 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
 
 enum { TILE_OUT = 64, MAX_TILES = 1 << 16 };
 
-/* Row tile height: large tiles amortise the packing of the expert's weight (every tile packs
- * it again), small ones balance the threads. Fixed (not derived from the thread count), so
- * the same rows go to the same GEMM calls and results do not depend on the threads. */
+/* Tiles: large ones amortise the packing of the operand every tile packs again (the expert's
+ * weight, or its inputs for the weight gradient), small ones balance the threads. In fp32 the
+ * sizes are fixed (not derived from the thread count), so the same rows go to the same SGEMM
+ * calls and results do not depend on the threads. The bf16 kernel's result for an element
+ * does not depend on the tiling at all, so there tiles grow until each thread has about four. */
+static int tile_size(int total, int min, int nthr) {
+    if (!mt_gemm_bf16_enabled()) return min;
+    int t = (total + 4 * nthr - 1) / (4 * nthr);
+    t = (t + 15) / 16 * 16;
+    return t > min ? t : min;
+}
+
 static int tile_rows(const int32_t *off, int E) {
-    (void)off;
-    (void)E;
-    return 256;
+    return tile_size(off[E] - off[0], 256, omp_get_max_threads());
 }
 
 /* tiles (expert, first row) of the permuted rows */
@@ -134,10 +141,12 @@ void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, s
 
 void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
                                   const int32_t *off, int E, int In, int O) {
-    int n = 0;
+    int n = 0, active = 0;
+    for (int e = 0; e < E; e++) active += off[e + 1] > off[e];
+    const int TO = active ? tile_size(O * active, TILE_OUT, omp_get_max_threads()) : TILE_OUT;
     for (int e = 0; e < E; e++)
         if (off[e + 1] > off[e])
-            for (int o = 0; o < O; o += TILE_OUT) {
+            for (int o = 0; o < O; o += TO) {
                 MT_ASSERT(n < MAX_TILES);
                 tile_e[n] = e;
                 tile_r[n++] = o;
@@ -145,7 +154,7 @@ void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, 
     const int32_t *te = tile_e, *tr = tile_r;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
-        int e = te[i], o0 = tr[i], no = O - o0 < TILE_OUT ? O - o0 : TILE_OUT;
+        int e = te[i], o0 = tr[i], no = O - o0 < TO ? O - o0 : TO;
         int r0 = off[e], rows = off[e + 1] - off[e];
         /* dW_e[o0:o0+no, :] += dout[r0:, o0:o0+no]^T in[r0:, :] */
         mt_sgemm(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, O, in + (size_t)r0 * In, In, 1.0f,

@@ -199,6 +199,7 @@ static char *state_to_json(const mt_train_opts *o, int step, int opt_step, uint6
     cJSON_AddNumberToObject(r, "clip", o->clip);
     cJSON_AddNumberToObject(r, "bad_streak", bad);
     cJSON_AddBoolToObject(r, "doc_mode", o->doc_mode);
+    cJSON_AddBoolToObject(r, "bf16", o->bf16);
     cJSON_AddNumberToObject(r, "eot", o->eot);
     char *s = cJSON_Print(r);
     cJSON_Delete(r);
@@ -248,6 +249,7 @@ static int state_from_json(const char *dir, const char *txt, mt_train_opts *o, i
     if (!o->set_beta2) o->beta2 = jnum(r, "beta2", o->beta2);
     o->eps = jnum(r, "eps", o->eps);
     if (!o->set_doc_mode) o->doc_mode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "doc_mode"));
+    if (!o->set_bf16) o->bf16 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "bf16"));
     if (!o->set_eot) o->eot = (int)jnum(r, "eot", o->eot);
     cJSON_Delete(r);
     return 0;
@@ -661,6 +663,7 @@ int mt_train(const mt_train_opts *opts) {
     if (o.doc_mode && (o.eot < 0 || o.eot >= cfg.vocab_size))
         return mt_error("train: --eot %d is not a token id of the model (vocab_size %d)", o.eot, cfg.vocab_size);
     if (o.log_every < 1) return mt_error("train: --log-every must be at least 1");
+    if (mt_set_gemm_bf16(o.bf16) != 0) return -1;
     if (o.save_every < 0 || o.eval_every < 0 || o.load_every < 0 || o.keep < 0)
         return mt_error("train: --save-every, --eval-every, --load-every and --keep must be >= 0");
     if (o.seq > cfg.max_position_embeddings)
@@ -821,9 +824,12 @@ int mt_train(const mt_train_opts *opts) {
     const size_t bucket_bytes = (size_t)(o.bucket_mb * 1048576.0);
     const int W = d->size;
     if (root && !o.quiet) {
+        char gemm[64];
+        if (o.bf16) snprintf(gemm, sizeof gemm, "GEMM bf16 x bf16 -> fp32 (AVX512-BF16)");
+        else snprintf(gemm, sizeof gemm, "BLAS kernel %s", mt_blas_corename());
         printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
-               "%d threads, BLAS kernel %s (%.0f GFLOP/s peak %s)\n",
-               r.nfull, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, mt_blas_corename(), peak,
+               "%d threads, %s (%.0f GFLOP/s peak %s)\n",
+               r.nfull, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, gemm, peak,
                o.peak_gflops > 0 ? "given" : "measured");
         char dp[64] = "";
         if (D > 1) snprintf(dp, sizeof dp, " x DP %d", D);
@@ -1134,9 +1140,10 @@ int mt_train(const mt_train_opts *opts) {
                 "{\"event\":\"summary\",\"steps\":%d,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"peak_gflops\":%.1f,"
                 "\"peak_rss_bytes\":%zu,\"dp\":%d,\"tp\":%d,\"sp\":%s,\"pp\":%d,\"vpp\":%d,\"ep\":%d,\"dist_opt\":%s,\"optimizer_bytes_per_rank\":%zu,"
                 "\"activation_bytes_per_rank\":%zu,\"comm_share\":%.4f,"
-                "\"step_time_s\":%.6f,\"ep_imbalance\":%.4f,\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
+                "\"step_time_s\":%.6f,\"ep_imbalance\":%.4f,\"precision\":\"%s\",\"checkpoint\":\"%s\",\"peak_rss_bytes_per_rank\":[",
                 o.steps, tps, mfu, wait, peak, rss_peak, D, o.tp, d->sp ? "true" : "false", o.pp, o.vpp, o.ep, o.dist_opt ? "true" : "false", opt_bytes,
-                r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, ep_imb, last_good);
+                r.pipe.acts_bytes, comm_share, steps_timed > 0 ? t_timed / steps_timed : 0.0, ep_imb,
+                o.bf16 ? "bf16" : "fp32", last_good);
         for (int i = 0; i < d->size; i++) fprintf(r.metrics, "%s%lld", i ? "," : "", (long long)rss_all[i]);
         /* the peak of training alone: before each checkpoint was written */
         fprintf(r.metrics, "],\"peak_rss_train_bytes_per_rank\":[");

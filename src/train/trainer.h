@@ -43,13 +43,14 @@ typedef struct {
     double bucket_mb;        /* gradient all-reduce bucket size in MiB (default 25) */
     int pp, vpp, ep, tp;     /* pipeline stages, chunks per stage, expert-parallel size, tensor-parallel size */
     int sp;                  /* sequence parallelism (with tp > 1) */
+    int bf16;                /* mixed precision: GEMM operands rounded to bf16, fp32 sums and master weights */
     const char *split;       /* layers per virtual stage ("3,2,2,1"); NULL = even */
     const char *a2a;         /* "hier" (default) or "flat" */
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     /* given on the command line: with --resume these override the checkpoint's settings */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;
-    int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot;
+    int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot, set_bf16;
 } mt_train_opts;
 
 void mt_train_defaults(mt_train_opts *o);

@@ -1,0 +1,234 @@
+/* tests/test_gemm_bf16.c — the mixed-precision GEMM (kernels/gemm_bf16.c) against a plain
+ * reference: operands rounded to bfloat16 by mt_bf16_round, products summed in double. The
+ * kernel sums the same bf16 products in fp32, so the error is fp32 summation error,
+ * normalised by sum |a*b| (tolerance 1e-6). Cases:
+ *   1. the rounding itself: exact values, ties to even, carry into the exponent, inf, NaN;
+ *   2. GEMM over odd shapes (1, tile-1, tile+1, K odd, K across the KC block), every
+ *      transpose, alpha/beta (beta == 0 must not read C: C starts as NaN there), leading
+ *      dimensions larger than the rows, at top level (threads) and inside a parallel region;
+ *   3. the result does not depend on the threads (1 vs 2: the same bits);
+ *   4. mt_sgemm and the grouped expert GEMMs of kernels/moe.c in bf16 mode (experts with 0,
+ *      1 and many rows).
+ * Exits 77 (CTest: skipped) on a CPU without AVX512-BF16. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/common.h"
+#include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
+#include "kernels/moe.h"
+#include "kstats.h"
+
+enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_COUNT };
+static stat stats[S_COUNT] = {
+    [S_ROUND] = {"bf16 rounding (exact)", 0, 0, 0},
+    [S_GEMM] = {"gemm_bf16", 1e-6, 0, 0},
+    [S_GEMM_NESTED] = {"gemm_bf16 in parallel region", 1e-6, 0, 0},
+    [S_SGEMM] = {"mt_sgemm in bf16 mode", 1e-6, 0, 0},
+    [S_GL_FWD] = {"grouped_linear_fwd bf16", 1e-6, 0, 0},
+    [S_GL_DATA] = {"grouped_linear_bwd_data bf16", 1e-6, 0, 0},
+    [S_GL_WEIGHT] = {"grouped_linear_bwd_weight bf16", 1e-6, 0, 0},
+};
+
+static float bits_f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t f_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static void test_rounding(void) {
+    snprintf(where, sizeof where, "rounding");
+    struct { uint32_t in, out; } c[] = {
+        {0x3f800000u, 0x3f800000u}, /* 1.0 exact */
+        {0x3f808000u, 0x3f800000u}, /* halfway, even below: down */
+        {0x3f818000u, 0x3f820000u}, /* halfway, odd below: up */
+        {0x3f808001u, 0x3f810000u}, /* above halfway: up */
+        {0x3f807fffu, 0x3f800000u}, /* below halfway: down */
+        {0x3fff8000u, 0x40000000u}, /* carry into the exponent */
+        {0x7f7fffffu, 0x7f800000u}, /* largest float rounds to inf */
+        {0x7f800000u, 0x7f800000u}, /* inf */
+        {0xff800000u, 0xff800000u}, /* -inf */
+        {0x80000000u, 0x80000000u}, /* -0 */
+        {0x00000001u, 0x00000000u}, /* smallest denormal rounds to 0 */
+    };
+    double bad = 0;
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        uint32_t got = f_bits(mt_bf16_round(bits_f(c[i].in)));
+        if (got != c[i].out) {
+            fprintf(stderr, "bf16 round %08x: got %08x want %08x\n", c[i].in, got, c[i].out);
+            bad = 1;
+        }
+    }
+    float nan = mt_bf16_round(bits_f(0x7fc00001u)), snan = mt_bf16_round(bits_f(0x7f800001u));
+    if (!isnan(nan) || !isnan(snan)) bad = 1; /* a NaN stays a NaN (not inf) */
+    RECORD(S_ROUND, "values", bad);
+}
+
+static float rnd(uint64_t seed, size_t i) { return mt_u01(mt_hash4(seed, 7, i, 0)) * 2.0f - 1.0f; }
+
+/* max |C - ref| / max sum|a*b| over the matrix */
+static double gemm_err(int tA, int tB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, const float *C0, const float *C, int ldc) {
+    double maxe = 0, scale = 1e-30;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0, sa = 0;
+            for (int k = 0; k < K; k++) {
+                double a = mt_bf16_round(tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]);
+                double b = mt_bf16_round(tB ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+                s += a * b;
+                sa += fabs(a * b);
+            }
+            double ref = alpha * s + (beta != 0 ? beta * (double)C0[(size_t)i * ldc + j] : 0.0);
+            double e = fabs(ref - C[(size_t)i * ldc + j]);
+            if (!(e <= maxe)) maxe = e; /* a NaN propagates */
+            if (fabs(alpha) * sa + fabs(ref) > scale) scale = fabs(alpha) * sa + fabs(ref);
+        }
+    return maxe / scale;
+}
+
+static void gemm_case(int M, int N, int K, int tA, int tB, int nested, float alpha, float beta) {
+    snprintf(where, sizeof where, "M %d N %d K %d tA %d tB %d nested %d alpha %g beta %g", M, N, K, tA, tB,
+             nested, alpha, beta);
+    int lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 5, ldc = N + 2;
+    size_t na = (size_t)lda * (tA ? K : M), nb = (size_t)ldb * (tB ? N : K), nc = (size_t)ldc * M;
+    float *A = mt_alloc(na * 4), *B = mt_alloc(nb * 4), *C = mt_alloc(nc * 4), *C0 = mt_alloc(nc * 4);
+    for (size_t i = 0; i < na; i++) A[i] = rnd(1, i);
+    for (size_t i = 0; i < nb; i++) B[i] = rnd(2, i);
+    for (size_t i = 0; i < nc; i++) C0[i] = C[i] = beta == 0 ? NAN : rnd(3, i);
+    if (nested) {
+#pragma omp parallel num_threads(2)
+        {
+            if (omp_get_thread_num() == 0) mt_gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        }
+    } else {
+        mt_gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+    RECORD(nested ? S_GEMM_NESTED : S_GEMM, "C", gemm_err(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C0, C, ldc));
+    /* the padding columns of C are untouched */
+    int pad_ok = 1;
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < ldc; j++)
+            if (f_bits(C[(size_t)i * ldc + j]) != f_bits(C0[(size_t)i * ldc + j])) pad_ok = 0;
+    CHECK(pad_ok);
+    mt_free(A);
+    mt_free(B);
+    mt_free(C);
+    mt_free(C0);
+}
+
+static void test_gemm(void) {
+    static const int dims[][3] = {{1, 1, 1},     {1, 33, 2},     {11, 31, 3},  {12, 32, 384}, {13, 33, 385},
+                                  {25, 65, 767}, {100, 70, 100}, {37, 97, 1},  {200, 17, 800}, {24, 3100, 40},
+                                  {257, 129, 33}};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int tA = 0; tA < 2; tA++)
+            for (int tB = 0; tB < 2; tB++)
+                for (int nested = 0; nested < 2; nested++) {
+                    gemm_case(dims[d][0], dims[d][1], dims[d][2], tA, tB, nested, 1.0f, 0.0f);
+                    if (d % 3 == 0) gemm_case(dims[d][0], dims[d][1], dims[d][2], tA, tB, nested, -0.5f, 1.0f);
+                    if (d % 3 == 1) gemm_case(dims[d][0], dims[d][1], dims[d][2], tA, tB, nested, 2.0f, 0.25f);
+                }
+}
+
+/* 1 thread and 2 threads give the same bits (the rows split over threads; sums never do) */
+static void test_threads(void) {
+    const int M = 301, N = 200, K = 777;
+    snprintf(where, sizeof where, "threads M %d N %d K %d", M, N, K);
+    float *A = mt_alloc((size_t)M * K * 4), *B = mt_alloc((size_t)K * N * 4);
+    float *C1 = mt_alloc((size_t)M * N * 4), *C2 = mt_alloc((size_t)M * N * 4);
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = rnd(4, i);
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = rnd(5, i);
+    int nthr = omp_get_max_threads();
+    omp_set_num_threads(1);
+    mt_gemm_bf16(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
+    omp_set_num_threads(2);
+    mt_gemm_bf16(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C2, N);
+    omp_set_num_threads(nthr);
+    CHECK_SAME_F(C1, C2, (size_t)M * N);
+    mt_free(A);
+    mt_free(B);
+    mt_free(C1);
+    mt_free(C2);
+}
+
+/* mt_sgemm dispatches to the kernel in bf16 mode; the grouped expert GEMMs (moe.c) follow */
+static void test_dispatch_and_grouped(void) {
+    CHECK(mt_set_gemm_bf16(1) == 0 && mt_gemm_bf16_enabled());
+    {
+        const int M = 70, N = 90, K = 130;
+        snprintf(where, sizeof where, "mt_sgemm M %d N %d K %d", M, N, K);
+        float *A = mt_alloc((size_t)M * K * 4), *B = mt_alloc((size_t)N * K * 4), *C = mt_alloc((size_t)M * N * 4);
+        for (size_t i = 0; i < (size_t)M * K; i++) A[i] = rnd(6, i);
+        for (size_t i = 0; i < (size_t)N * K; i++) B[i] = rnd(7, i);
+        mt_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+        RECORD(S_SGEMM, "C", gemm_err(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, NULL, C, N));
+        mt_free(A);
+        mt_free(B);
+        mt_free(C);
+    }
+    /* experts with 0, 1, 600 and 37 rows; In 48, O 40 */
+    const int E = 4, In = 48, O = 40;
+    const int32_t off[5] = {0, 0, 1, 601, 638};
+    const int R = off[E];
+    const size_t ws = (size_t)O * In;
+    float *x = mt_alloc((size_t)R * In * 4), *W = mt_alloc(ws * E * 4), *y = mt_alloc((size_t)R * O * 4);
+    float *dy = mt_alloc((size_t)R * O * 4), *dx = mt_alloc((size_t)R * In * 4), *dW = mt_alloc(ws * E * 4);
+    for (size_t i = 0; i < (size_t)R * In; i++) x[i] = rnd(8, i);
+    for (size_t i = 0; i < ws * E; i++) W[i] = rnd(9, i);
+    for (size_t i = 0; i < (size_t)R * O; i++) dy[i] = rnd(10, i);
+    mt_grouped_linear_fwd(y, x, W, ws, off, E, In, O, 0.0f);
+    mt_grouped_linear_bwd_data(dx, dy, W, ws, off, E, In, O, 0.0f);
+    mt_grouped_linear_bwd_weight(dW, ws, dy, x, off, E, In, O);
+    double ef = 0, ed = 0, ew = 0;
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], n = off[e + 1] - off[e];
+        snprintf(where, sizeof where, "grouped expert %d rows %d", e, n);
+        if (n == 0) continue;
+        double a = gemm_err(0, 1, n, O, In, 1.0f, x + (size_t)r0 * In, In, W + e * ws, In, 0.0f, NULL,
+                            y + (size_t)r0 * O, O);
+        double b = gemm_err(0, 0, n, In, O, 1.0f, dy + (size_t)r0 * O, O, W + e * ws, In, 0.0f, NULL,
+                            dx + (size_t)r0 * In, In);
+        double c = gemm_err(1, 0, O, In, n, 1.0f, dy + (size_t)r0 * O, O, x + (size_t)r0 * In, In, 0.0f, NULL,
+                            dW + e * ws, In);
+        ef = a > ef ? a : ef;
+        ed = b > ed ? b : ed;
+        ew = c > ew ? c : ew;
+    }
+    int zero_ok = 1; /* the expert without rows has no gradient */
+    for (size_t i = 0; i < ws; i++) zero_ok &= dW[i] == 0.0f;
+    CHECK(zero_ok);
+    RECORD(S_GL_FWD, "y", ef);
+    RECORD(S_GL_DATA, "dx", ed);
+    RECORD(S_GL_WEIGHT, "dW", ew);
+    CHECK(mt_set_gemm_bf16(0) == 0 && !mt_gemm_bf16_enabled());
+    mt_free(x);
+    mt_free(W);
+    mt_free(y);
+    mt_free(dy);
+    mt_free(dx);
+    mt_free(dW);
+}
+
+int main(void) {
+    if (!mt_bf16_supported()) {
+        printf("test_gemm_bf16: this CPU has no AVX512-BF16: skipped\n");
+        CHECK(mt_set_gemm_bf16(1) != 0); /* refused, with a message */
+        return failures ? 1 : 77;
+    }
+    mt_set_threads(2);
+    double t0 = mt_now();
+    test_rounding();
+    test_gemm();
+    test_threads();
+    test_dispatch_and_grouped();
+    return print_stats("test_gemm_bf16", stats, S_COUNT, mt_now() - t0, mt_get_threads(), "gemm_bf16");
+}
