@@ -10,7 +10,9 @@
 # Speed-ups are time ratios: ref/mt = reference time / moetrain time, pt/mt = PyTorch time /
 # moetrain time; > 1 means moetrain is faster. The naive references are single-threaded
 # (some timed on a slice of the work and scaled, see the note column); the grouped-GEMM
-# reference is a per-expert loop of moetrain's own BLAS linear.
+# reference is a per-expert loop of moetrain's own BLAS linear. The *_bf16 rows (CPUs with
+# AVX512-BF16 only) are moetrain's mixed-precision GEMM (mt_gemm_bf16): their reference is the
+# same call in fp32 (OpenBLAS SGEMM), their PyTorch counterpart the matmuls on bf16 tensors.
 set -u
 SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 MOETRAIN="$SRC/build/moetrain"
@@ -63,7 +65,7 @@ def ms(v):
 def ratio(a, b):
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 print()
-print(f"{'kernel':26} {'shape':26} {'mt ms':>8} {'mt rate':>13} {'ref ms':>9} {'torch ms':>9} {'ref/mt':>8} "
+print(f"{'kernel':31} {'shape':26} {'mt ms':>8} {'mt rate':>13} {'ref ms':>9} {'torch ms':>9} {'ref/mt':>8} "
       f"{'pt/mt':>7}  reference (torch)")
 for r in mt["rows"]:
     p = pt.get((r["kernel"], r["shape"]))
@@ -74,7 +76,7 @@ for r in mt["rows"]:
     if p and p.get("torch"):
         note += f" ({p['torch']})"
     unit = "GF/s" if r["unit"] == "GFLOP/s" else "GB/s"
-    print(f"{r['kernel']:26} {r['shape']:26} {ms(r['ms']):>8} {r['rate']:8.2f} {unit:4} {ms(r.get('ref_ms')):>9} "
+    print(f"{r['kernel']:31} {r['shape']:26} {ms(r['ms']):>8} {r['rate']:8.2f} {unit:4} {ms(r.get('ref_ms')):>9} "
           f"{ms(ptms):>9} {ratio(r.get('ref_ms'), r['ms']):>8} {ratio(ptms, r['ms']):>7}  {note}")
 missing = [k for k in pt if k not in {(r["kernel"], r["shape"]) for r in mt["rows"]}]
 if missing:

@@ -10,6 +10,11 @@ those of src/cli/cmd_bench.c, so bench/bench_kernels.sh can join the two by (ker
 shape). Timing: best wall time of repeated calls, at least two (the first warms up).
 Backwards use autograd where PyTorch would (rmsnorm, swiglu, attention, cross-entropy)
 and the explicit matmuls of nn.Linear's backward for the linear layers.
+
+The *_bf16 rows (moetrain's mt_gemm_bf16: fp32 operands rounded to bf16, fp32 sums) are
+the same matmuls on bfloat16 tensors converted beforehand (PyTorch's CPU bf16 matmul, oneDNN
+with AVX512-BF16); the conversion is not timed and the results are bf16. Only on CPUs with
+avx512_bf16, as in moetrain.
 """
 import argparse
 import json
@@ -25,6 +30,16 @@ import torch.nn.functional as F  # noqa: E402
 # the "small" config (bench shapes of cmd_bench.c)
 V, C, H, G, D, FF, E, K, FM, B, T, TLONG = 8192, 512, 8, 8, 64, 1408, 16, 2, 352, 8, 512, 4096
 N = B * T
+BF16 = torch.bfloat16
+
+
+def bf16_cpu():
+    """The CPU has AVX512-BF16 (moetrain's mt_bf16_supported, which gates its *_bf16 rows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(ln.startswith("flags") and "avx512_bf16" in ln.split() for ln in f)
+    except OSError:
+        return False
 
 
 def best_time(fn, budget):
@@ -42,15 +57,15 @@ def best_time(fn, budget):
 
 
 class Table:
-    def __init__(self, budget):
-        self.rows, self.budget = [], budget
+    def __init__(self, budget, bf16):
+        self.rows, self.budget, self.bf16 = [], budget, bf16  # bf16: also the *_bf16 rows
 
     def add(self, kernel, shape, flop_bound, work, fn, note="", t=None):
         t = best_time(fn, self.budget) if t is None else t
         row = {"kernel": kernel, "shape": shape, "unit": "GFLOP/s" if flop_bound else "GB/s",
                "work": work, "ms": t * 1e3, "rate": work / t * 1e-9, "torch": note}
         self.rows.append(row)
-        print(f"{kernel:26} {shape:26} {t * 1e3:9.3f} {row['rate']:8.2f} {row['unit']:7} {note}", flush=True)
+        print(f"{kernel:31} {shape:26} {t * 1e3:9.3f} {row['rate']:8.2f} {row['unit']:7} {note}", flush=True)
 
 
 def rnd(*shape, lo=-1.0, hi=1.0, grad=False):
@@ -68,6 +83,14 @@ def dense(tb):
         torch.mm(dy, W)
         dW.addmm_(dy.t(), x)
     tb.add("linear_bwd", shape, True, 4.0 * N * C * FF, linear_bwd, "mm + addmm_")
+    if tb.bf16:
+        xb, Wb, dyb, dWb = x.to(BF16), W.to(BF16), dy.to(BF16), torch.zeros(FF, C, dtype=BF16)
+        tb.add("linear_fwd_bf16", shape, True, 2.0 * N * C * FF, lambda: F.linear(xb, Wb), "F.linear bf16")
+
+        def linear_bwd_bf16():
+            torch.mm(dyb, Wb)
+            dWb.addmm_(dyb.t(), xb)
+        tb.add("linear_bwd_bf16", shape, True, 4.0 * N * C * FF, linear_bwd_bf16, "mm + addmm_ bf16")
 
     # RMSNorm as torch ops; backward by autograd over the saved graph
     xr, w = rnd(N, C, grad=True), rnd(C, lo=0.5, hi=1.5, grad=True)
@@ -195,6 +218,15 @@ def moe(tb):
         tb.add(f"grouped_fwd_{name}", shape, True, fl, fwd, "loop of mm")
         tb.add(f"grouped_bwd_data_{name}", shape, True, fl, bwd_data, "loop of mm")
         tb.add(f"grouped_bwd_weight_{name}", shape, True, fl, bwd_weight, "loop of addmm_")
+        if tb.bf16:  # the same loops on bf16 copies
+            Wb, dWb, inpb, outb, dinb = W.to(BF16), dW.to(BF16), inp.to(BF16), out.to(BF16), din.to(BF16)
+            tb.add(f"grouped_fwd_{name}_bf16", shape, True, fl,
+                   lambda fwd=fwd, Wb=Wb, inpb=inpb, outb=outb: fwd(Wb, inpb, outb), "loop of mm bf16")
+            tb.add(f"grouped_bwd_data_{name}_bf16", shape, True, fl,
+                   lambda bwd_data=bwd_data, Wb=Wb, outb=outb, dinb=dinb: bwd_data(Wb, outb, dinb), "loop of mm bf16")
+            tb.add(f"grouped_bwd_weight_{name}_bf16", shape, True, fl,
+                   lambda bwd_weight=bwd_weight, dWb=dWb, outb=outb, inpb=inpb: bwd_weight(dWb, outb, inpb),
+                   "loop of addmm_ bf16")
 
 
 def adamw(tb, n):
@@ -218,10 +250,11 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    tb = Table(0.25 if args.quick else 1.0)
+    tb = Table(0.25 if args.quick else 1.0, bf16_cpu())
     t0 = time.perf_counter()
-    print(f"bench_kernels_torch: PyTorch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
-    print(f"{'kernel':26} {'shape':26} {'ms':>9} {'rate':>8} {'unit':7} torch ops")
+    print(f"bench_kernels_torch: PyTorch {torch.__version__}, {torch.get_num_threads()} threads"
+          + ("" if tb.bf16 else "; no avx512_bf16: the *_bf16 rows are skipped"), flush=True)
+    print(f"{'kernel':31} {'shape':26} {'ms':>9} {'rate':>8} {'unit':7} torch ops")
     dense(tb)
     attention(tb)
     head(tb)

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Peer benchmark of the "small" config: moetrain vs the PyTorch implementation of the same
-# model (tests/oracle/moe_ref.py), same data, batch 8 x seq 512, 2 threads.
+# model (tests/oracle/moe_ref.py), same data, batch 8 x seq 512, 2 threads, in each precision
+# both sides have: fp32, and mixed precision (moetrain --bf16; PyTorch torch.autocast(bfloat16),
+# whose matrix products run in oneDNN's bf16 kernels). Ratios compare like with like, and the
+# fastest of each side (PyTorch given its best settings).
 #
 # Usage: bench/bench_small.sh path/to/moetrain [steps]      (steps default 6)
 # Env:   MT_BENCH_TMP  scratch dir (default ${TMPDIR:-/tmp}/bench_small.PID, removed after)
 #        BENCH_SKIP_TORCH=1  run moetrain only
 #        MT_TRAIN_ARGS       extra flags for moetrain train (e.g. "--recompute selective")
+#        BENCH_PRECISIONS    "fp32 bf16" (default), or one of them; bf16 is skipped on a CPU
+#                            without AVX512-BF16
 #
 # small: vocab 8192, hidden 512, 8 layers (first dense), 8 heads, 8 kv heads, head_dim 64,
 # intermediate 1408, 16 routed experts, top-2, 1 shared expert, moe_intermediate 352.
@@ -55,65 +60,95 @@ if ! "$MOETRAIN" data math --out "$TMP/data" > "$TMP/data.log" 2>&1; then
   tail -20 "$TMP/data.log"; echo "bench_small: moetrain data math failed"; exit 1
 fi
 
-# ---- moetrain ---------------------------------------------------------------------------
-echo "--- moetrain train"
-rm -rf "$TMP/run_mt"
-if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_mt.txt"); else TV=(); fi
-if ! "${TV[@]}" "$MOETRAIN" train --config "$CFG_ARG" --data "$TMP/data" --steps "$STEPS" --batch $B --seq $T \
-     --threads $THREADS --out "$TMP/run_mt" ${MT_TRAIN_ARGS:-} > "$TMP/mt.log" 2>&1; then
-  tail -30 "$TMP/mt.log"; echo "bench_small: moetrain train failed"; exit 1
-fi
-tail -n 4 "$TMP/mt.log" | sed 's/^/    /'
-MT=$("$PY" - "$TMP/run_mt/metrics.jsonl" <<'EOF'
+# ---- runs ---------------------------------------------------------------------------------
+# run_mt NAME FLAGS... / run_pt NAME FLAGS...: print "tokens/s peak_rss_MiB rss_time_MiB mfu peak"
+# (progress to stderr); run_mt returns 2 when the CPU cannot run the precision
+run_mt() {
+  local name=$1; shift
+  echo "--- moetrain train $* ${MT_TRAIN_ARGS:-}" >&2
+  rm -rf "$TMP/run_$name"
+  if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_$name.txt"); else TV=(); fi
+  if ! "${TV[@]}" "$MOETRAIN" train --config "$CFG_ARG" --data "$TMP/data" --steps "$STEPS" --batch $B --seq $T \
+       --threads $THREADS --out "$TMP/run_$name" "$@" ${MT_TRAIN_ARGS:-} > "$TMP/$name.log" 2>&1; then
+    if grep -q 'AVX512-BF16' "$TMP/$name.log"; then echo "    skipped: $(tail -1 "$TMP/$name.log")" >&2; return 2; fi
+    tail -30 "$TMP/$name.log" >&2; echo "bench_small: moetrain train failed" >&2; return 1
+  fi
+  tail -n 4 "$TMP/$name.log" | sed 's/^/    /' >&2
+  local r
+  r=$("$PY" -c '
 import json, sys
 last = None
 for line in open(sys.argv[1]):
-    line = line.strip()
-    if line:
+    if line.strip():
         last = json.loads(line)
 if not last or last.get("event") != "summary":
     sys.exit("last line of metrics.jsonl is not a summary event")
-print(last["tokens_per_s"], last["peak_rss_bytes"] / 2**20, last.get("mfu", float("nan")))
-EOF
-) || { echo "bench_small: could not read $TMP/run_mt/metrics.jsonl"; exit 1; }
-read -r MT_TPS MT_RSS MT_MFU <<< "$MT"
-MT_RSS_TIME=$(maxrss_mb "$TMP/time_mt.txt")
-
-# ---- PyTorch ------------------------------------------------------------------------------
-PT_TPS=""; PT_RSS=""; PT_RSS_TIME=""
-if [ "${BENCH_SKIP_TORCH:-0}" != 1 ] && "$PY" -c 'import torch' >/dev/null 2>&1; then
-  echo "--- PyTorch (moe_ref.py train)"
-  if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_pt.txt"); else TV=(); fi
+print(last["tokens_per_s"], last["peak_rss_bytes"] / 2**20, last.get("mfu", float("nan")), last["peak_gflops"])
+' "$TMP/run_$name/metrics.jsonl") || { echo "bench_small: could not read $TMP/run_$name/metrics.jsonl" >&2; return 1; }
+  local tps rss mfu peak
+  read -r tps rss mfu peak <<< "$r"
+  echo "$tps $rss $(maxrss_mb "$TMP/time_$name.txt") $mfu $peak"
+}
+run_pt() {
+  local name=$1; shift
+  echo "--- PyTorch (moe_ref.py train $*)" >&2
+  if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_$name.txt"); else TV=(); fi
   if ! "${TV[@]}" "$PY" "$REF" train --config "$CFG_FILE" --data "$TMP/data" --steps "$STEPS" --batch $B \
-       --seq $T --threads $THREADS > "$TMP/pt.log" 2>&1; then
-    tail -30 "$TMP/pt.log"; echo "bench_small: moe_ref.py train failed"; exit 1
+       --seq $T --threads $THREADS "$@" > "$TMP/$name.log" 2>&1; then
+    tail -30 "$TMP/$name.log" >&2; echo "bench_small: moe_ref.py train failed" >&2; return 1
   fi
-  grep -E '^(blas|train|step)' "$TMP/pt.log" | sed 's/^/    /'
-  line=$(grep '^summary ' "$TMP/pt.log" | tail -1)
-  PT_TPS=$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<< "$line")
-  PT_RSS=$(sed -n 's/.*peak_rss_mb=\([^ ]*\).*/\1/p' <<< "$line")
-  PT_RSS_TIME=$(maxrss_mb "$TMP/time_pt.txt")
-else
-  echo "--- PyTorch skipped (BENCH_SKIP_TORCH=1 or no python3-torch)"
-fi
+  grep -E '^(blas|train|step)' "$TMP/$name.log" | sed 's/^/    /' >&2
+  local line
+  line=$(grep '^summary ' "$TMP/$name.log" | tail -1)
+  echo "$(sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p' <<< "$line") $(sed -n 's/.*peak_rss_mb=\([^ ]*\).*/\1/p' <<< "$line") $(maxrss_mb "$TMP/time_$name.txt") - -"
+}
+
+ROWS=()
+HAVE_TORCH=0
+if [ "${BENCH_SKIP_TORCH:-0}" != 1 ] && "$PY" -c 'import torch' >/dev/null 2>&1; then HAVE_TORCH=1; fi
+for prec in ${BENCH_PRECISIONS:-fp32 bf16}; do
+  case $prec in
+    fp32) mtflags=(); ptflags=(--autocast none) ;;
+    bf16) mtflags=(--bf16); ptflags=(--autocast bf16) ;;
+    *) echo "bench_small: BENCH_PRECISIONS: unknown precision $prec"; exit 1 ;;
+  esac
+  rc=0
+  out=$(run_mt "mt_$prec" "${mtflags[@]}") || rc=$?
+  [ $rc = 1 ] && exit 1
+  [ $rc = 2 ] && continue
+  ROWS+=("moetrain $prec $out")
+  if [ $HAVE_TORCH = 1 ]; then
+    out=$(run_pt "pt_$prec" "${ptflags[@]}") || exit 1
+    ROWS+=("PyTorch $prec $out")
+  fi
+done
+[ $HAVE_TORCH = 1 ] || echo "--- PyTorch skipped (BENCH_SKIP_TORCH=1 or no python3-torch)"
 
 # ---- table ---------------------------------------------------------------------------------
-"$PY" - "$MT_TPS" "$MT_RSS" "${MT_RSS_TIME:-}" "$MT_MFU" "${PT_TPS:-}" "${PT_RSS:-}" "${PT_RSS_TIME:-}" <<'EOF'
+printf '%s\n' "${ROWS[@]}" | "$PY" -c '
 import sys
-def f(s):
-    try:
-        return float(s)
-    except ValueError:
-        return None
-mt_tps, mt_rss, mt_rss_t, mt_mfu, pt_tps, pt_rss, pt_rss_t = map(f, sys.argv[1:])
-def s(v, fmt="{:.1f}"):
-    return fmt.format(v) if v is not None else "-"
+num = lambda s: float(s) if s not in ("-", "") else None
+rows = []
+for line in sys.stdin:
+    f = line.split() + ["-"] * 7
+    if f[0] in ("moetrain", "PyTorch"):
+        rows.append(dict(who=f[0], prec=f[1], tps=num(f[2]), rss=num(f[3]), rss_t=num(f[4]), mfu=num(f[5]), peak=num(f[6])))
+s = lambda v, fmt="{:.1f}": fmt.format(v) if v is not None else "-"
 print()
-print(f"{'':12} {'tokens/s':>10} {'peak RSS MiB':>13} {'(time -v)':>10} {'MFU':>7}")
-print(f"{'moetrain':12} {s(mt_tps):>10} {s(mt_rss):>13} {s(mt_rss_t):>10} {s(mt_mfu, '{:.3f}'):>7}")
-if pt_tps is not None:
-    print(f"{'PyTorch':12} {s(pt_tps):>10} {s(pt_rss):>13} {s(pt_rss_t):>10} {'':>7}")
-    r_t = mt_tps / pt_tps if pt_tps else None
-    r_m = mt_rss / pt_rss if pt_rss else None
-    print(f"{'ratio mt/pt':12} {s(r_t, '{:.2f}x'):>10} {s(r_m, '{:.2f}x'):>13}")
-EOF
+print("%-18s %10s %13s %10s %7s %11s" % ("", "tokens/s", "peak RSS MiB", "(time -v)", "MFU", "of GFLOP/s"))
+for r in rows:
+    print("%-18s %10s %13s %10s %7s %11s" % (r["who"] + " " + r["prec"], s(r["tps"]), s(r["rss"]), s(r["rss_t"]),
+                                           s(r["mfu"], "{:.3f}"), s(r["peak"], "{:.0f}")))
+get = lambda who, prec: next((r for r in rows if r["who"] == who and r["prec"] == prec), None)
+def ratio(a, b, label):
+    if a and b and a["tps"] and b["tps"] and a["rss"] and b["rss"]:
+        print("%-34s %6.2fx tokens/s %6.2fx peak memory" % (label, a["tps"] / b["tps"], a["rss"] / b["rss"]))
+print()
+for prec in ("fp32", "bf16"):
+    ratio(get("moetrain", prec), get("PyTorch", prec), "moetrain / PyTorch, both " + prec)
+mts = [r for r in rows if r["who"] == "moetrain" and r["tps"]]
+pts = [r for r in rows if r["who"] == "PyTorch" and r["tps"]]
+if mts and pts:
+    bm, bp = max(mts, key=lambda r: r["tps"]), max(pts, key=lambda r: r["tps"])
+    ratio(bm, bp, "fastest / fastest (%s / %s)" % (bm["prec"], bp["prec"]))
+'

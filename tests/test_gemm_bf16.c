@@ -139,25 +139,32 @@ static void test_gemm(void) {
                 }
 }
 
-/* 1 thread and 2 threads give the same bits (the rows split over threads; sums never do) */
-static void test_threads(void) {
-    const int M = 301, N = 200, K = 777;
-    snprintf(where, sizeof where, "threads M %d N %d K %d", M, N, K);
+/* 1 thread and 2 threads give the same bits (C splits over threads by rows or by columns,
+ * in parts that may repack B; sums never split) */
+static void threads_case(int M, int N, int K, int tA, int tB) {
+    snprintf(where, sizeof where, "threads M %d N %d K %d tA %d tB %d", M, N, K, tA, tB);
     float *A = mt_alloc((size_t)M * K * 4), *B = mt_alloc((size_t)K * N * 4);
     float *C1 = mt_alloc((size_t)M * N * 4), *C2 = mt_alloc((size_t)M * N * 4);
     for (size_t i = 0; i < (size_t)M * K; i++) A[i] = rnd(4, i);
     for (size_t i = 0; i < (size_t)K * N; i++) B[i] = rnd(5, i);
     int nthr = omp_get_max_threads();
     omp_set_num_threads(1);
-    mt_gemm_bf16(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
+    mt_gemm_bf16(tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, C1, N);
     omp_set_num_threads(2);
-    mt_gemm_bf16(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C2, N);
+    mt_gemm_bf16(tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, C2, N);
     omp_set_num_threads(nthr);
     CHECK_SAME_F(C1, C2, (size_t)M * N);
+    RECORD(S_GEMM, "C (2 threads)", gemm_err(tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, NULL, C2, N));
     mt_free(A);
     mt_free(B);
     mt_free(C1);
     mt_free(C2);
+}
+
+static void test_threads(void) {
+    threads_case(301, 200, 777, 0, 1);  /* rows, B one block */
+    threads_case(700, 100, 1700, 1, 0); /* rows, B in K blocks (repacked per part) */
+    threads_case(50, 3300, 900, 0, 0);  /* columns, B in N and K blocks */
 }
 
 /* mt_sgemm dispatches to the kernel in bf16 mode; the grouped expert GEMMs (moe.c) follow */

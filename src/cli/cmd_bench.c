@@ -1,7 +1,8 @@
-/* cli/cmd_bench.c — `moetrain bench`: GEMM GFLOP/s of this machine (the MFU denominator)
- * and the training throughput of a config on synthetic tokens; `moetrain bench kernels`:
- * every optimised kernel against its plain reference on the shapes of the "small" config
- * (bench/bench_kernels.sh adds PyTorch to the comparison). */
+/* cli/cmd_bench.c — `moetrain bench`: GEMM GFLOP/s of this machine (the MFU denominator;
+ * SGEMM, or the bf16 GEMM with --bf16) and the training throughput of a config on synthetic
+ * tokens; `moetrain bench kernels`: every optimised kernel against its plain reference on the
+ * shapes of the "small" config, and the bf16 GEMMs against OpenBLAS SGEMM (bench/bench_kernels.sh
+ * adds PyTorch to the comparison). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include "cli/cli.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/moe.h"
 #include "kernels/ops.h"
 #include "kernels/ref.h"
@@ -39,6 +41,7 @@ typedef struct {
     kb_row rows[KB_MAX_ROWS];
     int n;
     double budget; /* seconds of repeats per timing */
+    int bf16;      /* 1: also the bf16 rows (mt_gemm_bf16; the CPU has AVX512-BF16) */
 } kb_table;
 
 
@@ -46,6 +49,14 @@ typedef struct {
 #define KB_TIME_REF(r, budget, call) do { \
     MT_BEST_TIME((r)->t_ref, budget, call); \
     (r)->t_ref *= (r)->ref_scale; } while (0)
+
+/* a bf16 row: the call in bf16 mode (every mt_sgemm runs mt_gemm_bf16), its reference the
+ * same call in fp32 (OpenBLAS SGEMM); the mode is back to fp32 afterwards */
+#define KB_TIME_BF16(r, budget, call) do { \
+    MT_ASSERT(mt_set_gemm_bf16(1) == 0); /* bf16 rows only when mt_bf16_supported() */ \
+    MT_BEST_TIME((r)->t, budget, call); \
+    mt_set_gemm_bf16(0); \
+    KB_TIME_REF(r, budget, call); } while (0)
 
 static kb_row *kb_add(kb_table *tb, const char *kernel, int flop_bound, double work, const char *ref,
                       double ref_scale, const char *shape_fmt, ...) __attribute__((format(printf, 7, 8)));
@@ -113,6 +124,12 @@ static void kb_dense(kb_table *tb) {
         r = kb_add(tb, "linear_bwd", 1, 4.0 * N * C * F, "naive", 16, "N=%d In=%d O=%d", N, C, F);
         MT_BEST_TIME(r->t, bud, mt_linear_bwd(dx, dW, y, x, W, N, C, F, 0.0f));
         KB_TIME_REF(r, bud, mt_ref_linear_bwd(dx, dW, y, x, W, nr, C, F, 0.0f));
+        if (tb->bf16) { /* the same products in mixed precision against OpenBLAS SGEMM */
+            r = kb_add(tb, "linear_fwd_bf16", 1, 2.0 * N * C * F, "OpenBLAS sgemm", 1, "N=%d In=%d O=%d", N, C, F);
+            KB_TIME_BF16(r, bud, mt_linear_fwd(y, x, W, N, C, F, 0.0f));
+            r = kb_add(tb, "linear_bwd_bf16", 1, 4.0 * N * C * F, "OpenBLAS sgemm", 1, "N=%d In=%d O=%d", N, C, F);
+            KB_TIME_BF16(r, bud, mt_linear_bwd(dx, dW, y, x, W, N, C, F, 0.0f));
+        }
         mt_free(x); mt_free(W); mt_free(y); mt_free(dx); mt_free(dW);
     }
     /* rmsnorm */
@@ -262,6 +279,18 @@ static void kb_moe(kb_table *tb) {
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
         MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
         KB_TIME_REF(r, bud, kb_loop_bwd(NULL, dW, out, in, W, ws, off, E, In, O));
+        if (tb->bf16) { /* the grouped GEMMs in mixed precision against themselves in fp32 */
+            static const char *gref = "fp32 grouped (OpenBLAS sgemm)";
+            snprintf(kn, sizeof kn, "grouped_fwd_%s_bf16", names[pass]);
+            r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
+            KB_TIME_BF16(r, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
+            snprintf(kn, sizeof kn, "grouped_bwd_data_%s_bf16", names[pass]);
+            r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
+            KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_data(din, out, W, ws, off, E, In, O, 0.0f));
+            snprintf(kn, sizeof kn, "grouped_bwd_weight_%s_bf16", names[pass]);
+            r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
+            KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
+        }
         mt_free(W); mt_free(dW); mt_free(in); mt_free(out); mt_free(din);
     }
     free(sel); free(off); free(slot); free(tok);
@@ -326,16 +355,19 @@ static int bench_kernels(int argc, char **argv) {
     if (threads > 0) mt_set_threads(threads);
     kb_table *tb = mt_xcalloc(1, sizeof *tb);
     tb->budget = quick ? 0.25 : 1.0;
+    tb->bf16 = mt_bf16_supported();
     double t0 = mt_now();
-    printf("bench kernels: BLAS kernel %s, %d threads (references: 1 thread, except the per-expert loops)\n",
+    printf("bench kernels: BLAS kernel %s, %d threads (references: 1 thread, except the per-expert loops and the "
+           "fp32 references of the bf16 rows)\n",
            mt_blas_corename(), mt_get_threads());
+    if (!tb->bf16) printf("bench kernels: no AVX512-BF16 on this CPU, the *_bf16 rows (mt_gemm_bf16) are skipped\n");
     fflush(stdout);
     kb_dense(tb);
     kb_attention(tb, quick);
     kb_head(tb);
     kb_moe(tb);
     kb_adamw(tb, quick ? (size_t)4 << 20 : (size_t)16 << 20);
-    printf("%-26s %-26s %9s %8s %-7s %9s %8s %8s  %s\n", "kernel", "shape", "ms", "rate", "unit", "ref ms",
+    printf("%-31s %-26s %9s %8s %-7s %9s %8s %8s  %s\n", "kernel", "shape", "ms", "rate", "unit", "ref ms",
            "ref rate", "speedup", "reference");
     for (int i = 0; i < tb->n; i++) {
         const kb_row *r = &tb->rows[i];
@@ -347,7 +379,7 @@ static int bench_kernels(int argc, char **argv) {
         }
         if (r->ref_scale > 1) snprintf(note, sizeof note, "%s (timed on 1/%g, scaled)", r->ref, r->ref_scale);
         else snprintf(note, sizeof note, "%s", isnan(r->t_ref) ? "skipped" : r->ref);
-        printf("%-26s %-26s %9.3f %8.2f %-7s %9s %8s %8s  %s\n", r->kernel, r->shape, r->t * 1e3,
+        printf("%-31s %-26s %9.3f %8.2f %-7s %9s %8s %8s  %s\n", r->kernel, r->shape, r->t * 1e3,
                kb_rate(r, r->t), r->flop_bound ? "GFLOP/s" : "GB/s", refs, rrate, sp, note);
     }
     printf("bench kernels: %d rows in %.1f s; rate = GFLOP/s for FLOP-bound kernels, GB/s (bytes read + "
@@ -363,7 +395,7 @@ int mt_cmd_bench(int argc, char **argv) {
     const char *config = NULL;
     int B = 8, T = 512, steps = 5, threads = 0;
     const char *recompute = "none", *calibrate = NULL;
-    int quick = 0;
+    int quick = 0, bf16 = 0;
     mt_arg specs[] = {
         {"calibrate", MT_ARG_STR, &calibrate, "measure this machine and write a cluster file for moetrain plan", NULL},
         {"quick", MT_ARG_BOOL, &quick, "with --calibrate: shorter timings, smaller buffers, no T=4096 attention", NULL},
@@ -373,12 +405,17 @@ int mt_cmd_bench(int argc, char **argv) {
         {"steps", MT_ARG_INT, &steps, "timed steps after one warm-up step (default 5)", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
         {"recompute", MT_ARG_STR, &recompute, "memory policy: none or selective (default none)", NULL},
+        {"bf16", MT_ARG_BOOL, &bf16, "GEMMs in bf16 with fp32 sums, as train --bf16 (AVX512-BF16)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
-    int rc = mt_args_parse("bench", "[--config NAME --batch B --seq T --steps N]  |  --calibrate OUT.json [--quick]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
+    int rc = mt_args_parse("bench", "[--bf16] [--config NAME --batch B --seq T --steps N]  |  --calibrate OUT.json [--quick]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (calibrate) {
         if (config) {
             mt_error("moetrain bench: --calibrate and --config are separate runs");
+            return mt_cli_fail();
+        }
+        if (bf16) {
+            mt_error("moetrain bench: --bf16 applies to the GEMM peak and --config, not to --calibrate");
             return mt_cli_fail();
         }
         /* under mpirun the calibration also measures the links between ranks; MPI first,
@@ -391,15 +428,22 @@ int mt_cmd_bench(int argc, char **argv) {
         if (mpi) mt_dist_finalize();
         return rc ? mt_cli_fail() : 0;
     }
+    /* bf16: every GEMM below (the peak and the steps) runs mt_gemm_bf16 */
+    if (bf16 && mt_set_gemm_bf16(1) != 0) return mt_cli_fail();
+    const char *gemm = bf16 ? "gemm bf16" : "sgemm";
     mt_set_threads(threads > 0 ? threads : mt_get_threads());
-    printf("BLAS kernel %s, %d threads\n", mt_blas_corename(), mt_get_threads());
+    if (bf16)
+        printf("GEMM kernel gemm bf16 (operands rounded to bf16, fp32 sums, AVX512-BF16), %d threads\n",
+               mt_get_threads());
+    else
+        printf("BLAS kernel %s, %d threads\n", mt_blas_corename(), mt_get_threads());
     double peak = 0;
     for (int n = 512; n <= 2048; n *= 2) {
         double g = mt_gemm_gflops(n, 0.5);
         if (g > peak) peak = g;
-        printf("sgemm %4d^3        %7.1f GFLOP/s\n", n, g);
+        printf("%-9s %4d^3    %7.1f GFLOP/s\n", gemm, n, g);
     }
-    printf("peak (MFU denominator) %.1f GFLOP/s\n", peak);
+    printf("peak %s (MFU denominator) %.1f GFLOP/s\n", gemm, peak);
     if (!config) return 0;
     mt_config c;
     if (mt_config_load(&c, mt_cli_config_path(config)) != 0) return mt_cli_fail();
@@ -434,8 +478,9 @@ int mt_cmd_bench(int argc, char **argv) {
     }
     double tps = N * steps / total;
     double mfu = mt_model_flops_per_token(&c, T) * tps / (peak * 1e9);
-    printf("train %s B=%d T=%d: %.0f tok/s, MFU %.1f%%, activations %.1f MiB, peak RSS %.1f MiB\n", config, B, T, tps,
-           100 * mfu, mt_acts_bytes_policy(&c, B, T, mt_get_threads(), policy) / 1048576.0, mt_peak_rss() / 1048576.0);
+    printf("train %s B=%d T=%d%s: %.0f tok/s, MFU %.1f%%, activations %.1f MiB, peak RSS %.1f MiB\n", config, B, T,
+           bf16 ? " bf16" : "", tps, 100 * mfu, mt_acts_bytes_policy(&c, B, T, mt_get_threads(), policy) / 1048576.0,
+           mt_peak_rss() / 1048576.0);
     free(in);
     free(tg);
     mt_acts_free(a);

@@ -20,9 +20,9 @@
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
-#define KC 384          /* K indices per block (192 pairs): B micro-panel 24 KiB, in L1 */
-#define MC 192          /* rows of A per block: 144 KiB packed, in L2 */
-#define NC 3072         /* columns of B per block: 2.25 MiB packed, in L3 */
+#define KC 768          /* K indices per block (384 pairs): A micro-panel 18 KiB in L1, B's 48 KiB in L2 */
+#define MC 192          /* rows of A per block: 288 KiB packed, in L2 */
+#define NC 3072         /* columns of B per block: 4.5 MiB packed, in L3 */
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
@@ -64,6 +64,31 @@ BF16_TARGET static inline __m512i interleave_idx(void) {
     return _mm512_loadu_si512(idx);
 }
 
+/* In-register transpose of a 16 x 16 matrix of 32-bit words: r[i] word j -> r[j] word i. */
+BF16_TARGET static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* each 128-bit lane now holds a transposed 4 x 4 block; move the blocks */
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
 /* Packs w columns (rows, when trans) x0.. of rows k0..k0+kc of an operand into words
  * out[p*W + c] = pair(X(k0+2p, x0+c), X(k0+2p+1, x0+c)), c < W, zero beyond w / kc.
  * "rowmaj" means element (k, x) is at X[k*ld + x] (pairs come from two rows, lanes are
@@ -90,22 +115,27 @@ BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld,
             }
         }
     } else {
-        for (int c = 0; c < W; c++) {
-            if (c >= w) {
-                for (int p = 0; p < kp; p++) out[(size_t)p * W + c] = 0;
-                continue;
-            }
-            const float *src = X + (size_t)(x0 + c) * ld + k0;
-            int p = 0;
-            for (; 2 * p + 32 <= kc; p += 16) {
-                __m512 a = _mm512_loadu_ps(src + 2 * p), b = _mm512_loadu_ps(src + 2 * p + 16);
-                uint32_t tmp[16];
-                _mm512_storeu_si512(tmp, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-                for (int i = 0; i < 16; i++) out[(size_t)(p + i) * W + c] = tmp[i];
-            }
-            for (; p < kp; p++) {
-                int k = 2 * p;
-                out[(size_t)p * W + c] = pair_bits(src[k], k + 1 < kc ? src[k + 1] : 0.0f);
+        /* 16 columns x 16 pairs at a time: convert 16 rows of 32 floats, transpose the
+         * 16 x 16 words in registers, store 16 words per pair */
+        for (int c0 = 0; c0 < W; c0 += 16) {
+            int cw = W - c0 < 16 ? W - c0 : 16;
+            __mmask16 ms = (__mmask16)((1u << cw) - 1);
+            for (int p0 = 0; p0 < kp; p0 += 16) {
+                int n = kc - 2 * p0; /* floats left in each row */
+                __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+                __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) {
+                    if (c0 + i >= w) {
+                        r[i] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const float *src = X + (size_t)(x0 + c0 + i) * ld + k0 + 2 * p0;
+                    r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + 16), _mm512_maskz_loadu_ps(m0, src));
+                }
+                transpose16(r);
+                int np = kp - p0 < 16 ? kp - p0 : 16;
+                for (int j = 0; j < np; j++) _mm512_mask_storeu_epi32(out + (size_t)(p0 + j) * W + c0, ms, r[j]);
             }
         }
     }
@@ -182,36 +212,34 @@ BF16_TARGET static void micro_kernel_rows(int kp, const uint32_t *a, const uint3
     micro_kernel_any(kp, a, (size_t)kp, 1, b, C, ldc, mr, nr, alpha, beta, first);
 }
 
-/* Packing buffers: per thread for the A blocks and for calls made inside a parallel region;
- * one shared B block for a top-level call, packed by all threads together. Grown on demand
- * and kept (the GEMM runs thousands of times per step). */
+/* Per-thread packing buffers, grown on demand and kept (the GEMM runs thousands of times
+ * per step). */
 static _Thread_local uint32_t *t_apack, *t_bpack;
-static uint32_t *g_bpack;
 
 static uint32_t *ensure(uint32_t **buf, size_t words) {
     if (!*buf) *buf = mt_alloc(words * 4);
     return *buf;
 }
 
-/* The GEMM on rows [m0, m1) of C, by thread t of nt; B blocks are packed by all nt threads
- * into bp (shared when nt > 1: the threads meet at a barrier before and after each block). */
-BF16_TARGET static void gemm_blocks(int transA, int transB, int M, int N, int K, float alpha, const float *A,
-                                    int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                                    uint32_t *bp, int t, int nt, int m0, int m1) {
-    (void)M;
+/* C[m0:m1, n0:n1] on the calling thread. *b_ready (when not NULL) says that the thread's B
+ * buffer already holds the packed B of this call: possible when B is a single block
+ * (N <= NC, K <= KC) and the thread's parts all span the same columns. */
+BF16_TARGET static void gemm_part(int transA, int transB, int K, float alpha, const float *A, int lda,
+                                  const float *B, int ldb, float beta, float *C, int ldc, int m0, int m1, int n0,
+                                  int n1, int *b_ready) {
     uint32_t *ap = ensure(&t_apack, (size_t)MC * (KC / 2));
-    for (int jc = 0; jc < N; jc += NC) {
-        int nc = N - jc < NC ? N - jc : NC, npan = (nc + NR - 1) / NR;
+    uint32_t *bp = ensure(&t_bpack, (size_t)NC * (KC / 2));
+    for (int jc = n0; jc < n1; jc += NC) {
+        int nc = n1 - jc < NC ? n1 - jc : NC;
         for (int pc = 0; pc < K; pc += KC) {
             int kc = K - pc < KC ? K - pc : KC, kp = (kc + 1) / 2;
             /* B(k, n): transB stores it at B[n*ldb + k] (pairs contiguous), else B[k*ldb + n] */
-            for (int q = npan * t / nt; q < npan * (t + 1) / nt; q++) {
-                int jr = q * NR, w = nc - jr < NR ? nc - jr : NR;
-                pack_panel(bp + (size_t)jr * kp, NR, B, ldb, !transB, pc, kc, jc + jr, w);
-            }
-            if (nt > 1) {
-#pragma omp barrier
-            }
+            if (!b_ready || !*b_ready)
+                for (int jr = 0; jr < nc; jr += NR) {
+                    int w = nc - jr < NR ? nc - jr : NR;
+                    pack_panel(bp + (size_t)jr * kp, NR, B, ldb, !transB, pc, kc, jc + jr, w);
+                }
+            if (b_ready) *b_ready = 1;
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 /* A(m, k): transA stores it at A[k*lda + m] (two rows give a pair), else A[m*lda + k] */
@@ -233,9 +261,6 @@ BF16_TARGET static void gemm_blocks(int transA, int transB, int M, int N, int K,
                     }
                 }
             }
-            if (nt > 1) {
-#pragma omp barrier
-            }
         }
     }
 }
@@ -249,21 +274,33 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
         return;
     }
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (nthr > 1 && ((double)M * N * K < 2e6 || M < 2 * MR)) nthr = 1;
+    if (nthr > 1 && (double)M * N * K < 2e6) nthr = 1;
     if (nthr == 1) {
-        gemm_blocks(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                    ensure(&t_bpack, (size_t)NC * (KC / 2)), 0, 1, 0, M);
+        gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, 0, N, NULL);
         return;
     }
-    /* top level: the threads share each packed block of B and split the rows of C (whole
-     * MR panels); a row's result does not depend on the split */
-    uint32_t *bp = ensure(&g_bpack, (size_t)NC * (KC / 2));
-    int panels = (M + MR - 1) / MR;
+    /* Top level: C in parts that the threads take as they finish (dynamic schedule, about
+     * four per thread), so a thread held up by the OS or a neighbour costs little and no
+     * barrier is needed. Parts are row blocks when M >= N (each thread packs all of B, once
+     * when B is a single block), else column blocks (each part packs its own columns of B).
+     * Sums never split, so the result does not depend on the parts. */
+    const int by_rows = M >= N, unit = by_rows ? MR : NR, total = by_rows ? M : N;
+    int part = (total + 4 * nthr - 1) / (4 * nthr);
+    part = (part + unit - 1) / unit * unit;
+    if (by_rows && part < MC) part = MC;
+    const int nparts = (total + part - 1) / part;
+    const int single_b = N <= NC && K <= KC;
 #pragma omp parallel num_threads(nthr)
     {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int m0 = panels * t / nt * MR, m1 = panels * (t + 1) / nt * MR;
-        if (m1 > M) m1 = M;
-        gemm_blocks(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bp, t, nt, m0, m1);
+        int b_ready = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int q = 0; q < nparts; q++) {
+            int lo = q * part, hi = lo + part < total ? lo + part : total;
+            if (by_rows)
+                gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, lo, hi, 0, N,
+                          single_b ? &b_ready : NULL);
+            else
+                gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, lo, hi, NULL);
+        }
     }
 }

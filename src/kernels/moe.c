@@ -2,6 +2,7 @@
 #include "kernels/moe.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -100,30 +101,43 @@ static int tile_rows(const int32_t *off, int E) {
     return tile_size(off[E] - off[0], 256, omp_get_max_threads());
 }
 
-/* tiles (expert, first row) of the permuted rows */
-static int row_tiles(const int32_t *off, int E, int rows, int32_t *te, int32_t *tr) {
-    int n = 0;
-    for (int e = 0; e < E; e++)
-        for (int r = off[e]; r < off[e + 1]; r += rows) {
-            MT_ASSERT(n < MAX_TILES);
-            te[n] = e;
-            tr[n++] = r;
-        }
-    return n;
+/* A tile of a grouped GEMM: expert e, rows [r, r + n) of the permuted rows or, for the
+ * weight gradient, output rows [r, r + n) of dW_e; work orders the tiles. */
+typedef struct {
+    int32_t e, r, n;
+    int64_t work;
+} tile;
+
+static _Thread_local tile tiles[MAX_TILES];
+
+static int by_work_desc(const void *a, const void *b) {
+    const tile *x = a, *y = b;
+    if (x->work != y->work) return x->work > y->work ? -1 : 1;
+    return x->e != y->e ? (x->e < y->e ? -1 : 1) : (x->r < y->r ? -1 : x->r > y->r);
 }
 
-static _Thread_local int32_t tile_e[MAX_TILES], tile_r[MAX_TILES];
+/* Largest tiles first: the threads take them in that order (dynamic schedule), so the last
+ * ones to finish are small and a thread seldom waits for another's big expert at the end.
+ * The order changes no result: every tile writes its own part of the output. */
+static void order_tiles(tile *t, int n) { qsort(t, (size_t)n, sizeof *t, by_work_desc); }
 
 /* row tiles of every expert: out_rows = in_rows op(W_e), op = W^T (fwd) or W (bwd data) */
 static void grouped_rows(float *out, const float *in, const float *W, size_t wstride, const int32_t *off,
                          int E, int In, int O, float beta, int data_grad) {
     const int TR = tile_rows(off, E);
-    int n = row_tiles(off, E, TR, tile_e, tile_r);
-    const int32_t *te = tile_e, *tr = tile_r;
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r += TR) {
+            MT_ASSERT(n < MAX_TILES);
+            int rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
+            tiles[n++] = (tile){e, r, rows, rows};
+        }
+    order_tiles(tiles, n);
+    const tile *tl = tiles;
     const int K = data_grad ? O : In, M = data_grad ? In : O; /* inner and output widths */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
-        int e = te[i], r = tr[i], rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
+        int e = tl[i].e, r = tl[i].r, rows = tl[i].n;
         mt_sgemm(0, !data_grad, rows, M, K, 1.0f, in + (size_t)r * K, K, W + (size_t)e * wstride, In, beta,
                  out + (size_t)r * M, M);
     }
@@ -148,13 +162,14 @@ void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, 
         if (off[e + 1] > off[e])
             for (int o = 0; o < O; o += TO) {
                 MT_ASSERT(n < MAX_TILES);
-                tile_e[n] = e;
-                tile_r[n++] = o;
+                int no = O - o < TO ? O - o : TO;
+                tiles[n++] = (tile){e, o, no, (int64_t)no * (off[e + 1] - off[e])};
             }
-    const int32_t *te = tile_e, *tr = tile_r;
+    order_tiles(tiles, n);
+    const tile *tl = tiles;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
-        int e = te[i], o0 = tr[i], no = O - o0 < TO ? O - o0 : TO;
+        int e = tl[i].e, o0 = tl[i].r, no = tl[i].n;
         int r0 = off[e], rows = off[e + 1] - off[e];
         /* dW_e[o0:o0+no, :] += dout[r0:, o0:o0+no]^T in[r0:, :] */
         mt_sgemm(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, O, in + (size_t)r0 * In, In, 1.0f,

@@ -8,11 +8,12 @@ Commands
   make-case --config CFG.json --out DIR [--seed S --std 0.3 --batch B --seq T]
   compare   --case DIR --dump FILE.safetensors
   train     --config CFG.json --data DIR --steps N --batch B --seq T [--threads 2
-            --lr 3e-4 --warmup 10 --init DIR --out DIR --seed S]
+            --lr 3e-4 --warmup 10 --init DIR --out DIR --seed S --autocast none|bf16]
   eval      --ckpt DIR --data DIR --seq T --windows N [--threads 2]
   gradcheck [--config CFG.json]   (float64 autograd vs finite differences, self test)
 
-Everything is plain torch code in fp32 (or fp64 for gradcheck); nothing is shared with
+Everything is plain torch code in fp32 (or fp64 for gradcheck; `train --autocast bf16`
+runs the forward under torch.autocast, PyTorch's mixed precision); nothing is shared with
 the C implementation.
 """
 import os
@@ -506,7 +507,8 @@ def moe_block(c, P, p, x, stats):
                            P[q + "down_proj.weight"]))
         start += n
     out = torch.cat(outs, 0) * w_sorted[:, None]
-    y = torch.zeros_like(xf).index_add_(0, tok_sorted, out)
+    # (under bf16 autocast the experts' output is bf16: accumulate it into the fp32 stream)
+    y = torch.zeros_like(xf).index_add_(0, tok_sorted, out.to(xf.dtype))
     if c.n_shared:
         q = p + "mlp.shared_experts."
         y = y + swiglu(xf, P[q + "gate_proj.weight"], P[q + "up_proj.weight"], P[q + "down_proj.weight"])
@@ -908,7 +910,7 @@ def cmd_train(a):
     params = list(P.values())
     nparam = sum(t.numel() for t in params)
     print(f"train: {nparam / 1e6:.2f}M parameters, {c.L} layers ({c.n_moe} MoE), "
-          f"batch {a.batch} x seq {a.seq}, {a.steps} steps, threads {a.threads}", flush=True)
+          f"batch {a.batch} x seq {a.seq}, {a.steps} steps, threads {a.threads}, autocast {a.autocast}", flush=True)
     tok_timed, t_timed = 0, 0.0
     for step in range(a.steps):
         t0 = time.perf_counter()
@@ -922,7 +924,8 @@ def cmd_train(a):
         inp, tgt = data.batch(a.batch, a.seq)
         if int(inp.max()) >= c.V or int(tgt.max()) >= c.V:
             raise ValueError(f"{a.data}: token id {max(int(inp.max()), int(tgt.max()))} >= vocab_size {c.V}")
-        _, ce, bals, loss = forward(c, P, inp, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            _, ce, bals, loss = forward(c, P, inp, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -1004,6 +1007,9 @@ def main(argv=None):
     t.add_argument("--init")
     t.add_argument("--out")
     t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="bf16: mixed precision (torch.autocast on CPU: matrix products in bfloat16 "
+                        "through oneDNN, fp32 weights and optimizer)")
     e = sub.add_parser("eval")
     e.add_argument("--ckpt", required=True)
     e.add_argument("--data", required=True)
