@@ -279,17 +279,21 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
         gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, 0, N, NULL);
         return;
     }
-    /* Top level: C in parts that the threads take as they finish (dynamic schedule, about
-     * four per thread), so a thread held up by the OS or a neighbour costs little and no
-     * barrier is needed. Parts are row blocks when M >= N (each thread packs all of B, once
-     * when B is a single block), else column blocks (each part packs its own columns of B).
-     * Sums never split, so the result does not depend on the parts. */
+    /* Top level: C in parts that the threads take as they finish (dynamic schedule), so a
+     * thread held up by the OS or a neighbour costs little and no barrier is needed. Parts
+     * are row blocks when M >= N, else column blocks; sums never split, so the result does
+     * not depend on the parts. A part packs what it needs: with row parts all of B (once
+     * per thread when B is a single block), with column parts all of A. About four parts
+     * per thread, but where a part must pack again a whole operand, parts of at least 512
+     * rows (columns), which keeps that repacking near 2% of the part's work (packing an
+     * element costs about 20 flops), and at least one part per thread. */
     const int by_rows = M >= N, unit = by_rows ? MR : NR, total = by_rows ? M : N;
+    const int single_b = N <= NC && K <= KC, repack = by_rows ? !single_b : 1;
+    const int per_thread = (total + nthr - 1) / nthr;
     int part = (total + 4 * nthr - 1) / (4 * nthr);
+    if (repack && part < 512) part = 512 < per_thread ? 512 : per_thread;
     part = (part + unit - 1) / unit * unit;
-    if (by_rows && part < MC) part = MC;
     const int nparts = (total + part - 1) / part;
-    const int single_b = N <= NC && K <= KC;
 #pragma omp parallel num_threads(nthr)
     {
         int b_ready = 0;
