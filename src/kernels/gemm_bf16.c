@@ -284,16 +284,21 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
      * are row blocks when M >= N, else column blocks; sums never split, so the result does
      * not depend on the parts. A part packs what it needs: with row parts all of B (once
      * per thread when B is a single block), with column parts all of A. About four parts
-     * per thread, but where a part must pack again a whole operand, parts of at least 512
-     * rows (columns), which keeps that repacking near 2% of the part's work (packing an
+     * per thread, but where a part must pack again a whole operand, parts of about 512 rows
+     * (columns) or more, which keeps that repacking near 2% of the part's work (packing an
      * element costs about 20 flops), and at least one part per thread. */
     const int by_rows = M >= N, unit = by_rows ? MR : NR, total = by_rows ? M : N;
     const int single_b = N <= NC && K <= KC, repack = by_rows ? !single_b : 1;
     const int per_thread = (total + nthr - 1) / nthr;
     int part = (total + 4 * nthr - 1) / (4 * nthr);
     if (repack && part < 512) part = 512 < per_thread ? 512 : per_thread;
+    /* a multiple of the threads in equal parts: 3 parts of 512 on 2 threads would leave
+     * one thread idle for a third of the call */
+    int nparts = (total + part - 1) / part;
+    nparts = (nparts + nthr - 1) / nthr * nthr;
+    part = (total + nparts - 1) / nparts;
     part = (part + unit - 1) / unit * unit;
-    const int nparts = (total + part - 1) / part;
+    nparts = (total + part - 1) / part;
 #pragma omp parallel num_threads(nthr)
     {
         int b_ready = 0;
