@@ -7,8 +7,11 @@
  * an MR x NR tile of C from one micro-panel of each. VDPBF16PS multiplies *pairs* along K:
  * lane j of dst += a[2p]*b[2p][j] + a[2p+1]*b[2p+1][j]. So a packed panel stores, for every
  * pair p of K indices, the two bf16 values of one row (of A) or one column (of B) side by side
- * as one 32-bit word: A panel [kp][MR] words, B panel [kp][NR] words; odd K is padded with 0.
- * Rounding is to nearest even (VCVTNE2PS2BF16 and the scalar equivalent), as PyTorch's casts. */
+ * as one 32-bit word: B panel [kp][NR] words; A panel [kp][MR] words (A^T: a pair comes from
+ * two rows), or [MR][kp] when A's rows are contiguous (a plain conversion, read by the
+ * micro-kernel with a row stride); odd K is padded with 0. Rounding is to nearest even
+ * (VCVTNE2PS2BF16), as PyTorch's casts; the instruction treats denormal inputs as zero.
+ * Threads: see mt_gemm_bf16. */
 #include "kernels/gemm_bf16.h"
 
 #include <immintrin.h>
@@ -46,14 +49,6 @@ float mt_bf16_round(float f) {
     float r;
     memcpy(&r, &u, 4);
     return r;
-}
-
-static inline uint32_t pair_bits(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
-
-/* Element (r, k) of an operand that is stored row-major with leading dimension ld, or
- * transposed (stored as [k][r]). */
-static inline float el(const float *X, int ld, int trans, int r, int k) {
-    return trans ? X[(size_t)k * ld + r] : X[(size_t)r * ld + k];
 }
 
 /* 16-bit lane permutation that interleaves [x0..x15 | y0..y15] (as VCVTNE2PS2BF16 returns

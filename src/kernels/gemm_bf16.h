@@ -13,7 +13,8 @@
 /* 1 when this CPU runs the kernel (AVX512F/BW/VL/DQ and AVX512-BF16). */
 int mt_bf16_supported(void);
 /* f rounded to the nearest bfloat16 (ties to even), returned as fp32: the value the kernel
- * multiplies. References and tests use it. */
+ * multiplies (except for fp32 denormals, which the kernel's conversion treats as zero).
+ * References and tests use it. */
 float mt_bf16_round(float f);
 /* Requires mt_bf16_supported(). */
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
