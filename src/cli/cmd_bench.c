@@ -199,6 +199,14 @@ static void kb_attention(kb_table *tb, int quick) {
             KB_TIME_REF(rf, bud, mt_ref_attention_fwd(o, l, q, k, v, NULL, rB, T, rH, rG, D));
             KB_TIME_REF(rb, bud, mt_ref_attention_bwd(dq, dk, dv, dout, q, k, v, NULL, rB, T, rH, rG, D));
         }
+        if (tb->bf16) { /* mixed precision (products on bf16 pairs) against the fp32 kernel */
+            rf = kb_add(tb, "attention_fwd_bf16", 1, ff, "fp32 flash attention", 1, "B=%d T=%d H=%d G=%d D=%d", B, T, H,
+                        G, D);
+            KB_TIME_BF16(rf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr));
+            rb = kb_add(tb, "attention_bwd_bf16", 1, 2.5 * ff, "fp32 flash attention", 1, "B=%d T=%d H=%d G=%d D=%d", B,
+                        T, H, G, D);
+            KB_TIME_BF16(rb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr));
+        }
         mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o); mt_free(l); mt_free(dq);
         mt_free(dk); mt_free(dv); mt_free(scratch);
     }

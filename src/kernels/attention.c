@@ -39,8 +39,13 @@
  * forward + fused epilogues 63/73, + query-block groups 83, + contiguous copies 83/89.
  * Benchmark: tests/test_kernels.c with MT_BENCH=1 (also prints the SGEMM rate).
  *
+ * Mixed precision (the GEMMs' bf16 mode, mt_set_gemm_bf16; needs AVX512-BF16 at compile
+ * time and D % 16 == 0): every product multiplies bf16 pairs with fp32 sums (VDPBF16PS);
+ * the operands are packed in pairs along the summed index (q, dO once per head; K, V once
+ * per key block; P, dS per block), masks, softmax, log-sum-exp and accumulators stay fp32.
+ *
  * Scratch per thread: O(ATT_QG * ATT_BQ * D + ATT_BK * D) for the forward, O(T * D) for the
- * backward (the head's contiguous q and dO). */
+ * backward (the head's contiguous q and dO, and their pairs in bf16 mode). */
 #include "kernels/attention.h"
 
 #include <math.h>
@@ -49,6 +54,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/blas.h"
 #include "kernels/vexp.h"
 
 #ifdef __AVX512F__
@@ -95,6 +101,23 @@ ALWAYS_INLINE __mmask16 range_mask(int j0, int lo, int hi) {
 
 /* St rows j0..j0+mr-1 = K rows j0.. . Qt; with masking, lanes (queries) i whose range
  * [lo_i, hi_i) excludes the key are -inf. Folds the rows into the column max mx. */
+ALWAYS_INLINE void st_epilogue(float *St, __m512 acc[ATT_MR][NV], int j0, int mr, int masked, const __m512i *lo,
+                               const __m512i *hi, __m512 *mx) {
+    for (int r = 0; r < mr; r++) {
+        if (masked) {
+            __m512i jj = _mm512_set1_epi32(j0 + r);
+            for (int u = 0; u < NV; u++) {
+                __mmask16 in = _mm512_cmple_epi32_mask(lo[u], jj) & _mm512_cmpgt_epi32_mask(hi[u], jj);
+                acc[r][u] = _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), acc[r][u]);
+            }
+        }
+        for (int u = 0; u < NV; u++) {
+            _mm512_store_ps(St + (size_t)(j0 + r) * ATT_BQ + 16 * u, acc[r][u]);
+            mx[u] = _mm512_max_ps(mx[u], acc[r][u]);
+        }
+    }
+}
+
 ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, int D, int j0,
                            int mr, int masked, const __m512i *lo, const __m512i *hi, __m512 *mx) {
     __m512 acc[ATT_MR][NV];
@@ -109,19 +132,7 @@ ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, 
             for (int u = 0; u < NV; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
         }
     }
-    for (int r = 0; r < mr; r++) {
-        if (masked) {
-            __m512i jj = _mm512_set1_epi32(j0 + r);
-            for (int u = 0; u < NV; u++) {
-                __mmask16 in = _mm512_cmple_epi32_mask(lo[u], jj) & _mm512_cmpgt_epi32_mask(hi[u], jj);
-                acc[r][u] = _mm512_mask_blend_ps(in, _mm512_set1_ps(-INFINITY), acc[r][u]);
-            }
-        }
-        for (int u = 0; u < NV; u++) {
-            _mm512_store_ps(St + (size_t)(j0 + r) * ATT_BQ + 16 * u, acc[r][u]);
-            mx[u] = _mm512_max_ps(mx[u], acc[r][u]);
-        }
-    }
+    st_epilogue(St, acc, j0, mr, masked, lo, hi, mx);
 }
 
 ALWAYS_INLINE void st_rows(float *St, const float *K, int ldk, const float *Qt, int nk, int D,
@@ -221,21 +232,8 @@ static void fwd_pv(float *Ot, const float *V, int ldv, const float *St, int nk, 
 /* rows i0..i0+mr-1 of a score-like tile X = A Bt (A row stride lda, Bt[D][ATT_BK]) and its
  * epilogue: mode 0: P = 2^(X c - sub_i) on the row's visible keys [lo_i, hi_i) (masked
  * only; else all), 0 elsewhere; mode 1: dS = P (X - sub_i) scale, P read from P. */
-ALWAYS_INLINE void bt_tile(float *C, const float *A, int lda, const float *Bt, int D, int i0,
-                           int mr, int mode, int masked, const int *lo, const int *hi,
-                           const float *sub, float c, const float *P) {
-    __m512 acc[ATT_MR][4];
-    for (int r = 0; r < mr; r++)
-        for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_ps();
-    const float *ar = A + (size_t)i0 * lda;
-    for (int k = 0; k < D; k++) {
-        __m512 b[4];
-        for (int u = 0; u < 4; u++) b[u] = _mm512_load_ps(Bt + (size_t)k * ATT_BK + 16 * u);
-        for (int r = 0; r < mr; r++) {
-            __m512 a = _mm512_set1_ps(ar[(size_t)r * lda + k]);
-            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
-        }
-    }
+ALWAYS_INLINE void bt_epilogue(float *C, __m512 acc[ATT_MR][4], int i0, int mr, int mode, int masked,
+                               const int *lo, const int *hi, const float *sub, float c, const float *P) {
     for (int r = 0; r < mr; r++) {
         int i = i0 + r;
         __m512 sv = _mm512_set1_ps(sub[i]), cv = _mm512_set1_ps(c);
@@ -252,6 +250,24 @@ ALWAYS_INLINE void bt_tile(float *C, const float *A, int lda, const float *Bt, i
             _mm512_store_ps(dst, x);
         }
     }
+}
+
+ALWAYS_INLINE void bt_tile(float *C, const float *A, int lda, const float *Bt, int D, int i0,
+                           int mr, int mode, int masked, const int *lo, const int *hi,
+                           const float *sub, float c, const float *P) {
+    __m512 acc[ATT_MR][4];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_ps();
+    const float *ar = A + (size_t)i0 * lda;
+    for (int k = 0; k < D; k++) {
+        __m512 b[4];
+        for (int u = 0; u < 4; u++) b[u] = _mm512_load_ps(Bt + (size_t)k * ATT_BK + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512 a = _mm512_set1_ps(ar[(size_t)r * lda + k]);
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_fmadd_ps(a, b[u], acc[r][u]);
+        }
+    }
+    bt_epilogue(C, acc, i0, mr, mode, masked, lo, hi, sub, c, P);
 }
 
 ALWAYS_INLINE void bt_rows(float *C, const float *A, int lda, const float *Bt, int M, int D,
@@ -441,6 +457,259 @@ static float dot(const float *a, const float *b, int D) {
 
 #endif
 
+#if defined(__AVX512BF16__)
+/* ---- mixed precision (train --bf16): the backward's three accumulating products ----
+ * dV += P^T dO, dK += dS^T Q and dQ += dS K multiply bf16 pairs with fp32 sums
+ * (VDPBF16PS), as the GEMMs do in that mode. A pair is two consecutive values along the
+ * summed index packed in one 32-bit word; the B operands are packed as [pairs][D] words:
+ * q and dO once per head, K once per key block; P and dS per block, in the pair layout
+ * each product reads. The other products (scores, dP) and the forward stay fp32. */
+#define ATT_BF16 1
+
+/* out[p*W + c] = pair(X[2p][c], X[2p+1][c]) (X row stride ldx) for p < np, c < W (W a
+ * multiple of 16); rows >= nrows read as zero. */
+static void pair_rows(uint32_t *out, int W, const float *X, int ldx, int nrows, int np) {
+    static const uint16_t idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i perm = _mm512_loadu_si512(idx);
+    for (int p = 0; p < np; p++) {
+        const float *r0 = X + (size_t)(2 * p) * ldx, *r1 = r0 + ldx;
+        int h0 = 2 * p < nrows, h1 = 2 * p + 1 < nrows;
+        for (int c = 0; c < W; c += 16) {
+            __m512 a = h0 ? _mm512_loadu_ps(r0 + c) : _mm512_setzero_ps();
+            __m512 b = h1 ? _mm512_loadu_ps(r1 + c) : _mm512_setzero_ps();
+            __m512i v = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* [a | b] as bf16 */
+            _mm512_storeu_si512(out + (size_t)p * W + c, _mm512_permutexvar_epi16(perm, v));
+        }
+    }
+}
+
+/* out[i*(W/2) + p] = pair(X[i][2p], X[i][2p+1]) for i < n (W a multiple of 16): rows
+ * converted in place order. */
+static void pair_cols(uint32_t *out, int W, const float *X, int ldx, int n) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < W; c += 32) {
+            const float *x = X + (size_t)i * ldx + c;
+            int two = W - c >= 32; /* else 16 floats left: 8 words */
+            __m512 hi = two ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps();
+            __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(x));
+            _mm512_mask_storeu_epi32(out + (size_t)i * (W / 2) + c / 2, two ? 0xffff : 0x00ff, v);
+        }
+}
+
+/* mr x (16 nv) tile of C (+)= A B over kp pairs: A word (r, p) at A[r*ars + p*aps], B words
+ * [kp][ldb]; first: C not read. */
+ALWAYS_INLINE void nn_tile_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t aps, const uint32_t *B,
+                                int ldb, int kp, int mr, int nv, int first) {
+    __m512 acc[ATT_MR][4];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < nv; u++) acc[r][u] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(C + (size_t)r * ldc + 16 * u);
+    for (int p = 0; p < kp; p++) {
+        __m512bh b[4];
+        for (int u = 0; u < nv; u++) b[u] = (__m512bh)_mm512_loadu_si512(B + (size_t)p * ldb + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[(size_t)r * ars + (size_t)p * aps]);
+            for (int u = 0; u < nv; u++) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], a, b[u]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < nv; u++) _mm512_storeu_ps(C + (size_t)r * ldc + 16 * u, acc[r][u]);
+}
+
+#define NN16_ROWS(NVV, FIRST) do { \
+    int r_ = 0; \
+    for (; r_ + ATT_MR <= M; r_ += ATT_MR) \
+        nn_tile_bf16(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, aps, B + c0, ldb, kp, ATT_MR, NVV, FIRST); \
+    if (r_ < M) { \
+        float *C_ = C + (size_t)r_ * ldc + c0; const uint32_t *A_ = A + (size_t)r_ * ars; \
+        switch (M - r_) { \
+        case 1: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 1, NVV, FIRST); break; \
+        case 2: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 2, NVV, FIRST); break; \
+        case 3: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 3, NVV, FIRST); break; \
+        case 4: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 4, NVV, FIRST); break; \
+        default: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 5, NVV, FIRST); break; } } \
+} while (0)
+
+/* C[M][D] (row stride ldc) (+)= A B: A word (m, p) at A[m*ars + p*aps], B words [kp][D]
+ * (ldb = D); D a multiple of 16. */
+static void mm_nn_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t aps, const uint32_t *B, int M,
+                       int kp, int D, int first) {
+    const int ldb = D;
+    for (int c0 = 0; c0 < D; c0 += 64) {
+        int nv = (D - c0) / 16 < 4 ? (D - c0) / 16 : 4;
+        if (first) {
+            if (nv == 4) NN16_ROWS(4, 1);
+            else if (nv == 3) NN16_ROWS(3, 1);
+            else if (nv == 2) NN16_ROWS(2, 1);
+            else NN16_ROWS(1, 1);
+        } else {
+            if (nv == 4) NN16_ROWS(4, 0);
+            else if (nv == 3) NN16_ROWS(3, 0);
+            else if (nv == 2) NN16_ROWS(2, 0);
+            else NN16_ROWS(1, 0);
+        }
+    }
+}
+#undef NN16_ROWS
+
+/* out[p*ATT_BK + j] = pair(X[j][2p], X[j][2p+1]) (X row stride ldx) for j < nk, p < D/2,
+ * zero for nk <= j < ATT_BK: a key block transposed into pairs along D. */
+static void pair_t(uint32_t *out, const float *X, int ldx, int nk, int D) {
+    uint32_t tmp[512];
+    for (int j = 0; j < ATT_BK; j++) {
+        if (j < nk) pair_cols(tmp, D, X + (size_t)j * ldx, ldx, 1);
+        for (int p = 0; p < D / 2; p++) out[(size_t)p * ATT_BK + j] = j < nk ? tmp[p] : 0;
+    }
+}
+
+/* The score-like tiles of bt_tile with the product on bf16 pairs: A words [rows][D/2]
+ * (pairs along D), Bt words [D/2][ATT_BK]. */
+ALWAYS_INLINE void bt_tile_bf16(float *C, const uint32_t *A, const uint32_t *Bt, int kp, int i0, int mr, int mode,
+                                int masked, const int *lo, const int *hi, const float *sub, float c,
+                                const float *P) {
+    __m512 acc[ATT_MR][4];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_ps();
+    const uint32_t *ar = A + (size_t)i0 * kp;
+    for (int p = 0; p < kp; p++) {
+        __m512bh b[4];
+        for (int u = 0; u < 4; u++) b[u] = (__m512bh)_mm512_loadu_si512(Bt + (size_t)p * ATT_BK + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ar[(size_t)r * kp + p]);
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], a, b[u]);
+        }
+    }
+    bt_epilogue(C, acc, i0, mr, mode, masked, lo, hi, sub, c, P);
+}
+
+ALWAYS_INLINE void bt_rows_bf16(float *C, const uint32_t *A, const uint32_t *Bt, int M, int D, int mode, int masked,
+                                const int *lo, const int *hi, const float *sub, float c, const float *P) {
+    int i = 0, kp = D / 2;
+    for (; i + ATT_MR <= M; i += ATT_MR) bt_tile_bf16(C, A, Bt, kp, i, ATT_MR, mode, masked, lo, hi, sub, c, P);
+#define BT16_CALL(MM) bt_tile_bf16(C, A, Bt, kp, i, MM, mode, masked, lo, hi, sub, c, P)
+    if (i < M) MR_SWITCH(M - i, BT16_CALL);
+#undef BT16_CALL
+}
+
+/* bwd_probs and bwd_dscores with A (q or dO rows) and Bt (K or V block) as bf16 pairs */
+static void bwd_probs_bf16(float *P, const uint32_t *A, const uint32_t *Bt, int M, int D, const int *lo,
+                           const int *hi, const float *lse2, float c) {
+    if (lo) bt_rows_bf16(P, A, Bt, M, D, 0, 1, lo, hi, lse2, c, NULL);
+    else bt_rows_bf16(P, A, Bt, M, D, 0, 0, NULL, NULL, lse2, c, NULL);
+}
+
+static void bwd_dscores_bf16(float *dS, const uint32_t *A, const uint32_t *Bt, int M, int D, const float *Di,
+                             float scale, const float *P) {
+    bt_rows_bf16(dS, A, Bt, M, D, 1, 0, NULL, NULL, Di, scale, P);
+}
+
+/* Forward on pairs: scores from K words [nk][D/2] and Qt words [D/2][ATT_BQ]; the output
+ * from V words [nk/2][D] (pairs along keys) and the probabilities' words [nk/2][ATT_BQ]. */
+ALWAYS_INLINE void st_tile_bf16(float *St, const uint32_t *K, const uint32_t *Qt, int kp, int j0, int mr, int masked,
+                                const __m512i *lo, const __m512i *hi, __m512 *mx) {
+    __m512 acc[ATT_MR][NV];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < NV; u++) acc[r][u] = _mm512_setzero_ps();
+    const uint32_t *kr = K + (size_t)j0 * kp;
+    for (int p = 0; p < kp; p++) {
+        __m512bh b[NV];
+        for (int u = 0; u < NV; u++) b[u] = (__m512bh)_mm512_loadu_si512(Qt + (size_t)p * ATT_BQ + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)kr[(size_t)r * kp + p]);
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], a, b[u]);
+        }
+    }
+    st_epilogue(St, acc, j0, mr, masked, lo, hi, mx);
+}
+
+static void fwd_scores_bf16(float *St, float *bm, const uint32_t *K, const uint32_t *Qt, int nk, int D,
+                            const int32_t *lo, const int32_t *hi) {
+    __m512 mx[NV];
+    __m512i lv[NV], hv[NV];
+    const int kp = D / 2, masked = lo != NULL;
+    for (int u = 0; u < NV; u++) {
+        mx[u] = _mm512_set1_ps(-INFINITY);
+        lv[u] = masked ? _mm512_loadu_si512(lo + 16 * u) : _mm512_setzero_si512();
+        hv[u] = masked ? _mm512_loadu_si512(hi + 16 * u) : _mm512_setzero_si512();
+    }
+    int j = 0;
+    if (masked) {
+        for (; j + ATT_MR <= nk; j += ATT_MR) st_tile_bf16(St, K, Qt, kp, j, ATT_MR, 1, lv, hv, mx);
+#define ST16_CALL(M) st_tile_bf16(St, K, Qt, kp, j, M, 1, lv, hv, mx)
+        if (j < nk) MR_SWITCH(nk - j, ST16_CALL);
+#undef ST16_CALL
+    } else {
+        for (; j + ATT_MR <= nk; j += ATT_MR) st_tile_bf16(St, K, Qt, kp, j, ATT_MR, 0, lv, hv, mx);
+#define ST16_CALL(M) st_tile_bf16(St, K, Qt, kp, j, M, 0, lv, hv, mx)
+        if (j < nk) MR_SWITCH(nk - j, ST16_CALL);
+#undef ST16_CALL
+    }
+    for (int u = 0; u < NV; u++) _mm512_store_ps(bm + 16 * u, mx[u]);
+}
+
+ALWAYS_INLINE void ot_tile_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int kp, int D, int d0, int mr,
+                                int first, const float *alpha) {
+    __m512 acc[ATT_MR][NV];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < NV; u++)
+            acc[r][u] = first ? _mm512_setzero_ps()
+                              : _mm512_mul_ps(_mm512_load_ps(Ot + (size_t)(d0 + r) * ATT_BQ + 16 * u),
+                                              _mm512_load_ps(alpha + 16 * u));
+    for (int p = 0; p < kp; p++) {
+        __m512bh b[NV];
+        for (int u = 0; u < NV; u++) b[u] = (__m512bh)_mm512_loadu_si512(St + (size_t)p * ATT_BQ + 16 * u);
+        for (int r = 0; r < mr; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)V[(size_t)p * D + d0 + r]);
+            for (int u = 0; u < NV; u++) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], a, b[u]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < NV; u++) _mm512_store_ps(Ot + (size_t)(d0 + r) * ATT_BQ + 16 * u, acc[r][u]);
+}
+
+static void fwd_pv_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int nk, int D, int first,
+                        const float *alpha) {
+    const int kp = (nk + 1) / 2;
+    int d = 0;
+    if (first) {
+        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile_bf16(Ot, V, St, kp, D, d, ATT_MR, 1, alpha);
+#define OT16_CALL(M) ot_tile_bf16(Ot, V, St, kp, D, d, M, 1, alpha)
+        if (d < D) MR_SWITCH(D - d, OT16_CALL);
+#undef OT16_CALL
+    } else {
+        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile_bf16(Ot, V, St, kp, D, d, ATT_MR, 0, alpha);
+#define OT16_CALL(M) ot_tile_bf16(Ot, V, St, kp, D, d, M, 0, alpha)
+        if (d < D) MR_SWITCH(D - d, OT16_CALL);
+#undef OT16_CALL
+    }
+}
+#endif
+
+/* Scratch words of the bf16 forward per thread (0 without it): K of a key block in pairs
+ * along D, V in pairs along keys, the probabilities in pairs along keys. */
+static size_t fwd_bf16_floats(int D) {
+#if defined(ATT_BF16)
+    return (size_t)ATT_BK * D + (size_t)ATT_BK * ATT_BQ / 2 + 64;
+#else
+    (void)D;
+    return 0;
+#endif
+}
+
+/* Scratch words of the bf16 backward per thread (0 without it): q and dO of one head in
+ * pairs along T and along D, K of a key block in pairs along keys, K and V in pairs along D,
+ * P and dS in two pair layouts. */
+static size_t bwd_bf16_floats(int T, int D) {
+#if defined(ATT_BF16)
+    return 2 * (size_t)((T + 2) / 2) * D + (size_t)T * D + (size_t)ATT_BK / 2 * D + (size_t)ATT_BK * D +
+           3 * (size_t)ATT_BQ * ATT_BK / 2 + 64;
+#else
+    (void)T;
+    (void)D;
+    return 0;
+#endif
+}
+
 /* Bt[D][ATT_BK] = X[nk][D]^T (X row stride ld), columns nk..ATT_BK-1 zero. */
 static void pack_t(float *Bt, const float *X, int ld, int nk, int D) {
     for (int n = 0; n < nk; n++)
@@ -479,9 +748,9 @@ static size_t fwd_qblock_floats(int D) { return 2 * (size_t)D * ATT_BQ + 2 * ATT
 size_t mt_attention_scratch_floats(int T, int D) {
     size_t Dp = (size_t)round16(D);
     size_t fwd = (size_t)ATT_BK * ATT_BQ + 2 * ATT_BQ + ATT_QG * fwd_qblock_floats(D) +
-                 2 * (size_t)ATT_BK * Dp;
+                 2 * (size_t)ATT_BK * Dp + fwd_bf16_floats(D);
     size_t bwd = 3 * (size_t)D * ATT_BK + 2 * (size_t)T * D + 2 * (size_t)ATT_BQ * ATT_BK +
-                 2 * (size_t)T + ATT_BQ;
+                 2 * (size_t)T + ATT_BQ + bwd_bf16_floats(T, D);
     return (fwd > bwd ? fwd : bwd) + 16; /* + room to align to 64 bytes */
 }
 
@@ -501,6 +770,9 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
     const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
     const float c2 = LOG2E / sqrtf((float)D); /* scores in base 2 */
     const size_t per = mt_attention_scratch_floats(T, D), qstride = fwd_qblock_floats(D);
+#if defined(ATT_BF16)
+    const int bf16 = mt_gemm_bf16_enabled() && D % 16 == 0; /* as in the backward */
+#endif
     /* one task per group of ATT_QG query blocks of each (b, h), the costliest (last)
      * groups first so the dynamic schedule ends balanced */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
@@ -509,6 +781,12 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
         float *St = align64(scratch + (size_t)omp_get_thread_num() * per);
         float *bm = St + (size_t)ATT_BK * ATT_BQ, *alpha = bm + ATT_BQ, *Kc = alpha + ATT_BQ;
         float *Vc = Kc + (size_t)ATT_BK * round16(D), *blk = Vc + (size_t)ATT_BK * round16(D);
+#if defined(ATT_BF16)
+        /* after the query blocks' state: K pairs along D [BK][D/2], V pairs along keys
+         * [BK/2][D], probabilities pairs along keys [BK/2][BQ] */
+        uint32_t *Kr = (uint32_t *)align64(blk + (size_t)ATT_QG * qstride), *Vp = Kr + (size_t)ATT_BK * D / 2;
+        uint32_t *St2 = Vp + (size_t)ATT_BK / 2 * D;
+#endif
         int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
         int qb0 = gr * ATT_QG, qb1 = qb0 + ATT_QG < nqb ? qb0 + ATT_QG : nqb;
@@ -528,17 +806,38 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
             }
             for (int i = 0; i < ATT_BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
             l[ATT_BQ] = 1.0f; /* first-block flag */
+#if defined(ATT_BF16)
+            /* bf16: Qt becomes words [D/2][BQ] in place (row p of the words is written after
+             * rows 2p and 2p+1 of the floats were read) */
+            if (bf16) pair_rows((uint32_t *)Qt, ATT_BQ, Qt, ATT_BQ, D, D / 2);
+#endif
         }
         for (int k0 = smin / ATT_BK * ATT_BK; k0 < tend; k0 += ATT_BK) {
             int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK;
             copy_rows(Kc, k + (((size_t)b * T + k0) * G + g) * D, G * D, nk, D);
             copy_rows(Vc, v + (((size_t)b * T + k0) * G + g) * D, G * D, nk, D);
+#if defined(ATT_BF16)
+            if (bf16) {
+                pair_cols(Kr, D, Kc, D, nk);
+                pair_rows(Vp, D, Vc, D, nk, (nk + 1) / 2);
+            }
+#endif
             for (int qb = k0 / ATT_BQ > qb0 ? k0 / ATT_BQ : qb0; qb < qb1; qb++) {
                 float *Qt = blk + (size_t)(qb - qb0) * qstride, *Ot = Qt + (size_t)D * ATT_BQ;
                 float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
                 int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
                 int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk);
                 if (!kind) continue;
+#if defined(ATT_BF16)
+                if (bf16) {
+                    fwd_scores_bf16(St, bm, Kr, (const uint32_t *)Qt, nk, D, kind == 1 ? lo : NULL, hi);
+                    fwd_softmax(St, m, l, alpha, bm, nk);
+                    pair_rows(St2, ATT_BQ, St, ATT_BQ, nk, (nk + 1) / 2);
+                    fwd_pv_bf16(Ot, Vp, St2, nk, D, l[ATT_BQ] != 0.0f, alpha);
+                    l[ATT_BQ] = 0.0f;
+                    continue;
+                }
+#endif
                 fwd_scores(St, bm, Kc, D, Qt, nk, D, kind == 1 ? lo : NULL, hi);
                 fwd_softmax(St, m, l, alpha, bm, nk);
                 fwd_pv(Ot, Vc, D, St, nk, D, l[ATT_BQ] != 0.0f, alpha); /* Ot = Ot alpha + V^T P^T */
@@ -568,6 +867,10 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
     const int rep = H / G;
     const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
     const size_t per = mt_attention_scratch_floats(T, D);
+#if defined(ATT_BF16)
+    /* mixed precision follows the GEMMs' mode; the pair layouts need D a multiple of 16 */
+    const int bf16 = mt_gemm_bf16_enabled() && D % 16 == 0;
+#endif
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int task = 0; task < B * G; task++) {
         int b = task / G, g = task % G;
@@ -575,6 +878,15 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
         float *Vt = Kt + (size_t)D * ATT_BK, *P = Vt + (size_t)D * ATT_BK;
         float *S = P + ATT_BQ * ATT_BK, *Kc = S + ATT_BQ * ATT_BK, *Qc = Kc + (size_t)D * ATT_BK;
         float *dOc = Qc + (size_t)T * D, *Di = dOc + (size_t)T * D, *l2 = Di + T;
+#if defined(ATT_BF16)
+        /* pair buffers after l2 (64-byte aligned): q and dO of the head, K of the block, P and
+         * dS pairs along queries ([BQ/2][BK]), dS pairs along keys ([BQ][BK/2]) */
+        const size_t hp = (size_t)((T + 2) / 2) * D;
+        uint32_t *Qp = (uint32_t *)align64(l2 + T + ATT_BQ), *dOp = Qp + hp, *Kp = dOp + hp;
+        uint32_t *P2 = Kp + (size_t)ATT_BK / 2 * D, *S2 = P2 + ATT_BQ / 2 * ATT_BK, *Sr = S2 + ATT_BQ / 2 * ATT_BK;
+        uint32_t *Qr = Sr + ATT_BQ * ATT_BK / 2, *dOr = Qr + (size_t)T * D / 2, *Kt2 = dOr + (size_t)T * D / 2;
+        uint32_t *Vt2 = Kt2 + (size_t)D / 2 * ATT_BK;
+#endif
         int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
         const int ldq = H * D, ldk = G * D;
@@ -588,6 +900,14 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
             size_t hr0 = (size_t)b * T * H + h;
             copy_rows(Qc, q + hr0 * D, ldq, T, D);
             copy_rows(dOc, dout + hr0 * D, ldq, T, D);
+#if defined(ATT_BF16)
+            if (bf16) {
+                pair_rows(Qp, D, Qc, D, T, (T + 1) / 2);
+                pair_rows(dOp, D, dOc, D, T, (T + 1) / 2);
+                pair_cols(Qr, D, Qc, D, T);
+                pair_cols(dOr, D, dOc, D, T);
+            }
+#endif
             for (int t = 0; t < T; t++) {
                 Di[t] = dot(out + (hr0 + (size_t)t * H) * D, dOc + (size_t)t * D, D);
                 l2[t] = lse[((size_t)b * H + h) * T + t] * LOG2E;
@@ -599,6 +919,13 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                 pack_t(Kt, kb, ldk, nk, D);
                 pack_t(Vt, vb, ldk, nk, D);
                 copy_rows(Kc, kb, ldk, nk, D);
+#if defined(ATT_BF16)
+                if (bf16) {
+                    pair_rows(Kp, D, Kc, D, nk, (nk + 1) / 2);
+                    pair_t(Kt2, kb, ldk, nk, D);
+                    pair_t(Vt2, vb, ldk, nk, D);
+                }
+#endif
                 /* queries before k0 see no key of the block */
                 for (int t0 = k0 / ATT_BQ * ATT_BQ; t0 < T; t0 += ATT_BQ) {
                     int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
@@ -606,6 +933,21 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                     if (!kind) continue;
                     size_t row0 = ((size_t)b * T + t0) * H + h;
                     const float *qc = Qc + (size_t)t0 * D, *doc = dOc + (size_t)t0 * D;
+#if defined(ATT_BF16)
+                    if (bf16) {
+                        const int qp = (nq + 1) / 2;
+                        bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
+                        pair_rows(P2, ATT_BK, P, ATT_BK, nq, qp);
+                        mm_nn_bf16(dv + kr0 * D, ldk, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * D, nk, qp, D, first);
+                        bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
+                        pair_rows(S2, ATT_BK, S, ATT_BK, nq, qp);
+                        pair_cols(Sr, ATT_BK, S, ATT_BK, nq);
+                        mm_nn_bf16(dq + row0 * D, ldq, Sr, ATT_BK / 2, 1, Kp, nq, (nk + 1) / 2, D, 0);
+                        mm_nn_bf16(dk + kr0 * D, ldk, S2, 1, ATT_BK, Qp + (size_t)t0 / 2 * D, nk, qp, D, first);
+                        first = 0;
+                        continue;
+                    }
+#endif
                     bwd_probs(P, qc, D, Kt, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
                     mm_nn(dv + kr0 * D, ldk, P, 1, ATT_BK, doc, D, nk, nq, D, first); /* dV += P^T dO */
                     bwd_dscores(S, doc, D, Vt, nq, D, Di + t0, scale, P); /* dS = P (dO V^T - Di) scale */
