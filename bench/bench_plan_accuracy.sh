@@ -49,7 +49,8 @@ fi
 # follows the absence of --dist-opt. Note on names (docs/PLAN.md): the trainer's
 # `--recompute none` is the planner's rc=selective, `--recompute selective` is
 # rc=selective-gemm. A row runs only when `moetrain train --help` lists every flag it uses
-# (the EP / PP rows wait for those flags).
+# (the EP / PP rows wait for those flags). Rows with --bf16 (every GEMM in bf16 with fp32
+# sums) are planned with `plan --bf16` (the calibrated bf16 GEMM) and need AVX512-BF16.
 LAYOUTS=(
   "dp1-t2|1|2|--batch 4|mb=4,rc=selective"
   "dp1-t1|1|1|--batch 4|mb=4,rc=selective"
@@ -67,6 +68,9 @@ LAYOUTS=(
   "pp2-vpp2-t1|2|1|--batch 2 --accum 4 --pp 2 --vpp 2|pp=2,vpp=2,mb=2,rc=selective"
   "dp2-ep2-hier|4|1|--batch 2 --ep 2 --ranks-per-node 2 --a2a hier|ep=2,mb=2,rc=selective,a2a=hier"
   "tp2-sp-t1|2|1|--batch 4 --tp 2 --sp|tp=2,mb=4,rc=selective"
+  "dp1-t2-bf16|1|2|--batch 4 --bf16|mb=4,rc=selective"
+  "dp2-t1-bf16|2|1|--batch 4 --bf16|mb=4,rc=selective"
+  "ep2-t1-bf16|2|1|--batch 4 --ep 2 --bf16|ep=2,mb=4,rc=selective"
 )
 
 echo "bench_plan_accuracy: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg), scratch $TMP"
@@ -131,6 +135,11 @@ for row in "${LAYOUTS[@]}"; do
         echo "--- $name: skipped (moetrain train does not accept: $flags)"
         continue
     fi
+    pbf16=
+    if grep -q -- '--bf16' <<< "$flags"; then
+        if ! grep -qw avx512_bf16 /proc/cpuinfo; then echo "--- $name: skipped (no AVX512-BF16)"; continue; fi
+        pbf16=--bf16
+    fi
     batch=$(grep -o -- '--batch [0-9]*' <<< "$flags" | awk '{print $2}'); batch=${batch:-8}
     accum=$(grep -o -- '--accum [0-9]*' <<< "$flags" | awk '{print $2}'); accum=${accum:-1}
     pp=$(sed -n 's/.*[,]pp=\([0-9]*\).*/\1/p' <<< ",$layout"); pp=${pp:-1}
@@ -160,9 +169,9 @@ for row in "${LAYOUTS[@]}"; do
     fi
     # shellcheck disable=SC2086
     "$MOETRAIN" plan --model small --cluster "$CAL" --devices "$ranks" --devices-per-node "$ranks" --threads "$threads" \
-        --seq $SEQ --global-batch "$gb" --dtype fp32 $dist $imb --layout "$layout" --json --quiet > "$TMP/$name.plan.json" \
+        --seq $SEQ --global-batch "$gb" --dtype fp32 $pbf16 $dist $imb --layout "$layout" --json --quiet > "$TMP/$name.plan.json" \
         2> "$TMP/$name.plan.err"
-    echo "    plan --devices $ranks --devices-per-node $ranks --threads $threads --seq $SEQ --global-batch $gb --dtype fp32 $dist $imb --layout $layout"
+    echo "    plan --devices $ranks --devices-per-node $ranks --threads $threads --seq $SEQ --global-batch $gb --dtype fp32 $pbf16 $dist $imb --layout $layout"
     printf '%s\t%s\t%s\t%s\n' "$name" "$layout" "$out/metrics.jsonl" "$TMP/$name.plan.json" >> "$ROWS"
 done
 

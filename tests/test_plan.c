@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/common.h"
 #include "dist/schedule.h"
@@ -424,6 +425,225 @@ static void test_trainer_mode(void) {
     free(txt);
 }
 
+/* train --bf16: a calibrated file with the bf16 GEMM (peak and curve per thread count). The
+ * GEMMs alone get faster: with a bf16 GEMM k times the SGEMM, the step's GEMM seconds are
+ * divided by k and nothing else moves (attention, element-wise, optimizer, communication,
+ * memory). A file without the bf16 keys still loads and has no bf16 GEMM (plan --bf16
+ * refuses it). */
+/* attb > 0: attention in bf16 mode attb times as fast as in fp32 (key attention_bf16, a
+ * fraction of the bf16 peak) */
+static const char *bf16_cpu_json_attb(double k, double att, double attb, char *buf, size_t n) {
+    char ab1[64] = "", ab2[64] = "";
+    if (attb > 0) {
+        snprintf(ab1, sizeof ab1, ", \"attention_bf16\": %g", 0.5 * att * attb / k);
+        snprintf(ab2, sizeof ab2, ", \"attention_bf16\": %g", 0.45 * att * attb / k);
+    }
+    snprintf(buf, n,
+             "{\"name\": \"cpu2b\", \"devices\": 1, \"devices_per_node\": 1, \"peak_tflops\": {\"bf16\": 0.4, \"fp32\": 0.2},"
+             " \"memory_gb\": 24, \"memory_bw_gbs\": 40, \"intra_node\": {\"bw_gbs\": 10, \"latency_us\": 1},"
+             " \"inter_node\": {\"bw_gbs\": 10, \"latency_us\": 1},"
+             " \"efficiency\": {\"attention\": 0.5, \"memory\": 1, \"gemm_curve\": [[0.01, 0.7], [1, 0.9]],"
+             "   \"gemm_curve_bf16\": [[0.01, 0.6], [1, 0.8]]},"
+             " \"cpu\": {\"cores_per_node\": 2, \"by_threads\": ["
+             "   {\"threads\": 1, \"peak_tflops\": 0.1, \"memory_bw_gbs\": 30, \"attention\": %g, \"reserve_mb\": 20,"
+             "    \"gemm_curve\": [[0.01, 0.8], [1, 0.9]], \"peak_tflops_bf16\": %g, \"gemm_curve_bf16\": [[0.01, 0.8], [1, 0.9]]%s},"
+             "   {\"threads\": 2, \"peak_tflops\": 0.19, \"memory_bw_gbs\": 40, \"attention\": %g, \"reserve_mb\": 40,"
+             "    \"gemm_curve\": [[0.01, 0.7], [1, 0.9]], \"peak_tflops_bf16\": %g, \"gemm_curve_bf16\": [[0.01, 0.7], [1, 0.9]]%s}]},"
+             " \"mpi\": {\"per_peer_mb\": 2, \"allreduce_bw_gbs\": 3, \"reduce_scatter_bw_gbs\": 1, \"allgather_bw_gbs\": 3,"
+             "   \"allreduce_scratch\": 0.5, \"reduce_scatter_scratch\": 1.5, \"allgather_scratch\": 0}}",
+             0.5 * att, 0.1 * k, ab1, 0.45 * att, 0.19 * k, ab2);
+    return buf;
+}
+
+static const char *bf16_cpu_json_att(double k, double att, char *buf, size_t n) {
+    return bf16_cpu_json_attb(k, att, 0, buf, n);
+}
+
+static const char *bf16_cpu_json(double k, char *buf, size_t n) { return bf16_cpu_json_att(k, 1, buf, n); }
+
+static void test_trainer_bf16(void) {
+    char js[4096];
+    mt_cluster cl, base;
+    /* parsing: top level and per thread count; mt_cluster_for_device takes the entry's */
+    MT_ASSERT(mt_cluster_parse(&base, bf16_cpu_json(2, js, sizeof js), "cpu2b") == 0);
+    CHECK(fabs(base.gemm_bf16_peak - 0.4e12) < 1 && base.ncurve_bf16 == 2 && base.cpu[1].ncurve_bf16 == 2 &&
+              fabs(base.cpu[1].peak_bf16 - 0.38e12) < 1,
+          "bf16 keys parsed: top %g, cpu %g", base.gemm_bf16_peak, base.cpu[1].peak_bf16);
+    CHECK(fabs(mt_cluster_gemm_eff_bf16(&base, 1e9) - 0.8) < 1e-12 && fabs(mt_cluster_gemm_eff(&base, 1e9) - 0.9) < 1e-12,
+          "top-level bf16 curve %g", mt_cluster_gemm_eff_bf16(&base, 1e9));
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 2, 1) == 0);
+    CHECK(fabs(cl.gemm_bf16_peak - 0.38e12) < 1 && fabs(cl.peak_fp32 - 0.19e12) < 1 && fabs(cl.peak_bf16 - 0.19e12) < 1 &&
+              fabs(mt_cluster_gemm_eff_bf16(&cl, 1e7) - 0.7) < 1e-12,
+          "1x2 bf16: gemm %g fp32 %g", cl.gemm_bf16_peak, cl.peak_fp32);
+    cl = base;
+    MT_ASSERT(mt_cluster_for_device(&cl, 1, 4) == 0); /* 4 x 1 on 2 cores: half, as fp32 */
+    CHECK(fabs(cl.gemm_bf16_peak - 0.1e12) < 1, "4x1 bf16 on 2 cores: %g", cl.gemm_bf16_peak);
+    /* an old file (no bf16 keys) loads, without a bf16 GEMM; the bf16 curve falls back to fp32's */
+    static const char *old_json =
+        "{\"name\": \"old\", \"devices\": 1, \"devices_per_node\": 1, \"peak_tflops\": {\"bf16\": 0.2, \"fp32\": 0.2},"
+        " \"memory_gb\": 24, \"memory_bw_gbs\": 40, \"intra_node\": {\"bw_gbs\": 10, \"latency_us\": 1},"
+        " \"inter_node\": {\"bw_gbs\": 10, \"latency_us\": 1}, \"efficiency\": {\"attention\": 0.5, \"memory\": 1},"
+        " \"cpu\": {\"cores_per_node\": 2, \"by_threads\": ["
+        "   {\"threads\": 1, \"peak_tflops\": 0.1, \"memory_bw_gbs\": 30, \"attention\": 0.5, \"reserve_mb\": 20,"
+        "    \"gemm_curve\": [[0.01, 0.8], [1, 0.9]]}]}}";
+    mt_cluster old;
+    CHECK(mt_cluster_parse(&old, old_json, "old") == 0, "old file: %s", mt_last_error());
+    CHECK(old.gemm_bf16_peak == 0 && old.ncurve_bf16 == 0, "old file: bf16 GEMM %g", old.gemm_bf16_peak);
+    MT_ASSERT(mt_cluster_for_device(&old, 1, 1) == 0);
+    CHECK(old.gemm_bf16_peak == 0 && fabs(mt_cluster_gemm_eff_bf16(&old, 1e7) - mt_cluster_gemm_eff(&old, 1e7)) < 1e-15,
+          "old file after for_device: bf16 GEMM %g", old.gemm_bf16_peak);
+    /* a bf16 curve needs its peak */
+    char bad[4096];
+    snprintf(bad, sizeof bad, "%s", bf16_cpu_json(2, js, sizeof js));
+    char *pk = strstr(bad, "\"peak_tflops_bf16\": 0.2,");
+    MT_ASSERT(pk);
+    memcpy(pk, "\"xeak", 5);
+    CHECK(mt_cluster_parse(&cl, bad, "bad") != 0, "gemm_curve_bf16 without peak_tflops_bf16 accepted");
+
+    /* the step: GEMM seconds / k, the rest unchanged. t(k) = R + G / k for k = 1 (fp32), 2, 4
+     * and a huge k (GEMMs free: R) */
+    mt_config c;
+    load_config(&c, "configs/small.json");
+    mt_plan_settings st;
+    mt_plan_settings_default(&st);
+    st.seq = 256;
+    st.elt = 4;
+    st.trainer = 1;
+    st.threads = 2;
+    st.devices = 1;
+    st.dist_opt = 0;
+    st.global_seqs = 4;
+    static const char *const lays[] = {"mb=4,rc=selective", "mb=4,rc=selective-gemm", "ep=2,mb=2,rc=selective"};
+    for (int li = 0; li < 3; li++) {
+        const int ep = li == 2;
+        st.devices = ep ? 2 : 1;
+        st.threads = ep ? 1 : 2;
+        st.global_seqs = 4;
+        mt_layout l;
+        MT_ASSERT(mt_layout_parse(&l, lays[li]) == 0);
+        const double ks[4] = {1, 2, 4, 1e6};
+        mt_plan_result r[4];
+        for (int i = 0; i < 4; i++) {
+            MT_ASSERT(mt_cluster_parse(&cl, bf16_cpu_json(ks[i], js, sizeof js), "cpu2b") == 0);
+            MT_ASSERT(mt_cluster_for_device(&cl, st.threads, st.devices) == 0);
+            st.gemm_bf16 = i > 0;
+            mt_plan_eval(&c, &cl, &st, &l, &r[i]);
+            CHECK(r[i].reason == MT_PLAN_OK && r[i].gemm_bf16 == (i > 0), "%s k %g: %s", lays[li], ks[i],
+                  mt_plan_reason_name[r[i].reason]);
+        }
+        /* bf16 with k = 1 is the fp32 step exactly (same curve and peak) */
+        MT_ASSERT(mt_cluster_parse(&cl, bf16_cpu_json(1, js, sizeof js), "cpu2b") == 0);
+        MT_ASSERT(mt_cluster_for_device(&cl, st.threads, st.devices) == 0);
+        st.gemm_bf16 = 1;
+        mt_plan_result r1;
+        mt_plan_eval(&c, &cl, &st, &l, &r1);
+        CHECK(fabs(r1.step - r[0].step) < 1e-12 * r[0].step, "%s: bf16 at the fp32 rate %g vs fp32 %g", lays[li],
+              r1.step, r[0].step);
+        const double G = 2 * (r[0].t_compute - r[1].t_compute), R = r[0].t_compute - G;
+        printf("trainer --bf16, small %s: compute fp32 %.3f s (GEMM %.3f s = %.0f%%), bf16 2x %.3f s, 4x %.3f s; "
+               "step %.3f -> %.3f s\n", lays[li], r[0].t_compute, G, 100 * G / r[0].t_compute, r[1].t_compute,
+               r[2].t_compute, r[0].step, r[1].step);
+        CHECK(G > 0.5 * r[0].t_compute && R > 0.02 * r[0].t_compute, "%s: GEMM share %g of %g", lays[li], G,
+              r[0].t_compute);
+        /* attention stays at the fp32 rate: halving its efficiency adds the same seconds
+         * to the fp32 and the bf16 step */
+        double dt[2];
+        for (int b = 0; b < 2; b++) {
+            mt_plan_result ra, rb;
+            st.gemm_bf16 = b;
+            MT_ASSERT(mt_cluster_parse(&cl, bf16_cpu_json_att(2, 1, js, sizeof js), "cpu2b") == 0);
+            MT_ASSERT(mt_cluster_for_device(&cl, st.threads, st.devices) == 0);
+            mt_plan_eval(&c, &cl, &st, &l, &ra);
+            MT_ASSERT(mt_cluster_parse(&cl, bf16_cpu_json_att(2, 0.5, js, sizeof js), "cpu2b") == 0);
+            MT_ASSERT(mt_cluster_for_device(&cl, st.threads, st.devices) == 0);
+            mt_plan_eval(&c, &cl, &st, &l, &rb);
+            dt[b] = rb.t_compute - ra.t_compute;
+        }
+        CHECK(dt[0] > 0.01 * r[0].t_compute && fabs(dt[1] - dt[0]) < 1e-9 * dt[0],
+              "%s: attention at half efficiency adds %g s in fp32, %g s in bf16", lays[li], dt[0], dt[1]);
+        /* with attention_bf16 (the file's bf16-mode attention rate): at the fp32 rate the
+         * same step, twice as fast saves half of the attention seconds (dt[0]) */
+        double ca[3];
+        for (int f = 0; f < 3; f++) {
+            mt_plan_result rr;
+            st.gemm_bf16 = 1;
+            MT_ASSERT(mt_cluster_parse(&cl, bf16_cpu_json_attb(2, 1, f, js, sizeof js), "cpu2b") == 0);
+            MT_ASSERT(mt_cluster_for_device(&cl, st.threads, st.devices) == 0);
+            mt_plan_eval(&c, &cl, &st, &l, &rr);
+            ca[f] = rr.t_compute;
+        }
+        CHECK(fabs(ca[1] - ca[0]) < 1e-9 * ca[0] && fabs((ca[0] - ca[2]) - dt[0] / 2) < 1e-9 * ca[0],
+              "%s: attention_bf16 x1 / x2: compute %g %g %g, attention seconds %g", lays[li], ca[0], ca[1], ca[2],
+              dt[0]);
+        CHECK(fabs(r[2].t_compute - (R + G / 4)) < 1e-9 * r[0].t_compute &&
+                  fabs(r[3].t_compute - R) < 1e-5 * r[0].t_compute,
+              "%s: compute not R + G/k: %g %g %g %g", lays[li], r[0].t_compute, r[1].t_compute, r[2].t_compute,
+              r[3].t_compute);
+        /* the step shrinks by the GEMM seconds saved; communication, optimizer and memory stay */
+        CHECK(fabs((r[0].step - r[1].step) - G / 2) < 1e-6 * r[0].step + 0.02 * G, "%s: step %g -> %g, GEMM/2 %g",
+              lays[li], r[0].step, r[1].step, G / 2);
+#define SAME(a, b) (fabs((a) - (b)) <= 1e-9 * fabs(b))
+        CHECK(SAME(r[1].t_opt, r[0].t_opt) && SAME(r[1].t_a2a, r[0].t_a2a) && SAME(r[1].t_dp, r[0].t_dp) &&
+                  r[1].mem_total == r[0].mem_total && r[1].mem_acts == r[0].mem_acts,
+              "%s: bf16 changed more than the GEMMs: opt %g/%g a2a %g/%g dp %g/%g mem %g/%g acts %g/%g", lays[li],
+              r[1].t_opt, r[0].t_opt, r[1].t_a2a, r[0].t_a2a, r[1].t_dp, r[0].t_dp, r[1].mem_total, r[0].mem_total,
+              r[1].mem_acts, r[0].mem_acts);
+        /* MFU against the bf16 GEMM peak (as the trainer reports it) */
+        CHECK(fabs(r[1].mfu / r[0].mfu - (r[0].step / r[1].step) / 2) < 1e-9, "%s: mfu %g vs %g", lays[li], r[1].mfu,
+              r[0].mfu);
+        if (li == 0) {
+            /* the detail's train flags run the same thing */
+            char *txt = NULL;
+            size_t tlen = 0;
+            FILE *mf = open_memstream(&txt, &tlen);
+            mt_plan_print_detail(mf, &r[1]);
+            mt_plan_print_detail(mf, &r[0]);
+            fclose(mf);
+            const char *a = strstr(txt, "train flags"), *b = a ? strstr(a + 1, "train flags") : NULL;
+            CHECK(a && b && strstr(a, " --bf16") && strstr(a, " --bf16") < b && !strstr(b, "--bf16"),
+                  "train flags: --bf16 for the bf16 plan only:\n%s", txt);
+            free(txt);
+        }
+    }
+    st.gemm_bf16 = 0;
+
+    /* the command: --bf16 with a bf16 file runs (implies the trainer's fp32 storage); refused
+     * with a file without the bf16 GEMM, with --dtype bf16, and with a GPU cluster */
+    char dir[] = "/tmp/test_plan_bf16.XXXXXX", newf[256], oldf[256];
+    MT_ASSERT(mkdtemp(dir) != NULL);
+    snprintf(newf, sizeof newf, "%s/new.json", dir);
+    snprintf(oldf, sizeof oldf, "%s/old.json", dir);
+    bf16_cpu_json(2, js, sizeof js);
+    MT_ASSERT(mt_write_file_atomic(newf, js, strlen(js)) == 0 && mt_write_file_atomic(oldf, old_json, strlen(old_json)) == 0);
+    char model[4200], gpu[4200];
+    path(model, sizeof model, "configs/small.json");
+    path(gpu, sizeof gpu, "configs/clusters/h100.json");
+    char *b1[] = {"moetrain", "plan", "--model", model, "--cluster", newf, "--devices", "1", "--threads", "2", "--seq",
+                  "256", "--global-batch", "4", "--bf16", "--layout", "mb=4,rc=selective", NULL};
+    CHECK(mt_cmd_plan(17, b1) == 0, "plan --bf16 with a bf16 file: %s", mt_last_error());
+    char *b2[] = {"moetrain", "plan", "--model", model, "--cluster", newf, "--devices", "1", "--threads", "2", "--seq",
+                  "256", "--global-batch", "4", "--bf16", "--dtype", "fp32", "--layout", "mb=4,rc=selective", NULL};
+    CHECK(mt_cmd_plan(19, b2) == 0, "plan --bf16 --dtype fp32: %s", mt_last_error());
+    char *b3[] = {"moetrain", "plan", "--model", model, "--cluster", oldf, "--devices", "1", "--seq", "256",
+                  "--global-batch", "4", "--bf16", "--layout", "mb=4,rc=selective", NULL};
+    CHECK(mt_cmd_plan(15, b3) != 0 && strstr(mt_last_error(), "bf16 GEMM"), "plan --bf16 with an old file accepted (%s)",
+          mt_last_error());
+    char *b4[] = {"moetrain", "plan", "--model", model, "--cluster", newf, "--devices", "1", "--seq", "256",
+                  "--global-batch", "4", "--bf16", "--dtype", "bf16", "--layout", "mb=4,rc=selective", NULL};
+    CHECK(mt_cmd_plan(17, b4) != 0, "plan --bf16 --dtype bf16 accepted");
+    char *b5[] = {"moetrain", "plan", "--model", model, "--cluster", gpu, "--devices", "8", "--seq", "256",
+                  "--global-batch", "8", "--bf16", NULL};
+    CHECK(mt_cmd_plan(13, b5) != 0 && strstr(mt_last_error(), "calibrated"), "plan --bf16 with a GPU file accepted (%s)",
+          mt_last_error());
+    char *b6[] = {"moetrain", "plan", "--model", model, "--cluster", oldf, "--devices", "1", "--seq", "256",
+                  "--global-batch", "4", "--dtype", "fp32", "--layout", "mb=4,rc=selective", NULL};
+    CHECK(mt_cmd_plan(16, b6) == 0, "old file without --bf16: %s", mt_last_error());
+    remove(newf);
+    remove(oldf);
+    rmdir(dir);
+}
+
 int main(void) {
     snprintf(src_dir, sizeof src_dir, "%s", __FILE__);
     char *slash = strrchr(src_dir, '/');
@@ -436,6 +656,7 @@ int main(void) {
     test_published_runs();
     test_search_and_cli();
     test_trainer_mode();
+    test_trainer_bf16();
     if (failures) {
         printf("test_plan: %d FAILED\n", failures);
         return 1;

@@ -405,7 +405,7 @@ int mt_cmd_bench(int argc, char **argv) {
     const char *recompute = "none", *calibrate = NULL;
     int quick = 0, bf16 = 0;
     mt_arg specs[] = {
-        {"calibrate", MT_ARG_STR, &calibrate, "measure this machine and write a cluster file for moetrain plan", NULL},
+        {"calibrate", MT_ARG_STR, &calibrate, "measure this machine and write a cluster file for moetrain plan (SGEMM and, with AVX512-BF16, the bf16 GEMM of train --bf16)", NULL},
         {"quick", MT_ARG_BOOL, &quick, "with --calibrate: shorter timings, smaller buffers, no T=4096 attention", NULL},
         {"config", MT_ARG_STR, &config, "also time training steps of this config (preset or file)", NULL},
         {"batch", MT_ARG_INT, &B, "micro-batch (default 8)", NULL},
@@ -423,7 +423,8 @@ int mt_cmd_bench(int argc, char **argv) {
             return mt_cli_fail();
         }
         if (bf16) {
-            mt_error("moetrain bench: --bf16 applies to the GEMM peak and --config, not to --calibrate");
+            mt_error("moetrain bench: --bf16 applies to the GEMM peak and --config, not to --calibrate (which "
+                     "measures the bf16 GEMM as well when the CPU has AVX512-BF16: plan --bf16 uses it)");
             return mt_cli_fail();
         }
         /* under mpirun the calibration also measures the links between ranks; MPI first,

@@ -49,6 +49,7 @@ static int parse_batch(const char *s, int T, long long *seqs) {
 int mt_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *gb = NULL, *layout = NULL, *dtype = "bf16", *optim = "adamw";
     int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0, threads = 0, per_node = 0;
+    int bf16 = 0, dtype_given = 0;
     double imbalance = 0, bucket_mb = 25;
     mt_arg specs[] = {
         {"model", MT_ARG_STR, &model, "model config.json or preset name (required)", NULL},
@@ -60,7 +61,8 @@ int mt_cmd_plan(int argc, char **argv) {
         {"devices-per-node", MT_ARG_INT, &per_node, "devices per node (overrides the cluster file; calibrated CPU files: default all devices on one node)", NULL},
         {"threads", MT_ARG_INT, &threads, "calibrated CPU files: threads per device (rank); default the most measured", NULL},
         {"bucket-mb", MT_ARG_DBL, &bucket_mb, "calibrated CPU files: the trainer's gradient all-reduce bucket in MiB (default 25)", NULL},
-        {"dtype", MT_ARG_STR, &dtype, "bf16 (default; fp32 master weights and gradients) or fp32", NULL},
+        {"dtype", MT_ARG_STR, &dtype, "bf16 (default; fp32 master weights and gradients) or fp32 (calibrated CPU files: the moetrain trainer)", &dtype_given},
+        {"bf16", MT_ARG_BOOL, &bf16, "calibrated CPU files: the trainer's `train --bf16` (GEMMs at the measured bf16 GEMM rate, all else fp32); implies --dtype fp32", NULL},
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
@@ -95,6 +97,20 @@ int mt_cmd_plan(int argc, char **argv) {
         mt_error("moetrain plan: --threads needs a cluster file with a cpu section (moetrain bench --calibrate)");
         return mt_cli_fail();
     }
+    if (bf16) {
+        /* train --bf16 keeps fp32 weights, gradients and activations: the trainer mode */
+        if (dtype_given && strcmp(dtype, "fp32")) {
+            mt_error("moetrain plan: --bf16 models `moetrain train --bf16` (fp32 storage, bf16 GEMMs): use it "
+                     "without --dtype or with --dtype fp32");
+            return mt_cli_fail();
+        }
+        if (cl.ncpu == 0) {
+            mt_error("moetrain plan: --bf16 models `moetrain train --bf16` and needs a calibrated cluster file "
+                     "(moetrain bench --calibrate); %s has no cpu section", cl.name);
+            return mt_cli_fail();
+        }
+        dtype = "fp32";
+    }
     if (cl.ncpu > 0) {
         /* a calibrated CPU machine: a device is one rank of the moetrain trainer with its
          * threads; ranks share the node's cores */
@@ -102,6 +118,13 @@ int mt_cmd_plan(int argc, char **argv) {
         if (mt_cluster_for_device(&cl, threads > 0 ? threads : cl.cpu[cl.ncpu - 1].threads, pn) != 0)
             return mt_cli_fail();
         st.trainer = !strcmp(dtype, "fp32");
+        if (bf16 && !(cl.gemm_bf16_peak > 0)) {
+            mt_error("moetrain plan: --bf16: cluster %s has no bf16 GEMM measurement for %d threads (the "
+                     "calibrating CPU lacks AVX512-BF16, or the file predates it; moetrain bench --calibrate "
+                     "records it on a CPU that has it)", cl.name, cl.dev_threads);
+            return mt_cli_fail();
+        }
+        st.gemm_bf16 = bf16;
         st.threads = cl.dev_threads;
         st.bucket_bytes = bucket_mb * 1048576.0;
     } else if (per_node > 0) {
@@ -160,8 +183,9 @@ int mt_cmd_plan(int argc, char **argv) {
         printf("%s\n", txt);
         free(txt);
     } else {
-        printf("plan: %s on %d x %s, seq %d, global batch %lld sequences (%.3gM tokens), %s, %s optimizer\n",
+        printf("plan: %s on %d x %s, seq %d, global batch %lld sequences (%.3gM tokens), %s%s, %s optimizer\n",
                model, st.devices, cl.name, T, st.global_seqs, st.global_seqs * (double)T / 1e6, dtype,
+               st.gemm_bf16 ? " (GEMMs bf16)" : "",
                st.dist_opt ? "distributed" : "replicated");
         printf("searched %lld layouts in %.2f s: %lld fit (%lld simulated, %lld pruned by a lower bound)\n",
                stats.layouts, stats.seconds, stats.feasible, stats.simulated, stats.pruned);

@@ -16,6 +16,7 @@
 #include "dist/dist.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/ops.h"
 #include "plan/cluster.h"
 
@@ -33,7 +34,9 @@ enum { CAL_H = 8, CAL_D = 64, CAL_TOK = 4096 }; /* attention: 8 heads x 64, B*T 
  * NaN by using -1 sentinels through the reduction). */
 typedef struct {
     double gemm[CAL_NG];             /* GFLOP/s, -1 = skipped */
+    double gemm_bf16[CAL_NG];        /* the same in bf16 mode (mt_set_gemm_bf16), -1 = not measured */
     double att_f[CAL_NT], att_b[CAL_NT]; /* GFLOP/s fwd, bwd (bwd FLOPs = 2.5 x fwd) */
+    double att_f16[CAL_NT], att_b16[CAL_NT]; /* the same in bf16 mode, -1 = not measured */
     double copy_gbs, adamw_gbs;      /* bytes read + written */
 } cal_meas;
 
@@ -47,8 +50,10 @@ static float *cal_fill(size_t n, uint64_t seed) {
 static double cal_status_kb(const char *key);
 
 /* reserve: the resident bytes that are not the measurement's own buffers, read while they
- * are live (binary, libraries, BLAS / OpenMP per-thread buffers, MPI, allocator slack) */
-static void cal_gemm(cal_meas *m, int quick, double *reserve) {
+ * are live (binary, libraries, BLAS / OpenMP per-thread buffers, MPI, allocator slack).
+ * bf16: the grid again with every GEMM in bf16 mode (train --bf16's kernel; the CPU has
+ * AVX512-BF16), after the reserve was read (the fp32 trainer's) */
+static void cal_gemm(cal_meas *m, int quick, double *reserve, int bf16) {
     const double bud = quick ? 0.03 : 0.25;
     const int nm = quick ? CAL_NM - 1 : CAL_NM; /* --quick: no M = 4096 */
     size_t in_max = 0, w_max = 0, out_max = 0;
@@ -59,7 +64,7 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve) {
         if (M * N > out_max) out_max = M * N;
     }
     float *x = cal_fill(in_max, 1), *W = cal_fill(w_max, 2), *y = cal_fill(out_max, 3);
-    for (int i = 0; i < CAL_NG; i++) m->gemm[i] = -1;
+    for (int i = 0; i < CAL_NG; i++) m->gemm[i] = m->gemm_bf16[i] = -1;
     for (int i = 0; i < nm; i++)
         for (int j = 0; j < CAL_NNK; j++) {
             int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
@@ -73,6 +78,16 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve) {
         malloc_trim(0);
         *reserve = cal_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
     }
+    if (bf16 && mt_set_gemm_bf16(1) == 0) {
+        for (int i = 0; i < nm; i++)
+            for (int j = 0; j < CAL_NNK; j++) {
+                int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
+                double t;
+                MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
+                m->gemm_bf16[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
+            }
+        mt_set_gemm_bf16(0);
+    }
     mt_free(x); mt_free(W); mt_free(y);
 }
 
@@ -80,11 +95,12 @@ static double cal_att_flops(int T) { /* causal forward of CAL_TOK tokens, as the
     return 4.0 * CAL_D * CAL_H * (double)T * (T + 1) / 2.0 * (CAL_TOK / T);
 }
 
-static void cal_attention(cal_meas *m, int quick) {
+/* bf16: also in bf16 mode (train --bf16: attention's products on bf16 pairs) */
+static void cal_attention(cal_meas *m, int quick, int bf16) {
     const double bud = quick ? 0.05 : 0.4;
     const int nthr = mt_get_threads();
     for (int i = 0; i < CAL_NT; i++) {
-        m->att_f[i] = m->att_b[i] = -1;
+        m->att_f[i] = m->att_b[i] = m->att_f16[i] = m->att_b16[i] = -1;
         if (quick && CAL_T[i] > 512) continue;
         const int T = CAL_T[i], B = CAL_TOK / T;
         size_t n = (size_t)B * T * CAL_H * CAL_D, nl = (size_t)B * CAL_H * T;
@@ -98,6 +114,14 @@ static void cal_attention(cal_meas *m, int quick) {
                                            scratch, nthr));
         m->att_f[i] = ff / tf * 1e-9;
         m->att_b[i] = 2.5 * ff / tb * 1e-9;
+        if (bf16 && mt_set_gemm_bf16(1) == 0) {
+            MT_BEST_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
+            MT_BEST_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
+                                               scratch, nthr));
+            mt_set_gemm_bf16(0);
+            m->att_f16[i] = ff / tf * 1e-9;
+            m->att_b16[i] = 2.5 * ff / tb * 1e-9;
+        }
         mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o); mt_free(l);
         mt_free(dq); mt_free(dk); mt_free(dv); mt_free(scratch);
     }
@@ -324,14 +348,17 @@ static void cal_ep_exchange(MPI_Comm comm, int quick, double *layer_s, double *b
 
 /* ---- curve ------------------------------------------------------------------------ */
 
-/* peak = the best SGEMM; curve = rate / peak binned by FLOPs per call (log-spaced,
- * FLOP-weighted); attention efficiency against that peak. Returns the curve points. */
-static int cal_curve(const cal_meas *m, double *peak_out, double *gflop, double *eff, double *att_out, int *natt_out) {
+/* peak = the best rate of `gemm` (m->gemm: SGEMM, m->gemm_bf16: the bf16 GEMM); curve =
+ * rate / peak binned by FLOPs per call (log-spaced, FLOP-weighted); attention efficiency
+ * against that peak (taken from the SGEMM call). Returns the curve points (0 and peak 0
+ * when nothing was measured). */
+static int cal_curve(const cal_meas *m, const double *gemm, const double *att_f, const double *att_b,
+                     double *peak_out, double *gflop, double *eff, double *att_out, int *natt_out) {
     double peak = 0, lo = INFINITY, hi = 0;
     for (int i = 0; i < CAL_NG; i++) {
-        if (m->gemm[i] <= 0) continue;
+        if (gemm[i] <= 0) continue;
         double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
-        if (m->gemm[i] > peak) peak = m->gemm[i];
+        if (gemm[i] > peak) peak = gemm[i];
         if (f < lo) lo = f;
         if (f > hi) hi = f;
     }
@@ -339,13 +366,18 @@ static int cal_curve(const cal_meas *m, double *peak_out, double *gflop, double 
     double bf[NB] = {0}, bt[NB] = {0}, blog[NB] = {0};
     int bn[NB] = {0};
     const double w = (log10(hi) - log10(lo)) / NB;
+    if (peak <= 0) { /* not measured (bf16 without AVX512-BF16) */
+        *peak_out = *att_out = 0;
+        if (natt_out) *natt_out = 0;
+        return 0;
+    }
     for (int i = 0; i < CAL_NG; i++) {
-        if (m->gemm[i] <= 0) continue;
+        if (gemm[i] <= 0) continue;
         double f = 2.0 * CAL_M[i / CAL_NNK] * CAL_NK[i % CAL_NNK][0] * CAL_NK[i % CAL_NNK][1];
         int b = w > 0 ? (int)((log10(f) - log10(lo)) / w) : 0;
         if (b >= NB) b = NB - 1;
         bf[b] += f;
-        bt[b] += f / (m->gemm[i] * 1e9); /* seconds: the bin's efficiency is FLOP-weighted */
+        bt[b] += f / (gemm[i] * 1e9); /* seconds: the bin's efficiency is FLOP-weighted */
         blog[b] += log10(f);
         bn[b]++;
     }
@@ -364,8 +396,8 @@ static int cal_curve(const cal_meas *m, double *peak_out, double *gflop, double 
     double att = 0;
     int natt = 0;
     for (int i = 0; i < CAL_NT; i++) {
-        if (m->att_f[i] <= 0) continue;
-        double ff = cal_att_flops(CAL_T[i]), t = ff / (m->att_f[i] * 1e9) + 2.5 * ff / (m->att_b[i] * 1e9);
+        if (att_f[i] <= 0) continue;
+        double ff = cal_att_flops(CAL_T[i]), t = ff / (att_f[i] * 1e9) + 2.5 * ff / (att_b[i] * 1e9);
         att += 3 * ff / t * 1e-9 / peak;
         natt++;
     }
@@ -397,6 +429,27 @@ static cJSON *link_obj(double bw, double lat) {
     return o;
 }
 
+/* The CPUs this process may run on. Not the calling thread's affinity: mt_set_threads pins
+ * each OpenMP thread (the main one included) to one of the allowed CPUs (kernels/blas.c), so
+ * the union over a parallel region of `cores` threads (all pinned to distinct CPUs, or all
+ * with the process's own set when it is bound to one CPU or MT_PIN=0). Leaves the
+ * threads at `cores`: the caller sets them again. */
+static int cal_cpus_allowed(int cores) {
+    mt_set_threads(cores);
+    cpu_set_t all;
+    CPU_ZERO(&all);
+#pragma omp parallel num_threads(cores)
+    {
+        cpu_set_t one;
+        if (sched_getaffinity(0, sizeof one, &one) == 0) {
+#pragma omp critical
+            CPU_OR(&all, &all, &one);
+        }
+    }
+    int n = CPU_COUNT(&all);
+    return n > 0 ? n : 1;
+}
+
 int mt_calibrate_under_mpi(void) {
     static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_NUM_TASKS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
@@ -417,10 +470,12 @@ int mt_calibrate(const char *path, int quick) {
     /* 1. one rank alone on the node with 1, 2, 4 ... cores threads (the others sleep):
      * what a device of `threads` threads gets when the node is not shared */
     const int cal_threads = mt_get_threads();
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), aff = cores;
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) aff = CPU_COUNT(&set);
+    /* the bf16 GEMM of train --bf16, when every rank's CPU has AVX512-BF16 */
+    int bf16 = mt_bf16_supported();
+    if (mpi) MPI_Allreduce(MPI_IN_PLACE, &bf16, 1, MPI_INT, MPI_MIN, d->world);
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
+    const int aff = cal_cpus_allowed(cores);
     int nsolo = 0, solo_t[MT_CLUSTER_THREADS_MAX];
     for (int t = 1; t <= aff && nsolo < MT_CLUSTER_THREADS_MAX; t *= 2) solo_t[nsolo++] = t;
     if (solo_t[nsolo - 1] < aff && nsolo < MT_CLUSTER_THREADS_MAX) solo_t[nsolo++] = aff;
@@ -430,8 +485,8 @@ int mt_calibrate(const char *path, int quick) {
         if (root) {
             mt_set_threads(solo_t[i]);
             memset(&solo[i], 0, sizeof solo[i]);
-            cal_gemm(&solo[i], quick, &solo_res[i]);
-            cal_attention(&solo[i], 1); /* T = 512 only */
+            cal_gemm(&solo[i], quick, &solo_res[i], bf16);
+            cal_attention(&solo[i], 1, bf16); /* T = 512 only */
             cal_memory(&solo[i], quick);
         }
         if (mpi) cal_quiet_barrier(d);
@@ -442,8 +497,8 @@ int mt_calibrate(const char *path, int quick) {
     cal_meas m;
     memset(&m, 0, sizeof m);
     if (mpi) mt_dist_barrier(d);
-    cal_gemm(&m, quick, NULL);
-    cal_attention(&m, quick);
+    cal_gemm(&m, quick, NULL, bf16);
+    cal_attention(&m, quick, bf16);
     cal_memory(&m, quick);
     /* the slowest rank's figures (-1 = skipped stays -1: every rank skips the same) */
     if (mpi) MPI_Allreduce(MPI_IN_PLACE, &m, (int)(sizeof m / sizeof(double)), MPI_DOUBLE, MPI_MIN, d->world);
@@ -512,8 +567,11 @@ int mt_calibrate(const char *path, int quick) {
     const int per_node = mpi ? d->local_size : 1, devices = mpi ? d->size : 1;
 
     double peak, att_eff, cg[MT_CLUSTER_CURVE_MAX], ce[MT_CLUSTER_CURVE_MAX];
+    double peak_b = 0, att_eff_b = 0, cgb[MT_CLUSTER_CURVE_MAX], ceb[MT_CLUSTER_CURVE_MAX];
     int natt = 0;
-    const int ncurve = cal_curve(&m, &peak, cg, ce, &att_eff, &natt);
+    const int ncurve = cal_curve(&m, m.gemm, m.att_f, m.att_b, &peak, cg, ce, &att_eff, &natt);
+    /* bf16: the GEMM curve and attention (its products on bf16 pairs), against the bf16 peak */
+    const int ncurve_b = cal_curve(&m, m.gemm_bf16, m.att_f16, m.att_b16, &peak_b, cgb, ceb, &att_eff_b, NULL);
     const double mem_eff = fmin(1.0, m.adamw_gbs / m.copy_gbs);
 
     char date[64], host[128] = "localhost", src[512];
@@ -529,7 +587,9 @@ int mt_calibrate(const char *path, int quick) {
     cJSON_AddStringToObject(root_o, "name", name);
     cJSON_AddStringToObject(root_o, "source", src);
     cJSON *assumed = cJSON_AddArrayToObject(root_o, "assumed");
-    cJSON_AddItemToArray(assumed, cJSON_CreateString("peak_tflops.bf16 (= measured fp32: the trainer computes in fp32)"));
+    if (ncurve_b == 0)
+        cJSON_AddItemToArray(assumed, cJSON_CreateString("peak_tflops.bf16 (= measured fp32: no AVX512-BF16, "
+                                                         "moetrain's GEMMs run in fp32)"));
     if (!have_intra)
         cJSON_AddItemToArray(assumed, cJSON_CreateString("intra_node (single rank: bw = copy bandwidth, latency 1 us)"));
     if (!have_inter)
@@ -540,7 +600,7 @@ int mt_calibrate(const char *path, int quick) {
     cJSON_AddNumberToObject(root_o, "devices", devices);
     cJSON_AddNumberToObject(root_o, "devices_per_node", per_node);
     cJSON *pk = cJSON_AddObjectToObject(root_o, "peak_tflops");
-    cJSON_AddNumberToObject(pk, "bf16", r4(peak * 1e-3));
+    cJSON_AddNumberToObject(pk, "bf16", r4((ncurve_b ? peak_b : peak) * 1e-3)); /* the bf16 GEMM (train --bf16) */
     cJSON_AddNumberToObject(pk, "fp32", r4(peak * 1e-3));
     cJSON_AddNumberToObject(root_o, "memory_gb", have_mem ? r4(mem_total / per_node * 1e-9) : 1);
     cJSON_AddNumberToObject(root_o, "memory_bw_gbs", r4(m.copy_gbs));
@@ -557,13 +617,21 @@ int mt_calibrate(const char *path, int quick) {
     cJSON_AddNumberToObject(eff, "memory", r4(mem_eff));
     cJSON *curve = cJSON_AddArrayToObject(eff, "gemm_curve");
     for (int i = 0; i < ncurve; i++) cJSON_AddItemToArray(curve, num_pair(cg[i], ce[i]));
+    if (ncurve_b) {
+        cJSON_AddNumberToObject(eff, "attention_bf16", r4(att_eff_b));
+        cJSON *cb = cJSON_AddArrayToObject(eff, "gemm_curve_bf16");
+        for (int i = 0; i < ncurve_b; i++) cJSON_AddItemToArray(cb, num_pair(cgb[i], ceb[i]));
+    }
     /* the node's CPU: one rank alone with each thread count (plan --threads) */
     cJSON *cpu = cJSON_AddObjectToObject(root_o, "cpu");
     cJSON_AddNumberToObject(cpu, "cores_per_node", cores);
     cJSON *byt = cJSON_AddArrayToObject(cpu, "by_threads");
     for (int i = 0; i < nsolo; i++) {
         double speak, sae, g[MT_CLUSTER_CURVE_MAX], e[MT_CLUSTER_CURVE_MAX];
-        int nc = cal_curve(&solo[i], &speak, g, e, &sae, NULL);
+        double speak_b, sae_b = 0, gb[MT_CLUSTER_CURVE_MAX], eb[MT_CLUSTER_CURVE_MAX];
+        int nc = cal_curve(&solo[i], solo[i].gemm, solo[i].att_f, solo[i].att_b, &speak, g, e, &sae, NULL);
+        int ncb = cal_curve(&solo[i], solo[i].gemm_bf16, solo[i].att_f16, solo[i].att_b16, &speak_b, gb, eb,
+                            &sae_b, NULL);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "threads", solo_t[i]);
         cJSON_AddNumberToObject(o, "peak_tflops", r4(speak * 1e-3));
@@ -572,6 +640,12 @@ int mt_calibrate(const char *path, int quick) {
         cJSON_AddNumberToObject(o, "reserve_mb", r4(fmax(0, solo_res[i]) / 1048576.0));
         cJSON *c = cJSON_AddArrayToObject(o, "gemm_curve");
         for (int j = 0; j < nc; j++) cJSON_AddItemToArray(c, num_pair(g[j], e[j]));
+        if (ncb) { /* the bf16 GEMM of train --bf16 */
+            cJSON_AddNumberToObject(o, "peak_tflops_bf16", r4(speak_b * 1e-3));
+            cJSON_AddNumberToObject(o, "attention_bf16", r4(sae_b));
+            cJSON *cb = cJSON_AddArrayToObject(o, "gemm_curve_bf16");
+            for (int j = 0; j < ncb; j++) cJSON_AddItemToArray(cb, num_pair(gb[j], eb[j]));
+        }
         cJSON_AddItemToArray(byt, o);
     }
     if (mpi) {
@@ -618,6 +692,18 @@ int mt_calibrate(const char *path, int quick) {
         cJSON_AddItemToArray(row, cJSON_CreateNumber(r4(m.gemm[i])));
         cJSON_AddItemToArray(sg, row);
     }
+    if (ncurve_b) {
+        cJSON *bg = cJSON_AddArrayToObject(ms, "bf16_gemm_gflops");
+        for (int i = 0; i < CAL_NG; i++) {
+            if (m.gemm_bf16[i] <= 0) continue;
+            cJSON *row = cJSON_CreateArray();
+            cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_M[i / CAL_NNK]));
+            cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][0]));
+            cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][1]));
+            cJSON_AddItemToArray(row, cJSON_CreateNumber(r4(m.gemm_bf16[i])));
+            cJSON_AddItemToArray(bg, row);
+        }
+    }
     cJSON *at = cJSON_AddArrayToObject(ms, "attention_gflops");
     for (int i = 0; i < CAL_NT; i++) {
         if (m.att_f[i] <= 0) continue;
@@ -659,9 +745,12 @@ int mt_calibrate(const char *path, int quick) {
     int rc = mt_cluster_parse(&chk, out, "calibrate: generated cluster");
     if (rc == 0) rc = mt_write_file_atomic(path, out, len + 1);
     if (rc == 0) {
-        printf("calibrate: sgemm peak %.1f GFLOP/s (%d shapes, %d curve points), attention eff %.2f, copy %.1f GB/s, "
-               "adamw %.1f GB/s, memory %.1f GB", peak, quick ? CAL_NG - CAL_NNK : CAL_NG, ncurve,
-               att_eff, m.copy_gbs, m.adamw_gbs, mem_total / per_node * 1e-9);
+        printf("calibrate: sgemm peak %.1f GFLOP/s (%d shapes, %d curve points), ", peak,
+               quick ? CAL_NG - CAL_NNK : CAL_NG, ncurve);
+        if (ncurve_b) printf("bf16 gemm peak %.1f GFLOP/s (%d curve points), ", peak_b, ncurve_b);
+        else printf("no bf16 gemm (no AVX512-BF16), ");
+        printf("attention eff %.2f, copy %.1f GB/s, adamw %.1f GB/s, memory %.1f GB", att_eff, m.copy_gbs,
+               m.adamw_gbs, mem_total / per_node * 1e-9);
         if (mpi)
             printf(", intra %.2f GB/s %.1f us, all-to-all %.2f GB/s per rank", ibw * 1e-9, ilat * 1e6, a2a_bw * 1e-9);
         printf("\ncalibrate: wrote %s in %.1f s\n", path, mt_now() - t_start);

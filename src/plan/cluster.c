@@ -66,7 +66,8 @@ static int parse_mpi(const cJSON *o, const char *what, const char *path, mt_clus
 }
 
 /* cpu: {cores_per_node, by_threads: [{threads, peak_tflops, memory_bw_gbs, attention,
- * gemm_curve, reserve_mb}]} (ascending threads). */
+ * gemm_curve, reserve_mb, peak_tflops_bf16, gemm_curve_bf16, attention_bf16}]} (ascending
+ * threads; the bf16 keys optional: without them the entry has no bf16 GEMM, peak_bf16 = 0). */
 static int parse_cpu(mt_cluster *cl, const cJSON *cpu, const char *what) {
     if (!cpu) return 0;
     double cores = 0;
@@ -80,20 +81,28 @@ static int parse_cpu(mt_cluster *cl, const cJSON *cpu, const char *what) {
         if (cl->ncpu == MT_CLUSTER_THREADS_MAX)
             return mt_error("%s: key cpu.by_threads: at most %d entries", what, MT_CLUSTER_THREADS_MAX);
         mt_cluster_cpu *c = &cl->cpu[cl->ncpu];
-        double th = 0, pk = 0, bw = 0, res = 0;
+        double th = 0, pk = 0, bw = 0, res = 0, pkb = 0;
         c->eff_att = cl->eff_att;
         if (num(e, what, "cpu.by_threads[].", "threads", 1, &th) ||
             num(e, what, "cpu.by_threads[].", "peak_tflops", 1, &pk) ||
+            num(e, what, "cpu.by_threads[].", "peak_tflops_bf16", 0, &pkb) ||
+            parse_curve(cJSON_GetObjectItemCaseSensitive(e, "gemm_curve_bf16"), what,
+                        "cpu.by_threads[].gemm_curve_bf16", c->curve_bf16_flops, c->curve_bf16_eff, &c->ncurve_bf16) ||
             num(e, what, "cpu.by_threads[].", "memory_bw_gbs", 1, &bw) ||
             num(e, what, "cpu.by_threads[].", "attention", 0, &c->eff_att) ||
+            num(e, what, "cpu.by_threads[].", "attention_bf16", 0, &c->eff_att_bf16) ||
             num0(e, what, "cpu.by_threads[].", "reserve_mb", &res) ||
             parse_curve(cJSON_GetObjectItemCaseSensitive(e, "gemm_curve"), what, "cpu.by_threads[].gemm_curve",
                         c->curve_flops, c->curve_eff, &c->ncurve))
             return -1;
-        if (th != floor(th) || (cl->ncpu > 0 && th <= cl->cpu[cl->ncpu - 1].threads) || c->eff_att > 1)
+        if (th != floor(th) || (cl->ncpu > 0 && th <= cl->cpu[cl->ncpu - 1].threads) || c->eff_att > 1 ||
+            c->eff_att_bf16 > 1)
             return mt_error("%s: key cpu.by_threads: threads must be whole and ascending, attention <= 1", what);
+        if (c->ncurve_bf16 > 0 && !(pkb > 0))
+            return mt_error("%s: key cpu.by_threads[].gemm_curve_bf16: needs peak_tflops_bf16", what);
         c->threads = (int)th;
         c->peak = pk * 1e12;
+        c->peak_bf16 = pkb * 1e12;
         c->mem_bw = bw * 1e9;
         c->reserve = res * 1048576.0;
         cl->ncpu++;
@@ -116,8 +125,14 @@ int mt_cluster_for_device(mt_cluster *cl, int threads, int per_node) {
     const double want = (double)per_node * threads;
     const double scale = (double)threads / c->threads, share = want > cl->cores ? cl->cores / want : 1.0;
     cl->peak_bf16 = cl->peak_fp32 = c->peak * scale * share;
+    /* the bf16 GEMM (train --bf16), scaled the same way; none in the entry: none */
+    cl->gemm_bf16_peak = c->peak_bf16 * scale * share;
+    cl->ncurve_bf16 = c->ncurve_bf16;
+    memcpy(cl->curve_bf16_flops, c->curve_bf16_flops, sizeof cl->curve_bf16_flops);
+    memcpy(cl->curve_bf16_eff, c->curve_bf16_eff, sizeof cl->curve_bf16_eff);
     cl->mem_bw = c->mem_bw * scale * share;
     cl->eff_att = c->eff_att;
+    cl->eff_att_bf16 = c->eff_att_bf16;
     cl->ncurve = c->ncurve;
     memcpy(cl->curve_flops, c->curve_flops, sizeof cl->curve_flops);
     memcpy(cl->curve_eff, c->curve_eff, sizeof cl->curve_eff);
@@ -172,18 +187,22 @@ int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what) {
         num(inter, what, "inter_node.", "bw_gbs", 1, &xbw) || num(inter, what, "inter_node.", "latency_us", 1, &xlat) ||
         num(eff, what, "efficiency.", "gemm", 0, &cl->eff_gemm) ||
         num(eff, what, "efficiency.", "attention", 0, &cl->eff_att) ||
+        num(eff, what, "efficiency.", "attention_bf16", 0, &cl->eff_att_bf16) ||
         num(eff, what, "efficiency.", "memory", 0, &cl->eff_mem))
         goto out;
     if (dev != floor(dev) || pn != floor(pn) || dev > 1e7 || (long)dev % (long)pn != 0) {
         mt_error("%s: key devices: must be a whole multiple of devices_per_node", what);
         goto out;
     }
-    if (cl->eff_gemm > 1 || cl->eff_att > 1 || cl->eff_mem > 1) {
+    if (cl->eff_gemm > 1 || cl->eff_att > 1 || cl->eff_mem > 1 || cl->eff_att_bf16 > 1) {
         mt_error("%s: key efficiency: fractions must be in (0, 1]", what);
         goto out;
     }
     if (parse_curve(eff ? cJSON_GetObjectItemCaseSensitive(eff, "gemm_curve") : NULL, what, "efficiency.gemm_curve",
                     cl->curve_flops, cl->curve_eff, &cl->ncurve))
+        goto out;
+    if (parse_curve(eff ? cJSON_GetObjectItemCaseSensitive(eff, "gemm_curve_bf16") : NULL, what,
+                    "efficiency.gemm_curve_bf16", cl->curve_bf16_flops, cl->curve_bf16_eff, &cl->ncurve_bf16))
         goto out;
     if (parse_cpu(cl, cJSON_GetObjectItemCaseSensitive(root, "cpu"), what)) goto out;
     const cJSON *mpi = cJSON_GetObjectItemCaseSensitive(root, "mpi");
@@ -216,6 +235,8 @@ int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what) {
     cl->per_node = (int)pn;
     cl->peak_bf16 = bf16 * 1e12;
     cl->peak_fp32 = (fp32 > 0 ? fp32 : bf16 / 2) * 1e12;
+    /* a measured bf16 GEMM curve makes peak_tflops.bf16 the peak of that GEMM */
+    cl->gemm_bf16_peak = cl->ncurve_bf16 > 0 ? cl->peak_bf16 : 0;
     cl->mem_bytes = mem * 1e9;
     cl->mem_bw = mbw * 1e9;
     cl->reserved_bytes = res * 1e9;
@@ -238,14 +259,22 @@ int mt_cluster_load(mt_cluster *cl, const char *path) {
     return rc;
 }
 
-double mt_cluster_gemm_eff(const mt_cluster *cl, double flops) {
-    if (cl->ncurve == 0) return cl->eff_gemm;
-    if (flops <= cl->curve_flops[0]) return cl->curve_eff[0];
-    for (int i = 1; i < cl->ncurve; i++) {
-        if (flops > cl->curve_flops[i]) continue;
-        double t = (log10(flops) - log10(cl->curve_flops[i - 1])) /
-                   (log10(cl->curve_flops[i]) - log10(cl->curve_flops[i - 1]));
-        return cl->curve_eff[i - 1] + t * (cl->curve_eff[i] - cl->curve_eff[i - 1]);
+static double curve_eff(int n, const double *cf, const double *ce, double dflt, double flops) {
+    if (n == 0) return dflt;
+    if (flops <= cf[0]) return ce[0];
+    for (int i = 1; i < n; i++) {
+        if (flops > cf[i]) continue;
+        double t = (log10(flops) - log10(cf[i - 1])) / (log10(cf[i]) - log10(cf[i - 1]));
+        return ce[i - 1] + t * (ce[i] - ce[i - 1]);
     }
-    return cl->curve_eff[cl->ncurve - 1];
+    return ce[n - 1];
+}
+
+double mt_cluster_gemm_eff(const mt_cluster *cl, double flops) {
+    return curve_eff(cl->ncurve, cl->curve_flops, cl->curve_eff, cl->eff_gemm, flops);
+}
+
+double mt_cluster_gemm_eff_bf16(const mt_cluster *cl, double flops) {
+    if (cl->ncurve_bf16 == 0) return mt_cluster_gemm_eff(cl, flops);
+    return curve_eff(cl->ncurve_bf16, cl->curve_bf16_flops, cl->curve_bf16_eff, cl->eff_gemm, flops);
 }

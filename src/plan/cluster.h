@@ -11,11 +11,15 @@
  *     direction)
  *   efficiency (optional): {gemm, attention, memory} fractions of peak, defaults 0.7,
  *     0.5, 0.7; gemm_curve: [[GFLOP per GEMM call, efficiency], ...] ascending, used
- *     instead of the constant gemm efficiency (linear in log10 of the size, clamped).
+ *     instead of the constant gemm efficiency (linear in log10 of the size, clamped);
+ *     gemm_curve_bf16 (optional): the same for the mixed-precision bf16 GEMM of a CPU
+ *     (moetrain train --bf16), as fractions of peak_tflops.bf16.
  * A measured file: `moetrain bench --calibrate OUT.json` writes this format (src/plan/calibrate.c),
  * with two more optional sections that describe a CPU node running the moetrain trainer:
  *   cpu: {cores_per_node, by_threads: [{threads, peak_tflops, memory_bw_gbs, attention,
- *     gemm_curve, reserve_mb}, ...]}: one rank alone on the node with that many threads
+ *     gemm_curve, reserve_mb, peak_tflops_bf16, gemm_curve_bf16}, ...]}: one rank alone on the
+ *     node with that many threads (the two bf16 keys, optional: the bf16 GEMM of
+ *     train --bf16, measured when the CPU has AVX512-BF16)
  *     (reserve_mb: the resident memory of a rank that is not a sized buffer: binary,
  *     libraries, BLAS/OpenMP buffers, MPI, allocator slack). A "device" is then one rank
  *     with `threads` threads; with R ranks on a node of C cores each gets the share
@@ -55,6 +59,11 @@ typedef struct {
     double reserve;                  /* bytes */
     int ncurve;
     double curve_flops[MT_CLUSTER_CURVE_MAX], curve_eff[MT_CLUSTER_CURVE_MAX];
+    /* the bf16 GEMM (train --bf16): peak FLOP/s (0 = not measured) and its curve; attention
+     * in that mode (its products on bf16 pairs), a fraction of peak_bf16 (0 = not measured) */
+    double peak_bf16, eff_att_bf16;
+    int ncurve_bf16;
+    double curve_bf16_flops[MT_CLUSTER_CURVE_MAX], curve_bf16_eff[MT_CLUSTER_CURVE_MAX];
 } mt_cluster_cpu;
 
 typedef struct {
@@ -68,6 +77,16 @@ typedef struct {
     double eff_gemm, eff_att, eff_mem;
     int ncurve;
     double curve_flops[MT_CLUSTER_CURVE_MAX], curve_eff[MT_CLUSTER_CURVE_MAX];
+    /* the mixed-precision bf16 GEMM of a CPU (moetrain train --bf16): its peak in FLOP/s
+     * (0 = not measured: a file without the bf16 keys, or a CPU without AVX512-BF16) and
+     * its curve (ncurve_bf16 = 0: none, the fp32 curve is used). Top level: peak_bf16 and
+     * efficiency.gemm_curve_bf16; after mt_cluster_for_device: the cpu entry's. */
+    double gemm_bf16_peak;
+    int ncurve_bf16;
+    double curve_bf16_flops[MT_CLUSTER_CURVE_MAX], curve_bf16_eff[MT_CLUSTER_CURVE_MAX];
+    /* attention in bf16 mode, a fraction of gemm_bf16_peak (0 = not measured: attention at
+     * eff_att of the fp32 peak). Top level: efficiency.attention_bf16 */
+    double eff_att_bf16;
     /* CPU node (0 entries: not described) */
     int cores, ncpu;
     mt_cluster_cpu cpu[MT_CLUSTER_THREADS_MAX];
@@ -87,12 +106,15 @@ int mt_cluster_load(mt_cluster *cl, const char *path);
 /* Parses from a JSON string; `what` names the source in messages. */
 int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what);
 /* Makes `cl` describe one rank with `threads` threads, `per_node` ranks on a node of a CPU
- * cluster: peak, GEMM curve, attention efficiency, memory bandwidth and reserve of the
+ * cluster: peak, GEMM curve, bf16 GEMM peak and curve (gemm_bf16_peak = 0 when the entry
+ * has none), attention efficiency, memory bandwidth and reserve of the
  * nearest measured thread count (scaled linearly in the threads when it was not measured),
  * each rate and the collectives' bandwidths times the CPU share min(1, cores / (per_node x
  * threads)); devices_per_node = per_node. -1 with a message without a cpu section. */
 int mt_cluster_for_device(mt_cluster *cl, int threads, int per_node);
 /* GEMM efficiency for one GEMM call of `flops` FLOPs. */
 double mt_cluster_gemm_eff(const mt_cluster *cl, double flops);
+/* The same for the bf16 GEMM (its curve, else the fp32 one), a fraction of gemm_bf16_peak. */
+double mt_cluster_gemm_eff_bf16(const mt_cluster *cl, double flops);
 
 #endif

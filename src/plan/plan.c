@@ -16,7 +16,9 @@
  *    next step's first forward.
  *  - Compute time is a roofline per unit: GEMM FLOPs at an efficiency that depends on the
  *    GEMM's size, attention FLOPs at the attention efficiency, element-wise bytes at the
- *    memory efficiency; backward = 2x forward compute; full recompute adds a forward. */
+ *    memory efficiency; backward = 2x forward compute; full recompute adds a forward.
+ *    The trainer's --bf16 (settings gemm_bf16) changes the GEMMs (the calibrated bf16 GEMM's
+ *    peak and curve) and attention (its calibrated bf16 efficiency, when the file has it). */
 #include "plan/plan.h"
 
 #include <cjson/cJSON.h>
@@ -66,6 +68,7 @@ static void ctx_init(ctx *x, const mt_config *c, const mt_cluster *cl, const mt_
     x->u = mt_xcalloc((size_t)x->nu, sizeof *x->u);
     mt_cost_units(c, st->seq, st->elt, x->u);
     x->model_flops = mt_cost_model_flops_per_token(c, st->seq);
+    MT_ASSERT(!st->gemm_bf16 || cl->gemm_bf16_peak > 0); /* the caller checks the cluster file */
 }
 
 /* Ring all-gather / reduce-scatter of a `bytes` tensor over g ranks. */
@@ -114,20 +117,31 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
 
 typedef struct { double fwd, bwd, comp, tp, a2a; } unit_time; /* comp/tp/a2a: fwd + bwd */
 
+/* Seconds of `flops` FLOPs of GEMM calls of `call` FLOPs each: the training dtype's peak
+ * and curve, or (trainer --bf16) the bf16 GEMM's. */
+static double gemm_time(const ctx *x, double flops, double call) {
+    const mt_cluster *cl = x->cl;
+    if (x->st->gemm_bf16) return flops / (cl->gemm_bf16_peak * mt_cluster_gemm_eff_bf16(cl, call));
+    return flops / (cl->peak_bf16 * mt_cluster_gemm_eff(cl, call));
+}
+
 static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, unit_time *t) {
     const mt_config *c = x->c;
     const mt_cluster *cl = x->cl;
     /* the busiest EP rank's share of the routed rows sets the pace; with every expert on
      * each rank (EP 1) the rows are the mean */
     const double imb = l->ep > 1 ? x->st->imbalance : 1.0, Ntok = (double)l->mb * x->st->seq, n = Ntok / l->tp;
-    const double peak = cl->peak_bf16;
-    double tg = u->f_gemm * n / (peak * mt_cluster_gemm_eff(cl, n * u->gemm_width));
-    double ta = u->f_att * n / (peak * cl->eff_att);
+    const double peak = cl->peak_bf16; /* the training dtype's (attention in fp32) */
+    double tg = gemm_time(x, u->f_gemm * n, n * u->gemm_width);
+    /* attention: in bf16 mode its products run on bf16 pairs (the calibrated rate when the
+     * file has it) */
+    double ta = x->st->gemm_bf16 && cl->eff_att_bf16 > 0 ? u->f_att * n / (cl->gemm_bf16_peak * cl->eff_att_bf16)
+                                                          : u->f_att * n / (peak * cl->eff_att);
     double te = 0;
     if (u->moe) {
         double rows = n * c->num_experts_per_tok * imb * l->ep / c->n_routed_experts;
         double call = rows * 2.0 * c->hidden_size * c->moe_intermediate_size;
-        te = u->f_expert * n * imb / (peak * mt_cluster_gemm_eff(cl, call));
+        te = gemm_time(x, u->f_expert * n * imb, call);
     }
     double tm = (u->mem_tok * n + u->mem_expert_tok * n * imb) / (cl->mem_bw * cl->eff_mem);
     double tpc = u->tp_colls * ring(Ntok * c->hidden_size * x->st->elt, l->tp, cl->intra_bw, cl->intra_lat);
@@ -141,10 +155,10 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     if (layer && l->rc == MT_RC_SELECTIVE) rf = 0.25 * tm; /* SwiGLU / gather re-done */
     if (layer && l->rc == MT_RC_SELECTIVE_GEMM) {
         /* and the output projection and the experts' gate|up GEMMs */
-        rf = 0.25 * tm + u->f_rc_gemm * n / (peak * mt_cluster_gemm_eff(cl, n * u->gemm_width));
+        rf = 0.25 * tm + gemm_time(x, u->f_rc_gemm * n, n * u->gemm_width);
         if (u->moe) {
             double rows = n * c->num_experts_per_tok * imb * l->ep / c->n_routed_experts;
-            rf += u->f_rc_expert * n * imb / (peak * mt_cluster_gemm_eff(cl, rows * 4.0 * c->hidden_size * c->moe_intermediate_size));
+            rf += gemm_time(x, u->f_rc_expert * n * imb, rows * 4.0 * c->hidden_size * c->moe_intermediate_size);
         }
     }
     t->fwd = cf + tpc + a2a;
@@ -243,6 +257,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     memset(res, 0, sizeof *res);
     mt_layout *l = &res->l;
     *l = *lin;
+    res->gemm_bf16 = st->gemm_bf16;
     res->reason = check_layout(x, l, &res->m);
     if (res->reason != MT_PLAN_OK) return 0;
     const int Lyr = c->num_hidden_layers, E = c->n_routed_experts;
@@ -458,7 +473,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     }
     res->exposed_comm = res->t_tp + res->t_a2a + res->t_p2p + res->t_dp;
     res->tok_s = (double)st->global_seqs * st->seq / res->step;
-    res->mfu = x->model_flops * res->tok_s / ((double)st->devices * cl->peak_bf16);
+    res->mfu = x->model_flops * res->tok_s / ((double)st->devices * (st->gemm_bf16 ? cl->gemm_bf16_peak : cl->peak_bf16));
     if (sched == &own) mt_schedule_free(&own);
     free(ut);
     free(w);
@@ -639,8 +654,9 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
             fprintf(f, " --split ");
             for (int s = 0; s < x->nstages; s++) fprintf(f, "%s%d", s ? "," : "", x->layers[s]);
         }
-        fprintf(f, "%s", l->rc == MT_RC_SELECTIVE_GEMM ? " --recompute selective"
-                         : l->rc == MT_RC_FULL ? "  (full recompute: not in the trainer yet)" : "");
+        fprintf(f, "%s%s", x->gemm_bf16 ? " --bf16" : "",
+                l->rc == MT_RC_SELECTIVE_GEMM ? " --recompute selective"
+                : l->rc == MT_RC_FULL ? "  (full recompute: not in the trainer yet)" : "");
         fprintf(f, "\nstep          %.3f s   %.4gM tokens/s   MFU %.1f%%   bubble %.1f%%\n", x->step,
                 x->tok_s / 1e6, 100 * x->mfu, 100 * x->bubble);
         fprintf(f, "busiest rank  compute %.3f s, TP %.3f s, all-to-all %.3f s, exposed p2p %.3f s, exposed DP %.3f s, optimizer %.3f s\n",
@@ -695,6 +711,7 @@ static cJSON *result_json(const mt_plan_result *x) {
     cJSON_AddStringToObject(o, "a2a", a2a_name[l->a2a]);
     cJSON_AddStringToObject(o, "split", split_name[l->split]);
     cJSON_AddStringToObject(o, "status", mt_plan_reason_name[x->reason]);
+    if (x->gemm_bf16) cJSON_AddBoolToObject(o, "bf16", 1); /* trainer --bf16 */
     cJSON_AddNumberToObject(o, "micro_batches", x->m);
     cJSON_AddNumberToObject(o, "step_s", x->step);
     cJSON_AddNumberToObject(o, "tokens_per_s", x->tok_s);

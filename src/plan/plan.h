@@ -53,6 +53,11 @@ typedef struct {
     int trainer;
     int threads;             /* trainer: threads per rank (sizes the arena's per-thread scratch) */
     double bucket_bytes;     /* trainer: gradient all-reduce bucket (--bucket-mb, default 25 MiB) */
+    /* trainer: `moetrain train --bf16`: every GEMM (linear layers, LM head, grouped expert
+     * GEMMs) at the cluster's bf16 GEMM peak and curve (cl->gemm_bf16_peak, which must be
+     * > 0); attention, element-wise work, communication and memory as in fp32; MFU against
+     * the bf16 GEMM peak, as the trainer reports it */
+    int gemm_bf16;
 } mt_plan_settings;
 
 typedef struct {
@@ -75,6 +80,7 @@ typedef struct {
     double mem_step;         /* the training step's peak (= mem_total unless the checkpoint is higher) */
     double mem_ckpt;         /* trainer: peak while writing the checkpoint (0 if not modelled) */
     double mem_ckpt_extra;   /* trainer: of which the checkpoint's own buffers */
+    int gemm_bf16;           /* the settings' gemm_bf16 (the train flags get --bf16) */
     int nstages;
     short layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
 } mt_plan_result;
