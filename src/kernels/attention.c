@@ -86,6 +86,12 @@ static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintp
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
     case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); break; } } while (0)
 
+/* CALL(rows) for the ATT_MR-row tiles of rows i_ .. n_-1 (advancing i_), then once for the
+ * remainder with a constant row count. */
+#define FOR_MR_TILES(i_, n_, CALL) do { \
+    for (; (i_) + ATT_MR <= (n_); (i_) += ATT_MR) CALL(ATT_MR); \
+    if ((i_) < (n_)) MR_SWITCH((n_) - (i_), CALL); } while (0)
+
 #ifdef __AVX512F__
 
 /* Lanes l of the vector starting at column j0 with lo <= j0 + l < hi. */
@@ -138,9 +144,8 @@ ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, 
 ALWAYS_INLINE void st_rows(float *St, const float *K, int ldk, const float *Qt, int nk, int D,
                            int masked, const __m512i *lo, const __m512i *hi, __m512 *mx) {
     int j = 0;
-    for (; j + ATT_MR <= nk; j += ATT_MR) st_tile(St, K, ldk, Qt, D, j, ATT_MR, masked, lo, hi, mx);
 #define ST_CALL(M) st_tile(St, K, ldk, Qt, D, j, M, masked, lo, hi, mx)
-    if (j < nk) MR_SWITCH(nk - j, ST_CALL);
+    FOR_MR_TILES(j, nk, ST_CALL);
 #undef ST_CALL
 }
 
@@ -215,14 +220,12 @@ static void fwd_pv(float *Ot, const float *V, int ldv, const float *St, int nk, 
                    const float *alpha) {
     int d = 0;
     if (first) {
-        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile(Ot, V, ldv, St, nk, d, ATT_MR, 1, alpha);
 #define OT_CALL(M) ot_tile(Ot, V, ldv, St, nk, d, M, 1, alpha)
-        if (d < D) MR_SWITCH(D - d, OT_CALL);
+        FOR_MR_TILES(d, D, OT_CALL);
 #undef OT_CALL
     } else {
-        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile(Ot, V, ldv, St, nk, d, ATT_MR, 0, alpha);
 #define OT_CALL(M) ot_tile(Ot, V, ldv, St, nk, d, M, 0, alpha)
-        if (d < D) MR_SWITCH(D - d, OT_CALL);
+        FOR_MR_TILES(d, D, OT_CALL);
 #undef OT_CALL
     }
 }
@@ -274,9 +277,8 @@ ALWAYS_INLINE void bt_rows(float *C, const float *A, int lda, const float *Bt, i
                            int mode, int masked, const int *lo, const int *hi, const float *sub,
                            float c, const float *P) {
     int i = 0;
-    for (; i + ATT_MR <= M; i += ATT_MR) bt_tile(C, A, lda, Bt, D, i, ATT_MR, mode, masked, lo, hi, sub, c, P);
 #define BT_CALL(MM) bt_tile(C, A, lda, Bt, D, i, MM, mode, masked, lo, hi, sub, c, P)
-    if (i < M) MR_SWITCH(M - i, BT_CALL);
+    FOR_MR_TILES(i, M, BT_CALL);
 #undef BT_CALL
 }
 
@@ -329,6 +331,14 @@ ALWAYS_INLINE void nn_tile(float *C, int ldc, const float *A, int ars, int acs, 
         default: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 5, NVV, FIRST); break; } } \
 } while (0)
 
+/* ROWS(nv, first) with both as constants, from the variables nv (1..4) and first */
+#define NV_FIRST_DISPATCH(ROWS) do { \
+    if (first) { \
+        if (nv == 4) ROWS(4, 1); else if (nv == 3) ROWS(3, 1); else if (nv == 2) ROWS(2, 1); else ROWS(1, 1); \
+    } else { \
+        if (nv == 4) ROWS(4, 0); else if (nv == 3) ROWS(3, 0); else if (nv == 2) ROWS(2, 0); else ROWS(1, 0); \
+    } } while (0)
+
 /* C[M][D] (row stride ldc) (+)= A . B[K][D] (row stride ldb), where A's element (m, k) is
  * A[m * ars + k * acs] (ars = row stride, or acs = row stride for A transposed); with
  * first, C is overwritten (not read). */
@@ -338,17 +348,7 @@ static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const flo
         int w = D - c0 < 64 ? D - c0 : 64, nv = (w + 15) / 16;
         __mmask16 mk[4];
         for (int u = 0; u < 4; u++) mk[u] = range_mask(16 * u, 0, w);
-        if (first) {
-            if (nv == 4) NN_ROWS(4, 1);
-            else if (nv == 3) NN_ROWS(3, 1);
-            else if (nv == 2) NN_ROWS(2, 1);
-            else NN_ROWS(1, 1);
-        } else {
-            if (nv == 4) NN_ROWS(4, 0);
-            else if (nv == 3) NN_ROWS(3, 0);
-            else if (nv == 2) NN_ROWS(2, 0);
-            else NN_ROWS(1, 0);
-        }
+        NV_FIRST_DISPATCH(NN_ROWS);
     }
 }
 
@@ -537,17 +537,7 @@ static void mm_nn_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t 
     const int ldb = D;
     for (int c0 = 0; c0 < D; c0 += 64) {
         int nv = (D - c0) / 16 < 4 ? (D - c0) / 16 : 4;
-        if (first) {
-            if (nv == 4) NN16_ROWS(4, 1);
-            else if (nv == 3) NN16_ROWS(3, 1);
-            else if (nv == 2) NN16_ROWS(2, 1);
-            else NN16_ROWS(1, 1);
-        } else {
-            if (nv == 4) NN16_ROWS(4, 0);
-            else if (nv == 3) NN16_ROWS(3, 0);
-            else if (nv == 2) NN16_ROWS(2, 0);
-            else NN16_ROWS(1, 0);
-        }
+        NV_FIRST_DISPATCH(NN16_ROWS);
     }
 }
 #undef NN16_ROWS
@@ -585,9 +575,8 @@ ALWAYS_INLINE void bt_tile_bf16(float *C, const uint32_t *A, const uint32_t *Bt,
 ALWAYS_INLINE void bt_rows_bf16(float *C, const uint32_t *A, const uint32_t *Bt, int M, int D, int mode, int masked,
                                 const int *lo, const int *hi, const float *sub, float c, const float *P) {
     int i = 0, kp = D / 2;
-    for (; i + ATT_MR <= M; i += ATT_MR) bt_tile_bf16(C, A, Bt, kp, i, ATT_MR, mode, masked, lo, hi, sub, c, P);
 #define BT16_CALL(MM) bt_tile_bf16(C, A, Bt, kp, i, MM, mode, masked, lo, hi, sub, c, P)
-    if (i < M) MR_SWITCH(M - i, BT16_CALL);
+    FOR_MR_TILES(i, M, BT16_CALL);
 #undef BT16_CALL
 }
 
@@ -634,14 +623,12 @@ static void fwd_scores_bf16(float *St, float *bm, const uint32_t *K, const uint3
     }
     int j = 0;
     if (masked) {
-        for (; j + ATT_MR <= nk; j += ATT_MR) st_tile_bf16(St, K, Qt, kp, j, ATT_MR, 1, lv, hv, mx);
 #define ST16_CALL(M) st_tile_bf16(St, K, Qt, kp, j, M, 1, lv, hv, mx)
-        if (j < nk) MR_SWITCH(nk - j, ST16_CALL);
+        FOR_MR_TILES(j, nk, ST16_CALL);
 #undef ST16_CALL
     } else {
-        for (; j + ATT_MR <= nk; j += ATT_MR) st_tile_bf16(St, K, Qt, kp, j, ATT_MR, 0, lv, hv, mx);
 #define ST16_CALL(M) st_tile_bf16(St, K, Qt, kp, j, M, 0, lv, hv, mx)
-        if (j < nk) MR_SWITCH(nk - j, ST16_CALL);
+        FOR_MR_TILES(j, nk, ST16_CALL);
 #undef ST16_CALL
     }
     for (int u = 0; u < NV; u++) _mm512_store_ps(bm + 16 * u, mx[u]);
@@ -672,14 +659,12 @@ static void fwd_pv_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int nk
     const int kp = (nk + 1) / 2;
     int d = 0;
     if (first) {
-        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile_bf16(Ot, V, St, kp, D, d, ATT_MR, 1, alpha);
 #define OT16_CALL(M) ot_tile_bf16(Ot, V, St, kp, D, d, M, 1, alpha)
-        if (d < D) MR_SWITCH(D - d, OT16_CALL);
+        FOR_MR_TILES(d, D, OT16_CALL);
 #undef OT16_CALL
     } else {
-        for (; d + ATT_MR <= D; d += ATT_MR) ot_tile_bf16(Ot, V, St, kp, D, d, ATT_MR, 0, alpha);
 #define OT16_CALL(M) ot_tile_bf16(Ot, V, St, kp, D, d, M, 0, alpha)
-        if (d < D) MR_SWITCH(D - d, OT16_CALL);
+        FOR_MR_TILES(d, D, OT16_CALL);
 #undef OT16_CALL
     }
 }
