@@ -11,10 +11,10 @@ shape). Timing: best wall time of repeated calls, at least two (the first warms 
 Backwards use autograd where PyTorch would (rmsnorm, swiglu, attention, cross-entropy)
 and the explicit matmuls of nn.Linear's backward for the linear layers.
 
-The *_bf16 rows (moetrain's mt_gemm_bf16: fp32 operands rounded to bf16, fp32 sums) are
-the same matmuls on bfloat16 tensors converted beforehand (PyTorch's CPU bf16 matmul, oneDNN
-with AVX512-BF16); the conversion is not timed and the results are bf16. Only on CPUs with
-avx512_bf16, as in moetrain.
+The *_bf16 rows (moetrain's mt_gemm_bf16 and its bf16 attention: fp32 operands rounded to
+bf16, fp32 sums) are the same operations on bfloat16 tensors converted beforehand (PyTorch's
+CPU bf16 matmul, oneDNN with AVX512-BF16); the conversion is not timed and the results are
+bf16. Only on CPUs with avx512_bf16, as in moetrain.
 """
 import argparse
 import json
@@ -156,6 +156,17 @@ def attention(tb):
                lambda out=out, dout=dout, q=q, k=k, v=v: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
                "autograd")
         del out
+        if tb.bf16:  # the same on bf16 tensors (what autocast runs: bf16 matmuls, softmax in bf16)
+            qb, kb, vb = (t.detach().bfloat16().requires_grad_(True) for t in (q, k, v))
+            with torch.no_grad():
+                tb.add("attention_fwd_bf16", shape, True, ff, lambda qb=qb, kb=kb, vb=vb: fwd(qb, kb, vb),
+                       "matmul+masked softmax+matmul bf16")
+            outb = fwd(qb, kb, vb)
+            doutb = dout.bfloat16()
+            tb.add("attention_bwd_bf16", shape, True, 2.5 * ff,
+                   lambda outb=outb, doutb=doutb, qb=qb, kb=kb, vb=vb:
+                   torch.autograd.grad(outb, (qb, kb, vb), doutb, retain_graph=True), "autograd bf16")
+            del outb
 
 
 def head(tb):
