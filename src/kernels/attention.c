@@ -458,6 +458,7 @@ static float dot(const float *a, const float *b, int D) {
 #endif
 
 #if defined(__AVX512BF16__)
+#include "kernels/bf16_pack.h"
 /* ---- mixed precision (train --bf16): the backward's three accumulating products ----
  * dV += P^T dO, dK += dS^T Q and dQ += dS K multiply bf16 pairs with fp32 sums
  * (VDPBF16PS), as the GEMMs do in that mode. A pair is two consecutive values along the
@@ -469,17 +470,13 @@ static float dot(const float *a, const float *b, int D) {
 /* out[p*W + c] = pair(X[2p][c], X[2p+1][c]) (X row stride ldx) for p < np, c < W (W a
  * multiple of 16); rows >= nrows read as zero. */
 static void pair_rows(uint32_t *out, int W, const float *X, int ldx, int nrows, int np) {
-    static const uint16_t idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i perm = _mm512_loadu_si512(idx);
     for (int p = 0; p < np; p++) {
         const float *r0 = X + (size_t)(2 * p) * ldx, *r1 = r0 + ldx;
         int h0 = 2 * p < nrows, h1 = 2 * p + 1 < nrows;
         for (int c = 0; c < W; c += 16) {
             __m512 a = h0 ? _mm512_loadu_ps(r0 + c) : _mm512_setzero_ps();
             __m512 b = h1 ? _mm512_loadu_ps(r1 + c) : _mm512_setzero_ps();
-            __m512i v = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* [a | b] as bf16 */
-            _mm512_storeu_si512(out + (size_t)p * W + c, _mm512_permutexvar_epi16(perm, v));
+            _mm512_storeu_si512(out + (size_t)p * W + c, mt_bf16_interleave(a, b));
         }
     }
 }
@@ -492,7 +489,7 @@ static void pair_cols(uint32_t *out, int W, const float *X, int ldx, int n) {
             const float *x = X + (size_t)i * ldx + c;
             int two = W - c >= 32; /* else 16 floats left: 8 words */
             __m512 hi = two ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps();
-            __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(x));
+            __m512i v = mt_bf16_pairs(_mm512_loadu_ps(x), hi);
             _mm512_mask_storeu_epi32(out + (size_t)i * (W / 2) + c / 2, two ? 0xffff : 0x00ff, v);
         }
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/bf16_pack.h"
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
@@ -27,7 +28,7 @@
 #define MC 192          /* rows of A per block: 288 KiB packed, in L2 */
 #define NC 3072         /* columns of B per block: 4.5 MiB packed, in L3 */
 
-#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define BF16_TARGET MT_BF16_TARGET
 
 int mt_bf16_supported(void) {
     __builtin_cpu_init();
@@ -49,14 +50,6 @@ float mt_bf16_round(float f) {
     float r;
     memcpy(&r, &u, 4);
     return r;
-}
-
-/* 16-bit lane permutation that interleaves [x0..x15 | y0..y15] (as VCVTNE2PS2BF16 returns
- * two rows) into [x0 y0 x1 y1 ...]: the 32-bit pair words of 16 columns. */
-BF16_TARGET static inline __m512i interleave_idx(void) {
-    static const uint16_t idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    return _mm512_loadu_si512(idx);
 }
 
 /* In-register transpose of a 16 x 16 matrix of 32-bit words: r[i] word j -> r[j] word i. */
@@ -92,7 +85,6 @@ BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld,
                                    int x0, int w) {
     int kp = (kc + 1) / 2;
     if (rowmaj) {
-        const __m512i perm = interleave_idx();
         for (int p = 0; p < kp; p++) {
             int k = k0 + 2 * p;
             const float *r0 = X + (size_t)k * ld + x0;
@@ -104,9 +96,8 @@ BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld,
                 __mmask16 m = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
                 __m512 a = _mm512_maskz_loadu_ps(m, r0 + c);
                 __m512 b = have1 ? _mm512_maskz_loadu_ps(m, r1 + c) : _mm512_setzero_ps();
-                __m512i v = (__m512i)_mm512_cvtne2ps_pbh(b, a);
                 __mmask16 ms = W - c >= 16 ? 0xffff : (__mmask16)((1u << (W - c)) - 1);
-                _mm512_mask_storeu_epi32(o + c, ms, _mm512_permutexvar_epi16(perm, v));
+                _mm512_mask_storeu_epi32(o + c, ms, mt_bf16_interleave(a, b));
             }
         }
     } else {
@@ -126,7 +117,7 @@ BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld,
                         continue;
                     }
                     const float *src = X + (size_t)(x0 + c0 + i) * ld + k0 + 2 * p0;
-                    r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + 16), _mm512_maskz_loadu_ps(m0, src));
+                    r[i] = mt_bf16_pairs(_mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16));
                 }
                 transpose16(r);
                 int np = kp - p0 < 16 ? kp - p0 : 16;
@@ -155,7 +146,7 @@ BF16_TARGET static void pack_rows(uint32_t *out, int W, const float *X, int ld, 
             __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
             __m512 a = _mm512_maskz_loadu_ps(m0, src + k), b = _mm512_maskz_loadu_ps(m1, src + k + 16);
             int words = (n + 1) / 2 < 16 ? (n + 1) / 2 : 16;
-            _mm512_mask_storeu_epi32(o + k / 2, (__mmask16)((1u << words) - 1), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            _mm512_mask_storeu_epi32(o + k / 2, (__mmask16)((1u << words) - 1), mt_bf16_pairs(a, b));
         }
     }
 }
