@@ -133,6 +133,17 @@ static void gemm_case(int M, int N, int K, int tA, int tB, int nested, float alp
     mt_free(C0);
 }
 
+/* K = 0: C = beta*C, zero without reading it when beta == 0 */
+static void test_k0(void) {
+    snprintf(where, sizeof where, "K 0");
+    float C[6] = {1, 2, 3, 4, 5, 6}; /* 2 x 2 with ldc 3: C[2], C[5] are padding */
+    mt_gemm_bf16(0, 1, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.5f, C, 3);
+    CHECK(C[0] == 0.5f && C[1] == 1.0f && C[2] == 3.0f && C[3] == 2.0f && C[4] == 2.5f && C[5] == 6.0f);
+    float Z[4] = {NAN, NAN, NAN, NAN};
+    mt_gemm_bf16(1, 0, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.0f, Z, 2);
+    CHECK(Z[0] == 0 && Z[1] == 0 && Z[2] == 0 && Z[3] == 0);
+}
+
 static void test_gemm(void) {
     static const int dims[][3] = {{1, 1, 1},     {1, 33, 2},     {11, 31, 3},  {12, 32, 384}, {13, 33, 385},
                                   {25, 65, 767}, {100, 70, 100}, {37, 97, 1},  {200, 17, 800}, {24, 3100, 40},
@@ -316,6 +327,7 @@ int main(void) {
     mt_set_threads(2);
     double t0 = mt_now();
     test_rounding();
+    test_k0();
     test_gemm();
     test_threads();
     test_dispatch_and_grouped();

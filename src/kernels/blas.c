@@ -102,6 +102,11 @@ int mt_set_gemm_bf16(int on) {
 
 int mt_gemm_bf16_enabled(void) { return g_bf16; }
 
+void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+}
+
 void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 0 || N == 0) return;
@@ -110,8 +115,7 @@ void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const fl
         return;
     }
     if (K == 0) {
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        mt_gemm_scale_c(M, N, beta, C, ldc);
         return;
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,

@@ -34,7 +34,11 @@ void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, co
 void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
 
-/* Mixed precision for every GEMM of the process (1) or fp32 (0, the default). Returns -1
+/* C = beta*C, and 0 (not read) when beta == 0: a GEMM with K = 0. */
+void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc);
+
+/* Mixed precision for every GEMM of the process (1) or fp32 (0, the default); flash
+ * attention follows the same mode (kernels/attention.c). Returns -1
  * with mt_last_error() set if the CPU has no AVX512-BF16. Set before a step, not during. */
 int mt_set_gemm_bf16(int on);
 int mt_gemm_bf16_enabled(void);

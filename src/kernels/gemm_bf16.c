@@ -21,6 +21,7 @@
 
 #include "base/common.h"
 #include "kernels/bf16_pack.h"
+#include "kernels/blas.h"
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
@@ -255,8 +256,7 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
                   const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        mt_gemm_scale_c(M, N, beta, C, ldc);
         return;
     }
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
