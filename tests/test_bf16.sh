@@ -8,15 +8,10 @@
 #   - results do not depend on the thread count (1 vs 2 threads: identical weights);
 #   - under mpirun, DP2 and EP2 in bf16 follow one bf16 process with the same global batch
 #     within 5e-4 (sums in another order can flip a bf16 rounding; fp32 layouts match to 1e-5).
-# Exits 77 (skipped) on a CPU without AVX512-BF16.
+# Exits 77 (skipped) on a CPU without AVX512-BF16, or without mpirun (tests/lib/mpi.sh).
 set -euo pipefail
-MT=$(realpath "$1")
-T=${MT_TEST_TMP:-/tmp}/test_bf16.$$
-rm -rf "$T"; mkdir -p "$T"
-trap 'rm -rf "$T"' EXIT
-passed=0
-fail() { echo "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
+NAME=test_bf16
+source "$(dirname "$0")/lib/mpi.sh" # MT, T, fail/ok, run N ARGS (exits 77 without mpirun)
 PY=/usr/bin/python3
 
 "$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
@@ -67,22 +62,13 @@ cmp "$T/t1/step_00000002/model.safetensors" "$T/t2/step_00000002/model.safetenso
   || fail "bf16: 1 and 2 threads give different weights"
 ok "bf16: 1 and 2 threads give identical weights"
 
-if command -v mpirun >/dev/null 2>&1; then
-    MPI=(mpirun)
-    if mpirun --version 2>&1 | grep -q "Open MPI"; then
-        MPI+=(--oversubscribe)
-        [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-    fi
-    "$MT" train "${common[@]}" --steps 6 --threads 1 --accum 2 --out "$T/one" --bf16
-    losses "$T/one/metrics.jsonl" > "$T/l_one"
-    OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MT" train "${common[@]}" --steps 6 --out "$T/dp2" --bf16
-    losses "$T/dp2/metrics.jsonl" > "$T/l_dp2"
-    compare "$T/l_one" "$T/l_dp2" 5e-4 || fail "bf16 DP2 differs from one process"
-    OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MT" train "${common[@]}" --steps 6 --out "$T/ep2" --ep 2 --bf16
-    losses "$T/ep2/metrics.jsonl" > "$T/l_ep2"
-    compare "$T/l_one" "$T/l_ep2" 5e-4 || fail "bf16 EP2 differs from one process"
-    ok "bf16 DP2 and EP2 follow one process"
-else
-    echo "note: mpirun not found, the bf16 DP2/EP2 checks did not run"
-fi
+"$MT" train "${common[@]}" --steps 6 --threads 1 --accum 2 --out "$T/one" --bf16
+losses "$T/one/metrics.jsonl" > "$T/l_one"
+run 2 train "${common[@]}" --steps 6 --out "$T/dp2" --bf16
+losses "$T/dp2/metrics.jsonl" > "$T/l_dp2"
+compare "$T/l_one" "$T/l_dp2" 5e-4 || fail "bf16 DP2 differs from one process"
+run 2 train "${common[@]}" --steps 6 --out "$T/ep2" --ep 2 --bf16
+losses "$T/ep2/metrics.jsonl" > "$T/l_ep2"
+compare "$T/l_one" "$T/l_ep2" 5e-4 || fail "bf16 EP2 differs from one process"
+ok "bf16 DP2 and EP2 follow one process"
 echo "$passed passed, 0 failed"
