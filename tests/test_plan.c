@@ -314,6 +314,19 @@ static void test_search_and_cli(void) {
 
 /* ---------------------------------------------------------------- a calibrated CPU machine */
 
+/* The trainer mode on "small" at T=256: one process of 2 threads, 4 sequences per step,
+ * fp32 elements, no ZeRO-1 (what test_trainer_mode and test_trainer_bf16 start from). */
+static void small_trainer_settings(mt_plan_settings *st) {
+    mt_plan_settings_default(st);
+    st->seq = 256;
+    st->elt = 4;
+    st->trainer = 1;
+    st->threads = 2;
+    st->devices = 1;
+    st->dist_opt = 0;
+    st->global_seqs = 4;
+}
+
 /* A calibrated file's cpu and mpi sections: a device is a rank with its threads sharing the
  * node's cores, and the planner's trainer mode counts what the trainer allocates. */
 static void test_trainer_mode(void) {
@@ -357,14 +370,7 @@ static void test_trainer_mode(void) {
     size_t np = 0;
     mt_model_layout(&c, NULL, &np);
     mt_plan_settings st;
-    mt_plan_settings_default(&st);
-    st.seq = 256;
-    st.elt = 4;
-    st.trainer = 1;
-    st.threads = 2;
-    st.devices = 1;
-    st.dist_opt = 0;
-    st.global_seqs = 4;
+    small_trainer_settings(&st);
     cl = base;
     MT_ASSERT(mt_cluster_for_device(&cl, 2, 1) == 0);
     mt_layout l;
@@ -506,14 +512,7 @@ static void test_trainer_bf16(void) {
     mt_config c;
     load_config(&c, "configs/small.json");
     mt_plan_settings st;
-    mt_plan_settings_default(&st);
-    st.seq = 256;
-    st.elt = 4;
-    st.trainer = 1;
-    st.threads = 2;
-    st.devices = 1;
-    st.dist_opt = 0;
-    st.global_seqs = 4;
+    small_trainer_settings(&st);
     static const char *const lays[] = {"mb=4,rc=selective", "mb=4,rc=selective-gemm", "ep=2,mb=2,rc=selective"};
     for (int li = 0; li < 3; li++) {
         const int ep = li == 2;

@@ -409,6 +409,20 @@ static int cal_curve(const cal_meas *m, const double *gemm, const double *att_f,
 
 /* ---- output ----------------------------------------------------------------------- */
 
+/* o[name] = [[M, N, K, GFLOP/s], ...] over the measured shapes of the grid */
+static void add_gemm_rates(cJSON *o, const char *name, const double *rate) {
+    cJSON *arr = cJSON_AddArrayToObject(o, name);
+    for (int i = 0; i < CAL_NG; i++) {
+        if (rate[i] <= 0) continue;
+        cJSON *row = cJSON_CreateArray();
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_M[i / CAL_NNK]));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][0]));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][1]));
+        cJSON_AddItemToArray(row, cJSON_CreateNumber(r4(rate[i])));
+        cJSON_AddItemToArray(arr, row);
+    }
+}
+
 static double r4(double x) { /* 4 significant digits: readable files */
     char b[32];
     snprintf(b, sizeof b, "%.4g", x);
@@ -682,28 +696,8 @@ int mt_calibrate(const char *path, int quick) {
     cJSON *ms = cJSON_AddObjectToObject(root_o, "measured");
     cJSON_AddStringToObject(ms, "blas", mt_blas_corename());
     cJSON_AddNumberToObject(ms, "threads", mt_get_threads());
-    cJSON *sg = cJSON_AddArrayToObject(ms, "sgemm_gflops");
-    for (int i = 0; i < CAL_NG; i++) {
-        if (m.gemm[i] <= 0) continue;
-        cJSON *row = cJSON_CreateArray();
-        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_M[i / CAL_NNK]));
-        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][0]));
-        cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][1]));
-        cJSON_AddItemToArray(row, cJSON_CreateNumber(r4(m.gemm[i])));
-        cJSON_AddItemToArray(sg, row);
-    }
-    if (ncurve_b) {
-        cJSON *bg = cJSON_AddArrayToObject(ms, "bf16_gemm_gflops");
-        for (int i = 0; i < CAL_NG; i++) {
-            if (m.gemm_bf16[i] <= 0) continue;
-            cJSON *row = cJSON_CreateArray();
-            cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_M[i / CAL_NNK]));
-            cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][0]));
-            cJSON_AddItemToArray(row, cJSON_CreateNumber(CAL_NK[i % CAL_NNK][1]));
-            cJSON_AddItemToArray(row, cJSON_CreateNumber(r4(m.gemm_bf16[i])));
-            cJSON_AddItemToArray(bg, row);
-        }
-    }
+    add_gemm_rates(ms, "sgemm_gflops", m.gemm);
+    if (ncurve_b) add_gemm_rates(ms, "bf16_gemm_gflops", m.gemm_bf16);
     cJSON *at = cJSON_AddArrayToObject(ms, "attention_gflops");
     for (int i = 0; i < CAL_NT; i++) {
         if (m.att_f[i] <= 0) continue;
