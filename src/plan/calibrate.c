@@ -49,6 +49,18 @@ static float *cal_fill(size_t n, uint64_t seed) {
 
 static double cal_status_kb(const char *key);
 
+/* rate[i * CAL_NNK + j] = GFLOP/s of the forward GEMM of shape (CAL_M[i], CAL_NK[j]), i < nm,
+ * in the current precision mode */
+static void time_grid(double *rate, int nm, double bud, const float *x, const float *W, float *y) {
+    for (int i = 0; i < nm; i++)
+        for (int j = 0; j < CAL_NNK; j++) {
+            int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
+            double t;
+            MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
+            rate[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
+        }
+}
+
 /* reserve: the resident bytes that are not the measurement's own buffers, read while they
  * are live (binary, libraries, BLAS / OpenMP per-thread buffers, MPI, allocator slack).
  * bf16: the grid again with every GEMM in bf16 mode (train --bf16's kernel; the CPU has
@@ -65,13 +77,7 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve, int bf16) {
     }
     float *x = cal_fill(in_max, 1), *W = cal_fill(w_max, 2), *y = cal_fill(out_max, 3);
     for (int i = 0; i < CAL_NG; i++) m->gemm[i] = m->gemm_bf16[i] = -1;
-    for (int i = 0; i < nm; i++)
-        for (int j = 0; j < CAL_NNK; j++) {
-            int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
-            double t;
-            MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
-            m->gemm[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
-        }
+    time_grid(m->gemm, nm, bud, x, W, y);
     if (reserve) {
         /* memory freed by the calibration's earlier phases stays in the heap (mt_memory_policy):
          * hand it back first, so only what a process really keeps is counted */
@@ -79,13 +85,7 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve, int bf16) {
         *reserve = cal_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
     }
     if (bf16 && mt_set_gemm_bf16(1) == 0) {
-        for (int i = 0; i < nm; i++)
-            for (int j = 0; j < CAL_NNK; j++) {
-                int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
-                double t;
-                MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
-                m->gemm_bf16[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
-            }
+        time_grid(m->gemm_bf16, nm, bud, x, W, y);
         mt_set_gemm_bf16(0);
     }
     mt_free(x); mt_free(W); mt_free(y);
