@@ -13,8 +13,9 @@
  * generic one. If the CPU supports AVX-512 (AVX2) but OpenBLAS chose a kernel without it,
  * this re-executes the program with OPENBLAS_CORETYPE=SkylakeX (Haswell), which OpenBLAS
  * reads only at load time. It also sets OMP_WAIT_POLICY=passive when unset (spinning
- * OpenMP threads starve a shared machine). MT_NO_BLAS_FIX=1 disables both. argv must be
- * main's argv. */
+ * OpenMP threads starve a shared machine), with a short spin before sleeping
+ * (GOMP_SPINCOUNT=5000) when unset and the threads of all ranks on the node fit its CPUs.
+ * MT_NO_BLAS_FIX=1 disables all three. argv must be main's argv. */
 void mt_blas_init(int argc, char **argv);
 /* The kernel name OpenBLAS reports ("SkylakeX", "Haswell", ...). */
 const char *mt_blas_corename(void);
@@ -42,6 +43,17 @@ void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc);
  * with mt_last_error() set if the CPU has no AVX512-BF16. Set before a step, not during. */
 int mt_set_gemm_bf16(int on);
 int mt_gemm_bf16_enabled(void);
+
+/* Thread-seconds of useful work since an arbitrary origin: the time every thread spent
+ * running the bodies of top-level OpenMP parallel regions (ours and OpenBLAS's) plus the
+ * main thread's time outside them (kernels/busy.c). Over a span of wall time dt with n
+ * threads, 1 - (difference) / (n dt) is the share of thread time spent waiting or
+ * synchronising: thread wake-ups, unequal shares of work, serial code, whether the threads
+ * sleep or spin meanwhile. Falls back to process CPU time if the program was not built
+ * with GCC's libgomp (then spinning would count as work). */
+double mt_busy_time(void);
+/* Top-level parallel regions started so far. */
+long mt_parallel_regions(void);
 
 /* Measured GEMM throughput (GFLOP/s) of an n^3 GEMM with the current threads and precision. */
 double mt_gemm_gflops(int n, double min_seconds);

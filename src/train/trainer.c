@@ -883,7 +883,7 @@ int mt_train(const mt_train_opts *opts) {
     double prof_sum[9] = {0}; /* --profile: the breakdown summed over the steady-state steps */
     rss_peaks rss = {0, 0};
     for (int step = start_step + 1; step <= o.steps; step++) {
-        double t0 = mt_now(), c0 = mt_cpu_time();
+        double t0 = mt_now(), c0 = mt_busy_time();
         d->comm_s = 0;
         mt_trace_reset_totals();
         mt_trace_begin("step");
@@ -1005,7 +1005,7 @@ int mt_train(const mt_train_opts *opts) {
                        "wait (bubble + p2p) %.3f, gradients %.3f, params %.3f s | optimizer %.3f | data %.3f | other %.3f\n",
                        d->rank, step, prof[0], prof[1], prof[2], prof[3], prof[4], prof[5], prof[6], prof[7], prof[8]);
         }
-        double wait = 1.0 - (mt_cpu_time() - c0) / (nthr * dt);
+        double wait = 1.0 - (mt_busy_time() - c0) / (nthr * dt);
         if (wait < 0) wait = 0;
         double tps = (double)step_tokens / dt;
         if (step > start_step + 1) { cpu_timed += dt * (1.0 - wait); }
