@@ -4,11 +4,32 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "base/common.h"
 #include "kernels/blas.h"
 
 enum { PERM_MAX_THREADS = 64, PERM_MAX_E = 4096 };
+
+/* Copies one row of n floats. glibc's memcpy measured ~18% slower on the permute's 2 KiB
+ * rows (moetrain bench kernels, moe_permute 0.25 vs 0.21 ms): four 64-byte loads and stores
+ * a round instead. */
+static inline void row_copy(float *dst, const float *src, int n) {
+    int c = 0;
+#if defined(__AVX512F__)
+    for (; c + 64 <= n; c += 64) {
+        __m512 a = _mm512_loadu_ps(src + c), b = _mm512_loadu_ps(src + c + 16);
+        __m512 d = _mm512_loadu_ps(src + c + 32), e = _mm512_loadu_ps(src + c + 48);
+        _mm512_storeu_ps(dst + c, a);
+        _mm512_storeu_ps(dst + c + 16, b);
+        _mm512_storeu_ps(dst + c + 32, d);
+        _mm512_storeu_ps(dst + c + 48, e);
+    }
+#endif
+    if (c < n) memcpy(dst + c, src + c, sizeof(float) * (size_t)(n - c));
+}
 
 void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
                     const int32_t *sel, int N, int K, int E, int C) {
@@ -50,7 +71,7 @@ void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok
             int32_t r = h[sel[i]]++;
             slot_row[i] = r;
             row_tok[r] = i / K;
-            if (xe) memcpy(xe + (size_t)r * C, x + (size_t)(i / K) * C, sizeof(float) * C);
+            if (xe) row_copy(xe + (size_t)r * C, x + (size_t)(i / K) * C, C);
         }
     }
     mt_free(heap);
