@@ -51,12 +51,15 @@ void mt_blas_init(int argc, char **argv) {
     /* OpenMP threads that spin while waiting starve everything else on a shared or
      * oversubscribed machine (measured: 2.7x slower training with one busy neighbour, no
      * difference on an idle machine), so wait passively unless the user chose. */
-    if (!getenv("OMP_WAIT_POLICY")) { setenv("OMP_WAIT_POLICY", "passive", 1); changed = 1; }
-    /* Sleeping costs a futex wake-up (~25 us on the development VM) at each end of each of
-     * the ~500 parallel regions of a step. A short spin first (5000 rounds of pause, about
-     * 250 us at most on a Zen 4) skips it; only when the threads have the CPUs to themselves,
-     * as a spinning thread delays whatever shares its CPU. */
-    if (!getenv("GOMP_SPINCOUNT") && threads_fit_cpus()) { setenv("GOMP_SPINCOUNT", "5000", 1); changed = 1; }
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        changed = 1;
+        /* Sleeping costs a futex wake-up (~25 us on the development VM) at each end of each
+         * of the ~500 parallel regions of a step. A short spin first (5000 rounds of pause,
+         * about 250 us at most on a Zen 4) skips it; only when the threads have the CPUs to
+         * themselves, as a spinning thread delays whatever shares its CPU. */
+        if (!getenv("GOMP_SPINCOUNT") && threads_fit_cpus()) setenv("GOMP_SPINCOUNT", "5000", 1);
+    }
     const char *core = openblas_get_corename();
     if (!getenv("OPENBLAS_CORETYPE")) {
         __builtin_cpu_init();

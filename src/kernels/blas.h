@@ -13,9 +13,9 @@
  * generic one. If the CPU supports AVX-512 (AVX2) but OpenBLAS chose a kernel without it,
  * this re-executes the program with OPENBLAS_CORETYPE=SkylakeX (Haswell), which OpenBLAS
  * reads only at load time. It also sets OMP_WAIT_POLICY=passive when unset (spinning
- * OpenMP threads starve a shared machine), with a short spin before sleeping
- * (GOMP_SPINCOUNT=5000) when unset and the threads of all ranks on the node fit its CPUs.
- * MT_NO_BLAS_FIX=1 disables all three. argv must be main's argv. */
+ * OpenMP threads starve a shared machine), then with a short spin before sleeping
+ * (GOMP_SPINCOUNT=5000) unless that is set or the threads of all ranks on the node do not
+ * fit its CPUs. MT_NO_BLAS_FIX=1 disables all of it. argv must be main's argv. */
 void mt_blas_init(int argc, char **argv);
 /* The kernel name OpenBLAS reports ("SkylakeX", "Haswell", ...). */
 const char *mt_blas_corename(void);

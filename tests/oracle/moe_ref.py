@@ -21,6 +21,9 @@ import sys
 
 # --- threading / BLAS / malloc environment: must be fixed before torch is imported ----
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# the same wait as moetrain's: a short spin (5000 rounds, ~250 us here) before sleeping
+# saves a futex wake-up at each end of each parallel region (PyTorch runs many)
+os.environ.setdefault("GOMP_SPINCOUNT", "5000")
 
 # For `train` (the benchmark peer) re-exec once with glibc malloc tunables: PyTorch on CPU
 # has no caching allocator, and glibc hands every tensor > 32 MiB (and, with the default
@@ -832,7 +835,7 @@ def blas_report():
             break
     gf = 2.0 * 1024 ** 3 * n / dt / 1e9
     print(f"blas: {', '.join(sorted(libs)) or '?'}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')}"
-          f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} threads={torch.get_num_threads()}"
+          f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '')} threads={torch.get_num_threads()}"
           f" malloc={'tuned' if os.environ.get('MOE_REF_MALLOC') == '1' else 'default'};"
           f" sgemm 1024^3: {gf:.1f} GFLOP/s", flush=True)
     return gf
