@@ -45,7 +45,8 @@ static void timed_body(void *p) {
 
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags) {
-    static gomp_parallel_fn real;
+    static gomp_parallel_fn real_fn; /* looked up once; threads racing here store the same value */
+    gomp_parallel_fn real = __atomic_load_n(&real_fn, __ATOMIC_ACQUIRE);
     if (!real) {
         real = (gomp_parallel_fn)dlvsym(RTLD_NEXT, "GOMP_parallel", "GOMP_4.0");
         if (!real) real = (gomp_parallel_fn)dlsym(RTLD_NEXT, "GOMP_parallel");
@@ -53,6 +54,7 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
             fprintf(stderr, "moetrain: GOMP_parallel: libgomp's definition not found (%s)\n", dlerror());
             abort();
         }
+        __atomic_store_n(&real_fn, real, __ATOMIC_RELEASE);
     }
     if (t_inside) { /* nested: the outer region's body is already being timed */
         real(fn, data, num_threads, flags);
