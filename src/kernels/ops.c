@@ -8,6 +8,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/vdot.h"
 #include "kernels/vexp.h"
 
 void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
@@ -15,39 +16,40 @@ void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
         float *o = out + (size_t)n * C;
-        float ss = 0.0f;
-        for (int j = 0; j < C; j++) ss += xr[j] * xr[j];
+        float ss = mt_dotf(xr, xr, (size_t)C);
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
         for (int j = 0; j < C; j++) o[j] = xr[j] * r * w[j];
     }
 }
 
+/* Rows per partial sum of dw: fixed, so dw's sums (each partial in row order, then the
+ * partials in order) do not depend on the thread count. */
+enum { RMS_DW_ROWS = 256 };
+
 void mt_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
                     const float *rstd, int N, int C) {
+    /* one pass over the rows: dx, and each block of rows' share of dw */
+    const int nblk = (N + RMS_DW_ROWS - 1) / RMS_DW_ROWS;
+    float *part = dw ? mt_alloc(sizeof(float) * (size_t)nblk * C) : NULL;
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *xr = x + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float r = rstd[n], dot = 0.0f;
-        for (int j = 0; j < C; j++) dot += dy[j] * w[j] * xr[j];
-        float c = dot * r * r / (float)C;
-        float *d = dx + (size_t)n * C;
-        for (int j = 0; j < C; j++) d[j] += r * (dy[j] * w[j] - xr[j] * c);
+    for (int blk = 0; blk < nblk; blk++) {
+        float *pw = part ? part + (size_t)blk * C : NULL;
+        int n1 = (blk + 1) * RMS_DW_ROWS < N ? (blk + 1) * RMS_DW_ROWS : N;
+        for (int n = blk * RMS_DW_ROWS; n < n1; n++) {
+            const float *xr = x + (size_t)n * C, *dy = dout + (size_t)n * C;
+            float r = rstd[n], dot = mt_dot3f(dy, w, xr, (size_t)C);
+            float c = dot * r * r / (float)C;
+            float *d = dx + (size_t)n * C;
+            for (int j = 0; j < C; j++) d[j] += r * (dy[j] * w[j] - xr[j] * c);
+            if (pw)
+                for (int j = 0; j < C; j++) pw[j] += dy[j] * xr[j] * r;
+        }
     }
     if (!dw) return;
-    /* column blocks: each dw[j] sums over rows in a fixed order (thread-count independent) */
-    const int CB = 16;
-#pragma omp parallel for schedule(static)
-    for (int j0 = 0; j0 < C; j0 += CB) {
-        int j1 = j0 + CB < C ? j0 + CB : C;
-        float acc[16] = {0};
-        for (int n = 0; n < N; n++) {
-            const float *xr = x + (size_t)n * C, *dy = dout + (size_t)n * C;
-            float r = rstd[n];
-            for (int j = j0; j < j1; j++) acc[j - j0] += dy[j] * xr[j] * r;
-        }
-        for (int j = j0; j < j1; j++) dw[j] += acc[j - j0];
-    }
+    for (int blk = 0; blk < nblk; blk++)
+        for (int j = 0; j < C; j++) dw[j] += part[(size_t)blk * C + j];
+    mt_free(part);
 }
 
 void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta) {
@@ -240,9 +242,7 @@ double mt_sumsq(const float *x, size_t n) {
 #pragma omp parallel for schedule(static)
         for (size_t c = c0; c < c1; c++) {
             size_t i0 = c * SUMSQ_CHUNK, i1 = i0 + SUMSQ_CHUNK < n ? i0 + SUMSQ_CHUNK : n;
-            double s = 0.0;
-            for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
-            part[c - c0] = s;
+            part[c - c0] = mt_sumsq_d(x + i0, i1 - i0);
         }
         for (size_t c = c0; c < c1; c++) total += part[c - c0];
     }

@@ -14,8 +14,8 @@
 
 /* out[N,C] = x / sqrt(mean(x^2) + eps) * w;  rstd[N] = 1/sqrt(mean(x^2)+eps) */
 void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
-/* inverts the line above: dx[N,C] += d/dx,  dw[C] += d/dw  (each dw[j] summed over rows in
- * a fixed order by column blocks: the same bits for any thread count) */
+/* inverts the line above: dx[N,C] += d/dx,  dw[C] += d/dw  (dw summed per fixed block of
+ * 256 rows, then over the blocks in order: the same bits for any thread count) */
 void mt_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
                     const float *rstd, int N, int C);
 

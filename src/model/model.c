@@ -15,6 +15,7 @@
 #include "kernels/moe.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "kernels/vdot.h"
 
 enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays in routing) */
 
@@ -778,9 +779,7 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     for (int i = 0; i < R; i++) {
         size_t r = (size_t)L->slot_row[i];
         const float *x = act + r * Fm, *y = dact + r * Fm;
-        float dot = 0.0f;
-        for (int f = 0; f < Fm; f++) dot += x[f] * y[f];
-        a->dw[i] = dot;
+        a->dw[i] = mt_dotf(x, y, (size_t)Fm);
     }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++) {
@@ -869,9 +868,7 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++) {
         const float *x = act + (size_t)r * Fm, *y = dact + (size_t)r * Fm;
-        float dot = 0.0f;
-        for (int f = 0; f < Fm; f++) dot += x[f] * y[f];
-        dwv[r] = dot;
+        dwv[r] = mt_dotf(x, y, (size_t)Fm);
         float *xm = act + (size_t)r * Fm;
         for (int f = 0; f < Fm; f++) xm[f] *= b->w[r];
     }
