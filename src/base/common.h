@@ -54,9 +54,9 @@ double mt_now(void);
     } \
     (dst) = best_; } while (0)
 
-/* CPU seconds used by all threads of this process. With passive OpenMP waiting an idle
- * thread sleeps, so 1 - cpu/(threads x wall) over a step is the share of thread time spent
- * waiting or synchronising (the CPU analogue of host-bound time). */
+/* CPU seconds used by all threads of this process. The trainer's waiting share is timed
+ * from the parallel regions instead (kernels/blas.h, mt_busy_time), since a thread that
+ * spins while it waits uses CPU time; this is its fallback. */
 double mt_cpu_time(void);
 
 /* Peak resident set size of this process in bytes (VmHWM). */

@@ -874,7 +874,7 @@ int mt_train(const mt_train_opts *opts) {
     if (o.resume) snprintf(last_good, sizeof last_good, "%s", ckdir);
     int bad = 0, rc = 0;
     const double t_begin = mt_now();
-    double t_timed = 0, tok_timed = 0, cpu_timed = 0, comm_timed = 0; /* excludes the first step (warm-up) */
+    double t_timed = 0, tok_timed = 0, busy_timed = 0, comm_timed = 0; /* excludes the first step (warm-up) */
     int steps_timed = 0;
     double ema_tps = 0;
     int64_t *load = n_moe > 0 ? mt_xmalloc(sizeof(int64_t) * (size_t)cfg.num_hidden_layers * cfg.n_routed_experts) : NULL;
@@ -1008,7 +1008,7 @@ int mt_train(const mt_train_opts *opts) {
         double wait = 1.0 - (mt_busy_time() - c0) / (nthr * dt);
         if (wait < 0) wait = 0;
         double tps = (double)step_tokens / dt;
-        if (step > start_step + 1) { cpu_timed += dt * (1.0 - wait); }
+        if (step > start_step + 1) { busy_timed += dt * (1.0 - wait); }
         if (step > start_step + 1) { t_timed += dt; tok_timed += (double)step_tokens; comm_timed += comm; steps_timed++; }
         ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
         double mfu = root ? flops_tok * tps / (peak * W * 1e9) : 0.0;
@@ -1133,7 +1133,7 @@ int mt_train(const mt_train_opts *opts) {
     if (rc == 0 && root) {
         double tps = t_timed > 0 ? tok_timed / t_timed : 0;
         double mfu = flops_tok * tps / (peak * W * 1e9);
-        double wait = t_timed > 0 ? 1.0 - cpu_timed / t_timed : 0;
+        double wait = t_timed > 0 ? 1.0 - busy_timed / t_timed : 0;
         double comm_share = t_timed > 0 ? comm_timed / t_timed : 0;
         size_t rss_peak = (size_t)rss_all[0];
         fprintf(r.metrics,
