@@ -447,6 +447,29 @@ static void test_sumsq(void) {
     }
 }
 
+/* mt_zero: small buffers (memset) and large ones (streaming stores from the first 64-byte
+ * boundary on, plain stores before and after), at every alignment of the start, and the
+ * floats around the span left alone. */
+static void test_zero(void) {
+    static const size_t ns[] = {0, 1, 17, 100000, ((size_t)1 << 22) + 3, ((size_t)1 << 22) * 3 + 37};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t skew = 0; skew < 16; skew += a < 4 ? 1 : 5) {
+            size_t n = ns[a], total = n + skew + 2;
+            float *buf = rnd(total, 71, 1, 2); /* no zeros */
+            mt_zero(buf + skew + 1, n);
+            size_t bad = 0;
+            for (size_t i = 0; i < total; i++) {
+                int inside = i >= skew + 1 && i < skew + 1 + n;
+                if (inside ? buf[i] != 0.0f : buf[i] == 0.0f) bad++;
+            }
+            if (bad) {
+                fprintf(stderr, "mt_zero n=%zu at float offset %zu: %zu floats wrong\n", n, skew + 1, bad);
+                failures++;
+            }
+            free(buf);
+        }
+}
+
 static void test_rmsnorm_bwd_threads(void) {
     int saved = omp_get_max_threads();
     int N = 1031, C = 257;
@@ -886,6 +909,7 @@ int main(int argc, char **argv) {
     test_attention();
     test_head();
     test_sumsq();
+    test_zero();
     test_adamw();
     fd_linear();
     fd_rmsnorm();

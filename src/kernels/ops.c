@@ -260,10 +260,33 @@ void mt_add(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+/* Zeroes n floats with stores that bypass the caches (no read of each line before it is
+ * written); for buffers far larger than the caches, such as the gradients. */
+static void zero_stream(float *dst, size_t n) {
+#ifdef __AVX512F__
+    size_t head = (size_t)((64 - ((uintptr_t)dst & 63)) & 63) / sizeof(float);
+    if (((uintptr_t)dst & 3) == 0 && n > head + 16) {
+        memset(dst, 0, sizeof(float) * head);
+        size_t i = head;
+        __m512 z = _mm512_setzero_ps();
+        for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, z);
+        memset(dst + i, 0, sizeof(float) * (n - i));
+        _mm_sfence();
+        return;
+    }
+#endif
+    memset(dst, 0, sizeof(float) * n);
+}
+
 void mt_zero(float *dst, size_t n) {
-    enum { CH = 1 << 15 };
+    enum { CH = 1 << 15, STREAM_FLOATS = 1 << 22 };
+    const int stream = n >= STREAM_FLOATS; /* 16 MiB and more: more than the caches hold */
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i += CH) memset(dst + i, 0, sizeof(float) * (n - i < CH ? n - i : CH));
+    for (size_t i = 0; i < n; i += CH) {
+        size_t len = n - i < CH ? n - i : CH;
+        if (stream) zero_stream(dst + i, len);
+        else memset(dst + i, 0, sizeof(float) * len);
+    }
 }
 
 static void adamw_range(float *p, const float *g, float *m, float *v, size_t n, float step_size,
