@@ -315,6 +315,7 @@ static void test_attention(void) {
     attention_case(1, 97, 4, 2, 64, 0);  /* last query block: 33 rows (an odd pair) */
     attention_case(2, 130, 2, 1, 32, 1); /* grouped heads, D 32, document mode */
     attention_case(1, 70, 2, 2, 16, 0);
+    attention_case(1, 59, 2, 2, 32, 0);  /* row tiles of 6 with a remainder of 5 */
     attention_case(1, 50, 2, 2, 24, 0);  /* D % 16 != 0: fp32 */
 }
 

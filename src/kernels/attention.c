@@ -81,17 +81,26 @@ static int round16(int x) { return (x + 15) & ~15; }
 
 static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
-/* Dispatch a row count 0 < m_ < ATT_MR... to a call with a constant row count (so the
- * micro-kernel's loops unroll and its accumulators stay in registers). */
-#define MR_SWITCH(m_, CALL) do { switch (m_) { \
-    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
-    case 4: CALL(4); break; case 5: CALL(5); break; default: CALL(6); break; } } while (0)
+/* Dispatch a row count 0 < m_ < ATT_MR to CALL(rows, ...) with a constant row count (so the
+ * micro-kernel's loops unroll and its accumulators stay in registers); the other arguments
+ * are passed on. */
+_Static_assert(ATT_MR <= 6, "MR_SWITCH dispatches remainders of at most 5 rows");
+#define MR_SWITCH(m_, CALL, ...) do { switch (m_) { \
+    case 1: CALL(1, __VA_ARGS__); break; case 2: CALL(2, __VA_ARGS__); break; \
+    case 3: CALL(3, __VA_ARGS__); break; case 4: CALL(4, __VA_ARGS__); break; \
+    default: CALL(5, __VA_ARGS__); break; } } while (0)
 
-/* CALL(rows) for the ATT_MR-row tiles of rows i_ .. n_-1 (advancing i_), then once for the
- * remainder with a constant row count. */
-#define FOR_MR_TILES(i_, n_, CALL) do { \
-    for (; (i_) + ATT_MR <= (n_); (i_) += ATT_MR) CALL(ATT_MR); \
-    if ((i_) < (n_)) MR_SWITCH((n_) - (i_), CALL); } while (0)
+/* CALL(rows, ...) for the ATT_MR-row tiles of rows i_ .. n_-1 (advancing i_), then once for
+ * the remainder with a constant row count. */
+#define FOR_MR_TILES(i_, n_, CALL, ...) do { \
+    for (; (i_) + ATT_MR <= (n_); (i_) += ATT_MR) CALL(ATT_MR, __VA_ARGS__); \
+    if ((i_) < (n_)) MR_SWITCH((n_) - (i_), CALL, __VA_ARGS__); } while (0)
+
+/* FOR_MR_TILES with CALL(rows, flag), the flag a constant 0 or 1 from the variable f_ (the
+ * tile's branches on it fold away) */
+#define FOR_MR_TILES_FLAG(f_, i_, n_, CALL) do { \
+    if (f_) FOR_MR_TILES(i_, n_, CALL, 1); \
+    else FOR_MR_TILES(i_, n_, CALL, 0); } while (0)
 
 #ifdef __AVX512F__
 
@@ -145,8 +154,8 @@ ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, 
 ALWAYS_INLINE void st_rows(float *St, const float *K, int ldk, const float *Qt, int nk, int D,
                            int masked, const __m512i *lo, const __m512i *hi, __m512 *mx) {
     int j = 0;
-#define ST_CALL(M) st_tile(St, K, ldk, Qt, D, j, M, masked, lo, hi, mx)
-    FOR_MR_TILES(j, nk, ST_CALL);
+#define ST_CALL(M, MASKED) st_tile(St, K, ldk, Qt, D, j, M, MASKED, lo, hi, mx)
+    FOR_MR_TILES(j, nk, ST_CALL, masked);
 #undef ST_CALL
 }
 
@@ -220,15 +229,9 @@ ALWAYS_INLINE void ot_tile(float *Ot, const float *V, int ldv, const float *St, 
 static void fwd_pv(float *Ot, const float *V, int ldv, const float *St, int nk, int D, int first,
                    const float *alpha) {
     int d = 0;
-    if (first) {
-#define OT_CALL(M) ot_tile(Ot, V, ldv, St, nk, d, M, 1, alpha)
-        FOR_MR_TILES(d, D, OT_CALL);
+#define OT_CALL(M, FIRST) ot_tile(Ot, V, ldv, St, nk, d, M, FIRST, alpha)
+    FOR_MR_TILES_FLAG(first, d, D, OT_CALL);
 #undef OT_CALL
-    } else {
-#define OT_CALL(M) ot_tile(Ot, V, ldv, St, nk, d, M, 0, alpha)
-        FOR_MR_TILES(d, D, OT_CALL);
-#undef OT_CALL
-    }
 }
 
 /* ---- backward micro-kernels (columns = the ATT_BK keys) ---- */
@@ -278,8 +281,8 @@ ALWAYS_INLINE void bt_rows(float *C, const float *A, int lda, const float *Bt, i
                            int mode, int masked, const int *lo, const int *hi, const float *sub,
                            float c, const float *P) {
     int i = 0;
-#define BT_CALL(MM) bt_tile(C, A, lda, Bt, D, i, MM, mode, masked, lo, hi, sub, c, P)
-    FOR_MR_TILES(i, M, BT_CALL);
+#define BT_CALL(MM, MASKED) bt_tile(C, A, lda, Bt, D, i, MM, mode, MASKED, lo, hi, sub, c, P)
+    FOR_MR_TILES(i, M, BT_CALL, masked);
 #undef BT_CALL
 }
 
@@ -317,20 +320,9 @@ ALWAYS_INLINE void nn_tile(float *C, int ldc, const float *A, int ars, int acs, 
             _mm512_mask_storeu_ps(C + (size_t)r * ldc + 16 * u, mk[u], acc[r][u]);
 }
 
-#define NN_ROWS(NVV, FIRST) do { \
-    int r_ = 0; \
-    for (; r_ + ATT_MR <= M; r_ += ATT_MR) \
-        nn_tile(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, acs, B + c0, ldb, K, \
-                mk, ATT_MR, NVV, FIRST); \
-    if (r_ < M) { \
-        float *C_ = C + (size_t)r_ * ldc + c0; const float *A_ = A + (size_t)r_ * ars; \
-        switch (M - r_) { \
-        case 1: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 1, NVV, FIRST); break; \
-        case 2: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 2, NVV, FIRST); break; \
-        case 3: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 3, NVV, FIRST); break; \
-        case 4: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 4, NVV, FIRST); break; \
-        default: nn_tile(C_, ldc, A_, ars, acs, B + c0, ldb, K, mk, 5, NVV, FIRST); break; } } \
-} while (0)
+#define NN_TILE(MM, NVV, FIRST) \
+    nn_tile(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, acs, B + c0, ldb, K, mk, MM, NVV, FIRST)
+#define NN_ROWS(NVV, FIRST) do { int r_ = 0; FOR_MR_TILES(r_, M, NN_TILE, NVV, FIRST); } while (0)
 
 /* ROWS(nv, first) with both as constants, from the variables nv (1..4) and first */
 #define NV_FIRST_DISPATCH(ROWS) do { \
@@ -514,19 +506,9 @@ ALWAYS_INLINE void nn_tile_bf16(float *C, int ldc, const uint32_t *A, size_t ars
         for (int u = 0; u < nv; u++) _mm512_storeu_ps(C + (size_t)r * ldc + 16 * u, acc[r][u]);
 }
 
-#define NN16_ROWS(NVV, FIRST) do { \
-    int r_ = 0; \
-    for (; r_ + ATT_MR <= M; r_ += ATT_MR) \
-        nn_tile_bf16(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, aps, B + c0, ldb, kp, ATT_MR, NVV, FIRST); \
-    if (r_ < M) { \
-        float *C_ = C + (size_t)r_ * ldc + c0; const uint32_t *A_ = A + (size_t)r_ * ars; \
-        switch (M - r_) { \
-        case 1: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 1, NVV, FIRST); break; \
-        case 2: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 2, NVV, FIRST); break; \
-        case 3: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 3, NVV, FIRST); break; \
-        case 4: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 4, NVV, FIRST); break; \
-        default: nn_tile_bf16(C_, ldc, A_, ars, aps, B + c0, ldb, kp, 5, NVV, FIRST); break; } } \
-} while (0)
+#define NN16_TILE(MM, NVV, FIRST) \
+    nn_tile_bf16(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, aps, B + c0, ldb, kp, MM, NVV, FIRST)
+#define NN16_ROWS(NVV, FIRST) do { int r_ = 0; FOR_MR_TILES(r_, M, NN16_TILE, NVV, FIRST); } while (0)
 
 /* C[M][D] (row stride ldc) (+)= A B: A word (m, p) at A[m*ars + p*aps], B words [kp][D]
  * (ldb = D); D a multiple of 16. */
@@ -539,6 +521,7 @@ static void mm_nn_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t 
     }
 }
 #undef NN16_ROWS
+#undef NN16_TILE
 
 /* out[p*ATT_BK + j] = pair(X[j][2p], X[j][2p+1]) (X row stride ldx) for j < nk, p < D/2,
  * zero for nk <= j < ATT_BK: a key block transposed into pairs along D. */
@@ -573,8 +556,8 @@ ALWAYS_INLINE void bt_tile_bf16(float *C, const uint32_t *A, const uint32_t *Bt,
 ALWAYS_INLINE void bt_rows_bf16(float *C, const uint32_t *A, const uint32_t *Bt, int M, int D, int mode, int masked,
                                 const int *lo, const int *hi, const float *sub, float c, const float *P) {
     int i = 0, kp = D / 2;
-#define BT16_CALL(MM) bt_tile_bf16(C, A, Bt, kp, i, MM, mode, masked, lo, hi, sub, c, P)
-    FOR_MR_TILES(i, M, BT16_CALL);
+#define BT16_CALL(MM, MASKED) bt_tile_bf16(C, A, Bt, kp, i, MM, mode, MASKED, lo, hi, sub, c, P)
+    FOR_MR_TILES(i, M, BT16_CALL, masked);
 #undef BT16_CALL
 }
 
@@ -620,15 +603,9 @@ static void fwd_scores_bf16(float *St, float *bm, const uint32_t *K, const uint3
         hv[u] = masked ? _mm512_loadu_si512(hi + 16 * u) : _mm512_setzero_si512();
     }
     int j = 0;
-    if (masked) {
-#define ST16_CALL(M) st_tile_bf16(St, K, Qt, kp, j, M, 1, lv, hv, mx)
-        FOR_MR_TILES(j, nk, ST16_CALL);
+#define ST16_CALL(M, MASKED) st_tile_bf16(St, K, Qt, kp, j, M, MASKED, lv, hv, mx)
+    FOR_MR_TILES_FLAG(masked, j, nk, ST16_CALL);
 #undef ST16_CALL
-    } else {
-#define ST16_CALL(M) st_tile_bf16(St, K, Qt, kp, j, M, 0, lv, hv, mx)
-        FOR_MR_TILES(j, nk, ST16_CALL);
-#undef ST16_CALL
-    }
     for (int u = 0; u < NV; u++) _mm512_store_ps(bm + 16 * u, mx[u]);
 }
 
@@ -656,15 +633,9 @@ static void fwd_pv_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int nk
                         const float *alpha) {
     const int kp = (nk + 1) / 2;
     int d = 0;
-    if (first) {
-#define OT16_CALL(M) ot_tile_bf16(Ot, V, St, kp, D, d, M, 1, alpha)
-        FOR_MR_TILES(d, D, OT16_CALL);
+#define OT16_CALL(M, FIRST) ot_tile_bf16(Ot, V, St, kp, D, d, M, FIRST, alpha)
+    FOR_MR_TILES_FLAG(first, d, D, OT16_CALL);
 #undef OT16_CALL
-    } else {
-#define OT16_CALL(M) ot_tile_bf16(Ot, V, St, kp, D, d, M, 0, alpha)
-        FOR_MR_TILES(d, D, OT16_CALL);
-#undef OT16_CALL
-    }
 }
 #endif
 
