@@ -452,12 +452,12 @@ static float dot(const float *a, const float *b, int D) {
 
 #if defined(__AVX512BF16__)
 #include "kernels/bf16_pack.h"
-/* ---- mixed precision (train --bf16): the backward's three accumulating products ----
- * dV += P^T dO, dK += dS^T Q and dQ += dS K multiply bf16 pairs with fp32 sums
- * (VDPBF16PS), as the GEMMs do in that mode. A pair is two consecutive values along the
- * summed index packed in one 32-bit word; the B operands are packed as [pairs][D] words:
- * q and dO once per head, K once per key block; P and dS per block, in the pair layout
- * each product reads. The other products (scores, dP) and the forward stay fp32. */
+/* ---- mixed precision (train --bf16): every product on bf16 pairs ----
+ * Forward scores and P V, backward P, dP, dV += P^T dO, dK += dS^T Q and dQ += dS K
+ * multiply bf16 pairs with fp32 sums (VDPBF16PS), as the GEMMs do in that mode. A pair is
+ * two consecutive values along the summed index packed in one 32-bit word: q and dO once
+ * per head, K and V once per key block, P and dS per block, each in the layout its product
+ * reads. Masks, softmax, log-sum-exp and the accumulators stay fp32. */
 #define ATT_BF16 1
 
 /* out[p*W + c] = pair(X[2p][c], X[2p+1][c]) (X row stride ldx) for p < np, c < W (W a
@@ -526,11 +526,13 @@ static void mm_nn_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t 
 /* out[p*ATT_BK + j] = pair(X[j][2p], X[j][2p+1]) (X row stride ldx) for j < nk, p < D/2,
  * zero for nk <= j < ATT_BK: a key block transposed into pairs along D. */
 static void pair_t(uint32_t *out, const float *X, int ldx, int nk, int D) {
-    uint32_t tmp[512];
-    for (int j = 0; j < ATT_BK; j++) {
-        if (j < nk) pair_cols(tmp, D, X + (size_t)j * ldx, ldx, 1);
-        for (int p = 0; p < D / 2; p++) out[(size_t)p * ATT_BK + j] = j < nk ? tmp[p] : 0;
-    }
+    uint32_t tmp[16]; /* the pairs of 32 floats of a row */
+    for (int j = 0; j < ATT_BK; j++)
+        for (int c = 0; c < D; c += 32) {
+            int w = D - c < 32 ? D - c : 32;
+            if (j < nk) pair_cols(tmp, w, X + (size_t)j * ldx + c, ldx, 1);
+            for (int p = 0; p < w / 2; p++) out[(size_t)(c / 2 + p) * ATT_BK + j] = j < nk ? tmp[p] : 0;
+        }
 }
 
 /* The score-like tiles of bt_tile with the product on bf16 pairs: A words [rows][D/2]
@@ -639,6 +641,17 @@ static void fwd_pv_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int nk
 }
 #endif
 
+/* 1 when attention runs on bf16 pairs: the GEMMs' bf16 mode, a build with AVX512-BF16, and
+ * D a multiple of 16 (the pair layouts' vectors) */
+static int bf16_mode(int D) {
+#if defined(ATT_BF16)
+    return mt_gemm_bf16_enabled() && D % 16 == 0;
+#else
+    (void)D;
+    return 0;
+#endif
+}
+
 /* Scratch words of the bf16 forward per thread (0 without it): K of a key block in pairs
  * along D, V in pairs along keys, the probabilities in pairs along keys. */
 static size_t fwd_bf16_floats(int D) {
@@ -724,11 +737,7 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
     const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
     const float c2 = LOG2E / sqrtf((float)D); /* scores in base 2 */
     const size_t per = mt_attention_scratch_floats(T, D), qstride = fwd_qblock_floats(D);
-#if defined(ATT_BF16)
-    const int bf16 = mt_gemm_bf16_enabled() && D % 16 == 0; /* as in the backward */
-#else
-    const int bf16 = 0;
-#endif
+    const int bf16 = bf16_mode(D);
     /* one task per group of ATT_QG query blocks of each (b, h), the costliest (last)
      * groups first so the dynamic schedule ends balanced */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
@@ -826,12 +835,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
     const int rep = H / G;
     const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
     const size_t per = mt_attention_scratch_floats(T, D);
-#if defined(ATT_BF16)
-    /* mixed precision follows the GEMMs' mode; the pair layouts need D a multiple of 16 */
-    const int bf16 = mt_gemm_bf16_enabled() && D % 16 == 0;
-#else
-    const int bf16 = 0;
-#endif
+    const int bf16 = bf16_mode(D);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int task = 0; task < B * G; task++) {
         int b = task / G, g = task % G;
