@@ -62,7 +62,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"threads", MT_ARG_INT, &threads, "calibrated CPU files: threads per device (rank); default the most measured", NULL},
         {"bucket-mb", MT_ARG_DBL, &bucket_mb, "calibrated CPU files: the trainer's gradient all-reduce bucket in MiB (default 25)", NULL},
         {"dtype", MT_ARG_STR, &dtype, "bf16 (default; fp32 master weights and gradients) or fp32 (calibrated CPU files: the moetrain trainer)", &dtype_given},
-        {"bf16", MT_ARG_BOOL, &bf16, "calibrated CPU files: the trainer's `train --bf16` (GEMMs at the measured bf16 GEMM rate, all else fp32); implies --dtype fp32", NULL},
+        {"bf16", MT_ARG_BOOL, &bf16, "calibrated CPU files: the trainer's `train --bf16` (GEMMs and attention at their measured bf16 rates, all else fp32); implies --dtype fp32", NULL},
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},

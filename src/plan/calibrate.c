@@ -108,19 +108,17 @@ static void cal_attention(cal_meas *m, int quick, int bf16) {
         float *o = cal_fill(n, 14), *l = cal_fill(nl, 15), *dq = cal_fill(n, 16), *dk = cal_fill(n, 17);
         float *dv = cal_fill(n, 18);
         float *scratch = mt_alloc(sizeof(float) * (size_t)nthr * mt_attention_scratch_floats(T, CAL_D));
-        double tf, tb, ff = cal_att_flops(T);
-        MT_BEST_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
-        MT_BEST_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
-                                           scratch, nthr));
-        m->att_f[i] = ff / tf * 1e-9;
-        m->att_b[i] = 2.5 * ff / tb * 1e-9;
-        if (bf16 && mt_set_gemm_bf16(1) == 0) {
+        const double ff = cal_att_flops(T);
+        double *rate_f[2] = {m->att_f, m->att_f16}, *rate_b[2] = {m->att_b, m->att_b16};
+        for (int mode = 0; mode <= bf16; mode++) { /* fp32, then (bf16) in bf16 mode */
+            if (mode && mt_set_gemm_bf16(1) != 0) break;
+            double tf, tb;
             MT_BEST_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
             MT_BEST_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
                                                scratch, nthr));
-            mt_set_gemm_bf16(0);
-            m->att_f16[i] = ff / tf * 1e-9;
-            m->att_b16[i] = 2.5 * ff / tb * 1e-9;
+            if (mode) mt_set_gemm_bf16(0);
+            rate_f[mode][i] = ff / tf * 1e-9;
+            rate_b[mode][i] = 2.5 * ff / tb * 1e-9;
         }
         mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o); mt_free(l);
         mt_free(dq); mt_free(dk); mt_free(dv); mt_free(scratch);
@@ -352,8 +350,7 @@ static void cal_ep_exchange(MPI_Comm comm, int quick, double *layer_s, double *b
  * rate / peak binned by FLOPs per call (log-spaced, FLOP-weighted); attention efficiency
  * against that peak (taken from the SGEMM call). Returns the curve points (0 and peak 0
  * when nothing was measured). */
-static int cal_curve(const cal_meas *m, const double *gemm, const double *att_f, const double *att_b,
-                     double *peak_out, double *gflop, double *eff, double *att_out, int *natt_out) {
+static int cal_curve(const double *gemm, const double *att_f, const double *att_b, double *peak_out, double *gflop, double *eff, double *att_out, int *natt_out) {
     double peak = 0, lo = INFINITY, hi = 0;
     for (int i = 0; i < CAL_NG; i++) {
         if (gemm[i] <= 0) continue;
@@ -583,9 +580,9 @@ int mt_calibrate(const char *path, int quick) {
     double peak, att_eff, cg[MT_CLUSTER_CURVE_MAX], ce[MT_CLUSTER_CURVE_MAX];
     double peak_b = 0, att_eff_b = 0, cgb[MT_CLUSTER_CURVE_MAX], ceb[MT_CLUSTER_CURVE_MAX];
     int natt = 0;
-    const int ncurve = cal_curve(&m, m.gemm, m.att_f, m.att_b, &peak, cg, ce, &att_eff, &natt);
+    const int ncurve = cal_curve(m.gemm, m.att_f, m.att_b, &peak, cg, ce, &att_eff, &natt);
     /* bf16: the GEMM curve and attention (its products on bf16 pairs), against the bf16 peak */
-    const int ncurve_b = cal_curve(&m, m.gemm_bf16, m.att_f16, m.att_b16, &peak_b, cgb, ceb, &att_eff_b, NULL);
+    const int ncurve_b = cal_curve(m.gemm_bf16, m.att_f16, m.att_b16, &peak_b, cgb, ceb, &att_eff_b, NULL);
     const double mem_eff = fmin(1.0, m.adamw_gbs / m.copy_gbs);
 
     char date[64], host[128] = "localhost", src[512];
@@ -643,8 +640,8 @@ int mt_calibrate(const char *path, int quick) {
     for (int i = 0; i < nsolo; i++) {
         double speak, sae, g[MT_CLUSTER_CURVE_MAX], e[MT_CLUSTER_CURVE_MAX];
         double speak_b, sae_b = 0, gb[MT_CLUSTER_CURVE_MAX], eb[MT_CLUSTER_CURVE_MAX];
-        int nc = cal_curve(&solo[i], solo[i].gemm, solo[i].att_f, solo[i].att_b, &speak, g, e, &sae, NULL);
-        int ncb = cal_curve(&solo[i], solo[i].gemm_bf16, solo[i].att_f16, solo[i].att_b16, &speak_b, gb, eb,
+        int nc = cal_curve(solo[i].gemm, solo[i].att_f, solo[i].att_b, &speak, g, e, &sae, NULL);
+        int ncb = cal_curve(solo[i].gemm_bf16, solo[i].att_f16, solo[i].att_b16, &speak_b, gb, eb,
                             &sae_b, NULL);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "threads", solo_t[i]);

@@ -13,13 +13,14 @@
  *     0.5, 0.7; gemm_curve: [[GFLOP per GEMM call, efficiency], ...] ascending, used
  *     instead of the constant gemm efficiency (linear in log10 of the size, clamped);
  *     gemm_curve_bf16 (optional): the same for the mixed-precision bf16 GEMM of a CPU
- *     (moetrain train --bf16), as fractions of peak_tflops.bf16.
+ *     (moetrain train --bf16), as fractions of peak_tflops.bf16; attention_bf16 (optional):
+ *     attention in that mode, a fraction of peak_tflops.bf16.
  * A measured file: `moetrain bench --calibrate OUT.json` writes this format (src/plan/calibrate.c),
  * with two more optional sections that describe a CPU node running the moetrain trainer:
  *   cpu: {cores_per_node, by_threads: [{threads, peak_tflops, memory_bw_gbs, attention,
- *     gemm_curve, reserve_mb, peak_tflops_bf16, gemm_curve_bf16}, ...]}: one rank alone on the
- *     node with that many threads (the two bf16 keys, optional: the bf16 GEMM of
- *     train --bf16, measured when the CPU has AVX512-BF16)
+ *     gemm_curve, reserve_mb, peak_tflops_bf16, gemm_curve_bf16, attention_bf16}, ...]}: one rank
+ *     alone on the node with that many threads (the three bf16 keys, optional: the bf16 GEMM
+ *     and attention of train --bf16, measured when the CPU has AVX512-BF16)
  *     (reserve_mb: the resident memory of a rank that is not a sized buffer: binary,
  *     libraries, BLAS/OpenMP buffers, MPI, allocator slack). A "device" is then one rank
  *     with `threads` threads; with R ranks on a node of C cores each gets the share

@@ -55,8 +55,9 @@ typedef struct {
     double bucket_bytes;     /* trainer: gradient all-reduce bucket (--bucket-mb, default 25 MiB) */
     /* trainer: `moetrain train --bf16`: every GEMM (linear layers, LM head, grouped expert
      * GEMMs) at the cluster's bf16 GEMM peak and curve (cl->gemm_bf16_peak, which must be
-     * > 0); attention, element-wise work, communication and memory as in fp32; MFU against
-     * the bf16 GEMM peak, as the trainer reports it */
+     * > 0); attention at its bf16-mode efficiency when the file has one (eff_att_bf16), else
+     * as in fp32; element-wise work, communication and memory as in fp32; MFU against the
+     * bf16 GEMM peak, as the trainer reports it */
     int gemm_bf16;
 } mt_plan_settings;
 
