@@ -265,7 +265,7 @@ void mt_add(float *dst, const float *src, size_t n) {
 static void zero_stream(float *dst, size_t n) {
 #ifdef __AVX512F__
     size_t head = (size_t)((64 - ((uintptr_t)dst & 63)) & 63) / sizeof(float);
-    if (((uintptr_t)dst & 3) == 0 && n > head + 16) {
+    if (n > head + 16) {
         memset(dst, 0, sizeof(float) * head);
         size_t i = head;
         __m512 z = _mm512_setzero_ps();
