@@ -55,6 +55,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/vdot.h"
 #include "kernels/vexp.h"
 
 #ifdef __AVX512F__
@@ -345,16 +346,6 @@ static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const flo
     }
 }
 
-/* sum_c a[c] b[c] over D */
-static float dot(const float *a, const float *b, int D) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int c = 0; c < D; c += 16) {
-        __mmask16 k = range_mask(c, 0, D);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + c), _mm512_maskz_loadu_ps(k, b + c), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-}
-
 #else /* portable fallback: the same primitives as plain loops */
 
 static void fwd_scores(float *St, float *bm, const float *K, int ldk, const float *Qt, int nk,
@@ -440,12 +431,6 @@ static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const flo
             for (int d = 0; d < D; d++) c[d] += a * b[d];
         }
     }
-}
-
-static float dot(const float *a, const float *b, int D) {
-    float acc = 0.0f;
-    for (int c = 0; c < D; c++) acc += a[c] * b[c];
-    return acc;
 }
 
 #endif
@@ -874,7 +859,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
             }
 #endif
             for (int t = 0; t < T; t++) {
-                Di[t] = dot(out + (hr0 + (size_t)t * H) * D, dOc + (size_t)t * D, D);
+                Di[t] = mt_dotf(out + (hr0 + (size_t)t * H) * D, dOc + (size_t)t * D, (size_t)D);
                 l2[t] = lse[((size_t)b * H + h) * T + t] * LOG2E;
             }
             for (int k0 = 0; k0 < T; k0 += ATT_BK) {
