@@ -182,7 +182,9 @@ static void threads_case(int M, int N, int K, int tA, int tB) {
 
 static void test_threads(void) {
     threads_case(301, 200, 777, 0, 1);  /* rows, B one block */
-    threads_case(700, 100, 1700, 1, 0); /* rows, B in K blocks (repacked per part) */
+    threads_case(700, 100, 1700, 1, 0); /* rows, B in K blocks, one part per thread */
+    threads_case(2100, 100, 1700, 1, 0); /* rows, all of B's K blocks kept: parts after a
+                                          * thread's first reuse them */
     threads_case(50, 3300, 900, 0, 0);  /* columns, B in N and K blocks */
 }
 

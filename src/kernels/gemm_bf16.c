@@ -208,9 +208,16 @@ static uint32_t *ensure(uint32_t **buf, size_t words) {
     return *buf;
 }
 
+/* 1 when all of B, packed block after block, fits a thread's B buffer: its NC x KC/2 words
+ * hold nblk K blocks of at most KC/2 pair rows of ceil(N/NR)*NR words each. */
+static int whole_b_fits(int N, int K) {
+    int nblk = (K + KC - 1) / KC, npad = (N + NR - 1) / NR * NR;
+    return N <= NC && (long)nblk * npad <= NC;
+}
+
 /* C[m0:m1, n0:n1] on the calling thread. *b_ready (when not NULL) says that the thread's B
- * buffer already holds the packed B of this call: possible when B is a single block
- * (N <= NC, K <= KC) and the thread's parts all span the same columns. */
+ * buffer already holds all of this call's B, packed block after block (whole_b_fits): then
+ * the thread's parts all span all columns, and only its first part packs B. */
 BF16_TARGET static void gemm_part(int transA, int transB, int K, float alpha, const float *A, int lda,
                                   const float *B, int ldb, float beta, float *C, int ldc, int m0, int m1, int n0,
                                   int n1, int *b_ready) {
@@ -220,13 +227,14 @@ BF16_TARGET static void gemm_part(int transA, int transB, int K, float alpha, co
         int nc = n1 - jc < NC ? n1 - jc : NC;
         for (int pc = 0; pc < K; pc += KC) {
             int kc = K - pc < KC ? K - pc : KC, kp = (kc + 1) / 2;
+            /* the block's place: the buffer's start, or its slot when all of B is kept */
+            uint32_t *bpc = b_ready ? bp + (size_t)(pc / KC) * (KC / 2) * ((nc + NR - 1) / NR * NR) : bp;
             /* B(k, n): transB stores it at B[n*ldb + k] (pairs contiguous), else B[k*ldb + n] */
             if (!b_ready || !*b_ready)
                 for (int jr = 0; jr < nc; jr += NR) {
                     int w = nc - jr < NR ? nc - jr : NR;
-                    pack_panel(bp + (size_t)jr * kp, NR, B, ldb, !transB, pc, kc, jc + jr, w);
+                    pack_panel(bpc + (size_t)jr * kp, NR, B, ldb, !transB, pc, kc, jc + jr, w);
                 }
-            if (b_ready) *b_ready = 1;
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 /* A(m, k): transA stores it at A[k*lda + m] (two rows give a pair), else A[m*lda + k] */
@@ -241,15 +249,16 @@ BF16_TARGET static void gemm_part(int transA, int transB, int K, float alpha, co
                         int mr = mc - ir < MR ? mc - ir : MR;
                         float *c = C + (size_t)(ic + ir) * ldc + jc + jr;
                         if (transA)
-                            micro_kernel(kp, ap + (size_t)ir * kp, bp + (size_t)jr * kp, c, ldc, mr, nr, alpha, beta, pc == 0);
+                            micro_kernel(kp, ap + (size_t)ir * kp, bpc + (size_t)jr * kp, c, ldc, mr, nr, alpha, beta, pc == 0);
                         else
-                            micro_kernel_rows(kp, ap + (size_t)ir * kp, bp + (size_t)jr * kp, c, ldc, mr, nr, alpha, beta,
+                            micro_kernel_rows(kp, ap + (size_t)ir * kp, bpc + (size_t)jr * kp, c, ldc, mr, nr, alpha, beta,
                                               pc == 0);
                     }
                 }
             }
         }
     }
+    if (b_ready) *b_ready = 1;
 }
 
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
@@ -269,12 +278,14 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
      * thread held up by the OS or a neighbour costs little and no barrier is needed. Parts
      * are row blocks when M >= N, else column blocks; sums never split, so the result does
      * not depend on the parts. A part packs what it needs: with row parts all of B (once
-     * per thread when B is a single block), with column parts all of A. About four parts
-     * per thread, but where a part must pack again a whole operand, parts of about 512 rows
-     * (columns) or more, which keeps that repacking near 2% of the part's work (packing an
-     * element costs about 20 flops), and at least one part per thread. */
+     * per thread when all of B fits the thread's buffer), with column parts all of A. About
+     * four parts per thread, but where a part must pack again a whole operand, parts of about
+     * 512 rows (columns) or more, which keeps that repacking near 2% of the part's work
+     * (packing an element costs about 20 flops), and at least one part per thread. */
     const int by_rows = M >= N, unit = by_rows ? MR : NR, total = by_rows ? M : N;
-    const int single_b = N <= NC && K <= KC, repack = by_rows ? !single_b : 1;
+    /* with several K blocks the kept B outgrows L2 and is streamed again by every part,
+     * which then wants as many rows as a repacking part */
+    const int whole_b = by_rows && whole_b_fits(N, K), repack = !whole_b || K > KC;
     const int per_thread = (total + nthr - 1) / nthr;
     int part = (total + 4 * nthr - 1) / (4 * nthr);
     if (repack && part < 512) part = 512 < per_thread ? 512 : per_thread;
@@ -285,6 +296,8 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
     part = (total + nparts - 1) / nparts;
     part = (part + unit - 1) / unit * unit;
     nparts = (total + part - 1) / part;
+    /* keeping B pays when a thread runs several parts (a single one streams it once anyway) */
+    const int keep_b = whole_b && (K <= KC || nparts > nthr);
 #pragma omp parallel num_threads(nthr)
     {
         int b_ready = 0;
@@ -293,7 +306,7 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
             int lo = q * part, hi = lo + part < total ? lo + part : total;
             if (by_rows)
                 gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, lo, hi, 0, N,
-                          single_b ? &b_ready : NULL);
+                          keep_b ? &b_ready : NULL);
             else
                 gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, lo, hi, NULL);
         }
