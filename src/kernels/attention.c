@@ -7,7 +7,7 @@
  *
  * Forward (one task = ATT_QG consecutive query blocks of one (batch, head), so all output
  * rows of a task are one thread's): each query block is packed transposed and scaled once,
- * Qt[D][BQ]; then for each key block, copied once into contiguous rows and used by every
+ * Qt[D][BQ] (16 x 16 register transposes, as the output's way back); then for each key block, copied once into contiguous rows and used by every
  * query block of the task that sees it,
  *   St = K Qt           scores transposed, [keys][queries]: a column is one query, so the
  *                       online-softmax max and sum are vector max/add over rows (no
@@ -25,8 +25,8 @@
  * block that sees it:
  *   P  = 2^(Q Kt c - lse2)       exp fused into the score micro-kernel's epilogue;
  *   dS = P (dO Vt - D_i) scale   likewise fused;
- *   dV += P^T dO, dQ += dS K (straight into dq), dK += dS^T Q (straight into dk, dv,
- *   whose rows the task owns; the first contribution initialises them),
+ *   dV += P^T dO, dQ += dS K, dK += dS^T Q, straight into dv, dq, dk, whose rows the task
+ *   owns (the first contribution to a row initialises it),
  * the last three by one strided micro-kernel (A read through strides, so P^T and dS^T
  * need no copies).
  *
@@ -60,6 +60,8 @@
 
 #ifdef __AVX512F__
 #include <immintrin.h>
+
+#include "kernels/vtrans.h"
 #endif
 
 /* Fixed by the AVX-512 micro-kernels: 64 columns = 4 zmm. */
@@ -509,14 +511,20 @@ static void mm_nn_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t 
 #undef NN16_TILE
 
 /* out[p*ATT_BK + j] = pair(X[j][2p], X[j][2p+1]) (X row stride ldx) for j < nk, p < D/2,
- * zero for nk <= j < ATT_BK: a key block transposed into pairs along D. */
+ * zero for nk <= j < ATT_BK: a key block transposed into pairs along D, 16 keys x 16 pairs
+ * per register transpose. */
 static void pair_t(uint32_t *out, const float *X, int ldx, int nk, int D) {
-    uint32_t tmp[16]; /* the pairs of 32 floats of a row */
-    for (int j = 0; j < ATT_BK; j++)
+    for (int j0 = 0; j0 < ATT_BK; j0 += 16)
         for (int c = 0; c < D; c += 32) {
-            int w = D - c < 32 ? D - c : 32;
-            if (j < nk) pair_cols(tmp, w, X + (size_t)j * ldx + c, ldx, 1);
-            for (int p = 0; p < w / 2; p++) out[(size_t)(c / 2 + p) * ATT_BK + j] = j < nk ? tmp[p] : 0;
+            int two = D - c >= 32; /* else 16 floats left: 8 pairs */
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const float *x = X + (size_t)(j0 + i) * ldx + c;
+                r[i] = j0 + i < nk ? mt_bf16_pairs(_mm512_loadu_ps(x), two ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps())
+                                   : _mm512_setzero_si512();
+            }
+            mt_transpose16(r);
+            for (int p = 0; p < (two ? 16 : 8); p++) _mm512_storeu_si512(out + (size_t)(c / 2 + p) * ATT_BK + j0, r[p]);
         }
 }
 
@@ -670,6 +678,33 @@ static void pack_t(float *Bt, const float *X, int ld, int nk, int D) {
         for (int n = nk; n < ATT_BK; n++) Bt[(size_t)c * ATT_BK + n] = 0.0f;
 }
 
+/* dst[c*ldd + i] = src[i*lds + c] * (cs ? cs[c] : s) for i < rows, c < cols: a block
+ * transposed (and scaled per source column) in 16 x 16 register tiles. The scalar loop it
+ * replaced read or wrote one float per cycle or slower and took a third of the forward. */
+static void transpose_scale(float *dst, size_t ldd, const float *src, size_t lds, int rows, int cols,
+                            const float *cs, float s) {
+#ifdef __AVX512F__
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        int nr = rows - r0 < 16 ? rows - r0 : 16;
+        __mmask16 mr = (__mmask16)((1u << nr) - 1u);
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            int nc = cols - c0 < 16 ? cols - c0 : 16;
+            __mmask16 mc = (__mmask16)((1u << nc) - 1u);
+            __m512 sc = cs ? _mm512_maskz_loadu_ps(mc, cs + c0) : _mm512_set1_ps(s);
+            __m512i t[16];
+            for (int i = 0; i < 16; i++)
+                t[i] = i < nr ? _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(mc, src + (r0 + i) * lds + c0), sc))
+                              : _mm512_setzero_si512();
+            mt_transpose16(t);
+            for (int j = 0; j < nc; j++) _mm512_mask_storeu_ps(dst + (c0 + j) * ldd + r0, mr, _mm512_castsi512_ps(t[j]));
+        }
+    }
+#else
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < cols; c++) dst[c * ldd + i] = src[i * lds + c] * (cs ? cs[c] : s);
+#endif
+}
+
 /* Y[n][D] = X[n][D] (X row stride ld): a block of rows made contiguous, so the micro-
  * kernels stream it without the cache-set conflicts of the 4*G*D-byte row stride. */
 static void copy_rows(float *Y, const float *X, int ld, int n, int D) {
@@ -691,6 +726,16 @@ static int block_ranges(int32_t *lo, int32_t *hi, const int32_t *pb, int t0, int
     }
     for (int i = nq; i < ATT_BQ; i++) lo[i] = hi[i] = 0;
     return any ? 1 + full : 0;
+}
+
+/* The first key block (its start) that any query row t0 .. t0+nq-1 sees: the block of the
+ * smallest t - pb[t]. It is not skipped (that row sees a key of it). */
+static int first_key_block(const int32_t *pb, int t0, int nq) {
+    int m = t0;
+    if (!pb) return 0;
+    for (int t = t0; t < t0 + nq; t++)
+        if (t - pb[t] < m) m = t - pb[t];
+    return m / ATT_BK * ATT_BK;
 }
 
 /* Forward state of one query block: Qt[D][BQ], Ot[D][BQ], m[BQ], l[BQ] + first flag,
@@ -750,10 +795,9 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
             float *Qt = blk + (size_t)(qb - qb0) * qstride, *m = Qt + 2 * (size_t)D * ATT_BQ, *l = m + ATT_BQ;
             int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
             const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
-            for (int c = 0; c < D; c++) {
-                for (int i = 0; i < nq; i++) Qt[(size_t)c * ATT_BQ + i] = qt[(size_t)i * H * D + c] * c2;
-                for (int i = nq; i < ATT_BQ; i++) Qt[(size_t)c * ATT_BQ + i] = 0.0f;
-            }
+            transpose_scale(Qt, ATT_BQ, qt, (size_t)H * D, nq, D, NULL, c2);
+            if (nq < ATT_BQ)
+                for (int c = 0; c < D; c++) memset(Qt + (size_t)c * ATT_BQ + nq, 0, sizeof(float) * (ATT_BQ - nq));
             for (int i = 0; i < ATT_BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
             l[ATT_BQ] = 1.0f; /* first-block flag */
 #if defined(ATT_BF16)
@@ -802,11 +846,12 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
             float *Ot = blk + (size_t)(qb - qb0) * qstride + (size_t)D * ATT_BQ;
             float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
             int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
+            float inv[ATT_BQ];
             for (int i = 0; i < nq; i++) {
-                float inv = 1.0f / l[i], *o = out + (((size_t)b * T + t0 + i) * H + h) * D;
-                for (int c = 0; c < D; c++) o[c] = Ot[(size_t)c * ATT_BQ + i] * inv;
+                inv[i] = 1.0f / l[i];
                 lse[((size_t)b * H + h) * T + t0 + i] = m[i] * LN2 + logf(l[i]);
             }
+            transpose_scale(out + (((size_t)b * T + t0) * H + h) * D, (size_t)H * D, Ot, ATT_BQ, D, nq, inv, 1.0f);
         }
     }
 }
@@ -840,10 +885,9 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
         int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
         const int ldq = H * D, ldk = G * D;
-        /* this task owns dq of heads g*rep .. g*rep+rep-1 (contiguous) of row b, and the
-         * rows of dk, dv of kv head g */
-        for (int t = 0; t < T; t++)
-            memset(dq + (((size_t)b * T + t) * H + (size_t)g * rep) * D, 0, sizeof(float) * rep * D);
+        /* this task owns dq of heads g*rep .. g*rep+rep-1 of row b, and the rows of dk, dv
+         * of kv head g; the first key block a query block sees writes its dq rows, the
+         * others add to them */
         for (int h = g * rep; h < (g + 1) * rep; h++) {
             /* the head's q and dO rows made contiguous (streamed once per key block),
              * D_i = dO_i . O_i and the base-2 log-sum-exp of every row */
@@ -884,6 +928,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                     int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk);
                     if (!kind) continue;
                     size_t row0 = ((size_t)b * T + t0) * H + h;
+                    const int dq_first = k0 == first_key_block(pb, t0, nq);
                     const float *qc = Qc + (size_t)t0 * D, *doc = dOc + (size_t)t0 * D;
 #if defined(ATT_BF16)
                     if (bf16) {
@@ -894,7 +939,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                         bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
                         pair_rows(S2, ATT_BK, S, ATT_BK, nq, qp);
                         pair_cols(Sr, ATT_BK, S, ATT_BK, nq);
-                        mm_nn_bf16(dq + row0 * D, ldq, Sr, ATT_BK / 2, 1, Kp, nq, (nk + 1) / 2, D, 0);
+                        mm_nn_bf16(dq + row0 * D, ldq, Sr, ATT_BK / 2, 1, Kp, nq, (nk + 1) / 2, D, dq_first);
                         mm_nn_bf16(dk + kr0 * D, ldk, S2, 1, ATT_BK, Qp + (size_t)t0 / 2 * D, nk, qp, D, first);
                         first = 0;
                         continue;
@@ -903,7 +948,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                     bwd_probs(P, qc, D, Kt, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
                     mm_nn(dv + kr0 * D, ldk, P, 1, ATT_BK, doc, D, nk, nq, D, first); /* dV += P^T dO */
                     bwd_dscores(S, doc, D, Vt, nq, D, Di + t0, scale, P); /* dS = P (dO V^T - Di) scale */
-                    mm_nn(dq + row0 * D, ldq, S, ATT_BK, 1, Kc, D, nq, nk, D, 0); /* dQ += dS K */
+                    mm_nn(dq + row0 * D, ldq, S, ATT_BK, 1, Kc, D, nq, nk, D, dq_first); /* dQ += dS K */
                     mm_nn(dk + kr0 * D, ldk, S, 1, ATT_BK, qc, D, nk, nq, D, first); /* dK += dS^T Q */
                     first = 0;
                 }

@@ -22,6 +22,7 @@
 #include "base/common.h"
 #include "kernels/bf16_pack.h"
 #include "kernels/blas.h"
+#include "kernels/vtrans.h"
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
@@ -51,31 +52,6 @@ float mt_bf16_round(float f) {
     float r;
     memcpy(&r, &u, 4);
     return r;
-}
-
-/* In-register transpose of a 16 x 16 matrix of 32-bit words: r[i] word j -> r[j] word i. */
-BF16_TARGET static inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* each 128-bit lane now holds a transposed 4 x 4 block; move the blocks */
-    for (int h = 0; h < 16; h += 8)
-        for (int i = 0; i < 4; i++) {
-            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
-            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
-        }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
-    }
 }
 
 /* Packs w columns (rows, when trans) x0.. of rows k0..k0+kc of an operand into words
@@ -120,7 +96,7 @@ BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld,
                     const float *src = X + (size_t)(x0 + c0 + i) * ld + k0 + 2 * p0;
                     r[i] = mt_bf16_pairs(_mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16));
                 }
-                transpose16(r);
+                mt_transpose16(r);
                 int np = kp - p0 < 16 ? kp - p0 : 16;
                 for (int j = 0; j < np; j++) _mm512_mask_storeu_epi32(out + (size_t)(p0 + j) * W + c0, ms, r[j]);
             }
