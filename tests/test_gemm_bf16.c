@@ -25,6 +25,7 @@
 #include "kernels/blas.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/moe.h"
+#include "kernels/ops.h"
 #include "kstats.h"
 
 enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_ATT_FWD, S_ATT_BWD, S_COUNT };
@@ -188,6 +189,74 @@ static void test_threads(void) {
     threads_case(50, 3300, 900, 0, 0);  /* columns, B in N and K blocks */
 }
 
+/* B packed once (mt_gemm_bf16_pack) gives the same bits as mt_gemm_bf16 packing it per
+ * call: both layouts of A and B, with alpha and beta, on 1 and 2 threads (row parts, column
+ * parts) and across the NR panel, KC and NC block edges; packing leaves the words past
+ * mt_gemm_bf16_packed_words alone */
+static void packed_case(int M, int N, int K, int tA, int tB) {
+    snprintf(where, sizeof where, "packed M %d N %d K %d tA %d tB %d", M, N, K, tA, tB);
+    float *A = mt_alloc((size_t)M * K * 4), *B = mt_alloc((size_t)K * N * 4);
+    float *C1 = mt_alloc((size_t)M * N * 4), *C2 = mt_alloc((size_t)M * N * 4);
+    size_t words = mt_gemm_bf16_packed_words(N, K);
+    CHECK(words >= (size_t)N * K / 2 && words <= (size_t)(N + 31) * (K + 1) / 2);
+    uint32_t *P = mt_alloc((words + 16) * 4);
+    for (int i = 0; i < 16; i++) P[words + i] = 0xdeadbeefu;
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = rnd(8, i);
+    for (size_t i = 0; i < (size_t)K * N; i++) B[i] = rnd(9, i);
+    mt_gemm_bf16_pack(P, tB, N, K, B, tB ? K : N);
+    for (int i = 0; i < 16; i++) CHECK(P[words + i] == 0xdeadbeefu);
+    int nthr = omp_get_max_threads();
+    for (int t = 1; t <= 2; t++) {
+        omp_set_num_threads(t);
+        for (size_t i = 0; i < (size_t)M * N; i++) C1[i] = C2[i] = rnd(10, i);
+        mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, tA ? M : K, B, tB ? K : N, -1.0f, C1, N);
+        mt_gemm_bf16_packed(tA, M, N, K, 0.5f, A, tA ? M : K, P, -1.0f, C2, N);
+        CHECK_SAME_F(C1, C2, (size_t)M * N);
+    }
+    omp_set_num_threads(nthr);
+    mt_free(A);
+    mt_free(B);
+    mt_free(C1);
+    mt_free(C2);
+    mt_free(P);
+}
+
+static void test_packed(void) {
+    static const int dims[][3] = {{1, 1, 1}, {13, 33, 385}, {300, 70, 1700}, {40, 3100, 97}, {256, 3200, 800}};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int tA = 0; tA < 2; tA++)
+            for (int tB = 0; tB < 2; tB++) packed_case(dims[d][0], dims[d][1], dims[d][2], tA, tB);
+}
+
+/* The LM head in bf16 mode over several row chunks packs its weight once per call
+ * (mt_gemm_bf16_packed): the same dx and dW bits as calls of one chunk each (which pack
+ * per product), and the same loss up to the order of its double sum */
+static void test_head_packed(void) {
+    const int N = 600, C = 40, V = 333; /* 3 chunks of <= 256 rows, V and C off the panel widths */
+    snprintf(where, sizeof where, "head_ce bf16 N %d C %d V %d", N, C, V);
+    float *x = mt_alloc((size_t)N * C * 4), *W = mt_alloc((size_t)V * C * 4);
+    float *dx1 = mt_alloc((size_t)N * C * 4), *dx2 = mt_alloc((size_t)N * C * 4);
+    float *dW1 = mt_alloc((size_t)V * C * 4), *dW2 = mt_alloc((size_t)V * C * 4);
+    float *scratch = mt_alloc(mt_head_scratch_floats(V) * 4);
+    int32_t *tg = mt_xmalloc(sizeof(int32_t) * N);
+    for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rnd(15, i);
+    for (size_t i = 0; i < (size_t)V * C; i++) { W[i] = rnd(16, i); dW1[i] = dW2[i] = 0.0f; }
+    for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 37) % V);
+    CHECK(mt_set_gemm_bf16(1) == 0);
+    double l1 = mt_head_ce(dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, scratch), l2 = 0;
+    for (int n0 = 0; n0 < N; n0 += 256) {
+        int nr = N - n0 < 256 ? N - n0 : 256;
+        l2 += mt_head_ce(dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, scratch);
+    }
+    double l3 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, scratch); /* loss only */
+    mt_set_gemm_bf16(0);
+    CHECK(fabs(l1 - l2) <= 1e-9 * fabs(l2) && l1 == l3);
+    CHECK_SAME_F(dx1, dx2, (size_t)N * C);
+    CHECK_SAME_F(dW1, dW2, (size_t)V * C);
+    mt_free(x); mt_free(W); mt_free(dx1); mt_free(dx2); mt_free(dW1); mt_free(dW2); mt_free(scratch);
+    free(tg);
+}
+
 /* mt_sgemm dispatches to the kernel in bf16 mode; the grouped expert GEMMs (moe.c) follow */
 static void test_dispatch_and_grouped(void) {
     CHECK(mt_set_gemm_bf16(1) == 0 && mt_gemm_bf16_enabled());
@@ -333,6 +402,8 @@ int main(void) {
     test_k0();
     test_gemm();
     test_threads();
+    test_packed();
+    test_head_packed();
     test_dispatch_and_grouped();
     test_attention();
     return print_stats("test_gemm_bf16", stats, S_COUNT, mt_now() - t0, mt_get_threads(), "gemm_bf16");

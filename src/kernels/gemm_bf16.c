@@ -184,84 +184,111 @@ static uint32_t *ensure(uint32_t **buf, size_t words) {
     return *buf;
 }
 
-/* 1 when all of B, packed block after block, fits a thread's B buffer: its NC x KC/2 words
- * hold nblk K blocks of at most KC/2 pair rows of ceil(N/NR)*NR words each. */
-static int whole_b_fits(int N, int K) {
-    int nblk = (K + KC - 1) / KC, npad = (N + NR - 1) / NR * NR;
-    return N <= NC && (long)nblk * npad <= NC;
+/* Packed B: NC-column blocks one after another, each its K blocks one after another, each K
+ * block its NR-wide micro-panels [kp][NR] side by side (a block of nc columns holds
+ * ceil(nc/NR)*NR words per pair row). Every K block but the last has KC/2 pair rows. */
+static size_t pair_rows_total(int K) { return (size_t)(K / KC) * (KC / 2) + (size_t)((K % KC) + 1) / 2; }
+
+size_t mt_gemm_bf16_packed_words(int N, int K) {
+    return N <= 0 || K <= 0 ? 0 : (size_t)((N + NR - 1) / NR * NR) * pair_rows_total(K);
 }
 
-/* C[m0:m1, n0:n1] on the calling thread. *b_ready (when not NULL) says that the thread's B
- * buffer already holds all of this call's B, packed block after block (whole_b_fits): then
- * the thread's parts all span all columns, and only its first part packs B. */
-BF16_TARGET static void gemm_part(int transA, int transB, int K, float alpha, const float *A, int lda,
-                                  const float *B, int ldb, float beta, float *C, int ldc, int m0, int m1, int n0,
-                                  int n1, int *b_ready) {
+/* words before the micro-panel of column col (a multiple of NR) in K block pc */
+static size_t packed_offset(int N, int K, int col, int pc, int kp) {
+    int jb = col / NC * NC, nb = N - jb < NC ? N - jb : NC;
+    return (size_t)jb * pair_rows_total(K) + (size_t)(pc / KC) * (KC / 2) * ((nb + NR - 1) / NR * NR) +
+           (size_t)(col - jb) * kp;
+}
+
+/* One product: C = alpha op(A) op(B) + beta C, B as fp32 (B, ldb, transB) or packed (pre). */
+typedef struct {
+    int transA, transB, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    const uint32_t *pre;
+    float *C;
+    int lda, ldb, ldc;
+} gemm_args;
+
+/* C[m0:m1, n0:n1] on the calling thread. B comes from g->pre when given, else the part packs
+ * it into the thread's B buffer; *b_ready (when not NULL) says that buffer already holds all
+ * of this call's B, in the packed layout (N <= NC; whole_b_fits), so only the thread's first
+ * part packs. */
+BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, int n1, int *b_ready) {
+    const int K = g->K, lda = g->lda, ldc = g->ldc;
     uint32_t *ap = ensure(&t_apack, (size_t)MC * (KC / 2));
-    uint32_t *bp = ensure(&t_bpack, (size_t)NC * (KC / 2));
+    uint32_t *bp = g->pre ? NULL : ensure(&t_bpack, (size_t)NC * (KC / 2));
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
         for (int pc = 0; pc < K; pc += KC) {
             int kc = K - pc < KC ? K - pc : KC, kp = (kc + 1) / 2;
-            /* the block's place: the buffer's start, or its slot when all of B is kept */
-            uint32_t *bpc = b_ready ? bp + (size_t)(pc / KC) * (KC / 2) * ((nc + NR - 1) / NR * NR) : bp;
+            /* the block's micro-panel jr: in the kept B's slot of the block, or from the
+             * start of the buffer (packed B: see BPANEL) */
+            uint32_t *bpc = !bp ? NULL : b_ready ? bp + packed_offset(g->N, K, 0, pc, kp) : bp;
+#define BPANEL(jr) (g->pre ? g->pre + packed_offset(g->N, K, jc + (jr), pc, kp) : bpc + (size_t)(jr) * kp)
             /* B(k, n): transB stores it at B[n*ldb + k] (pairs contiguous), else B[k*ldb + n] */
-            if (!b_ready || !*b_ready)
+            if (bp && (!b_ready || !*b_ready))
                 for (int jr = 0; jr < nc; jr += NR) {
                     int w = nc - jr < NR ? nc - jr : NR;
-                    pack_panel(bpc + (size_t)jr * kp, NR, B, ldb, !transB, pc, kc, jc + jr, w);
+                    pack_panel(bpc + (size_t)jr * kp, NR, g->B, g->ldb, !g->transB, pc, kc, jc + jr, w);
                 }
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 /* A(m, k): transA stores it at A[k*lda + m] (two rows give a pair), else A[m*lda + k] */
                 for (int ir = 0; ir < mc; ir += MR) {
                     int h = mc - ir < MR ? mc - ir : MR;
-                    if (transA) pack_panel(ap + (size_t)ir * kp, MR, A, lda, 1, pc, kc, ic + ir, h);
-                    else pack_rows(ap + (size_t)ir * kp, MR, A, lda, pc, kc, ic + ir, h);
+                    if (g->transA) pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, 1, pc, kc, ic + ir, h);
+                    else pack_rows(ap + (size_t)ir * kp, MR, g->A, lda, pc, kc, ic + ir, h);
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR;
                     for (int ir = 0; ir < mc; ir += MR) {
                         int mr = mc - ir < MR ? mc - ir : MR;
-                        float *c = C + (size_t)(ic + ir) * ldc + jc + jr;
-                        if (transA)
-                            micro_kernel(kp, ap + (size_t)ir * kp, bpc + (size_t)jr * kp, c, ldc, mr, nr, alpha, beta, pc == 0);
+                        float *c = g->C + (size_t)(ic + ir) * ldc + jc + jr;
+                        if (g->transA)
+                            micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), c, ldc, mr, nr, g->alpha, g->beta,
+                                         pc == 0);
                         else
-                            micro_kernel_rows(kp, ap + (size_t)ir * kp, bpc + (size_t)jr * kp, c, ldc, mr, nr, alpha, beta,
-                                              pc == 0);
+                            micro_kernel_rows(kp, ap + (size_t)ir * kp, BPANEL(jr), c, ldc, mr, nr, g->alpha,
+                                              g->beta, pc == 0);
                     }
                 }
             }
         }
     }
+#undef BPANEL
     if (b_ready) *b_ready = 1;
 }
 
-void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
-                  const float *B, int ldb, float beta, float *C, int ldc) {
+static void gemm_run(const gemm_args *g, int M) {
+    const int N = g->N, K = g->K;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
-        mt_gemm_scale_c(M, N, beta, C, ldc);
+        mt_gemm_scale_c(M, N, g->beta, g->C, g->ldc);
         return;
     }
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (nthr > 1 && (double)M * N * K < 2e6) nthr = 1;
     if (nthr == 1) {
-        gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, 0, N, NULL);
+        gemm_part(g, 0, M, 0, N, NULL);
         return;
     }
     /* Top level: C in parts that the threads take as they finish (dynamic schedule), so a
      * thread held up by the OS or a neighbour costs little and no barrier is needed. Parts
-     * are row blocks when M >= N, else column blocks; sums never split, so the result does
-     * not depend on the parts. A part packs what it needs: with row parts all of B (once
-     * per thread when all of B fits the thread's buffer), with column parts all of A. About
-     * four parts per thread, but where a part must pack again a whole operand, parts of about
-     * 512 rows (columns) or more, which keeps that repacking near 2% of the part's work
-     * (packing an element costs about 20 flops), and at least one part per thread. */
-    const int by_rows = M >= N, unit = by_rows ? MR : NR, total = by_rows ? M : N;
+     * are row blocks or column blocks; sums never split, so the result does not depend on
+     * the parts. A part packs what it needs: with row parts all of B (once per thread when
+     * all of B fits the thread's buffer; never when B comes packed), with column parts all
+     * of A. So parts are rows when M >= N; with B packed, also when A is at least a quarter
+     * of B's width (reading packed B again costs much less than packing A again). About
+     * four parts per thread, but where a part must pack again (or, packed, stream again) a
+     * whole operand, parts of about 512 rows (columns) or more, which keeps that repacking
+     * near 2% of the part's work (packing an element costs about 20 flops), and at least
+     * one part per thread. */
+    const int by_rows = g->pre ? 4 * M >= N : M >= N, unit = by_rows ? MR : NR, total = by_rows ? M : N;
     /* with several K blocks the kept B outgrows L2 and is streamed again by every part,
      * which then wants as many rows as a repacking part */
-    const int whole_b = by_rows && whole_b_fits(N, K), repack = !whole_b || K > KC;
+    const int whole_b = !g->pre && by_rows && N <= NC && mt_gemm_bf16_packed_words(N, K) <= (size_t)NC * (KC / 2);
+    const int repack = !whole_b || K > KC;
     const int per_thread = (total + nthr - 1) / nthr;
     int part = (total + 4 * nthr - 1) / (4 * nthr);
     if (repack && part < 512) part = 512 < per_thread ? 512 : per_thread;
@@ -280,11 +307,31 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
 #pragma omp for schedule(dynamic, 1)
         for (int q = 0; q < nparts; q++) {
             int lo = q * part, hi = lo + part < total ? lo + part : total;
-            if (by_rows)
-                gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, lo, hi, 0, N,
-                          keep_b ? &b_ready : NULL);
-            else
-                gemm_part(transA, transB, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, M, lo, hi, NULL);
+            if (by_rows) gemm_part(g, lo, hi, 0, N, keep_b ? &b_ready : NULL);
+            else gemm_part(g, 0, M, lo, hi, NULL);
         }
     }
+}
+
+void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                  const float *B, int ldb, float beta, float *C, int ldc) {
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, C, lda, ldb, ldc};
+    gemm_run(&g, M);
+}
+
+void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *B, int ldb) {
+    if (N <= 0 || K <= 0) return;
+    const int np = (N + NR - 1) / NR, nkb = (K + KC - 1) / KC;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (double)N * K >= 1e6)
+    for (int t = 0; t < np * nkb; t++) {
+        int col = t / nkb * NR, pc = t % nkb * KC;
+        int kc = K - pc < KC ? K - pc : KC, w = N - col < NR ? N - col : NR;
+        pack_panel(packed + packed_offset(N, K, col, pc, (kc + 1) / 2), NR, B, ldb, !transB, pc, kc, col, w);
+    }
+}
+
+void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
+                         const uint32_t *packed, float beta, float *C, int ldc) {
+    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, packed, C, lda, 0, ldc};
+    gemm_run(&g, M);
 }

@@ -10,6 +10,9 @@
 #ifndef MT_KERNELS_GEMM_BF16_H
 #define MT_KERNELS_GEMM_BF16_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 /* 1 when this CPU runs the kernel (AVX512F/BW/VL/DQ and AVX512-BF16). */
 int mt_bf16_supported(void);
 /* f rounded to the nearest bfloat16 (ties to even), returned as fp32: the value the kernel
@@ -19,5 +22,15 @@ float mt_bf16_round(float f);
 /* Requires mt_bf16_supported(). */
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
+
+/* B packed once for many products (a weight that every chunk of rows multiplies): the
+ * kernel's packed layout, B(k, n) rounded to bf16, k < K, n < N (transB as for
+ * mt_gemm_bf16). packed holds mt_gemm_bf16_packed_words(N, K) words (about N*K/2).
+ * mt_gemm_bf16_packed then computes C = alpha op(A) B + beta C without packing B, with the
+ * same bits as mt_gemm_bf16 on the fp32 B. Both require mt_bf16_supported(). */
+size_t mt_gemm_bf16_packed_words(int N, int K);
+void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *B, int ldb);
+void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
+                         const uint32_t *packed, float beta, float *C, int ldc);
 
 #endif

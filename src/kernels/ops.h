@@ -47,6 +47,10 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
  * logits != NULL the full logits[N,V] are also stored (evaluation, small N).
  * scratch: mt_head_scratch_floats(V) floats. */
 size_t mt_head_scratch_floats(int V);
+/* Memory the head keeps between calls besides the scratch: in bf16 mode with more rows than
+ * one chunk (256), its weight packed in bf16 for the chunks' products (kernels/gemm_bf16.h),
+ * one layout for the logits and, when training, one for dx: about 2 V C bytes each. */
+size_t mt_head_packed_bytes(int N, int C, int V, int bf16, int train);
 double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
                   const int32_t *targets, int N, int C, int V, float grad_scale, float *scratch);
 

@@ -28,6 +28,7 @@
 
 #include "base/common.h"
 #include "dist/schedule.h"
+#include "kernels/ops.h"
 #include "model/model.h"
 #include "plan/sim.h"
 
@@ -384,6 +385,10 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                                                         st->seq, st->threads, policy, l->tp, l->tp > 1);
                 }
                 wk = 0;
+                /* the head's packed weight (bf16), on the rank of the last stage */
+                if ((S - 1) % P == r)
+                    wk = (double)mt_head_packed_bytes(l->mb * st->seq / (l->tp > 1 ? l->tp : 1), c->hidden_size,
+                                                      c->vocab_size, st->gemm_bf16, 1);
             }
             /* communication memory: the ZeRO-1 gradient shard, MPI's segments for the other
              * ranks of the node, and the scratch of the largest collective of the step */
