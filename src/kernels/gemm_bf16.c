@@ -7,9 +7,10 @@
  * an MR x NR tile of C from one micro-panel of each. VDPBF16PS multiplies *pairs* along K:
  * lane j of dst += a[2p]*b[2p][j] + a[2p+1]*b[2p+1][j]. So a packed panel stores, for every
  * pair p of K indices, the two bf16 values of one row (of A) or one column (of B) side by side
- * as one 32-bit word: B panel [kp][NR] words; A panel [kp][MR] words (A^T: a pair comes from
- * two rows), or [MR][kp] when A's rows are contiguous (a plain conversion, read by the
- * micro-kernel with a row stride); odd K is padded with 0. Rounding is to nearest even
+ * as one 32-bit word: B panel [kp][NR] words, A panel [kp][MR] words; odd K is padded
+ * with 0. (An A panel [MR][kp] of plain row conversions, read with a row stride, packs
+ * cheaper than the transposition that A's contiguous rows need, but its 12 broadcast
+ * streams made the products 1-3% slower over the step's shapes.) Rounding is to nearest even
  * (VCVTNE2PS2BF16), as PyTorch's casts; the instruction treats denormal inputs as zero.
  * Threads: see mt_gemm_bf16. */
 #include "kernels/gemm_bf16.h"
@@ -104,44 +105,19 @@ BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld,
     }
 }
 
-/* Packs rows x0.. of an operand whose pairs are contiguous (element (x, k) at X[x*ld + k])
- * row by row: out[c*kp + p] = pair(X(x0+c, k0+2p), X(x0+c, k0+2p+1)), zero rows beyond w.
- * A straight conversion, no transposition: the micro-kernel reads such an A panel with a
- * row stride (micro_kernel_rows). */
-BF16_TARGET static void pack_rows(uint32_t *out, int W, const float *X, int ld, int k0, int kc, int x0, int w) {
-    int kp = (kc + 1) / 2;
-    for (int c = 0; c < W; c++) {
-        uint32_t *o = out + (size_t)c * kp;
-        if (c >= w) {
-            memset(o, 0, sizeof(uint32_t) * kp);
-            continue;
-        }
-        const float *src = X + (size_t)(x0 + c) * ld + k0;
-        for (int k = 0; k < kc; k += 32) {
-            int n = kc - k;
-            __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
-            __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
-            __m512 a = _mm512_maskz_loadu_ps(m0, src + k), b = _mm512_maskz_loadu_ps(m1, src + k + 16);
-            int words = (n + 1) / 2 < 16 ? (n + 1) / 2 : 16;
-            _mm512_mask_storeu_epi32(o + k / 2, (__mmask16)((1u << words) - 1), mt_bf16_pairs(a, b));
-        }
-    }
-}
-
 /* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * C : C); beta == 0 never reads C.
- * Word (r, p) of the A panel is a[r*ars + p*aps]. */
-BF16_TARGET static inline __attribute__((always_inline)) void micro_kernel_any(
-    int kp, const uint32_t *a, size_t ars, size_t aps, const uint32_t *b, float *C, int ldc, int mr, int nr,
-    float alpha, float beta, int first) {
+ * A panel [kp][MR] words, B panel [kp][NR]. */
+BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *b, float *C, int ldc, int mr, int nr,
+                                     float alpha, float beta, int first) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int p = 0; p < kp; p++) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR + 16);
-        const uint32_t *ap = a + (size_t)p * aps;
+        const uint32_t *ap = a + (size_t)p * MR;
 #pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r * ars]);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r]);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
@@ -162,17 +138,6 @@ BF16_TARGET static inline __attribute__((always_inline)) void micro_kernel_any(
         _mm512_mask_storeu_ps(c, m0, x0);
         _mm512_mask_storeu_ps(c + 16, m1, x1);
     }
-}
-
-/* A panel packed k-major ([kp][MR], by pack_panel) or row-major ([MR][kp], by pack_rows) */
-BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *b, float *C, int ldc, int mr,
-                                     int nr, float alpha, float beta, int first) {
-    micro_kernel_any(kp, a, 1, MR, b, C, ldc, mr, nr, alpha, beta, first);
-}
-
-BF16_TARGET static void micro_kernel_rows(int kp, const uint32_t *a, const uint32_t *b, float *C, int ldc,
-                                          int mr, int nr, float alpha, float beta, int first) {
-    micro_kernel_any(kp, a, (size_t)kp, 1, b, C, ldc, mr, nr, alpha, beta, first);
 }
 
 /* Per-thread packing buffers, grown on demand and kept (the GEMM runs thousands of times
@@ -237,20 +202,14 @@ BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, in
                 /* A(m, k): transA stores it at A[k*lda + m] (two rows give a pair), else A[m*lda + k] */
                 for (int ir = 0; ir < mc; ir += MR) {
                     int h = mc - ir < MR ? mc - ir : MR;
-                    if (g->transA) pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, 1, pc, kc, ic + ir, h);
-                    else pack_rows(ap + (size_t)ir * kp, MR, g->A, lda, pc, kc, ic + ir, h);
+                    pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, g->transA, pc, kc, ic + ir, h);
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR;
                     for (int ir = 0; ir < mc; ir += MR) {
                         int mr = mc - ir < MR ? mc - ir : MR;
                         float *c = g->C + (size_t)(ic + ir) * ldc + jc + jr;
-                        if (g->transA)
-                            micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), c, ldc, mr, nr, g->alpha, g->beta,
-                                         pc == 0);
-                        else
-                            micro_kernel_rows(kp, ap + (size_t)ir * kp, BPANEL(jr), c, ldc, mr, nr, g->alpha,
-                                              g->beta, pc == 0);
+                        micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), c, ldc, mr, nr, g->alpha, g->beta, pc == 0);
                     }
                 }
             }
