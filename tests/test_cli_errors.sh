@@ -144,6 +144,9 @@ expect_fail missing_ckpt_flag '--ckpt' -- "$M" eval --data D
 expect_fail flag_missing_value '--steps' -- "$M" train --config c.json --data D --batch 2 --seq 32 --out R1 --steps
 expect_fail non_numeric_steps "--steps.*'?abc" -- "$M" train --config c.json --data D --batch 2 --seq 32 --out R1 --steps abc
 expect_fail trailing_garbage_lr '--lr' -- "$M" train --config c.json --data D $TR --out R1 --lr 1e-3x
+# bench: the default sequence fits the config (demo's maximum is 256); a longer --seq is refused
+expect_ok control_bench_demo_default_seq -- "$M" bench --config demo --batch 1 --steps 1
+expect_fail bench_seq_too_long 'max_position_embeddings' -- "$M" bench --config demo --batch 1 --steps 1 --seq 300
 expect_fail nonpositive_steps '--steps' -- "$M" train --config c.json --data D --batch 2 --seq 32 --out R1 --steps 0
 
 # ---- config.json -----------------------------------------------------------------------

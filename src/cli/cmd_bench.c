@@ -401,7 +401,7 @@ static int bench_kernels(int argc, char **argv) {
 int mt_cmd_bench(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[2], "kernels") == 0) return bench_kernels(argc, argv);
     const char *config = NULL;
-    int B = 8, T = 512, steps = 5, threads = 0;
+    int B = 8, T = -1, steps = 5, threads = 0; /* T: -1 = 512, or the config's maximum when smaller */
     const char *recompute = "none", *calibrate = NULL;
     int quick = 0, bf16 = 0;
     mt_arg specs[] = {
@@ -409,7 +409,7 @@ int mt_cmd_bench(int argc, char **argv) {
         {"quick", MT_ARG_BOOL, &quick, "with --calibrate: shorter timings, smaller buffers, no T=4096 attention", NULL},
         {"config", MT_ARG_STR, &config, "also time training steps of this config (preset or file)", NULL},
         {"batch", MT_ARG_INT, &B, "micro-batch (default 8)", NULL},
-        {"seq", MT_ARG_INT, &T, "sequence length (default 512)", NULL},
+        {"seq", MT_ARG_INT, &T, "sequence length (default 512, or the config's max_position_embeddings when smaller)", NULL},
         {"steps", MT_ARG_INT, &steps, "timed steps after one warm-up step (default 5)", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
         {"recompute", MT_ARG_STR, &recompute, "memory policy: none or selective (default none)", NULL},
@@ -456,6 +456,7 @@ int mt_cmd_bench(int argc, char **argv) {
     if (!config) return 0;
     mt_config c;
     if (mt_config_load(&c, mt_cli_config_path(config)) != 0) return mt_cli_fail();
+    if (T == -1) T = c.max_position_embeddings < 512 ? c.max_position_embeddings : 512;
     if (mt_config_check_seq(&c, T, "moetrain bench: --seq") != 0) return mt_cli_fail();
     mt_model m;
     if (mt_model_init(&m, &c) != 0) return mt_cli_fail();
