@@ -148,6 +148,14 @@ static void permute_case(int N, int K, int E, int C, int kind, int thr_max) {
         perm_free(&tab);
     }
     omp_set_num_threads(saved);
+    /* the gather alone, from the tables: the permute's rows, bit for bit */
+    {
+        float *g = falloc(ne ? ne : 1);
+        fill_nan(g, ne);
+        mt_moe_gather(g, x, ref.row_tok, (int)R, C);
+        CHECK_SAME_F(g, ref.xe, ne);
+        free(g);
+    }
 
     /* permute_bwd and unpermute, overwrite (NaN-filled outputs) and accumulate */
     float *dxe = rnd(ne, 2, -1, 1), *w = rnd(R, 3, 0, 1);
@@ -305,6 +313,18 @@ static void test_swiglu_rows(void) {
         mt_swiglu_rows_bwd(g1, da, gu, w, N, F);
         mt_ref_swiglu_rows_bwd(g2, da, gu, w, N, F);
         RECORD(S_SWIGLU_ROWS_BWD, "dgu", nerr(g1, g2, n2));
+        /* the routed backward's row pass: the activation, its dot with da, then weighted */
+        if (w) {
+            float *a3 = falloc(n);
+            for (int r = 0; r < N; r++) {
+                float d = mt_swiglu_row_wgrad(a3 + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w[r], F);
+                double dref = 0;
+                for (int f = 0; f < F; f++) dref += (double)a2[(size_t)r * F + f] * da[(size_t)r * F + f];
+                CHECK(fabs(d - dref) <= 1e-5 * (1 + fabs(dref)));
+                for (int f = 0; f < F; f++) CHECK(a3[(size_t)r * F + f] == a1[(size_t)r * F + f] * w[r]);
+            }
+            free(a3);
+        }
         free(gu); free(da); free(w); free(a1); free(a2); free(g1); free(g2);
     }
 }

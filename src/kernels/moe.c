@@ -77,6 +77,11 @@ void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok
     mt_free(heap);
 }
 
+void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C) {
+#pragma omp parallel for schedule(static) if (R >= 4096)
+    for (int r = 0; r < R; r++) row_copy(xe + (size_t)r * C, x + (size_t)row_tok[r] * C, C);
+}
+
 void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
                         int accumulate) {
 #pragma omp parallel for schedule(static)

@@ -16,6 +16,9 @@
  * xe may be NULL (routing tables only). */
 void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
                     const int32_t *sel, int N, int K, int E, int C);
+/* xe[r] = x[row_tok[r]] for r < R: the permute's gather alone, from its tables (the backward
+ * gathers the layer's input and output gradient again) */
+void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C);
 /* dx[N,C] (+= when accumulate) sum over slots of dxe[slot_row[t*K+j]]  (backward of the gather) */
 void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
                         int accumulate);

@@ -151,6 +151,13 @@ void mt_swiglu_rows_fwd(float *a, const float *gu, int N, int F) {
     }
 }
 
+float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, int F) {
+    swiglu_fwd_span(a, gu, gu + F, (size_t)F);
+    float d = mt_dotf(a, da, (size_t)F);
+    for (int f = 0; f < F; f++) a[f] *= w;
+    return d;
+}
+
 void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {

@@ -15,7 +15,6 @@
 #include "kernels/moe.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
-#include "kernels/vdot.h"
 
 enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays in routing) */
 
@@ -764,28 +763,18 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     /* Routed experts. With y = sum_j w_j E_j(x): the unweighted dout rows go through the down
      * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
      * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < R; r++) {
-        memcpy(a->xe + (size_t)r * C, ln + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
-        memcpy(a->ye + (size_t)r * C, dout + (size_t)L->perm_tok[r] * C, sizeof(float) * C);
-    }
+    mt_moe_gather(a->xe, ln, L->perm_tok, R, C);
+    mt_moe_gather(a->ye, dout, L->perm_tok, R, C);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
     float *act = a->big1, *dact = a->big2, *dgu = a->big3;
     if (recompute) mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-    mt_swiglu_rows_fwd(act, L->egu, R, Fm);
     mt_grouped_linear_bwd_data(dact, a->ye, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
+    /* per pair i (row r): the activation again, dw_i = act_r . dact_r, act_r *= w_i */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) {
         size_t r = (size_t)L->slot_row[i];
-        const float *x = act + r * Fm, *y = dact + r * Fm;
-        a->dw[i] = mt_dotf(x, y, (size_t)Fm);
-    }
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < R; r++) {
-        float wr = a->wrow[r];
-        float *x = act + (size_t)r * Fm;
-        for (int f = 0; f < Fm; f++) x[f] *= wr;
+        a->dw[i] = mt_swiglu_row_wgrad(act + r * Fm, L->egu + r * 2 * Fm, dact + r * Fm, L->wsel[i], Fm);
     }
     mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, a->ye, act, off, E, Fm, C);
     mt_swiglu_rows_bwd(dgu, dact, L->egu, a->wrow, R, Fm);
@@ -863,15 +852,11 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     float *dgu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
     float *dwv = mt_alloc(sizeof(float) * ((size_t)R + 1));
     ep->gather(ep->ctx, b, yeu, dout);
-    mt_swiglu_rows_fwd(act, L->ep_egu, R, Fm);
     mt_grouped_linear_bwd_data(dact, yeu, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < R; r++) {
-        const float *x = act + (size_t)r * Fm, *y = dact + (size_t)r * Fm;
-        dwv[r] = mt_dotf(x, y, (size_t)Fm);
-        float *xm = act + (size_t)r * Fm;
-        for (int f = 0; f < Fm; f++) xm[f] *= b->w[r];
-    }
+    for (int r = 0; r < R; r++)
+        dwv[r] = mt_swiglu_row_wgrad(act + (size_t)r * Fm, L->ep_egu + (size_t)r * 2 * Fm, dact + (size_t)r * Fm,
+                                     b->w[r], Fm);
     mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, yeu, act, off, LE, Fm, C);
     mt_swiglu_rows_bwd(dgu, dact, L->ep_egu, b->w, R, Fm);
     mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, b->xe, off, LE, C, 2 * Fm);
