@@ -21,8 +21,8 @@
  *
  * Backward (FlashAttention-2; one task = one (batch, kv head)): per head of the group the
  * head's q and dO rows are copied contiguous once and D_i = dO_i . O_i computed; then per
- * key block (K and V packed transposed, [D][BK], and K copied contiguous) and every query
- * block that sees it:
+ * key block (K and V packed transposed, [D][BK], and K copied contiguous; in bf16 mode
+ * their pair layouts, read straight from k and v) and every query block that sees it:
  *   P  = 2^(Q Kt c - lse2)       exp fused into the score micro-kernel's epilogue;
  *   dS = P (dO Vt - D_i) scale   likewise fused;
  *   dV += P^T dO, dQ += dS K, dK += dS^T Q, straight into dv, dq, dk, whose rows the task
@@ -910,14 +910,14 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                 int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK, first = h == g * rep;
                 size_t kr0 = ((size_t)b * T + k0) * G + g;
                 const float *kb = k + kr0 * D, *vb = v + kr0 * D;
-                copy_rows(Kc, kb, ldk, nk, D);
                 if (!bf16) {
+                    copy_rows(Kc, kb, ldk, nk, D);
                     pack_t(Kt, kb, ldk, nk, D);
                     pack_t(Vt, vb, ldk, nk, D);
                 }
 #if defined(ATT_BF16)
-                else { /* the pair layouts instead of the fp32 transposed packs */
-                    pair_rows(Kp, D, Kc, D, nk, (nk + 1) / 2);
+                else { /* the pair layouts instead of the fp32 copy and transposed packs */
+                    pair_rows(Kp, D, kb, ldk, nk, (nk + 1) / 2);
                     pair_t(Kt2, kb, ldk, nk, D);
                     pair_t(Vt2, vb, ldk, nk, D);
                 }
