@@ -634,6 +634,14 @@ static void fwd_pv_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int nk
 }
 #endif
 
+int mt_attention_bf16_built(void) {
+#if defined(ATT_BF16)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* 1 when attention runs on bf16 pairs: the GEMMs' bf16 mode, a build with AVX512-BF16, and
  * D a multiple of 16 (the pair layouts' vectors) */
 static int bf16_mode(int D) {

@@ -21,6 +21,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* 1 when this build has the bf16 attention kernels (compiled for a CPU with AVX512-BF16,
+ * e.g. the default -march=native on one): then in the GEMMs' bf16 mode (mt_set_gemm_bf16)
+ * attention multiplies bf16 pairs too when D % 16 == 0. A portable build (MT_NATIVE=OFF)
+ * keeps attention in fp32 in that mode. */
+int mt_attention_bf16_built(void);
+
 /* Scratch floats needed PER THREAD by the forward and the backward: O(T * D) (the
  * backward keeps one head's q and dO rows contiguous). */
 size_t mt_attention_scratch_floats(int T, int D);
