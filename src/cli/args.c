@@ -109,5 +109,9 @@ const char *mt_cli_config_path(const char *name) {
     }
     snprintf(buf, sizeof buf, "configs/%s.json", name);
     if (stat(buf, &st) == 0) return buf;
+#ifdef MT_SOURCE_CONFIGS
+    int len = snprintf(buf, sizeof buf, "%s/%s.json", MT_SOURCE_CONFIGS, name);
+    if (len > 0 && (size_t)len < sizeof buf && stat(buf, &st) == 0) return buf;
+#endif
     return name; /* let the loader report "cannot open" naming it */
 }

@@ -24,7 +24,8 @@ int mt_args_parse(const char *cmd, const char *usage, const mt_arg *specs, int a
 void mt_args_help(const char *cmd, const char *usage, const mt_arg *specs);
 
 /* Resolves a config argument: an existing file, or a preset name found in configs/ next
- * to the executable (../configs/NAME.json) or in ./configs. Returns a static buffer. */
+ * to the executable (../configs/NAME.json), in ./configs, or in the configs/ of the source
+ * tree it was built from. Returns a static buffer. */
 const char *mt_cli_config_path(const char *name_or_path);
 
 #endif
