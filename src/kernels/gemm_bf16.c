@@ -177,8 +177,8 @@ typedef struct {
 
 /* C[m0:m1, n0:n1] on the calling thread. B comes from g->pre when given, else the part packs
  * it into the thread's B buffer; *b_ready (when not NULL) says that buffer already holds all
- * of this call's B, in the packed layout (N <= NC; whole_b_fits), so only the thread's first
- * part packs. */
+ * of this call's B, in the packed layout (row parts, N <= NC, all of B fits: gemm_run), so
+ * only the thread's first part packs. */
 BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, int n1, int *b_ready) {
     const int K = g->K, lda = g->lda, ldc = g->ldc;
     uint32_t *ap = ensure(&t_apack, (size_t)MC * (KC / 2));
