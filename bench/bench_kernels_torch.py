@@ -177,6 +177,13 @@ def head(tb):
         loss = F.cross_entropy(F.linear(x, W), tg, reduction="sum") * (1.0 / N)
         return torch.autograd.grad(loss, (x, W))
     tb.add("head_ce_fwd_bwd", f"N={N} C={C} V={V}", True, 6.0 * N * C * V, ce, "linear+cross_entropy+autograd")
+    if tb.bf16:  # the same under autocast (the training peer's mixed precision: a bf16 linear)
+        def ce_bf16():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(F.linear(x, W), tg, reduction="sum") * (1.0 / N)
+            return torch.autograd.grad(loss, (x, W))
+        tb.add("head_ce_fwd_bwd_bf16", f"N={N} C={C} V={V}", True, 6.0 * N * C * V, ce_bf16,
+               "autocast linear+cross_entropy+autograd")
 
 
 def moe(tb):
