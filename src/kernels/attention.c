@@ -7,8 +7,9 @@
  *
  * Forward (one task = ATT_QG consecutive query blocks of one (batch, head), so all output
  * rows of a task are one thread's): each query block is packed transposed and scaled once,
- * Qt[D][BQ] (16 x 16 register transposes, as the output's way back); then for each key block, copied once into contiguous rows and used by every
- * query block of the task that sees it,
+ * Qt[D][BQ] (16 x 16 register transposes, as the output's way back); then for each key
+ * block, copied once into contiguous rows and used by every query block of the task that
+ * sees it,
  *   St = K Qt           scores transposed, [keys][queries]: a column is one query, so the
  *                       online-softmax max and sum are vector max/add over rows (no
  *                       horizontal reductions); the column max is taken in the micro-
@@ -722,28 +723,22 @@ static void copy_rows(float *Y, const float *X, int ld, int n, int D) {
 /* The keys of block [k0, k0+nk) that query row t0+i sees, relative to k0, as the
  * half-open range [lo[i], hi[i]) (empty when lo >= hi), for i < nq; rows nq..ATT_BQ-1
  * get empty ranges. pb: the row's positions or NULL. Returns 0 when no row sees any key
- * of the block, 2 when every row i < nq sees all ATT_BK keys (no masking needed), else 1. */
-static int block_ranges(int32_t *lo, int32_t *hi, const int32_t *pb, int t0, int nq, int k0, int nk) {
-    int any = 0, full = nk == ATT_BK;
+ * of the block, 2 when every row i < nq sees all ATT_BK keys (no masking needed), else 1.
+ * *first (when not NULL): 1 when no row sees a key before k0, so that a seen block is the
+ * first one the rows see. */
+static int block_ranges(int32_t *lo, int32_t *hi, const int32_t *pb, int t0, int nq, int k0, int nk, int *first) {
+    int any = 0, full = nk == ATT_BK, before = 0;
     for (int i = 0; i < nq; i++) {
         int t = t0 + i, a = (pb ? t - pb[t] : 0) - k0, e = t - k0 + 1;
         lo[i] = a > 0 ? a : 0;
         hi[i] = e < nk ? e : nk;
         any |= lo[i] < hi[i];
         full &= lo[i] == 0 && hi[i] == ATT_BK;
+        before |= a < 0;
     }
     for (int i = nq; i < ATT_BQ; i++) lo[i] = hi[i] = 0;
+    if (first) *first = !before;
     return any ? 1 + full : 0;
-}
-
-/* The first key block (its start) that any query row t0 .. t0+nq-1 sees: the block of the
- * smallest t - pb[t]. It is not skipped (that row sees a key of it). */
-static int first_key_block(const int32_t *pb, int t0, int nq) {
-    int m = t0;
-    if (!pb) return 0;
-    for (int t = t0; t < t0 + nq; t++)
-        if (t - pb[t] < m) m = t - pb[t];
-    return m / ATT_BK * ATT_BK;
 }
 
 /* Forward state of one query block: Qt[D][BQ], Ot[D][BQ], m[BQ], l[BQ] + first flag,
@@ -831,7 +826,7 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
                 float *Qt = blk + (size_t)(qb - qb0) * qstride, *Ot = Qt + (size_t)D * ATT_BQ;
                 float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
                 int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-                int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk);
+                int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk, NULL);
                 if (!kind) continue;
 #if defined(ATT_BF16)
                 if (bf16) {
@@ -933,10 +928,10 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                 /* queries before k0 see no key of the block */
                 for (int t0 = k0 / ATT_BQ * ATT_BQ; t0 < T; t0 += ATT_BQ) {
                     int nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-                    int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk);
+                    int dq_first; /* the block writes the query block's dq rows, the next ones add */
+                    int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk, &dq_first);
                     if (!kind) continue;
                     size_t row0 = ((size_t)b * T + t0) * H + h;
-                    const int dq_first = k0 == first_key_block(pb, t0, nq);
                     const float *qc = Qc + (size_t)t0 * D, *doc = dOc + (size_t)t0 * D;
 #if defined(ATT_BF16)
                     if (bf16) {
