@@ -448,18 +448,10 @@ static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const flo
  * reads. Masks, softmax, log-sum-exp and the accumulators stay fp32. */
 #define ATT_BF16 1
 
-/* out[p*W + c] = pair(X[2p][c], X[2p+1][c]) (X row stride ldx) for p < np, c < W (W a
- * multiple of 16); rows >= nrows read as zero. */
-static void pair_rows(uint32_t *out, int W, const float *X, int ldx, int nrows, int np) {
-    for (int p = 0; p < np; p++) {
-        const float *r0 = X + (size_t)(2 * p) * ldx, *r1 = r0 + ldx;
-        int h0 = 2 * p < nrows, h1 = 2 * p + 1 < nrows;
-        for (int c = 0; c < W; c += 16) {
-            __m512 a = h0 ? _mm512_loadu_ps(r0 + c) : _mm512_setzero_ps();
-            __m512 b = h1 ? _mm512_loadu_ps(r1 + c) : _mm512_setzero_ps();
-            _mm512_storeu_si512(out + (size_t)p * W + c, mt_bf16_interleave(a, b));
-        }
-    }
+/* out[p*W + c] = pair(X[2p][c], X[2p+1][c]) (X row stride ldx) for p < (nrows+1)/2, c < W
+ * (W a multiple of 16); a missing last row reads as zero. The GEMM's packing (rowmaj). */
+static void pair_rows(uint32_t *out, int W, const float *X, int ldx, int nrows) {
+    mt_bf16_pack_panel(out, W, X, ldx, 1, 0, nrows, 0, W);
 }
 
 /* out[i*(W/2) + p] = pair(X[i][2p], X[i][2p+1]) for i < n (W a multiple of 16): rows
@@ -512,21 +504,10 @@ static void mm_nn_bf16(float *C, int ldc, const uint32_t *A, size_t ars, size_t 
 #undef NN16_TILE
 
 /* out[p*ATT_BK + j] = pair(X[j][2p], X[j][2p+1]) (X row stride ldx) for j < nk, p < D/2,
- * zero for nk <= j < ATT_BK: a key block transposed into pairs along D, 16 keys x 16 pairs
- * per register transpose. */
+ * zero for nk <= j < ATT_BK: a key block transposed into pairs along D. The GEMM's packing
+ * (16 keys x 16 pairs per register transpose). */
 static void pair_t(uint32_t *out, const float *X, int ldx, int nk, int D) {
-    for (int j0 = 0; j0 < ATT_BK; j0 += 16)
-        for (int c = 0; c < D; c += 32) {
-            int two = D - c >= 32; /* else 16 floats left: 8 pairs */
-            __m512i r[16];
-            for (int i = 0; i < 16; i++) {
-                const float *x = X + (size_t)(j0 + i) * ldx + c;
-                r[i] = j0 + i < nk ? mt_bf16_pairs(_mm512_loadu_ps(x), two ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps())
-                                   : _mm512_setzero_si512();
-            }
-            mt_transpose16(r);
-            for (int p = 0; p < (two ? 16 : 8); p++) _mm512_storeu_si512(out + (size_t)(c / 2 + p) * ATT_BK + j0, r[p]);
-        }
+    mt_bf16_pack_panel(out, ATT_BK, X, ldx, 0, 0, D, 0, nk);
 }
 
 /* The score-like tiles of bt_tile with the product on bf16 pairs: A words [rows][D/2]
@@ -806,7 +787,7 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
 #if defined(ATT_BF16)
             /* bf16: Qt becomes words [D/2][BQ] in place (row p of the words is written after
              * rows 2p and 2p+1 of the floats were read) */
-            if (bf16) pair_rows((uint32_t *)Qt, ATT_BQ, Qt, ATT_BQ, D, D / 2);
+            if (bf16) pair_rows((uint32_t *)Qt, ATT_BQ, Qt, ATT_BQ, D);
 #endif
         }
         for (int k0 = smin / ATT_BK * ATT_BK; k0 < tend; k0 += ATT_BK) {
@@ -819,7 +800,7 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
 #if defined(ATT_BF16)
             else { /* the pair layouts read the rows once, straight from k and v */
                 pair_cols(Kr, D, kb, G * D, nk);
-                pair_rows(Vp, D, vb, G * D, nk, (nk + 1) / 2);
+                pair_rows(Vp, D, vb, G * D, nk);
             }
 #endif
             for (int qb = k0 / ATT_BQ > qb0 ? k0 / ATT_BQ : qb0; qb < qb1; qb++) {
@@ -832,7 +813,7 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
                 if (bf16) {
                     fwd_scores_bf16(St, bm, Kr, (const uint32_t *)Qt, nk, D, kind == 1 ? lo : NULL, hi);
                     fwd_softmax(St, m, l, alpha, bm, nk);
-                    pair_rows(St2, ATT_BQ, St, ATT_BQ, nk, (nk + 1) / 2);
+                    pair_rows(St2, ATT_BQ, St, ATT_BQ, nk);
                     fwd_pv_bf16(Ot, Vp, St2, nk, D, l[ATT_BQ] != 0.0f, alpha);
                     l[ATT_BQ] = 0.0f;
                     continue;
@@ -899,8 +880,8 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
             copy_rows(dOc, dout + hr0 * D, ldq, T, D);
 #if defined(ATT_BF16)
             if (bf16) { /* from the contiguous copies: measured faster than from the strided rows */
-                pair_rows(Qp, D, Qc, D, T, (T + 1) / 2);
-                pair_rows(dOp, D, dOc, D, T, (T + 1) / 2);
+                pair_rows(Qp, D, Qc, D, T);
+                pair_rows(dOp, D, dOc, D, T);
                 pair_cols(Qr, D, Qc, D, T);
                 pair_cols(dOr, D, dOc, D, T);
             }
@@ -920,7 +901,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                 }
 #if defined(ATT_BF16)
                 else { /* the pair layouts instead of the fp32 copy and transposed packs */
-                    pair_rows(Kp, D, kb, ldk, nk, (nk + 1) / 2);
+                    pair_rows(Kp, D, kb, ldk, nk);
                     pair_t(Kt2, kb, ldk, nk, D);
                     pair_t(Vt2, vb, ldk, nk, D);
                 }
@@ -937,10 +918,10 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                     if (bf16) {
                         const int qp = (nq + 1) / 2;
                         bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
-                        pair_rows(P2, ATT_BK, P, ATT_BK, nq, qp);
+                        pair_rows(P2, ATT_BK, P, ATT_BK, nq);
                         mm_nn_bf16(dv + kr0 * D, ldk, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * D, nk, qp, D, first);
                         bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
-                        pair_rows(S2, ATT_BK, S, ATT_BK, nq, qp);
+                        pair_rows(S2, ATT_BK, S, ATT_BK, nq);
                         pair_cols(Sr, ATT_BK, S, ATT_BK, nq);
                         mm_nn_bf16(dq + row0 * D, ldq, Sr, ATT_BK / 2, 1, Kp, nq, (nk + 1) / 2, D, dq_first);
                         mm_nn_bf16(dk + kr0 * D, ldk, S2, 1, ATT_BK, Qp + (size_t)t0 / 2 * D, nk, qp, D, first);

@@ -23,7 +23,6 @@
 #include "base/common.h"
 #include "kernels/bf16_pack.h"
 #include "kernels/blas.h"
-#include "kernels/vtrans.h"
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
@@ -53,56 +52,6 @@ float mt_bf16_round(float f) {
     float r;
     memcpy(&r, &u, 4);
     return r;
-}
-
-/* Packs w columns (rows, when trans) x0.. of rows k0..k0+kc of an operand into words
- * out[p*W + c] = pair(X(k0+2p, x0+c), X(k0+2p+1, x0+c)), c < W, zero beyond w / kc.
- * "rowmaj" means element (k, x) is at X[k*ld + x] (pairs come from two rows, lanes are
- * contiguous); otherwise element (k, x) is at X[x*ld + k] (pairs are contiguous). */
-BF16_TARGET static void pack_panel(uint32_t *out, int W, const float *X, int ld, int rowmaj, int k0, int kc,
-                                   int x0, int w) {
-    int kp = (kc + 1) / 2;
-    if (rowmaj) {
-        for (int p = 0; p < kp; p++) {
-            int k = k0 + 2 * p;
-            const float *r0 = X + (size_t)k * ld + x0;
-            const float *r1 = r0 + ld;
-            int have1 = 2 * p + 1 < kc;
-            uint32_t *o = out + (size_t)p * W;
-            for (int c = 0; c < W; c += 16) {
-                int n = w - c;
-                __mmask16 m = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-                __m512 a = _mm512_maskz_loadu_ps(m, r0 + c);
-                __m512 b = have1 ? _mm512_maskz_loadu_ps(m, r1 + c) : _mm512_setzero_ps();
-                __mmask16 ms = W - c >= 16 ? 0xffff : (__mmask16)((1u << (W - c)) - 1);
-                _mm512_mask_storeu_epi32(o + c, ms, mt_bf16_interleave(a, b));
-            }
-        }
-    } else {
-        /* 16 columns x 16 pairs at a time: convert 16 rows of 32 floats, transpose the
-         * 16 x 16 words in registers, store 16 words per pair */
-        for (int c0 = 0; c0 < W; c0 += 16) {
-            int cw = W - c0 < 16 ? W - c0 : 16;
-            __mmask16 ms = (__mmask16)((1u << cw) - 1);
-            for (int p0 = 0; p0 < kp; p0 += 16) {
-                int n = kc - 2 * p0; /* floats left in each row */
-                __mmask16 m0 = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
-                __mmask16 m1 = n >= 32 ? 0xffff : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1);
-                __m512i r[16];
-                for (int i = 0; i < 16; i++) {
-                    if (c0 + i >= w) {
-                        r[i] = _mm512_setzero_si512();
-                        continue;
-                    }
-                    const float *src = X + (size_t)(x0 + c0 + i) * ld + k0 + 2 * p0;
-                    r[i] = mt_bf16_pairs(_mm512_maskz_loadu_ps(m0, src), _mm512_maskz_loadu_ps(m1, src + 16));
-                }
-                mt_transpose16(r);
-                int np = kp - p0 < 16 ? kp - p0 : 16;
-                for (int j = 0; j < np; j++) _mm512_mask_storeu_epi32(out + (size_t)(p0 + j) * W + c0, ms, r[j]);
-            }
-        }
-    }
 }
 
 /* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * C : C); beta == 0 never reads C.
@@ -195,14 +144,14 @@ BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, in
             if (bp && (!b_ready || !*b_ready))
                 for (int jr = 0; jr < nc; jr += NR) {
                     int w = nc - jr < NR ? nc - jr : NR;
-                    pack_panel(bpc + (size_t)jr * kp, NR, g->B, g->ldb, !g->transB, pc, kc, jc + jr, w);
+                    mt_bf16_pack_panel(bpc + (size_t)jr * kp, NR, g->B, g->ldb, !g->transB, pc, kc, jc + jr, w);
                 }
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 /* A(m, k): transA stores it at A[k*lda + m] (two rows give a pair), else A[m*lda + k] */
                 for (int ir = 0; ir < mc; ir += MR) {
                     int h = mc - ir < MR ? mc - ir : MR;
-                    pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, g->transA, pc, kc, ic + ir, h);
+                    mt_bf16_pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, g->transA, pc, kc, ic + ir, h);
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR;
@@ -285,7 +234,7 @@ void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *
     for (int t = 0; t < np * nkb; t++) {
         int col = t / nkb * NR, pc = t % nkb * KC;
         int kc = K - pc < KC ? K - pc : KC, w = N - col < NR ? N - col : NR;
-        pack_panel(packed + packed_offset(N, K, col, pc, (kc + 1) / 2), NR, B, ldb, !transB, pc, kc, col, w);
+        mt_bf16_pack_panel(packed + packed_offset(N, K, col, pc, (kc + 1) / 2), NR, B, ldb, !transB, pc, kc, col, w);
     }
 }
 
