@@ -269,7 +269,7 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
             }
         }
         for (int i = 0; i < nr; i++) total += rowloss[i];
-        if (dx && Wb) {
+        if (Wb) { /* (only when training) */
             mt_gemm_bf16_packed(0, nr, C, V, 1.0f, L, V, Wb, 0.0f, dx + (size_t)n0 * C, C);
             mt_linear_bwd(NULL, dW, L, xc, W, nr, C, V, 0.0f);
         } else if (dx) {

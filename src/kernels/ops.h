@@ -38,12 +38,12 @@ void mt_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const 
  * a[N,F] = silu(g) * u ;  the backward writes dgu[N,2F] = [dg | du] from da[N,F]. When
  * wscale != NULL, da of row n is first multiplied by wscale[n] (MoE routing weight). */
 void mt_swiglu_rows_fwd(float *a, const float *gu, int N, int F);
+void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F);
 /* One row of the routed experts' backward: a[F] = silu(g) * u of gu = [g | u] (the
  * activation recomputed), returns a . da (the gradient of the row's routing weight, da the
  * unweighted activation gradient), then a *= w (the weighted activation that the down
  * projection's weight gradient takes). One pass where three went over the rows. */
 float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, int F);
-void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.
