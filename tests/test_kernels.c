@@ -533,6 +533,43 @@ static void test_adamw(void) {
     }
 }
 
+/* mt_adamw_multi (the trainer's optimizer: many tensors of the flat buffers in one parallel
+ * job) against mt_adamw on each tensor alone, which the test above compares with the
+ * reference: the same bits for every tensor, with lengths that end inside, on and just past
+ * the 16384-element chunks it splits work into, gaps between tensors (never written) and
+ * tensors out of buffer order, decay on some only, and 1-3 threads. */
+static void test_adamw_multi(void) {
+    enum { NT = 6 };
+    static const size_t len[NT] = {16384, 1, 40000, 7, 16385, 16383};
+    static const size_t off[NT] = {50000, 3, 66400, 10, 20, 106400};
+    static const int decay[NT] = {1, 0, 1, 0, 1, 1};
+    const size_t n = 106400 + 16383 + 5; /* last tensor's end, and a gap after it */
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    int saved = omp_get_max_threads();
+    float *p0 = rnd(n, 95, -0.05f, 0.05f), *g = rnd(n, 96, -1, 1);
+    float *pr = dup(p0, n), *mr = falloc(n), *vr = falloc(n);
+    memset(mr, 0, sizeof(float) * n); memset(vr, 0, sizeof(float) * n);
+    for (int step = 1; step <= 3; step++)
+        for (int t = 0; t < NT; t++)
+            mt_adamw(pr + off[t], g + off[t], mr + off[t], vr + off[t], len[t], lr, b1, b2, eps,
+                     decay[t] ? wd : 0.0f, gs, step);
+    for (int th = 1; th <= 3; th++) {
+        float *p = dup(p0, n), *m = falloc(n), *v = falloc(n);
+        memset(m, 0, sizeof(float) * n); memset(v, 0, sizeof(float) * n);
+        omp_set_num_threads(th);
+        for (int step = 1; step <= 3; step++)
+            mt_adamw_multi(p, g, m, v, NT, off, len, decay, lr, b1, b2, eps, wd, gs, step);
+        omp_set_num_threads(saved);
+        snprintf(where, sizeof where, "adamw_multi threads=%d", th);
+        /* gaps (p0, m = v = 0 there) and tensors alike: the same bits as the per-tensor calls */
+        CHECK_SAME_F(p, pr, n);
+        CHECK_SAME_F(m, mr, n);
+        CHECK_SAME_F(v, vr, n);
+        free(p); free(m); free(v);
+    }
+    free(p0); free(g); free(pr); free(mr); free(vr);
+}
+
 /* ---- 2. finite differences ---------------------------------------------------------- */
 
 /* finite differences: fd_worst() in tests/testutil.h, recorded under statistic s */
@@ -912,6 +949,7 @@ int main(int argc, char **argv) {
     test_sumsq();
     test_zero();
     test_adamw();
+    test_adamw_multi();
     fd_linear();
     fd_rmsnorm();
     fd_rope();
