@@ -388,6 +388,11 @@ static void test_attention(void) {
     attention_case(1, 70, 2, 2, 16, 0);
     attention_case(1, 59, 2, 2, 32, 0);  /* row tiles of 6 with a remainder of 5 */
     attention_case(1, 50, 2, 2, 24, 0);  /* D % 16 != 0: fp32 */
+    attention_case(1, 130, 2, 2, 128, 0); /* D 128: two 64-column blocks */
+    attention_case(1, 70, 1, 1, 48, 0);   /* one head, D 48: three 16-column vectors */
+    attention_case(2, 5, 1, 1, 16, 1);    /* shorter than a tile */
+    attention_case(1, 600, 2, 1, 64, 0);  /* T > 512: the forward's later query-block groups */
+    attention_case(1, 1100, 1, 1, 16, 1); /* ... in document mode, starting at later key blocks */
 }
 
 int main(void) {

@@ -187,6 +187,21 @@ static void test_rmsnorm(void) {
     }
 }
 
+/* Positions for document mode: row b of pos[B*T] holds documents of the given lengths
+ * (lens, terminated by 0; the last document takes what is left of the row). */
+static int32_t *make_pos(int B, int T, const int *const *lens) {
+    int32_t *pos = mt_xmalloc(sizeof(int32_t) * (B > 0 && T > 0 ? (size_t)B * T : 1));
+    for (int b = 0; b < B; b++) {
+        const int *len = lens[b];
+        int t = 0;
+        for (int d = 0; t < T; d++) {
+            int n = len && len[d] ? len[d] : T - t;
+            for (int i = 0; i < n && t < T; i++, t++) pos[(size_t)b * T + t] = i;
+        }
+    }
+    return pos;
+}
+
 static void test_rope(void) {
     static const int Ns[] = {1, 7, 33, 130}, Ts[] = {1, 5, 64}, nhs[] = {1, 3}, Ds[] = {2, 16, 64};
     static const double thetas[] = {1e4, 1e6};
@@ -221,6 +236,25 @@ static void test_rope(void) {
     mt_rope_apply(x1, ct, st, N, T, nh, D, 1);
     RECORD(S_ROPE, "inverse(forward(x)) vs x", nerr(x1, x0, n));
     free(ct); free(st); free(x0); free(x1); free(x2);
+
+    /* explicit positions (document mode): 3 rows of 70 tokens, positions restarting at each
+     * document (one of length 1), forward and inverse */
+    static const int l0[] = {1, 30, 39, 0}, l1[] = {0}, l2[] = {64, 5, 1, 0};
+    const int *const docs[] = {l0, l1, l2};
+    N = 3 * 70; T = 70; nh = 3; D = 16;
+    n = (size_t)N * nh * D; nt = (size_t)T * (D / 2);
+    int32_t *pos = make_pos(3, T, docs);
+    ct = falloc(nt); st = falloc(nt);
+    mt_rope_table(ct, st, T, D, 1e4);
+    for (int inv = 0; inv < 2; inv++) {
+        x1 = rnd(n, 32, -1, 1); x2 = dup(x1, n);
+        snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d documents inverse=%d", N, T, nh, D, inv);
+        mt_rope_apply_pos(x1, ct, st, pos, N, T, nh, D, inv);
+        mt_ref_rope_apply_pos(x2, pos, N, T, nh, D, 1e4, inv);
+        RECORD(S_ROPE, "x (documents)", nerr(x1, x2, n));
+        free(x1); free(x2);
+    }
+    free(pos); free(ct); free(st);
 }
 
 static void test_swiglu(void) {
@@ -262,20 +296,6 @@ static void test_swiglu(void) {
     RECORD(S_SWIGLU_BWD, "du (saturating)", nerr(du1, du2, n));
 }
 
-/* Positions for document mode: row b of pos[B*T] holds documents of the given lengths
- * (lens, terminated by 0; the last document takes what is left of the row). */
-static int32_t *make_pos(int B, int T, const int *const *lens) {
-    int32_t *pos = mt_xmalloc(sizeof(int32_t) * (B > 0 && T > 0 ? (size_t)B * T : 1));
-    for (int b = 0; b < B; b++) {
-        const int *len = lens[b];
-        int t = 0;
-        for (int d = 0; t < T; d++) {
-            int n = len && len[d] ? len[d] : T - t;
-            for (int i = 0; i < n && t < T; i++, t++) pos[(size_t)b * T + t] = i;
-        }
-    }
-    return pos;
-}
 
 /* Runs fwd+bwd with pos and nthr threads; checks the results have the bits of o..dv. */
 static void att_same_bits(const float *o, const float *l, const float *dq, const float *dk,
@@ -355,6 +375,9 @@ static void test_attention(void) {
     attention_case(1, 70, 1, 1, 80, 1.0f, NULL, "causal", 0);  /* D > 64 */
     attention_case(2, 130, 4, 2, 16, 3.0f, NULL, "causal peaked", 0);
     attention_case(1, 200, 4, 2, 64, 1.0f, NULL, "causal", 0);
+    attention_case(1, 70, 1, 1, 128, 1.0f, NULL, "causal", 0); /* D = 128: two 64-column blocks */
+    /* T > 512: the forward's later groups of 8 query blocks (each a task of its own) */
+    attention_case(1, 600, 2, 1, 16, 1.0f, NULL, "causal", 1);
 
     /* document mode: odd lengths, a document of length 1 (also first and last), documents
      * ending on and across the 64-row tile boundaries, and a row that is one document */
@@ -370,6 +393,14 @@ static void test_attention(void) {
     const int *const rows2[] = {s0, s1, s2};
     pos = make_pos(3, 257, rows2);
     attention_case(3, 257, 2, 2, 32, 1.0f, pos, "documents", 1);
+    free(pos);
+    /* T > 512 in document mode: the second group's queries still see key 0 (a document of
+     * 530), the third group's start at key block 960 (its first document starts at 1023,
+     * one token before the group) */
+    static const int d0[] = {530, 1, 492, 77, 0};
+    const int *const rows3[] = {d0};
+    pos = make_pos(1, 1100, rows3);
+    attention_case(1, 1100, 1, 1, 16, 1.0f, pos, "documents", 1);
     free(pos);
 }
 

@@ -94,10 +94,15 @@ void mt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x,
 /* ---- RoPE --------------------------------------------------------------------------- */
 
 void mt_ref_rope_apply(float *x, int N, int T, int nh, int D, double theta, int inverse) {
+    mt_ref_rope_apply_pos(x, NULL, N, T, nh, D, theta, inverse);
+}
+
+void mt_ref_rope_apply_pos(float *x, const int32_t *pos, int N, int T, int nh, int D, double theta,
+                           int inverse) {
     MT_ASSERT(D % 2 == 0 && T > 0);
     int half = D / 2;
     for (int n = 0; n < N; n++) {
-        int t = n % T;
+        int t = pos ? pos[n] : n % T;
         for (int hd = 0; hd < nh; hd++) {
             float *v = x + ((size_t)n * nh + hd) * D;
             for (int i = 0; i < half; i++) {
