@@ -302,6 +302,22 @@ expect_fail eval_batch_negative '--batch' --timeout 60 -- "$M" eval --ckpt RUN -
 expect_fail eval_max_new_negative '--max-new' --timeout 60 -- "$M" eval --ckpt RUN --data D --problems 2 --max-new -1
 expect_fail train_lr_nan '--lr' -- "$M" train --config c.json --data D $TR --out R_LRNAN --lr nan --quiet
 expect_fail train_init_std_nan '--init-std' -- "$M" train --config c.json --data D $TR --out R_STDNAN --init-std nan --quiet
+# the parser: integers are never negative (no flag silently falls back to its default),
+# reals are finite, and strtoull's " -1" (2^64 - 1) is refused
+expect_fail train_warmup_negative '--warmup' -- "$M" train --config c.json --data D $TR --out R_WU --warmup -5 --quiet
+expect_fail train_seed_space_minus '--seed' -- "$M" train --config c.json --data D $TR --out R_SEED --seed " -1" --quiet
+expect_fail generate_temperature_nan '--temperature' -- "$M" generate --ckpt RUN --prompt 1+1= --temperature nan
+expect_fail train_vpp_zero '--vpp' -- "$M" train --config c.json --data D $TR --out R_VPP --vpp 0 --quiet
+expect_fail info_batch_zero '--batch' -- "$M" info --config c.json --batch 0
+expect_fail bench_steps_zero '--steps' -- "$M" bench --config c.json --steps 0
+expect_fail dump_batch_zero '--batch' -- "$M" dump --ckpt RUN --tokens "$TRAIN_SHARD" --out d0.safetensors --batch 0
+expect_fail eval_eot_range '--eot' --timeout 60 -- "$M" eval --ckpt RUN --data D --doc-mode --eot 999 --problems 0
+# a folder where a file is expected (it opens, and its size reads as LONG_MAX)
+expect_fail config_is_folder 'not a regular file' -- "$M" info --config D
+# --metrics elsewhere: the closing lines name the file that was written
+run_cmd 60 metrics.out metrics.err "$M" train --config c.json --data D $TR --out R_MET --metrics met.jsonl
+if [ $RC = 0 ] && [ -s met.jsonl ] && grep -qE '^  metrics +met.jsonl$' metrics.out; then ok train_metrics_path_printed
+else fail train_metrics_path_printed "exit $RC; closing lines: $(tail -3 metrics.out | tr '\n' '|')"; fi
 
 # ---- summary ---------------------------------------------------------------------------
 echo "${PASS} passed, ${#FAILS[@]} failed"

@@ -146,6 +146,11 @@ float mt_normal(uint64_t seed, uint64_t stream, uint64_t index) {
 int mt_read_file(const char *path, char **data, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    struct stat st; /* a directory opens, and tells a size of LONG_MAX */
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return mt_error("%s: not a regular file", path);
+    }
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return mt_error("%s: cannot seek", path); }
     long n = ftell(f);
     if (n < 0) { fclose(f); return mt_error("%s: cannot tell size", path); }

@@ -14,11 +14,19 @@ typedef struct {
 
 enum { MAX_DEPTH = 32, MAX_TOTALS = 64 };
 
+/* an open span: its name and start, and its event (or (size_t)-1 once the buffer is full:
+ * the span still counts in the totals, only its event is dropped) */
+typedef struct {
+    const char *name;
+    double t0;
+    size_t ev;
+} open_span;
+
 static struct {
     int on, pid, depth;
     size_t n, cap;
     trace_event *ev;
-    size_t open[MAX_DEPTH];
+    open_span open[MAX_DEPTH];
     double origin;
     int ntot;
     const char *tot_name[MAX_TOTALS];
@@ -40,12 +48,13 @@ int mt_trace_enabled(void) { return tr.on; }
 void mt_trace_begin(const char *name) {
     if (!tr.on) return;
     MT_ASSERT(tr.depth < MAX_DEPTH);
-    if (tr.n == tr.cap) { /* full: keep counting depth so begin/end stay paired, drop the event */
-        tr.open[tr.depth++] = (size_t)-1;
-        return;
+    double t0 = mt_now();
+    size_t i = (size_t)-1;
+    if (tr.n < tr.cap) {
+        i = tr.n++;
+        tr.ev[i] = (trace_event){name, t0, -1};
     }
-    tr.ev[tr.n] = (trace_event){name, mt_now(), -1};
-    tr.open[tr.depth++] = tr.n++;
+    tr.open[tr.depth++] = (open_span){name, t0, i};
 }
 
 static void add_total(const char *name, double dt) {
@@ -57,10 +66,10 @@ static void add_total(const char *name, double dt) {
 void mt_trace_end(void) {
     if (!tr.on) return;
     MT_ASSERT(tr.depth > 0);
-    size_t i = tr.open[--tr.depth];
-    if (i == (size_t)-1) return;
-    tr.ev[i].dur = mt_now() - tr.ev[i].t0;
-    add_total(tr.ev[i].name, tr.ev[i].dur);
+    open_span sp = tr.open[--tr.depth];
+    double dur = mt_now() - sp.t0;
+    if (sp.ev != (size_t)-1) tr.ev[sp.ev].dur = dur;
+    add_total(sp.name, dur);
 }
 
 double mt_trace_total(const char *prefix) {

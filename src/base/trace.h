@@ -7,7 +7,8 @@
 
 #include <stddef.h>
 
-/* Starts recording up to max_events events for process id `pid`. */
+/* Starts recording up to max_events events for process id `pid`; spans after the buffer
+ * is full still count in mt_trace_total, only their events are not kept. */
 void mt_trace_enable(int pid, size_t max_events);
 int mt_trace_enabled(void);
 /* Opens a span; name must outlive the trace (a string literal or a static buffer). */

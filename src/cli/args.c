@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,24 +29,24 @@ static int set_value(const char *cmd, const mt_arg *s, const char *v) {
     errno = 0;
     switch (s->type) {
     case MT_ARG_STR: *(const char **)s->dst = v; break;
-    case MT_ARG_INT: {
+    case MT_ARG_INT: { /* every integer flag is a count, size, id or period: none is negative */
         long x = strtol(v, &end, 10);
-        if (*v == 0 || *end || errno || x < INT_MIN || x > INT_MAX)
-            return mt_error("moetrain %s: --%s expects an integer, got '%s'", cmd, s->name, v);
+        if (*v == 0 || *end || errno || x < 0 || x > INT_MAX)
+            return mt_error("moetrain %s: --%s expects a non-negative integer, got '%s'", cmd, s->name, v);
         *(int *)s->dst = (int)x;
         break;
     }
     case MT_ARG_U64: {
-        unsigned long long x = strtoull(v, &end, 10);
-        if (*v == 0 || *end || errno || *v == '-')
+        unsigned long long x = strtoull(v, &end, 10); /* which takes " -1" as 2^64 - 1 */
+        if (*v == 0 || *end || errno || strchr(v, '-'))
             return mt_error("moetrain %s: --%s expects a non-negative integer, got '%s'", cmd, s->name, v);
         *(uint64_t *)s->dst = x;
         break;
     }
     case MT_ARG_DBL: {
         double x = strtod(v, &end);
-        if (*v == 0 || *end || errno)
-            return mt_error("moetrain %s: --%s expects a number, got '%s'", cmd, s->name, v);
+        if (*v == 0 || *end || errno || !isfinite(x))
+            return mt_error("moetrain %s: --%s expects a finite number, got '%s'", cmd, s->name, v);
         *(double *)s->dst = x;
         break;
     }

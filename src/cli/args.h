@@ -1,6 +1,7 @@
 /* cli/args.h — a small table-driven flag parser shared by every command.
  * Flags are --name VALUE (or --name=VALUE); booleans are --name. Unknown flags, missing
- * values and malformed numbers are errors naming the flag. */
+ * values and malformed numbers (negative integers, NaN or infinite reals) are errors
+ * naming the flag. */
 #ifndef MT_CLI_ARGS_H
 #define MT_CLI_ARGS_H
 

@@ -441,6 +441,12 @@ int mt_cmd_bench(int argc, char **argv) {
         if (mpi) mt_dist_finalize();
         return rc ? mt_cli_fail() : 0;
     }
+    if (B < 1 || steps < 1) {
+        mt_error("moetrain bench: --batch and --steps must be at least 1");
+        return mt_cli_fail();
+    }
+    int policy = mt_recompute_parse(recompute); /* before the timings: a typo fails at once */
+    if (policy < 0) return mt_cli_fail();
     /* bf16: every GEMM below (the peak and the steps) runs mt_gemm_bf16 */
     if (bf16 && mt_set_gemm_bf16(1) != 0) return mt_cli_fail();
     const char *gemm = bf16 ? "gemm bf16" : "sgemm";
@@ -466,8 +472,6 @@ int mt_cmd_bench(int argc, char **argv) {
     if (mt_model_init(&m, &c) != 0) return mt_cli_fail();
     mt_model_init_weights(&m, 1, sqrtf(1.0f / (2.0f * c.hidden_size * c.num_hidden_layers)));
     float *am = mt_alloc(m.nparams * sizeof(float)), *av = mt_alloc(m.nparams * sizeof(float));
-    int policy = mt_recompute_parse(recompute);
-    if (policy < 0) return mt_cli_fail();
     mt_acts *a = mt_acts_new_policy(&c, B, T, mt_get_threads(), policy);
     size_t N = (size_t)B * T;
     int32_t *in = mt_xmalloc(sizeof(int32_t) * N), *tg = mt_xmalloc(sizeof(int32_t) * N);

@@ -17,7 +17,7 @@ int mt_cmd_dump(int argc, char **argv) {
     const char *ckpt = NULL, *tokens = NULL, *out = NULL;
     int B = 2, T = 16;
     mt_arg specs[] = {
-        {"ckpt", MT_ARG_STR, &ckpt, "checkpoint folder (required)", NULL},
+        {"ckpt", MT_ARG_STR, &ckpt, "checkpoint or run folder (required)", NULL},
         {"tokens", MT_ARG_STR, &tokens, "token shard holding B*(T+1) tokens (required)", NULL},
         {"batch", MT_ARG_INT, &B, "rows (default 2)", NULL},
         {"seq", MT_ARG_INT, &T, "sequence length (default 16)", NULL},
@@ -27,6 +27,7 @@ int mt_cmd_dump(int argc, char **argv) {
                            NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!ckpt || !tokens || !out) { mt_error("moetrain dump: --ckpt, --tokens and --out are required"); return mt_cli_fail(); }
+    if (B < 1) { mt_error("moetrain dump: --batch must be at least 1"); return mt_cli_fail(); }
     mt_model m;
     if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) return mt_cli_fail();
     const mt_config *c = &m.cfg;

@@ -123,6 +123,11 @@ int mt_cmd_eval(int argc, char **argv) {
     char dir[4096];
     if (mt_ckpt_open_model(ckpt, &m, dir, sizeof dir) != 0) return mt_cli_fail();
     if (T <= 0) T = m.cfg.max_position_embeddings < 256 ? m.cfg.max_position_embeddings : 256;
+    if (doc && eot >= m.cfg.vocab_size) {
+        mt_error("moetrain eval: --eot %d is not a token id of the model (vocab_size %d)", eot, m.cfg.vocab_size);
+        mt_model_free(&m);
+        return mt_cli_fail();
+    }
     if (T > m.cfg.max_position_embeddings) {
         mt_error("moetrain eval: --seq %d exceeds max_position_embeddings %d", T, m.cfg.max_position_embeddings);
         mt_model_free(&m);

@@ -19,6 +19,7 @@ int mt_cmd_info(int argc, char **argv) {
     int rc = mt_args_parse("info", "--config FILE [--batch B --seq T]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!config) { mt_error("moetrain info: --config is required"); return mt_cli_fail(); }
+    if (B < 1) { mt_error("moetrain info: --batch must be at least 1"); return mt_cli_fail(); }
     mt_config c;
     if (mt_config_load(&c, mt_cli_config_path(config)) != 0) return mt_cli_fail();
     if (T <= 0) T = c.max_position_embeddings < 512 ? c.max_position_embeddings : 512;

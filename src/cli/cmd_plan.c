@@ -56,7 +56,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"config", MT_ARG_STR, &model, "same as --model", NULL},
         {"cluster", MT_ARG_STR, &cluster, "cluster JSON or preset name in configs/clusters (required)", NULL},
         {"seq", MT_ARG_INT, &T, "sequence length (default 8192)", NULL},
-        {"global-batch", MT_ARG_STR, &gb, "sequences per step (1536, 1536seq) or tokens (12.5Mtok); default 16M tokens", NULL},
+        {"global-batch", MT_ARG_STR, &gb, "sequences per step (1536, 1536seq) or tokens (12.5Mtok; K, M, G = 10^3, 10^6, 10^9); default 2^24 = 16.8M tokens", NULL},
         {"devices", MT_ARG_INT, &devices, "devices (overrides the cluster file)", NULL},
         {"devices-per-node", MT_ARG_INT, &per_node, "devices per node (overrides the cluster file; calibrated CPU files: default all devices on one node)", NULL},
         {"threads", MT_ARG_INT, &threads, "calibrated CPU files: threads per device (rank); default the most measured", NULL},

@@ -35,7 +35,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"init", MT_ARG_STR, &o.init, "start a new run from a checkpoint's weights", NULL},
         {"log-every", MT_ARG_INT, &o.log_every, "steps between progress lines (default 1)", NULL},
         {"eval-every", MT_ARG_INT, &o.eval_every, "steps between validation losses, 0 = off (default 0)", NULL},
-        {"eval-windows", MT_ARG_INT, &o.eval_windows, "validation windows per evaluation (default 64)", NULL},
+        {"eval-windows", MT_ARG_INT, &o.eval_windows, "validation windows per evaluation, 0 = all (default 64)", NULL},
         {"save-every", MT_ARG_INT, &o.save_every, "steps between checkpoints, 0 = only at the end", NULL},
         {"keep", MT_ARG_INT, &o.keep, "newest checkpoints kept in the run folder, 0 = all (default 2)", NULL},
         {"max-bad-steps", MT_ARG_INT, &o.max_bad, "stop after this many non-finite steps in a row (default 5)", NULL},

@@ -592,6 +592,7 @@ int mt_train(const mt_train_opts *opts) {
     uint64_t samples = 0;
     mt_dist *d = mt_dist_get();
     /* the layout first: the DP size decides how a resumed run's global batch is split */
+    if (o.vpp < 1) return mt_error("train: --vpp must be >= 1 (model chunks per pipeline rank)");
     if (o.vpp > 1 && o.pp < 2) return mt_error("train: --vpp %d needs --pp >= 2 (chunks of a pipeline)", o.vpp);
     if (o.sp && o.tp < 2) return mt_error("train: --sp (sequence parallelism) needs --tp >= 2");
     if (mt_dist_set_layout(d, o.pp, o.tp, o.sp, o.ep) != 0) return -1;
@@ -814,8 +815,10 @@ int mt_train(const mt_train_opts *opts) {
 
     /* the GEMM peak of one rank (MFU denominator: ranks x this) */
     /* the start-up measurement is low on a busy machine; --peak-gflops pins the denominator */
-    if (o.profile)
-        mt_trace_enable(d->rank, (size_t)(o.steps - start_step + 1) * (size_t)(cfg.num_hidden_layers * 24 + 32) * o.accum);
+    if (o.profile) { /* the events of the whole run, up to 2^20 (24 MiB): the rest only count in the breakdown */
+        size_t ev = (size_t)(o.steps - start_step + 1) * (size_t)(cfg.num_hidden_layers * 24 + 32) * (size_t)o.accum;
+        mt_trace_enable(d->rank, ev < ((size_t)1 << 20) ? ev : (size_t)1 << 20);
+    }
     const double peak = o.peak_gflops > 0 ? o.peak_gflops : root ? mt_gemm_gflops(1024, 0.3) : 0.0;
     const double flops_tok = mt_model_flops_per_token(&cfg, o.seq);
     const double act_params = mt_model_active_params(&cfg);
@@ -1156,7 +1159,8 @@ int mt_train(const mt_train_opts *opts) {
             printf("done: %.0f tok/s (steady state), MFU %.1f%% of %s GFLOP/s, threads waiting %.1f%%, peak RSS %.0f MiB",
                    tps, 100 * mfu, peaks, 100 * wait, (double)rss_peak / 1048576.0);
             if (W > 1) printf(", communication %.1f%% of the step", 100 * comm_share);
-            printf("\n  checkpoint %s\n  metrics    %s/metrics.jsonl\n", last_good, o.out);
+            if (o.metrics) printf("\n  checkpoint %s\n  metrics    %s\n", last_good, o.metrics);
+            else printf("\n  checkpoint %s\n  metrics    %s/metrics.jsonl\n", last_good, o.out);
         }
         fflush(r.metrics);
         fflush(r.tsv);
