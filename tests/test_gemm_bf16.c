@@ -8,12 +8,16 @@
  *      dimensions larger than the rows, at top level (threads) and inside a parallel region;
  *   3. the result does not depend on the threads (1 vs 2: the same bits);
  *   4. mt_sgemm and the grouped expert GEMMs of kernels/moe.c in bf16 mode (experts with 0,
- *      1 and many rows);
+ *      1 and many rows; row tiles grown past the fp32 sizes, weight gradients in several
+ *      output tiles, beta and accumulation, a padded expert stride); the LM head with its
+ *      packed weight: the same bits as one chunk per call, its logits against the
+ *      reference product, loss and gradients within 2e-2 of the fp32 head;
  *   5. flash attention in bf16 mode (every product on bf16 pairs, softmax and sums fp32),
  *      forward and backward, against fp32 attention: normalised error within 2e-2 (the
  *      error of bf16 operands), not zero (the bf16 path ran), over lengths that leave odd
- *      rows in the last block, grouped heads and document mode; a head size the pair layout
- *      cannot take (D % 16 != 0) stays fp32 (the same bits).
+ *      rows in the last block, grouped heads and document mode, D up to 128, T beyond one
+ *      forward group of query blocks (600, 1100); a head size the pair layout cannot
+ *      take (D % 16 != 0) stays fp32 (the same bits).
  * Exits 77 (CTest: skipped) on a CPU without AVX512-BF16. */
 #include <math.h>
 #include <omp.h>
@@ -28,7 +32,7 @@
 #include "kernels/ops.h"
 #include "kstats.h"
 
-enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_ATT_FWD, S_ATT_BWD, S_COUNT };
+enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_HEAD, S_ATT_FWD, S_ATT_BWD, S_COUNT };
 static stat stats[S_COUNT] = {
     [S_ROUND] = {"bf16 rounding (exact)", 0, 0, 0},
     [S_GEMM] = {"gemm_bf16", 1e-6, 0, 0},
@@ -37,6 +41,7 @@ static stat stats[S_COUNT] = {
     [S_GL_FWD] = {"grouped_linear_fwd bf16", 1e-6, 0, 0},
     [S_GL_DATA] = {"grouped_linear_bwd_data bf16", 1e-6, 0, 0},
     [S_GL_WEIGHT] = {"grouped_linear_bwd_weight bf16", 1e-6, 0, 0},
+    [S_HEAD] = {"head_ce bf16 vs fp32", 2e-2, 0, 0},
     [S_ATT_FWD] = {"attention_fwd bf16 vs fp32", 2e-2, 0, 0},
     [S_ATT_BWD] = {"attention_bwd bf16 vs fp32", 2e-2, 0, 0},
 };
@@ -228,6 +233,8 @@ static void test_packed(void) {
             for (int tB = 0; tB < 2; tB++) packed_case(dims[d][0], dims[d][1], dims[d][2], tA, tB);
 }
 
+static double rel_err(const float *x, const float *y, size_t n);
+
 /* The LM head in bf16 mode over several row chunks packs its weight once per call
  * (mt_gemm_bf16_packed): the same dx and dW bits as calls of one chunk each (which pack
  * per product), and the same loss up to the order of its double sum */
@@ -249,12 +256,72 @@ static void test_head_packed(void) {
         l2 += mt_head_ce(dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, scratch);
     }
     double l3 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, scratch); /* loss only */
+    /* evaluation: the logits of all rows through the packed weight, against the bf16-rounded
+     * reference product */
+    float *lg = mt_alloc((size_t)N * V * 4);
+    double l4 = mt_head_ce(NULL, NULL, lg, x, W, tg, N, C, V, 1.0f / N, scratch);
     mt_set_gemm_bf16(0);
-    CHECK(fabs(l1 - l2) <= 1e-9 * fabs(l2) && l1 == l3);
+    CHECK(fabs(l1 - l2) <= 1e-9 * fabs(l2) && l1 == l3 && l1 == l4);
     CHECK_SAME_F(dx1, dx2, (size_t)N * C);
     CHECK_SAME_F(dW1, dW2, (size_t)V * C);
+    RECORD(S_SGEMM, "head logits", gemm_err(0, 1, N, V, C, 1.0f, x, C, W, C, 0.0f, NULL, lg, V));
+    /* against the fp32 head: the loss and gradients of bf16 products within bf16's precision */
+    float *dx3 = mt_alloc((size_t)N * C * 4), *dW3 = mt_alloc((size_t)V * C * 4);
+    memset(dW3, 0, (size_t)V * C * 4);
+    double l5 = mt_head_ce(dx3, dW3, NULL, x, W, tg, N, C, V, 1.0f / N, scratch);
+    RECORD(S_HEAD, "loss", fabs(l1 - l5) / fabs(l5));
+    double ex = rel_err(dx1, dx3, (size_t)N * C), ew = rel_err(dW1, dW3, (size_t)V * C);
+    RECORD(S_HEAD, "dx,dW", ex > ew ? ex : ew);
+    CHECK(memcmp(dx1, dx3, (size_t)N * C * 4) != 0); /* bf16 products did run */
     mt_free(x); mt_free(W); mt_free(dx1); mt_free(dx2); mt_free(dW1); mt_free(dW2); mt_free(scratch);
+    mt_free(lg); mt_free(dx3); mt_free(dW3);
     free(tg);
+}
+
+/* The grouped expert GEMMs (moe.c) in bf16 mode on experts off[0..E] of rows, In -> O, the
+ * expert stride padded by pad floats: every expert's forward, data and weight gradient
+ * against the bf16-rounded reference; y and dx get beta * their old values, dW its old
+ * values (the weight gradient accumulates); an expert without rows keeps its dW. */
+static void grouped_case(int E, const int32_t *off, int In, int O, int pad, float beta) {
+    CHECK(mt_set_gemm_bf16(1) == 0 && mt_gemm_bf16_enabled());
+    const int R = off[E];
+    const size_t ws = (size_t)O * In + (size_t)pad, ny = (size_t)R * O, nx = (size_t)R * In;
+    float *x = mt_alloc(nx * 4), *W = mt_alloc(ws * E * 4), *y = mt_alloc(ny * 4), *y0 = mt_alloc(ny * 4);
+    float *dy = mt_alloc(ny * 4), *dx = mt_alloc(nx * 4), *dx0 = mt_alloc(nx * 4);
+    float *dW = mt_alloc(ws * E * 4), *dW0 = mt_alloc(ws * E * 4);
+    for (size_t i = 0; i < nx; i++) { x[i] = rnd(8, i); dx0[i] = dx[i] = beta != 0 ? rnd(17, i) : NAN; }
+    for (size_t i = 0; i < ws * E; i++) { W[i] = rnd(9, i); dW0[i] = dW[i] = beta != 0 ? rnd(18, i) : 0.0f; }
+    for (size_t i = 0; i < ny; i++) { dy[i] = rnd(10, i); y0[i] = y[i] = beta != 0 ? rnd(19, i) : NAN; }
+    mt_grouped_linear_fwd(y, x, W, ws, off, E, In, O, beta);
+    mt_grouped_linear_bwd_data(dx, dy, W, ws, off, E, In, O, beta);
+    mt_grouped_linear_bwd_weight(dW, ws, dy, x, off, E, In, O);
+    double ef = 0, ed = 0, ew = 0;
+    int untouched = 1; /* experts without rows, and the stride's padding, keep dW */
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], n = off[e + 1] - off[e];
+        snprintf(where, sizeof where, "grouped E %d O %d expert %d rows %d beta %g", E, O, e, n, beta);
+        for (size_t i = (size_t)O * In; i < ws; i++) untouched &= dW[e * ws + i] == dW0[e * ws + i];
+        if (n == 0) {
+            untouched &= memcmp(dW + e * ws, dW0 + e * ws, ws * 4) == 0;
+            continue;
+        }
+        double a = gemm_err(0, 1, n, O, In, 1.0f, x + (size_t)r0 * In, In, W + e * ws, In, beta,
+                            y0 + (size_t)r0 * O, y + (size_t)r0 * O, O);
+        double b = gemm_err(0, 0, n, In, O, 1.0f, dy + (size_t)r0 * O, O, W + e * ws, In, beta,
+                            dx0 + (size_t)r0 * In, dx + (size_t)r0 * In, In);
+        double c = gemm_err(1, 0, O, In, n, 1.0f, dy + (size_t)r0 * O, O, x + (size_t)r0 * In, In, 1.0f,
+                            dW0 + e * ws, dW + e * ws, In);
+        ef = a > ef ? a : ef;
+        ed = b > ed ? b : ed;
+        ew = c > ew ? c : ew;
+    }
+    CHECK(untouched);
+    RECORD(S_GL_FWD, "y", ef);
+    RECORD(S_GL_DATA, "dx", ed);
+    RECORD(S_GL_WEIGHT, "dW", ew);
+    CHECK(mt_set_gemm_bf16(0) == 0 && !mt_gemm_bf16_enabled());
+    mt_free(x); mt_free(W); mt_free(y); mt_free(y0); mt_free(dy); mt_free(dx); mt_free(dx0);
+    mt_free(dW); mt_free(dW0);
 }
 
 /* mt_sgemm dispatches to the kernel in bf16 mode; the grouped expert GEMMs (moe.c) follow */
@@ -272,47 +339,19 @@ static void test_dispatch_and_grouped(void) {
         mt_free(B);
         mt_free(C);
     }
-    /* experts with 0, 1, 600 and 37 rows; In 48, O 40 */
-    const int E = 4, In = 48, O = 40;
-    const int32_t off[5] = {0, 0, 1, 601, 638};
-    const int R = off[E];
-    const size_t ws = (size_t)O * In;
-    float *x = mt_alloc((size_t)R * In * 4), *W = mt_alloc(ws * E * 4), *y = mt_alloc((size_t)R * O * 4);
-    float *dy = mt_alloc((size_t)R * O * 4), *dx = mt_alloc((size_t)R * In * 4), *dW = mt_alloc(ws * E * 4);
-    for (size_t i = 0; i < (size_t)R * In; i++) x[i] = rnd(8, i);
-    for (size_t i = 0; i < ws * E; i++) W[i] = rnd(9, i);
-    for (size_t i = 0; i < (size_t)R * O; i++) dy[i] = rnd(10, i);
-    mt_grouped_linear_fwd(y, x, W, ws, off, E, In, O, 0.0f);
-    mt_grouped_linear_bwd_data(dx, dy, W, ws, off, E, In, O, 0.0f);
-    mt_grouped_linear_bwd_weight(dW, ws, dy, x, off, E, In, O);
-    double ef = 0, ed = 0, ew = 0;
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], n = off[e + 1] - off[e];
-        snprintf(where, sizeof where, "grouped expert %d rows %d", e, n);
-        if (n == 0) continue;
-        double a = gemm_err(0, 1, n, O, In, 1.0f, x + (size_t)r0 * In, In, W + e * ws, In, 0.0f, NULL,
-                            y + (size_t)r0 * O, O);
-        double b = gemm_err(0, 0, n, In, O, 1.0f, dy + (size_t)r0 * O, O, W + e * ws, In, 0.0f, NULL,
-                            dx + (size_t)r0 * In, In);
-        double c = gemm_err(1, 0, O, In, n, 1.0f, dy + (size_t)r0 * O, O, x + (size_t)r0 * In, In, 0.0f, NULL,
-                            dW + e * ws, In);
-        ef = a > ef ? a : ef;
-        ed = b > ed ? b : ed;
-        ew = c > ew ? c : ew;
-    }
-    int zero_ok = 1; /* the expert without rows has no gradient */
-    for (size_t i = 0; i < ws; i++) zero_ok &= dW[i] == 0.0f;
-    CHECK(zero_ok);
-    RECORD(S_GL_FWD, "y", ef);
-    RECORD(S_GL_DATA, "dx", ed);
-    RECORD(S_GL_WEIGHT, "dW", ew);
     CHECK(mt_set_gemm_bf16(0) == 0 && !mt_gemm_bf16_enabled());
-    mt_free(x);
-    mt_free(W);
-    mt_free(y);
-    mt_free(dy);
-    mt_free(dx);
-    mt_free(dW);
+    /* experts with 0, 1, 600 and 37 rows; In 48, O 40 */
+    static const int32_t off4[5] = {0, 0, 1, 601, 638};
+    grouped_case(4, off4, 48, 40, 0, 0.0f);
+    /* 3000 rows over 16 experts (two empty, one of 1 row): more rows than 4 tiles of 256 per
+     * thread, so the bf16 row tiles grow past the fp32 sizes (to 384: the 400-row experts
+     * take two); a padded expert stride; beta 0.5 and dW accumulated onto values */
+    static const int32_t off16[17] = {0, 0, 1, 400, 400, 655, 900, 1100, 1400, 1401, 1700, 1900, 2100, 2400,
+                                      2600, 2800, 3000};
+    grouped_case(16, off16, 48, 100, 7, 0.5f);
+    /* few experts, O 200: the weight gradient in output tiles of 80 rows (80, 80, 40) */
+    static const int32_t off3[4] = {0, 500, 501, 900};
+    grouped_case(3, off3, 40, 200, 3, 1.0f);
 }
 
 /* max |x - y| / max |y| */
