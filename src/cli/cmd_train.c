@@ -41,7 +41,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"max-bad-steps", MT_ARG_INT, &o.max_bad, "stop after this many non-finite steps in a row (default 5)", NULL},
         {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", NULL},
         {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
-        {"peak-gflops", MT_ARG_DBL, &o.peak_gflops, "MFU denominator (default: SGEMM measured at start-up; `moetrain bench` prints it)", NULL},
+        {"peak-gflops", MT_ARG_DBL, &o.peak_gflops, "MFU denominator (default: the GEMM measured at start-up, again when a step beats it and at the end; the highest counts)", NULL},
         {"profile", MT_ARG_BOOL, &o.profile, "print a per-step time breakdown and write OUT/trace_rank<R>.json (Perfetto)", NULL},
         {"plot", MT_ARG_BOOL, &o.plot, "draw OUT/loss.png with gnuplot at the end", NULL},
         {"bf16", MT_ARG_BOOL, &o.bf16, "mixed precision: matrix products in bfloat16 with fp32 sums (AVX512-BF16); weights, gradients and optimizer stay fp32", &o.set_bf16},
