@@ -312,6 +312,11 @@ expect_fail info_batch_zero '--batch' -- "$M" info --config c.json --batch 0
 expect_fail bench_steps_zero '--steps' -- "$M" bench --config c.json --steps 0
 expect_fail dump_batch_zero '--batch' -- "$M" dump --ckpt RUN --tokens "$TRAIN_SHARD" --out d0.safetensors --batch 0
 expect_fail eval_eot_range '--eot' --timeout 60 -- "$M" eval --ckpt RUN --data D --doc-mode --eot 999 --problems 0
+# flags that would be ignored: refused
+expect_fail train_resume_and_init '--init' -- "$M" train --resume RUN --init RUN --data D --steps 3 --out R_RI --quiet
+expect_fail bench_steps_without_config '--config' -- "$M" bench --steps 3
+expect_fail bench_quick_without_calibrate '--calibrate' -- "$M" bench --quick
+expect_fail plan_per_node_not_dividing '--devices-per-node' -- "$M" plan --model c.json --seq 64 --cluster h100 --devices 8 --devices-per-node 3
 # a folder where a file is expected (it opens, and its size reads as LONG_MAX)
 expect_fail config_is_folder 'not a regular file' -- "$M" info --config D
 # --metrics elsewhere: the closing lines name the file that was written

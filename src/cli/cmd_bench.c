@@ -407,20 +407,28 @@ int mt_cmd_bench(int argc, char **argv) {
     const char *config = NULL;
     int B = 8, T = -1, steps = 5, threads = 0; /* T: -1 = 512, or the config's maximum when smaller */
     const char *recompute = "none", *calibrate = NULL;
-    int quick = 0, bf16 = 0;
+    int quick = 0, bf16 = 0, step_flags = 0; /* step_flags: one of the --config run's flags was given */
     mt_arg specs[] = {
         {"calibrate", MT_ARG_STR, &calibrate, "measure this machine and write a cluster file for moetrain plan (SGEMM and, with AVX512-BF16, the bf16 GEMM of train --bf16)", NULL},
         {"quick", MT_ARG_BOOL, &quick, "with --calibrate: shorter timings, smaller buffers, no T=4096 attention", NULL},
         {"config", MT_ARG_STR, &config, "also time training steps of this config (preset or file)", NULL},
-        {"batch", MT_ARG_INT, &B, "micro-batch (default 8)", NULL},
-        {"seq", MT_ARG_INT, &T, "sequence length (default 512, or the config's max_position_embeddings when smaller)", NULL},
-        {"steps", MT_ARG_INT, &steps, "timed steps after one warm-up step (default 5)", NULL},
+        {"batch", MT_ARG_INT, &B, "with --config: micro-batch (default 8)", &step_flags},
+        {"seq", MT_ARG_INT, &T, "with --config: sequence length (default 512, or the config's max_position_embeddings when smaller)", &step_flags},
+        {"steps", MT_ARG_INT, &steps, "with --config: timed steps after one warm-up step (default 5)", &step_flags},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
-        {"recompute", MT_ARG_STR, &recompute, "memory policy: none or selective (default none)", NULL},
+        {"recompute", MT_ARG_STR, &recompute, "with --config: memory policy, none or selective (default none)", &step_flags},
         {"bf16", MT_ARG_BOOL, &bf16, "GEMMs in bf16 with fp32 sums, as train --bf16 (AVX512-BF16)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("bench", "[--bf16] [--config NAME --batch B --seq T --steps N]  |  --calibrate OUT.json [--quick]  |  bench kernels --help", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (step_flags && !config) {
+        mt_error("moetrain bench: --batch, --seq, --steps and --recompute time training steps: they need --config");
+        return mt_cli_fail();
+    }
+    if (quick && !calibrate) {
+        mt_error("moetrain bench: --quick shortens --calibrate (or bench kernels --quick)");
+        return mt_cli_fail();
+    }
     if (calibrate) {
         if (config) {
             mt_error("moetrain bench: --calibrate and --config are separate runs");

@@ -18,7 +18,7 @@ static int data_math(int argc, char **argv) {
     mt_math_defaults(&o);
     const char *out = NULL, *mix = NULL;
     uint64_t ntrain = o.n_train, nval = o.n_val;
-    int mind = o.min_digits, maxd = o.max_digits, terms = o.multi_terms;
+    int mind = o.min_digits, maxd = o.max_digits, terms = o.multi_terms, terms_given = 0;
     mt_arg specs[] = {
         {"out", MT_ARG_STR, &out, "output folder (required)", NULL},
         {"seed", MT_ARG_U64, &o.seed, "corpus seed (default 1)", NULL},
@@ -27,7 +27,7 @@ static int data_math(int argc, char **argv) {
         {"min-digits", MT_ARG_INT, &mind, "fewest digits of an operand (default 1)", NULL},
         {"max-digits", MT_ARG_INT, &maxd, "most digits of an operand (default 2)", NULL},
         {"mix", MT_ARG_STR, &mix, "operation weights, e.g. add=1,sub=1,mul=0.5,multi=0.5 (default add=1)", NULL},
-        {"terms", MT_ARG_INT, &terms, "terms of a multi-step expression (default 3)", NULL},
+        {"terms", MT_ARG_INT, &terms, "terms of a multi-step expression (--mix multi=W; default 3)", &terms_given},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("data math", "--out DIR [flags]\n\nWrites a seeded corpus of arithmetic problems "
                            "(one per document, byte tokens) as math_train_*.bin and math_val_*.bin; "
@@ -40,6 +40,8 @@ static int data_math(int argc, char **argv) {
     o.max_digits = maxd;
     o.multi_terms = terms;
     if (mix && mt_math_parse_mix(&o, mix) != 0) return mt_cli_fail();
+    if (terms_given && !(mix && strstr(mix, "multi")))
+        mt_warn("--terms shapes multi-step expressions, which --mix does not ask for (multi=W): no effect");
     double t0 = mt_now();
     if (mt_math_generate(&o, out) != 0) return mt_cli_fail();
     printf("wrote %llu train and %llu validation problems to %s (%.1f s)\n", (unsigned long long)o.n_train,

@@ -128,6 +128,10 @@ int mt_cmd_plan(int argc, char **argv) {
         st.threads = cl.dev_threads;
         st.bucket_bytes = bucket_mb * 1048576.0;
     } else if (per_node > 0) {
+        if (st.devices % per_node != 0) { /* as a cluster file must have it */
+            mt_error("moetrain plan: --devices-per-node %d does not divide the %d devices", per_node, st.devices);
+            return mt_cli_fail();
+        }
         cl.per_node = per_node;
     }
     if (imbalance != 0) {
@@ -158,6 +162,8 @@ int mt_cmd_plan(int argc, char **argv) {
         st.global_seqs = (16LL << 20) / T > 0 ? (16LL << 20) / T : 1;
     }
 
+    if (explain && (layout || json))
+        mt_warn("--explain compares the best layouts of a search: it has no effect with --%s", layout ? "layout" : "json");
     if (layout) {
         mt_layout l;
         if (mt_layout_parse(&l, layout) != 0) return mt_cli_fail();

@@ -609,6 +609,10 @@ int mt_train(const mt_train_opts *opts) {
 
     /* configuration: resume > init > --config */
     char resume_out[4096];
+    if (o.resume && o.init)
+        return mt_error("train: --resume continues a run, --init starts a new one from weights: give one of them");
+    if ((o.resume || o.init) && o.init_std > 0 && root)
+        mt_warn("--init-std has no effect with --%s: the weights come from the checkpoint", o.resume ? "resume" : "init");
     if (o.resume) {
         if (mt_ckpt_resolve(o.resume, ckdir, sizeof ckdir) != 0) return -1;
         if (o.config && root) mt_warn("--resume given: --config is ignored, the model config comes from %s/config.json", ckdir);
