@@ -114,6 +114,8 @@ variant("attention_bias", {"attention_bias": True})
 variant("float_int", {"hidden_size": 8.5})
 variant("missing_key", drop=("intermediate_size",))
 variant("vocab200", {"vocab_size": 200})
+variant("layers300", {"num_hidden_layers": 300, "first_k_dense_replace": 300})
+variant("absurd", {"vocab_size": 2000000000, "hidden_size": 2000000000})
 # accepted spellings (positive control for the rules above)
 variant("accepted", {"hidden_size": 32.0, "rope_scaling": None, "moe_layer_freq": 1,
                      "attention_bias": False, "some_unknown_key": "kept"})
@@ -192,6 +194,10 @@ d = bytearray(src); struct.pack_into("<i", d, 8, n + 100)         # header count
 put("COUNTHI", "math_train_000000.bin", bytes(d))
 d = bytearray(src); struct.pack_into("<i", d, 8, n - 100)         # header count < file
 put("COUNTLO", "math_train_000000.bin", bytes(d))
+# uint32 shard with a token of 2^31 (negative as int32) for dump
+toks = [5] * 100; toks[3] = 0x80000000
+h = [0] * 256; h[0] = 20240801; h[1] = 7; h[2] = len(toks)
+put("TOK31", "t_train_000000.bin", struct.pack("<256i", *h) + struct.pack("<%dI" % len(toks), *toks))
 # uint32 shard with a token beyond any vocab
 toks = [5] * 3000; toks[100] = 70000
 h = [0] * 256; h[0] = 20240801; h[1] = 7; h[2] = len(toks)
@@ -217,6 +223,9 @@ expect_fail vocab_mismatch_train '(D|math_train).*vocab_size|vocab_size.*(D\b|ma
 expect_fail vocab_mismatch_uint32_token '(BIGTOK|s_train).*vocab_size|vocab_size.*(BIGTOK|s_train)' -- "$M" train --config c.json --data BIGTOK $TR --out R1
 expect_ok control_train_vocab200 -- "$M" train --config cfg/vocab200.json --data SMALLV --steps 1 --batch 2 --seq 32 --out RV --quiet
 expect_fail vocab_mismatch_eval '(D|math_val).*vocab_size|vocab_size.*(D\b|math_val)' -- "$M" eval --ckpt RV --data D --problems 0
+# byte-tokenizer prompts (end-of-text 256) on a vocab-200 model: refused, not read past the embedding
+expect_fail generate_vocab_below_eot 'vocab_size 200' -- "$M" generate --ckpt RV --prompt abc --max-new 2
+expect_fail dump_token_2_31 'token id 2147483648' -- "$M" dump --ckpt RUN --tokens TOK31/t_train_000000.bin --out d31.safetensors --batch 2 --seq 16
 
 # ---- checkpoints -----------------------------------------------------------------------
 edit_json() {  # edit_json FILE 'python statement on c'
@@ -312,6 +321,9 @@ expect_fail info_batch_zero '--batch' -- "$M" info --config c.json --batch 0
 expect_fail bench_steps_zero '--steps' -- "$M" bench --config c.json --steps 0
 expect_fail dump_batch_zero '--batch' -- "$M" dump --ckpt RUN --tokens "$TRAIN_SHARD" --out d0.safetensors --batch 0
 expect_fail eval_eot_range '--eot' --timeout 60 -- "$M" eval --ckpt RUN --data D --doc-mode --eot 999 --problems 0
+# configs beyond the trainer: a clear error, not a stack overrun or an abort allocating
+expect_fail train_layers_over_256 'num_hidden_layers 300.*256' -- "$M" train --config cfg/layers300.json --data D $TR --out R_L300 --quiet
+expect_fail train_absurd_sizes 'parameter' -- "$M" train --config cfg/absurd.json --data D $TR --out R_ABS --quiet
 # flags that would be ignored: refused
 expect_fail train_resume_and_init '--init' -- "$M" train --resume RUN --init RUN --data D --steps 3 --out R_RI --quiet
 expect_fail bench_steps_without_config '--config' -- "$M" bench --steps 3

@@ -29,6 +29,23 @@ cmp "$T/a/step_00000006/optimizer.safetensors" "$T/b/step_00000006/optimizer.saf
 "$MT" train --resume "$T/a" --data "$T/data" --steps 8 --quiet --threads 2 --out "$T/c"
 [ -f "$T/c/step_00000008/checksums.json" ] || fail "resume from run folder did not reach step 8"
 
+# resuming an older checkpoint into its own run folder with --keep 1: the checkpoint just
+# saved (named by `latest`) and the later ones left by the first run stay; the older go.
+# Saving a step that exists again replaces its folder whole (no .tmp / .old left behind).
+"$MT" train "${common[@]}" --steps 4 --save-every 2 --keep 0 --out "$T/k"
+"$MT" train --resume "$T/k/step_00000002" --data "$T/data" --steps 3 --keep 1 --quiet --threads 2 --out "$T/k"
+[ "$(cat "$T/k/latest")" = step_00000003 ] || fail "--keep: latest is $(cat "$T/k/latest"), not step_00000003"
+[ -f "$T/k/step_00000003/checksums.json" ] || fail "--keep removed the checkpoint it had just saved"
+[ -d "$T/k/step_00000004" ] || fail "--keep removed a later checkpoint of the first run"
+[ ! -d "$T/k/step_00000002" ] || fail "--keep 1 left the older step_00000002"
+"$MT" train --resume "$T/k" --data "$T/data" --steps 4 --quiet --threads 2 || fail "resume after --keep"
+[ -f "$T/k/step_00000004/checksums.json" ] && [ "$(cat "$T/k/latest")" = step_00000004 ] || fail "step 4 saved again"
+[ -z "$(ls -d "$T"/k/*.tmp "$T"/k/*.old 2>/dev/null)" ] || fail "a .tmp or .old folder was left: $(ls "$T/k")"
+# a `latest` naming a missing folder: an error that says so
+echo step_00000099 > "$T/k/latest"
+if "$MT" eval --ckpt "$T/k" --data "$T/data" --problems 0 2> "$T/lerr"; then fail "eval of a dangling latest succeeded"; fi
+grep -q 'not there' "$T/lerr" || fail "dangling latest: $(cat "$T/lerr")"
+
 # --init: new run from weights (step counter restarts at 1)
 "$MT" train "${common[@]}" --init "$T/a" --steps 2 --out "$T/d"
 [ "$(grep -c '"event":"step"' "$T/d/metrics.jsonl")" = 2 ] || fail "--init run did not do 2 steps"

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
@@ -50,15 +51,21 @@ void mt_memory_policy(void) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-void *mt_alloc(size_t bytes) {
+void *mt_try_alloc(size_t bytes) {
     if (bytes == 0) bytes = MT_ALIGN;
+    if (bytes > SIZE_MAX - MT_ALIGN) return NULL;
     size_t rounded = (bytes + MT_ALIGN - 1) / MT_ALIGN * MT_ALIGN;
     void *p = aligned_alloc(MT_ALIGN, rounded);
+    if (p) memset(p, 0, rounded);
+    return p;
+}
+
+void *mt_alloc(size_t bytes) {
+    void *p = mt_try_alloc(bytes);
     if (!p) {
         fprintf(stderr, "moetrain: out of memory allocating %zu bytes\n", bytes);
         abort();
     }
-    memset(p, 0, rounded);
     return p;
 }
 
@@ -165,6 +172,20 @@ int mt_read_file(const char *path, char **data, size_t *len) {
     buf[n] = 0;
     *data = buf;
     if (len) *len = (size_t)n;
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+int mt_rm_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : mt_error("%s: %s", path, strerror(errno));
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) return mt_error("%s: cannot remove: %s", path, strerror(errno));
     return 0;
 }
 

@@ -30,6 +30,8 @@ void mt_assert_fail(const char *expr, const char *file, int line) __attribute__(
 void mt_memory_policy(void);
 /* 64-byte aligned, zero-filled allocation; aborts on out-of-memory (with the size). */
 void *mt_alloc(size_t bytes);
+/* The same, returning NULL when the memory is not there (for sizes that come from input). */
+void *mt_try_alloc(size_t bytes);
 void mt_free(void *p);
 /* Plain checked allocation helpers for small bookkeeping (abort on OOM). */
 void *mt_xmalloc(size_t bytes);
@@ -79,5 +81,7 @@ int mt_read_file(const char *path, char **data, size_t *len);
 int mt_write_file_atomic(const char *path, const void *data, size_t len);
 /* mkdir -p */
 int mt_mkdir_p(const char *path);
+/* Removes a file or a folder with everything in it (nothing there: 0); -1 with an error. */
+int mt_rm_tree(const char *path);
 
 #endif

@@ -45,13 +45,14 @@ int mt_cmd_dump(int argc, char **argv) {
     int32_t *in = mt_xmalloc(sizeof(int32_t) * N), *tg = mt_xmalloc(sizeof(int32_t) * N);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
-            in[(size_t)b * T + t] = (int32_t)tok[(size_t)b * (T + 1) + t];
-            tg[(size_t)b * T + t] = (int32_t)tok[(size_t)b * (T + 1) + t + 1];
-            if (in[(size_t)b * T + t] >= c->vocab_size || tg[(size_t)b * T + t] >= c->vocab_size) {
-                mt_error("%s: token id exceeds vocab_size %d", tokens, c->vocab_size);
+            uint32_t x = tok[(size_t)b * (T + 1) + t], y = tok[(size_t)b * (T + 1) + t + 1];
+            if (x >= (uint32_t)c->vocab_size || y >= (uint32_t)c->vocab_size) { /* before int32: 2^31 and up */
+                mt_error("%s: token id %u exceeds vocab_size %d", tokens, x > y ? x : y, c->vocab_size);
                 free(tok); free(in); free(tg); mt_model_free(&m);
                 return mt_cli_fail();
             }
+            in[(size_t)b * T + t] = (int32_t)x;
+            tg[(size_t)b * T + t] = (int32_t)y;
         }
     free(tok);
     int64_t nvalid = 0;

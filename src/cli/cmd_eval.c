@@ -159,6 +159,9 @@ int mt_cmd_eval(int argc, char **argv) {
         }
         if (count == 0) {
             printf("accuracy: no math problems in the validation split (not a math corpus)\n");
+        } else if (m.cfg.vocab_size <= MT_BYTE_EOT) {
+            printf("accuracy: skipped, the prompts start with end-of-text %d, beyond vocab_size %d\n", MT_BYTE_EOT,
+                   m.cfg.vocab_size);
         } else {
             if ((size_t)nprob < count) count = (size_t)nprob;
             size_t ok = math_accuracy(&m, probs, count, max_new, show);
@@ -230,9 +233,14 @@ int mt_cmd_generate(int argc, char **argv) {
     mt_model m;
     if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) return mt_cli_fail();
     const int V = m.cfg.vocab_size;
+    if (V <= MT_BYTE_EOT) { /* prompts are bytes after an end-of-text token */
+        mt_error("moetrain generate: the prompt is byte tokens after end-of-text %d: vocab_size %d is too small",
+                 MT_BYTE_EOT, V);
+        mt_model_free(&m);
+        return mt_cli_fail();
+    }
     int plen = 1 + (int)strlen(prompt);
-    int Tmax = plen + max_new;
-    if (Tmax > m.cfg.max_position_embeddings) Tmax = m.cfg.max_position_embeddings;
+    int Tmax = max_new < m.cfg.max_position_embeddings - plen ? plen + max_new : m.cfg.max_position_embeddings;
     if (plen > Tmax) {
         mt_error("moetrain generate: prompt of %d tokens exceeds max_position_embeddings %d", plen, m.cfg.max_position_embeddings);
         mt_model_free(&m);

@@ -24,7 +24,10 @@ static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, i
                       int64_t d0, int64_t d1, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
 static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, int layer, int expert,
                       int64_t d0, int64_t d1, const char *fmt, ...) {
-    size_t numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    /* saturating: absurd configs give SIZE_MAX (mt_model_check refuses them), not a wrapped size */
+    const size_t lim = SIZE_MAX / 8;
+    size_t a = (size_t)(d0 > 0 ? d0 : 0), b = (size_t)(d1 > 0 ? d1 : 1);
+    size_t numel = a != 0 && b > lim / a ? lim : a * b;
     if (t) {
         mt_tensor *x = &t[idx];
         va_list ap;
@@ -46,7 +49,7 @@ static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, i
         x->tp_off = 0;
         x->tp_full = 0;
     }
-    *off += numel;
+    *off = *off >= lim || numel >= lim - *off ? SIZE_MAX : *off + numel;
     return idx + 1;
 }
 
@@ -234,9 +237,7 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
     if (c->tie_word_embeddings) *head = *embed;
 }
 
-int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
-                        const mt_tp_ops *tp) {
-    memset(m, 0, sizeof *m);
+int mt_model_check(const mt_config *cfg) {
     if (cfg->num_hidden_layers > 256)
         return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
                         cfg->num_hidden_layers);
@@ -246,6 +247,16 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     if (strcmp(cfg->attention_type, "gqa") != 0)
         return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
                         "(only \"gqa\")", cfg->attention_type);
+    size_t n;
+    mt_model_layout(cfg, NULL, &n);
+    if (n == SIZE_MAX) return mt_error("config: the parameter count overflows (the sizes are absurd)");
+    return 0;
+}
+
+int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
+                        const mt_tp_ops *tp) {
+    memset(m, 0, sizeof *m);
+    if (mt_model_check(cfg) != 0) return -1;
     m->cfg = *cfg;
     if (sh) m->shard = *sh;
     else mt_shard_full(&m->shard, cfg);
@@ -258,8 +269,16 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL, NULL);
     m->tensors = mt_xcalloc((size_t)m->ntensors + 1, sizeof(mt_tensor));
     mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
-    m->params = mt_alloc((m->nparams + 1) * sizeof(float));
-    m->grads = mt_alloc((m->nparams + 1) * sizeof(float));
+    const size_t bytes = (m->nparams + 1) * sizeof(float); /* nparams < SIZE_MAX / 8: mt_model_check */
+    m->params = mt_try_alloc(bytes);
+    m->grads = m->params ? mt_try_alloc(bytes) : NULL;
+    if (!m->grads) {
+        mt_free(m->params);
+        free(m->tensors);
+        memset(m, 0, sizeof *m);
+        return mt_error("config: %zu parameters: %.1f GiB of weights and as much of gradients cannot be allocated",
+                        (size_t)(bytes / sizeof(float) - 1), (double)bytes / 1073741824.0);
+    }
     m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
     m->g = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
     bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);

@@ -63,15 +63,11 @@ static int write_params(const char *path, const mt_model *m, const float *base, 
     return rc;
 }
 
-int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
-                 const char *state_json) {
+/* Writes the checkpoint's files into folder dir (made). */
+static int save_files(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
+                      const char *state_json) {
     char path[4096];
     if (mt_mkdir_p(dir) != 0) return -1;
-    join(path, sizeof path, dir, "checksums.json");
-    if (remove(path) == 0) { /* the folder is incomplete until the new manifest lands */
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-        if (dfd >= 0) { fsync(dfd); close(dfd); } /* make the removal durable before rewriting */
-    }
     join(path, sizeof path, dir, "config.json");
     if (mt_config_save(&m->cfg, path) != 0) return -1;
     join(path, sizeof path, dir, "model.safetensors");
@@ -124,6 +120,43 @@ int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const 
     return rc;
 }
 
+static void fsync_parent(const char *dir) {
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) *slash = 0;
+    else snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
+    int fd = open(parent, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
+                 const char *state_json) {
+    /* the whole folder is written beside it (DIR.tmp), then put in place by one rename, or,
+     * when DIR exists (saving a step again), by an atomic exchange: a crash leaves either the
+     * old folder or the new one, never a mix */
+    char tmp[4200], old[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    if (mt_rm_tree(tmp) != 0) return -1; /* left by a crash */
+    if (save_files(tmp, m, m_adam, v_adam, state_json) != 0) return -1;
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (rename(tmp, dir) != 0) return mt_error("%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+        fsync_parent(dir);
+        return mt_rm_tree(tmp); /* the old folder */
+    } else { /* a file system without the exchange: move the old one aside first */
+        snprintf(old, sizeof old, "%s.old", dir);
+        if (mt_rm_tree(old) != 0) return -1;
+        if (rename(dir, old) != 0 || rename(tmp, dir) != 0)
+            return mt_error("%s: cannot put the new checkpoint in place: %s", dir, strerror(errno));
+        fsync_parent(dir);
+        return mt_rm_tree(old);
+    }
+    fsync_parent(dir);
+    return 0;
+}
+
 int mt_ckpt_set_latest(const char *run_dir, const char *name) {
     char path[4096], line[512];
     join(path, sizeof path, run_dir, "latest");
@@ -141,8 +174,14 @@ int mt_ckpt_resolve(const char *path, char *out, size_t cap) {
         char *txt;
         if (mt_read_file(p, &txt, NULL) != 0) return -1;
         txt[strcspn(txt, "\r\n")] = 0;
+        if (!txt[0] || strchr(txt, '/')) {
+            free(txt);
+            return mt_error("%s: does not name a checkpoint folder of the run", p);
+        }
         snprintf(out, cap, "%s/%s", path, txt);
         free(txt);
+        if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode))
+            return mt_error("%s names %s, which is not there", p, out);
         return 0;
     }
     join(p, sizeof p, path, "config.json");

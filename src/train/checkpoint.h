@@ -11,8 +11,9 @@
 
 #include "model/model.h"
 
-/* Writes a complete checkpoint into dir (created). m_adam / v_adam may be NULL (weights
- * only). state_json may be NULL. Every file is written atomically; checksums.json last. */
+/* Writes a complete checkpoint as folder dir: into dir.tmp first (checksums.json last),
+ * then renamed into place, or exchanged with an existing dir, so a crash leaves the old
+ * folder or the new one. m_adam / v_adam may be NULL (weights only); state_json may be NULL. */
 int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
                  const char *state_json);
 /* Resolves a run folder (with `latest`) or a checkpoint folder to the checkpoint folder. */

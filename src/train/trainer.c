@@ -3,7 +3,6 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,19 +137,15 @@ static void fmt_hms(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int cmp_names(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Keeps the newest `keep` step_NNNNNNNN checkpoints of a run folder, removes the older ones. */
-static void prune_checkpoints(const char *out, int keep) {
+/* After saving checkpoint `saved` (a step_NNNNNNNN name, which `latest` now names): keeps it
+ * and the newest keep - 1 checkpoints of earlier steps, removes the earlier others. Later
+ * steps (a run resumed from an older checkpoint into its own folder leaves them) are never
+ * removed: they are not this run's to drop. */
+static void prune_checkpoints(const char *out, int keep, const char *saved) {
     DIR *dir = opendir(out);
     if (!dir) return;
     char **names = NULL;
@@ -158,16 +153,17 @@ static void prune_checkpoints(const char *out, int keep) {
     struct dirent *e;
     while ((e = readdir(dir))) {
         if (strncmp(e->d_name, "step_", 5) != 0 || strlen(e->d_name) != 13) continue;
+        if (strcmp(e->d_name, saved) >= 0) continue; /* zero-padded: name order = step order */
         if (n == cap) names = mt_xrealloc(names, sizeof(char *) * (size_t)(cap = cap ? 2 * cap : 16));
         names[n++] = mt_xstrdup(e->d_name);
     }
     closedir(dir);
     qsort(names, (size_t)n, sizeof(char *), cmp_names); /* zero-padded: name order = step order */
     for (int i = 0; i < n; i++) {
-        if (i < n - keep) {
+        if (i < n - (keep - 1)) {
             char path[4200];
             snprintf(path, sizeof path, "%s/%s", out, names[i]);
-            if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) mt_warn("could not remove old checkpoint %s", path);
+            if (mt_rm_tree(path) != 0) mt_warn("could not remove old checkpoint %s", path);
         }
         free(names[i]);
     }
@@ -467,7 +463,7 @@ static int save_checkpoint(const mt_train_opts *o, run_state *r, mt_dist *d, int
     free_whole(r, fp, fm, fv);
     if (rc != 0) return -1;
     snprintf(last_good, cap, "%s", dir);
-    if (root && o->keep > 0) prune_checkpoints(o->out, o->keep);
+    if (root && o->keep > 0) prune_checkpoints(o->out, o->keep, name);
     return 0;
 }
 
@@ -652,6 +648,7 @@ int mt_train(const mt_train_opts *opts) {
         if (mt_config_load(&cfg, o.config) != 0) return -1;
     }
     if (check_ranks_agree(d, &o, &cfg) != 0) return -1;
+    if (mt_model_check(&cfg) != 0) return -1; /* before anything is sized per layer */
     if (o.batch < 1 || o.seq < 1 || o.accum < 1 || o.steps < 1)
         return mt_error("train: --batch, --seq, --accum and --steps must be positive");
     if (!(o.lr > 0) || !isfinite(o.lr)) return mt_error("train: --lr must be a positive finite number");
