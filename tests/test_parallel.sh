@@ -48,8 +48,13 @@ run 2 train --config demo "${base[@]}" --tp 2 --sp --out "$T/tp2sp"
 check "TP2 + SP" "$T/s1/metrics.jsonl" "$T/tp2sp/metrics.jsonl"
 run 2 train --config demo "${base[@]}" --tp 2 --sp --ep 2 --out "$T/tp2ep2"
 check "TP2 x EP2 (SP; experts over the TP ranks)" "$T/s1/metrics.jsonl" "$T/tp2ep2/metrics.jsonl"
-run 4 train --config demo "${base[@]}" --tp 2 --ep 2 --out "$T/tp2dp2ep2"
+run 4 train --config demo "${base[@]}" --tp 2 --ep 2 --ranks-per-node 2 --out "$T/tp2dp2ep2"
 check "TP2 x DP2 x EP2 (no SP; experts over DP)" "$T/s2/metrics.jsonl" "$T/tp2dp2ep2/metrics.jsonl"
+# its EP groups are world ranks {0,2} and {1,3}: on emulated nodes of 2 consecutive world
+# ranks each group spans both nodes, so expert rows cross between them
+ib=$(grep -m1 '"step":2,' "$T/tp2dp2ep2/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*/\1/')
+[ "${ib:-0}" -gt 0 ] || fail "TP2 x EP2 on nodes of 2 world ranks: no inter-node all-to-all bytes (nodes taken from EP ranks?)"
+ok "--ranks-per-node counts world ranks: TP2 x EP2 sends $ib bytes between emulated nodes"
 run 2 train --config demo "${base[@]}" --ep 2 --out "$T/ep2"
 check "EP2 (DP2)" "$T/s2/metrics.jsonl" "$T/ep2/metrics.jsonl"
 run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --out "$T/ep4h"
@@ -104,4 +109,13 @@ refuse "needs --accum" 2 --pp 2 --vpp 2 --accum 3
 refuse "sums to 3 layers" 2 --pp 2 --split 2,1
 refuse "does not divide the attention heads" 3 --tp 3
 refuse "needs --tp >= 2" 1 --sp
+# ranks whose --data folders differ (rank 1 has no val split: it would skip the evaluation's
+# collectives and leave rank 0 waiting): refused at start-up, no hang
+mkdir -p "$T/w0" "$T/w1"
+cp -r "$T/data" "$T/w0/d"; cp -r "$T/data" "$T/w1/d"; rm "$T"/w1/d/*val*
+mpmd=(train --config demo --data d --batch 2 --seq 32 --steps 2 --threads 1 --quiet --eval-every 1 --out r)
+if timeout 120 "${MPI[@]}" -np 1 -wdir "$T/w0" "$MT" "${mpmd[@]}" : -np 1 -wdir "$T/w1" "$MT" "${mpmd[@]}" \
+    > "$T/mpmd.out" 2>&1; then fail "ranks with different data were accepted"; fi
+grep -q "token shards of --data" "$T/mpmd.out" || { cat "$T/mpmd.out"; fail "different data: no clear message (or a hang)"; }
+ok "ranks with different --data shards are refused at start-up"
 echo "$passed passed, 0 failed"

@@ -31,7 +31,21 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     a->node_of = mt_xmalloc(sizeof(int) * (size_t)P);
     a->local_of = mt_xmalloc(sizeof(int) * (size_t)P);
     if (ranks_per_node > 0) {
-        for (int r = 0; r < P; r++) a->node_of[r] = r / ranks_per_node;
+        /* emulated nodes of ranks_per_node consecutive WORLD ranks (an EP group need not be
+         * consecutive: with TP it strides over them), numbered densely in rank order */
+        int wr, *w = mt_xmalloc(sizeof(int) * (size_t)P);
+        MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+        MPI_Allgather(&wr, 1, MPI_INT, w, 1, MPI_INT, ep);
+        for (int r = 0; r < P; r++) {
+            int id = 0; /* distinct world nodes of the group below this rank's */
+            for (int q = 0; q < P; q++) {
+                int lower = w[q] / ranks_per_node < w[r] / ranks_per_node, first = 1;
+                for (int q2 = 0; q2 < q && lower; q2++) first &= w[q2] / ranks_per_node != w[q] / ranks_per_node;
+                id += lower && first;
+            }
+            a->node_of[r] = id;
+        }
+        free(w);
     } else {
         /* a node is named by its lowest EP rank; nodes numbered in the order of that rank */
         MPI_Comm sh;
@@ -436,6 +450,10 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         if (sel[i] < 0 || sel[i] >= E) bad = mt_error("a2a: token %d selects expert %d, not in [0,%d)", i / K, sel[i], E);
     if (agree(a, bad)) return -1;
     const int LE = E / a->size;
+    /* one node: the hierarchical exchange's first stage would only send rows to the ranks
+     * themselves (each its own relay) at the cost of extra collectives; flat moves the same
+     * rows in the same order, so the results are the same bits */
+    if (a->nnodes == 1) mode = MT_A2A_FLAT;
     p->mode = mode;
     p->N = N, p->K = K, p->C = C, p->E = E, p->LE = LE, p->e0 = a->rank * LE;
     p->nst = mode == MT_A2A_HIER ? 2 : 1;

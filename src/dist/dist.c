@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "base/common.h"
@@ -107,6 +108,12 @@ mt_dist *mt_dist_get(void) { return &g_dist; }
 
 void mt_dist_abort(const char *msg) {
     if (g_dist.size > 1) {
+        /* most errors (flags, layout, config) are found alike on every rank: let rank 0 say
+         * it and end the job; another rank speaks only if the job is still up a moment later */
+        if (g_dist.rank != 0) {
+            struct timespec ts = {0, 500 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
         fprintf(stderr, "moetrain: error: rank %d of %d: %s\n", g_dist.rank, g_dist.size, msg);
         fprintf(stderr, "moetrain: rank %d is ending the job (MPI_Abort)\n", g_dist.rank);
         fflush(stderr);

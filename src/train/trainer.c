@@ -3,10 +3,12 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "base/common.h"
@@ -561,13 +563,64 @@ static int stage_bounds(const char *split, int L, int S, int *bounds) {
 }
 
 /* The start-up check of issue 3: same binary, flags and model config on every rank. */
-static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config *cfg) {
+/* The token shards a rank sees in its --data folder: names and sizes of its *.bin files
+ * into *out; -1 (an error naming the folder) when it cannot be read. */
+static int hash_data_folder(const char *path, uint64_t *out) {
+    *out = 0;
+    if (!path) return 0; /* --data missing: reported later, alike on every rank */
+    DIR *dir = opendir(path);
+    if (!dir) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        size_t len = strlen(e->d_name);
+        if (len < 4 || strcmp(e->d_name + len - 4, ".bin") != 0) continue;
+        if (n == cap) names = mt_xrealloc(names, sizeof(char *) * (size_t)(cap = cap ? 2 * cap : 16));
+        names[n++] = mt_xstrdup(e->d_name);
+    }
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof(char *), cmp_names);
+    XXH64_state_t *h = XXH64_createState();
+    XXH64_reset(h, 0);
+    for (int i = 0; i < n; i++) {
+        char p[4200];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", path, names[i]);
+        long long size = stat(p, &st) == 0 ? (long long)st.st_size : -1;
+        XXH64_update(h, names[i], strlen(names[i]) + 1);
+        XXH64_update(h, &size, sizeof size);
+        free(names[i]);
+    }
+    free(names);
+    *out = XXH64_digest(h);
+    XXH64_freeState(h);
+    return 0;
+}
+
+/* Every rank must start from the same binary, flags, config, data and (resuming) trainer
+ * state: a rank that differs would leave the others waiting in a collective it skips. */
+static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config *cfg, const char *ckdir) {
     if (d->size == 1) return 0;
+    uint64_t hd;
+    if (hash_data_folder(o->data, &hd) != 0) return -1; /* this rank's own error, before any collective */
     char *cj = mt_config_to_json(cfg);
     uint64_t hc = XXH64(cj, strlen(cj), 0);
     free(cj);
+    uint64_t hs = 0;
+    if (o->resume) {
+        char p[4200], *st;
+        size_t len;
+        snprintf(p, sizeof p, "%s/trainer_state.json", ckdir);
+        if (mt_read_file(p, &st, &len) == 0) {
+            hs = XXH64(st, len, 1);
+            free(st);
+        }
+    }
     const struct { const char *what; uint64_t h; } items[] = {
-        {"binary (/proc/self/exe)", mt_dist_hash_exe()}, {"command line", o->args_hash}, {"model config", hc}};
+        {"binary (/proc/self/exe)", mt_dist_hash_exe()}, {"command line", o->args_hash}, {"model config", hc},
+        {"token shards of --data (names and sizes)", hd},
+        {"resumed trainer state", hs}};
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         if (mt_dist_check_same(d, items[i].what, items[i].h) != 0) {
             char msg[1024];
@@ -647,7 +700,7 @@ int mt_train(const mt_train_opts *opts) {
         if (!o.config) return mt_error("train: --config FILE is required (or --resume / --init)");
         if (mt_config_load(&cfg, o.config) != 0) return -1;
     }
-    if (check_ranks_agree(d, &o, &cfg) != 0) return -1;
+    if (check_ranks_agree(d, &o, &cfg, ckdir) != 0) return -1;
     if (mt_model_check(&cfg) != 0) return -1; /* before anything is sized per layer */
     if (o.batch < 1 || o.seq < 1 || o.accum < 1 || o.steps < 1)
         return mt_error("train: --batch, --seq, --accum and --steps must be positive");
