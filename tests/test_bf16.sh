@@ -6,7 +6,7 @@
 #   - a bf16 run resumed from its step-4 checkpoint without the flag continues in bf16 and
 #     gives the uninterrupted run's losses exactly;
 #   - results do not depend on the thread count (1 vs 2 threads: identical weights);
-#   - under mpirun, DP2 and EP2 in bf16 follow one bf16 process with the same global batch
+#   - under mpirun, DP2, EP2, TP2 + SP and PP2 in bf16 follow one bf16 process with the same global batch
 #     within 5e-4 (sums in another order can flip a bf16 rounding; fp32 layouts match to 1e-5).
 # Exits 77 (skipped) on a CPU without AVX512-BF16, or without mpirun (tests/lib/mpi.sh).
 set -euo pipefail
@@ -71,4 +71,14 @@ run 2 train "${common[@]}" --steps 6 --out "$T/ep2" --ep 2 --bf16
 losses "$T/ep2/metrics.jsonl" > "$T/l_ep2"
 compare "$T/l_one" "$T/l_ep2" 5e-4 || fail "bf16 EP2 differs from one process"
 ok "bf16 DP2 and EP2 follow one process"
+# tensor and pipeline parallelism (the global batch of one micro-batch of 4 sequences x accum)
+"$MT" train "${common[@]}" --steps 6 --threads 1 --out "$T/one1" --bf16
+losses "$T/one1/metrics.jsonl" > "$T/l_one1"
+run 2 train "${common[@]}" --steps 6 --out "$T/tp2" --tp 2 --sp --bf16
+losses "$T/tp2/metrics.jsonl" > "$T/l_tp2"
+compare "$T/l_one1" "$T/l_tp2" 5e-4 || fail "bf16 TP2 + SP differs from one process"
+run 2 train "${common[@]}" --steps 6 --out "$T/pp2" --pp 2 --accum 2 --bf16
+losses "$T/pp2/metrics.jsonl" > "$T/l_pp2"
+compare "$T/l_one" "$T/l_pp2" 5e-4 || fail "bf16 PP2 differs from one process"
+ok "bf16 TP2 + SP and PP2 follow one process"
 echo "$passed passed, 0 failed"
