@@ -194,6 +194,10 @@ d = bytearray(src); struct.pack_into("<i", d, 8, n + 100)         # header count
 put("COUNTHI", "math_train_000000.bin", bytes(d))
 d = bytearray(src); struct.pack_into("<i", d, 8, n - 100)         # header count < file
 put("COUNTLO", "math_train_000000.bin", bytes(d))
+# a val split shorter than one window beside a good train split
+put("SHORTVAL", "math_train_000000.bin", src)
+hv = list(struct.unpack_from("<256i", src, 0)); hv[2] = 10
+put("SHORTVAL", "math_val_000000.bin", struct.pack("<256i", *hv) + src[1024:1024 + 2 * 10])
 # uint32 shard with a token of 2^31 (negative as int32) for dump
 toks = [5] * 100; toks[3] = 0x80000000
 h = [0] * 256; h[0] = 20240801; h[1] = 7; h[2] = len(toks)
@@ -211,6 +215,9 @@ EOF
 DT="--config c.json $TR --out R1"
 expect_fail data_missing_dir 'nodir' -- "$M" train $DT --data nodir
 expect_fail data_no_shards 'EMPTY.*(shard|train)' -- "$M" train $DT --data EMPTY
+# the val split matters only with --eval-every
+expect_ok control_short_val_no_eval -- "$M" train $DT --data SHORTVAL --quiet
+expect_fail data_short_val_eval "SHORTVAL.*'val'" -- "$M" train --config c.json $TR --out R1V --data SHORTVAL --eval-every 1 --quiet
 expect_fail data_truncated_shard 'TRUNC/math_train_000000\.bin' -- "$M" train $DT --data TRUNC
 expect_fail data_shorter_than_header 'SHORTHDR/math_train_000000\.bin' -- "$M" train $DT --data SHORTHDR
 expect_fail data_foreign_random 'FOREIGN/x_train_000000\.bin' -- "$M" train $DT --data FOREIGN

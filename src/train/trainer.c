@@ -741,7 +741,10 @@ int mt_train(const mt_train_opts *opts) {
                         cfg.vocab_size);
     }
     /* the val split is optional; when it exists it must be readable */
-    if (mt_loader_has_split(o.data, "val") && mt_loader_open(&r.val, o.data, "val", o.seq, o.seed) != 0) {
+    /* the validation split only matters with --eval-every (every rank decides alike: the
+     * data folders agree, check_ranks_agree) */
+    if (o.eval_every > 0 && mt_loader_has_split(o.data, "val") &&
+        mt_loader_open(&r.val, o.data, "val", o.seq, o.seed) != 0) {
         run_free(&r);
         return -1;
     } else if (r.val && (int64_t)mt_loader_max_token(r.val) >= cfg.vocab_size) {
@@ -896,7 +899,7 @@ int mt_train(const mt_train_opts *opts) {
                "activations %.1f MiB, data %llu train tokens%s\n",
                o.batch, o.seq, o.accum, dp, step_tokens, o.steps, o.lr, o.warmup,
                (double)r.pipe.acts_bytes / 1048576.0,
-               (unsigned long long)mt_loader_tokens(r.train), r.val ? "" : " (no val split)");
+               (unsigned long long)mt_loader_tokens(r.train), r.val || o.eval_every == 0 ? "" : " (no val split)");
         if (W > 1) {
             printf("  layout: %d ranks = PP %d x DP %d x TP %d%s", W, o.pp, D, o.tp, d->sp ? " (sequence parallel)" : "");
             if (o.vpp > 1) printf(", %d chunks per stage (interleaved schedule)", o.vpp);
