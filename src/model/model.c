@@ -247,6 +247,9 @@ int mt_model_check(const mt_config *cfg) {
     if (strcmp(cfg->attention_type, "gqa") != 0)
         return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
                         "(only \"gqa\")", cfg->attention_type);
+    if (cfg->num_nextn_predict_layers > 0)
+        return mt_error("config: num_nextn_predict_layers %d: multi-token prediction is not implemented by the "
+                        "trainer (moetrain plan models it)", cfg->num_nextn_predict_layers);
     size_t n;
     mt_model_layout(cfg, NULL, &n);
     if (n == SIZE_MAX) return mt_error("config: the parameter count overflows (the sizes are absurd)");
