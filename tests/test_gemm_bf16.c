@@ -32,7 +32,7 @@
 #include "kernels/ops.h"
 #include "kstats.h"
 
-enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_HEAD, S_ATT_FWD, S_ATT_BWD, S_COUNT };
+enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_HEAD, S_ATT_FWD, S_ATT_BWD, S_ATT_SUMS, S_COUNT };
 static stat stats[S_COUNT] = {
     [S_ROUND] = {"bf16 rounding (exact)", 0, 0, 0},
     [S_GEMM] = {"gemm_bf16", 1e-6, 0, 0},
@@ -43,6 +43,7 @@ static stat stats[S_COUNT] = {
     [S_GL_WEIGHT] = {"grouped_linear_bwd_weight bf16", 1e-6, 0, 0},
     [S_HEAD] = {"head_ce bf16 vs fp32", 2e-2, 0, 0},
     [S_ATT_FWD] = {"attention_fwd bf16 vs fp32", 2e-2, 0, 0},
+    [S_ATT_SUMS] = {"attention_bwd rows of P sum to 1", 1e-2, 0, 0},
     [S_ATT_BWD] = {"attention_bwd bf16 vs fp32", 2e-2, 0, 0},
 };
 
@@ -420,7 +421,45 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
     mt_free(out16); mt_free(lse16);
 }
 
+/* The backward rebuilds the forward's probabilities: with dO one-hot at (query i, column 0),
+ * dV[key][0] = P[i][key], so the sum over keys is row i's sum of P, 1. With scores of
+ * standard deviation ~20 (q, k of amplitude 8) a backward that rounds its scores otherwise
+ * than the forward (bf16(q) log2(e)/sqrt(D) against bf16(q log2(e)/sqrt(D))) is several
+ * percent off; within bf16's rounding of P it is ~1e-3. */
+static void attention_prob_sums(int bf16) {
+    const int T = 200, D = 64;
+    const size_t n = (size_t)T * D;
+    float *q = mt_alloc(n * 4), *k = mt_alloc(n * 4), *v = mt_alloc(n * 4), *dout = mt_alloc(n * 4);
+    float *out = mt_alloc(n * 4), *lse = mt_alloc((size_t)T * 4), *dq = mt_alloc(n * 4), *dk = mt_alloc(n * 4);
+    float *dv = mt_alloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        q[i] = 8.0f * rnd(21, i);
+        k[i] = 8.0f * rnd(22, i);
+        v[i] = rnd(23, i);
+    }
+    float *scratch = mt_alloc(mt_attention_scratch_floats(T, D) * 2 * 4);
+    if (bf16) CHECK(mt_set_gemm_bf16(1) == 0);
+    mt_attention_fwd(out, lse, q, k, v, NULL, 1, T, 1, 1, D, scratch, 2);
+    static const int rows[] = {3, 64, 100, 150, 199};
+    double worst = 0;
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        memset(dout, 0, n * 4);
+        dout[(size_t)rows[r] * D] = 1.0f;
+        mt_attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, NULL, 1, T, 1, 1, D, scratch, 2);
+        double sum = 0;
+        for (int t = 0; t < T; t++) sum += dv[(size_t)t * D];
+        worst = fabs(sum - 1.0) > worst ? fabs(sum - 1.0) : worst;
+    }
+    mt_set_gemm_bf16(0);
+    snprintf(where, sizeof where, "attention rows of P, T %d D %d bf16 %d", T, D, bf16);
+    RECORD(S_ATT_SUMS, bf16 ? "bf16" : "fp32", worst);
+    mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(out); mt_free(lse); mt_free(dq); mt_free(dk);
+    mt_free(dv); mt_free(scratch);
+}
+
 static void test_attention(void) {
+    attention_prob_sums(0);
+    attention_prob_sums(1);
     attention_case(2, 64, 2, 2, 64, 0);
     attention_case(1, 97, 4, 2, 64, 0);  /* last query block: 33 rows (an odd pair) */
     attention_case(2, 130, 2, 1, 32, 1); /* grouped heads, D 32, document mode */

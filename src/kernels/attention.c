@@ -882,6 +882,10 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
             if (bf16) { /* from the contiguous copies: measured faster than from the strided rows */
                 pair_rows(Qp, D, Qc, D, T);
                 pair_rows(dOp, D, dOc, D, T);
+                /* the scores exactly as the forward made them, from bf16(q c2) (not bf16(q) c2,
+                 * whose error grows with the scores and made P disagree with lse); Qc is not
+                 * read again in bf16 mode */
+                for (size_t i = 0; i < (size_t)T * D; i++) Qc[i] *= c2;
                 pair_cols(Qr, D, Qc, D, T);
                 pair_cols(dOr, D, dOc, D, T);
             }
@@ -917,7 +921,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
 #if defined(ATT_BF16)
                     if (bf16) {
                         const int qp = (nq + 1) / 2;
-                        bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
+                        bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, 1.0f);
                         pair_rows(P2, ATT_BK, P, ATT_BK, nq);
                         mm_nn_bf16(dv + kr0 * D, ldk, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * D, nk, qp, D, first);
                         bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
