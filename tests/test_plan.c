@@ -157,10 +157,11 @@ static void test_schedules(void) {
 
 /* Megatron-LM's 1T GPT (Narayanan et al., SC'21, arXiv 2104.04473, Table 1): hidden 25600,
  * 160 heads, 128 layers, vocab 51200, sequence 2048; its GELU MLP of 4h is written as a
- * SwiGLU of 8h/3 (the same parameters and FLOPs). */
+ * SwiGLU of 8h/3 (the same parameters and FLOPs), rounded to 68272 so that TP 8 divides it
+ * (68266.7 exactly; 0.01% more parameters). */
 static const char gpt1t[] =
     "{\"vocab_size\": 51200, \"hidden_size\": 25600, \"num_hidden_layers\": 128, \"num_attention_heads\": 160,"
-    " \"num_key_value_heads\": 160, \"head_dim\": 160, \"intermediate_size\": 68266, \"max_position_embeddings\": 2048}";
+    " \"num_key_value_heads\": 160, \"head_dim\": 160, \"intermediate_size\": 68272, \"max_position_embeddings\": 2048}";
 /* Selene (the cluster of that paper): DGX A100 80GB, 312 TFLOPS BF16, 2.0 TB/s HBM2e,
  * NVLink 3 600 GB/s total (300 per direction), 8 HDR InfiniBand 200 Gb/s NICs per node. */
 static const char a100[] =
@@ -295,6 +296,42 @@ static void test_search_and_cli(void) {
     mt_plan_eval(&c, &cl, &st, &lfl, &rfl);
     CHECK(rh.t_a2a < rfl.t_a2a, "hierarchical a2a %.3f s not below flat %.3f s", rh.t_a2a, rfl.t_a2a);
 
+    /* layouts the trainer (and Megatron) refuse are infeasible: SP needs the sequence
+     * divisible by TP, the dense FFN is split by TP, VPP needs PP; an absurd global batch is
+     * refused, not allocated */
+    {
+        mt_config cs;
+        mt_cluster ch;
+        load_config(&cs, "configs/small.json");
+        load_cluster(&ch, "configs/clusters/h100.json");
+        mt_plan_settings s8;
+        mt_plan_settings_default(&s8);
+        s8.devices = 8;
+        s8.seq = 100;
+        s8.global_seqs = 64;
+        mt_plan_result many[200];
+        mt_plan_stats st8;
+        int n8 = mt_plan_search(&cs, &ch, &s8, many, 200, &st8, 0);
+        int bad = 0;
+        for (int i = 0; i < n8; i++) bad += s8.seq % many[i].l.tp != 0;
+        CHECK(n8 > 0 && bad == 0, "seq 100: %d of %d layouts have TP not dividing it", bad, n8);
+        mt_layout lv;
+        mt_plan_result rv;
+        MT_ASSERT(mt_layout_parse(&lv, "tp=1,pp=1,vpp=2") == 0);
+        s8.seq = 256;
+        mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
+        CHECK(rv.reason == MT_PLAN_BAD_SPLIT, "vpp 2 without pp: reason %d", rv.reason);
+        cs.intermediate_size = 1407;
+        MT_ASSERT(mt_layout_parse(&lv, "tp=8") == 0);
+        mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
+        CHECK(rv.reason == MT_PLAN_BAD_TP, "dense FFN 1407 over TP 8: reason %d", rv.reason);
+        s8.devices = 1;
+        s8.global_seqs = 3000000000LL;
+        MT_ASSERT(mt_layout_parse(&lv, "tp=1") == 0);
+        mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
+        CHECK(rv.reason == MT_PLAN_BAD_BATCH, "3e9 sequences on one device: reason %d", rv.reason);
+    }
+
     /* the command, in-process */
     char model[4200], clus[4200];
     path(model, sizeof model, "configs/pangu-ultra-moe-718b.json");
@@ -386,6 +423,25 @@ static void test_trainer_mode(void) {
     /* one process writes the checkpoint from its own buffers: no extra memory */
     CHECK(fabs(r.mem_ckpt - r.mem_step) < 1 && r.mem_total == r.mem_step, "checkpoint peak %g (step %g)",
           r.mem_ckpt, r.mem_step);
+    /* TP 2: the trainer splits attention and the dense FFN only (vocabulary and shared
+     * experts stay whole): weights and gradients of a TP rank as mt_model_layout_shard counts */
+    {
+        mt_plan_settings s2 = st;
+        s2.devices = 2;
+        mt_cluster cl2 = base;
+        MT_ASSERT(mt_cluster_for_device(&cl2, 1, 2) == 0);
+        mt_layout lt;
+        MT_ASSERT(mt_layout_parse(&lt, "tp=2,mb=4,rc=selective") == 0);
+        mt_plan_result rt;
+        mt_plan_eval(&c, &cl2, &s2, &lt, &rt);
+        mt_shard sh;
+        mt_shard_full(&sh, &c);
+        sh.tp_size = 2;
+        size_t npt = 0;
+        mt_model_layout_shard(&c, &sh, NULL, &npt, NULL, NULL);
+        CHECK(rt.reason == MT_PLAN_OK && rt.mem_weights == 4.0 * npt && rt.mem_grads == 4.0 * npt,
+              "trainer TP2: weights %g B, a TP rank holds %zu parameters", rt.mem_weights, npt);
+    }
     /* the trainer's --recompute selective = the planner's selective-gemm: its arena, more time */
     mt_layout lg;
     MT_ASSERT(mt_layout_parse(&lg, "mb=4,rc=selective-gemm") == 0 && lg.rc == MT_RC_SELECTIVE_GEMM);

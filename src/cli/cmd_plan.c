@@ -56,7 +56,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"config", MT_ARG_STR, &model, "same as --model", NULL},
         {"cluster", MT_ARG_STR, &cluster, "cluster JSON or preset name in configs/clusters (required)", NULL},
         {"seq", MT_ARG_INT, &T, "sequence length (default 8192)", NULL},
-        {"global-batch", MT_ARG_STR, &gb, "sequences per step (1536, 1536seq) or tokens (12.5Mtok; K, M, G = 10^3, 10^6, 10^9); default 2^24 = 16.8M tokens", NULL},
+        {"global-batch", MT_ARG_STR, &gb, "sequences per step (1536, 1536seq) or tokens (12582912tok; K, M, G = 10^3, 10^6, 10^9); default 2^24 = 16.8M tokens", NULL},
         {"devices", MT_ARG_INT, &devices, "devices (overrides the cluster file)", NULL},
         {"devices-per-node", MT_ARG_INT, &per_node, "devices per node (overrides the cluster file; calibrated CPU files: default all devices on one node)", NULL},
         {"threads", MT_ARG_INT, &threads, "calibrated CPU files: threads per device (rank); default the most measured", NULL},
@@ -135,8 +135,9 @@ int mt_cmd_plan(int argc, char **argv) {
         cl.per_node = per_node;
     }
     if (imbalance != 0) {
-        if (imbalance < 1) {
-            mt_error("moetrain plan: --imbalance must be >= 1 (got %g)", imbalance);
+        if (imbalance < 1 || imbalance > 1000) {
+            mt_error("moetrain plan: --imbalance must be in [1, 1000] (the busiest expert's load over the mean; got %g)",
+                     imbalance);
             return mt_cli_fail();
         }
         st.imbalance = imbalance;
@@ -167,6 +168,13 @@ int mt_cmd_plan(int argc, char **argv) {
     if (layout) {
         mt_layout l;
         if (mt_layout_parse(&l, layout) != 0) return mt_cli_fail();
+        /* the trainer's default keeps what the planner's "selective" keeps */
+        if (st.trainer && !strstr(layout, "rc=") && !strstr(layout, "recompute=")) l.rc = MT_RC_SELECTIVE;
+        if (l.dp > 0 && l.tp * l.pp > 0 && l.dp * l.tp * l.pp != st.devices) {
+            mt_error("moetrain plan: --layout dp=%d: DP is the devices over TP x PP, %d / (%d x %d)", l.dp,
+                     st.devices, l.tp, l.pp);
+            return mt_cli_fail();
+        }
         mt_plan_result r;
         mt_plan_eval(&c, &cl, &st, &l, &r);
         if (json) {

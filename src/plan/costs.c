@@ -49,6 +49,7 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     }
     (void)kvdim;
     u->p_tp += mat;
+    u->p_tp_trainer += mat;
     u->p_rep += 2 * C;                                 /* input and post-attention norms */
     u->p_active += mat;
     u->f_gemm += 2 * mat;
@@ -71,6 +72,7 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
  * recomputes the shared experts' gate|up outputs into one buffer shared by the layers). */
 static void swiglu(double C, double F, int elt, int shared, mt_unit_cost *u) {
     u->p_tp += 3 * C * F;
+    if (!shared) u->p_tp_trainer += 3 * C * F;
     u->p_active += 3 * C * F;
     u->f_gemm += 6 * C * F;
     u->act_tok[MT_RC_NONE] += 3 * F * elt;             /* gate|up outputs, silu(g)*u */

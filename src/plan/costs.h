@@ -33,6 +33,8 @@ typedef struct {
     int kind;            /* enum mt_unit_kind */
     /* parameters (elements) of the whole unit */
     double p_tp;         /* matrices split over TP (attention, dense/shared FFN, vocab rows) */
+    double p_tp_trainer; /* the part of p_tp moetrain's own TP splits (attention, dense FFN); the
+                          * rest (vocabulary, shared experts) is whole on every TP rank there */
     double p_rep;        /* replicated on every TP rank (norms, router) */
     double p_expert;     /* routed experts (split over EP, whole on a device) */
     double p_active;     /* matmul parameters a token uses (MFU numerator; embedding excluded) */

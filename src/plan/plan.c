@@ -33,9 +33,11 @@
 #include "plan/sim.h"
 
 const char *const mt_plan_reason_name[MT_PLAN_NREASONS] = {
-    "ok", "TP: heads not divisible or TP larger than a node", "TP x PP does not divide the devices",
-    "EP: experts or DP x TP not divisible", "global batch not divisible (DP x mb, x PP if interleaved)",
-    "fewer layers than virtual stages", "out of device memory"};
+    "ok", "TP: heads, dense FFN or sequence not divisible, or TP larger than a node",
+    "TP x PP does not divide the devices", "EP: experts or DP x TP not divisible",
+    "global batch not divisible (DP x mb, x PP if interleaved) or > 65536 micro-batches",
+    "fewer layers than virtual stages, or VPP without PP", "recompute policy the trainer lacks",
+    "out of device memory"};
 
 static const char *const rc_name[] = {"none", "selective", "full", "selective-gemm"};
 static const char *const a2a_name[] = {"flat", "hier"};
@@ -172,9 +174,9 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
 /* Layers per virtual stage. first/last: fixed costs of the first stage (embedding) and of
  * the last (MTP + head); w[L]: cost of each layer. */
 static int split_fits(const double *w, int L, int S, double first, double last, double B, int fair,
-                      short *cnt) {
+                      int *cnt) {
     if (S == 1) {
-        if (cnt) cnt[0] = (short)L;
+        if (cnt) cnt[0] = L;
         return 1;
     }
     /* Fill stages from the last one backwards. The first and last stages may end up with
@@ -190,7 +192,7 @@ static int split_fits(const double *w, int L, int S, double first, double last, 
         int must = j > 1 && i < j - 1;
         if (j > 0 && (k > 0 || j == S - 1) && (load + w[i] > B || must || (fair && k >= share))) {
             if (k == 0 && j < S - 1) return 0;
-            if (cnt) cnt[j] = (short)k;
+            if (cnt) cnt[j] = k;
             j--;
             k = 0;
             load = j == 0 ? first : 0;
@@ -201,17 +203,17 @@ static int split_fits(const double *w, int L, int S, double first, double last, 
     }
     if (j > 1 || first > B) return 0;
     if (cnt) {
-        cnt[j] = (short)k;
+        cnt[j] = k;
         if (j == 1) cnt[0] = 0;
     }
     return 1;
 }
 
 static void split_layers(const mt_layout *l, const double *w, int L, int S, double first, double last,
-                         short *cnt) {
+                         int *cnt) {
     if (l->split == MT_SPLIT_EVEN || S == 1) {
         int base = L / S, rem = L % S, lo = (S - rem) / 2; /* extra layers in the middle */
-        for (int s = 0; s < S; s++) cnt[s] = (short)(base + (s >= lo && s < lo + rem));
+        for (int s = 0; s < S; s++) cnt[s] = (base + (s >= lo && s < lo + rem));
         return;
     }
     double lo = 0, hi = first + last;
@@ -233,17 +235,27 @@ static int check_layout(const ctx *x, mt_layout *l, int *m) {
     const mt_config *c = x->c;
     const int H = c->num_attention_heads, E = c->n_routed_experts;
     const int gqa = strcmp(c->attention_type, "mla") != 0;
-    if (l->tp < 1 || H % l->tp || (gqa && c->num_key_value_heads % l->tp) || l->tp > x->cl->per_node)
+    const int dense = c->n_routed_experts == 0 || c->first_k_dense_replace > 0;
+    /* sequence parallelism (always planned) splits a sequence over TP; the dense FFN is
+     * column-split */
+    if (l->tp < 1 || H % l->tp || (gqa && c->num_key_value_heads % l->tp) || l->tp > x->cl->per_node ||
+        x->st->seq % l->tp || (dense && c->intermediate_size % l->tp))
         return MT_PLAN_BAD_TP;
     if (l->pp < 1 || l->vpp < 1 || x->st->devices % (l->tp * l->pp)) return MT_PLAN_BAD_DEVICES;
     l->dp = x->st->devices / (l->tp * l->pp);
     if (l->ep < 1 || (E == 0 && l->ep != 1) || (E > 0 && (E % l->ep || (l->dp * l->tp) % l->ep)))
         return MT_PLAN_BAD_EP;
     const long long per = (long long)l->dp * l->mb;
-    if (l->mb < 1 || x->st->global_seqs % per || (l->vpp > 1 && (x->st->global_seqs / per) % l->pp))
+    if (l->mb < 1 || x->st->global_seqs % per || (l->vpp > 1 && (x->st->global_seqs / per) % l->pp) ||
+        x->st->global_seqs / per > MT_PLAN_MAX_MICRO)
         return MT_PLAN_BAD_BATCH;
     *m = (int)(x->st->global_seqs / per);
-    if (l->pp * l->vpp > c->num_hidden_layers || l->pp * l->vpp > MT_PLAN_MAX_STAGES) return MT_PLAN_BAD_SPLIT;
+    if (l->pp * l->vpp > c->num_hidden_layers || l->pp * l->vpp > MT_PLAN_MAX_STAGES || (l->vpp > 1 && l->pp < 2) ||
+        l->vpp > 255)
+        return MT_PLAN_BAD_SPLIT;
+    /* the trainer's policies: none (the planner's selective: flash attention keeps no scores)
+     * and selective (the planner's selective-gemm) */
+    if (x->st->trainer && (l->rc == MT_RC_NONE || l->rc == MT_RC_FULL)) return MT_PLAN_BAD_RC;
     return MT_PLAN_OK;
 }
 
@@ -297,7 +309,8 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             comp[s] += ut[i].comp;
             tpa[s] += ut[i].tp;
             a2a[s] += ut[i].a2a;
-            pdense[s] += u->p_tp / l->tp + u->p_rep;
+            pdense[s] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
+                                     : u->p_tp / l->tp + u->p_rep;
             pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
             int rc = (u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP) ? l->rc : MT_RC_SELECTIVE;
             acts[s] += (u->act_tok[rc] + u->act_expert_tok[rc] * imb) * n;
@@ -535,9 +548,14 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
                     for (int ep = 1; ep <= (E > 0 ? E : 1); ep++) {
                         if (E > 0 && (E % ep || (dp * tp) % ep)) continue;
                         const int nn = (ep + cl->per_node - 1) / cl->per_node;
-                        for (int rc = 0; rc < 3; rc++)
+                        for (int rc = 0; rc < MT_RC_N; rc++)
                             for (int a2a = 0; a2a < (nn > 1 ? 2 : 1); a2a++)
                                 for (int split = 0; split < 2; split++) {
+                                    /* the trainer's two policies on a calibrated CPU file; else
+                                     * none, selective and full (Megatron's) */
+                                    if (st->trainer ? rc == MT_RC_NONE || rc == MT_RC_FULL
+                                                    : rc == MT_RC_SELECTIVE_GEMM)
+                                        continue;
                                     mt_layout l = {tp, pp, vpp, ep, dp, mbs[im], rc, a2a, split};
                                     stats->layouts++;
                                     int m = 0, why = check_layout(&x, &l, &m);
@@ -677,7 +695,7 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
 
 void mt_plan_print_explain(FILE *f, const mt_plan_result *r, int n) {
     if (n < 2) {
-        fprintf(f, "explain: only one feasible layout\n");
+        fprintf(f, "explain: one layout in the table: nothing to compare it with (raise --top)\n");
         return;
     }
     const mt_plan_result *a = &r[0];

@@ -23,17 +23,19 @@ enum mt_split { MT_SPLIT_EVEN = 0, MT_SPLIT_BALANCED };
 
 enum mt_plan_reason {
     MT_PLAN_OK = 0,
-    MT_PLAN_BAD_TP,      /* TP does not divide the heads or exceeds a node */
+    MT_PLAN_BAD_TP,      /* TP does not divide the heads, the dense FFN or the sequence (SP), or exceeds a node */
     MT_PLAN_BAD_DEVICES, /* TP x PP does not divide the devices */
     MT_PLAN_BAD_EP,      /* EP does not divide the experts or DP x TP */
-    MT_PLAN_BAD_BATCH,   /* global batch not a multiple of DP x micro-batch (x PP if interleaved) */
-    MT_PLAN_BAD_SPLIT,   /* fewer layers than virtual stages */
+    MT_PLAN_BAD_BATCH,   /* global batch not a multiple of DP x micro-batch (x PP if interleaved), or
+                          * more than MT_PLAN_MAX_MICRO micro-batches */
+    MT_PLAN_BAD_SPLIT,   /* fewer layers than virtual stages, VPP > 1 without PP, VPP > 255 */
+    MT_PLAN_BAD_RC,      /* a recompute policy the trainer does not have (calibrated CPU files) */
     MT_PLAN_MEMORY,      /* does not fit in device memory */
     MT_PLAN_NREASONS
 };
 extern const char *const mt_plan_reason_name[MT_PLAN_NREASONS];
 
-enum { MT_PLAN_MAX_STAGES = 512 };
+enum { MT_PLAN_MAX_STAGES = 512, MT_PLAN_MAX_MICRO = 1 << 16 };
 
 typedef struct {
     int seq;                 /* sequence length T */
@@ -83,7 +85,7 @@ typedef struct {
     double mem_ckpt_extra;   /* trainer: of which the checkpoint's own buffers */
     int gemm_bf16;           /* the settings' gemm_bf16 (the train flags get --bf16) */
     int nstages;
-    short layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
+    int layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
 } mt_plan_result;
 
 typedef struct {
