@@ -37,7 +37,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"eval-every", MT_ARG_INT, &o.eval_every, "steps between validation losses, 0 = off (default 0)", NULL},
         {"eval-windows", MT_ARG_INT, &o.eval_windows, "validation windows per evaluation, 0 = all (default 64)", NULL},
         {"save-every", MT_ARG_INT, &o.save_every, "steps between checkpoints, 0 = only at the end", NULL},
-        {"keep", MT_ARG_INT, &o.keep, "newest checkpoints kept in the run folder, 0 = all (default 2)", NULL},
+        {"keep", MT_ARG_INT, &o.keep, "checkpoints kept: the one just saved and the newest before it, 0 = all (default 2; later steps in the folder are never removed)", NULL},
         {"max-bad-steps", MT_ARG_INT, &o.max_bad, "stop after this many non-finite steps in a row (default 5)", NULL},
         {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", NULL},
         {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
