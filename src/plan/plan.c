@@ -371,7 +371,8 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             if (cur > peak) peak = cur;
         }
         const double sd = st->dist_opt ? l->dp : 1, se = st->dist_opt ? edp : 1;
-        double mw = st->elt * (pd + pe), mg = 4 * (pd + pe), mo = 12 * (pd / sd + pe / se);
+        /* Adam moments (8 B), plus an fp32 master copy when the weights are bf16 (4 B) */
+        double mw = st->elt * (pd + pe), mg = 4 * (pd + pe), mo = (st->elt == 4 ? 8 : 12) * (pd / sd + pe / se);
         double mc = 2 * msg + (moe_on[r] ? 2 * n * c->num_experts_per_tok * c->hidden_size * st->elt * imb : 0);
         double wk = work[r], ckpt = 0, ckpt_extra = 0;
         if (st->trainer) {
