@@ -325,6 +325,17 @@ static void test_search_and_cli(void) {
         MT_ASSERT(mt_layout_parse(&lv, "tp=8") == 0);
         mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_BAD_TP, "dense FFN 1407 over TP 8: reason %d", rv.reason);
+        /* fp32 weights on a GPU: the two Adam moments, no master copy (16 B a parameter) */
+        cs.intermediate_size = 1408;
+        mt_plan_settings sf = s8;
+        sf.devices = 1;
+        sf.elt = 4;
+        sf.dist_opt = 0;
+        sf.global_seqs = 8;
+        MT_ASSERT(mt_layout_parse(&lv, "tp=1,mb=1") == 0);
+        mt_plan_eval(&cs, &ch, &sf, &lv, &rv);
+        CHECK(rv.reason == MT_PLAN_OK && fabs(rv.mem_opt - 2 * rv.mem_weights) < 1 && rv.mem_grads == rv.mem_weights,
+              "fp32: weights %g, grads %g, optimizer %g bytes", rv.mem_weights, rv.mem_grads, rv.mem_opt);
         s8.devices = 1;
         s8.global_seqs = 3000000000LL;
         MT_ASSERT(mt_layout_parse(&lv, "tp=1") == 0);
