@@ -118,4 +118,8 @@ if timeout 120 "${MPI[@]}" -np 1 -wdir "$T/w0" "$MT" "${mpmd[@]}" : -np 1 -wdir 
     > "$T/mpmd.out" 2>&1; then fail "ranks with different data were accepted"; fi
 grep -q "token shards of --data" "$T/mpmd.out" || { cat "$T/mpmd.out"; fail "different data: no clear message (or a hang)"; }
 ok "ranks with different --data shards are refused at start-up"
+# ... while a single shard file as --data (the loader takes one) passes the same check
+run 2 train --config demo --data "$T/data/math_train_000000.bin" --batch 2 --seq 32 --steps 1 --threads 1 --quiet \
+    --out "$T/onefile" > "$T/onefile.out" 2>&1 || { cat "$T/onefile.out"; fail "--data FILE.bin on 2 ranks refused"; }
+ok "--data as one shard file runs on 2 ranks"
 echo "$passed passed, 0 failed"

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #define FEISTEL_ROUNDS 6
 
@@ -86,20 +87,51 @@ int mt_loader_has_split(const char *dir, const char *split) {
     return np > 0;
 }
 
+/* The shard files a loader of `split` reads: dir itself when it is a file, else its shards. */
+static int shard_paths(const char *dir, const char *split, char ***paths, int *count) {
+    struct stat st;
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
+        *paths = mt_xmalloc(sizeof **paths);
+        (*paths)[0] = mt_xstrdup(dir);
+        *count = 1;
+        return 0;
+    }
+    return list_shards(dir, split, paths, count);
+}
+
+int mt_loader_fingerprint(const char *dir, uint64_t *out) {
+    static const char *const splits[] = {"train", "val"};
+    XXH64_state_t *h = XXH64_createState();
+    XXH64_reset(h, 0);
+    int rc = 0;
+    for (int s = 0; s < 2 && rc == 0; s++) {
+        char **paths = NULL;
+        int np = 0;
+        if (shard_paths(dir, splits[s], &paths, &np) != 0) {
+            if (s == 0) rc = -1; /* the train split must be there; val is optional */
+            continue;
+        }
+        for (int i = 0; i < np; i++) {
+            struct stat st;
+            long long size = stat(paths[i], &st) == 0 ? (long long)st.st_size : -1;
+            XXH64_update(h, paths[i], strlen(paths[i]) + 1);
+            XXH64_update(h, &size, sizeof size);
+            free(paths[i]);
+        }
+        free(paths);
+    }
+    *out = XXH64_digest(h);
+    XXH64_freeState(h);
+    return rc;
+}
+
 int mt_loader_open(mt_loader **out, const char *dir, const char *split, int T, uint64_t seed) {
     MT_ASSERT(out && dir && split);
     *out = NULL;
     if (T < 1) return mt_error("%s: sequence length T=%d must be at least 1", dir, T);
     char **paths = NULL;
     int np = 0;
-    struct stat st;
-    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
-        paths = mt_xmalloc(sizeof *paths);
-        paths[0] = mt_xstrdup(dir);
-        np = 1;
-    } else if (list_shards(dir, split, &paths, &np) != 0) {
-        return -1;
-    }
+    if (shard_paths(dir, split, &paths, &np) != 0) return -1;
     mt_loader *L = mt_xcalloc(1, sizeof *L);
     L->T = T;
     L->seed = seed;

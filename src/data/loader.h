@@ -20,6 +20,10 @@ void mt_loader_free(mt_loader *L);
 /* 1 if dir is a folder holding at least one shard of `split` (a single .bin file has no
  * separate split: 0). */
 int mt_loader_has_split(const char *dir, const char *split);
+/* A hash of the names and sizes of the files the train and val loaders of dir would read
+ * (ranks of one job must see the same data); -1 with the loader's error when the train
+ * split cannot be listed. */
+int mt_loader_fingerprint(const char *dir, uint64_t *out);
 /* Number of distinct windows (one epoch). */
 uint64_t mt_loader_windows(const mt_loader *L);
 /* Largest token id in the data (for the vocab check). */

@@ -3,12 +3,10 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "base/common.h"
@@ -562,48 +560,12 @@ static int stage_bounds(const char *split, int L, int S, int *bounds) {
     return 0;
 }
 
-/* The start-up check of issue 3: same binary, flags and model config on every rank. */
-/* The token shards a rank sees in its --data folder: names and sizes of its *.bin files
- * into *out; -1 (an error naming the folder) when it cannot be read. */
-static int hash_data_folder(const char *path, uint64_t *out) {
-    *out = 0;
-    if (!path) return 0; /* --data missing: reported later, alike on every rank */
-    DIR *dir = opendir(path);
-    if (!dir) return mt_error("%s: cannot open: %s", path, strerror(errno));
-    char **names = NULL;
-    int n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(dir))) {
-        size_t len = strlen(e->d_name);
-        if (len < 4 || strcmp(e->d_name + len - 4, ".bin") != 0) continue;
-        if (n == cap) names = mt_xrealloc(names, sizeof(char *) * (size_t)(cap = cap ? 2 * cap : 16));
-        names[n++] = mt_xstrdup(e->d_name);
-    }
-    closedir(dir);
-    qsort(names, (size_t)n, sizeof(char *), cmp_names);
-    XXH64_state_t *h = XXH64_createState();
-    XXH64_reset(h, 0);
-    for (int i = 0; i < n; i++) {
-        char p[4200];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s", path, names[i]);
-        long long size = stat(p, &st) == 0 ? (long long)st.st_size : -1;
-        XXH64_update(h, names[i], strlen(names[i]) + 1);
-        XXH64_update(h, &size, sizeof size);
-        free(names[i]);
-    }
-    free(names);
-    *out = XXH64_digest(h);
-    XXH64_freeState(h);
-    return 0;
-}
-
 /* Every rank must start from the same binary, flags, config, data and (resuming) trainer
  * state: a rank that differs would leave the others waiting in a collective it skips. */
 static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config *cfg, const char *ckdir) {
     if (d->size == 1) return 0;
-    uint64_t hd;
-    if (hash_data_folder(o->data, &hd) != 0) return -1; /* this rank's own error, before any collective */
+    uint64_t hd = 0; /* --data missing: reported later, alike on every rank */
+    if (o->data && mt_loader_fingerprint(o->data, &hd) != 0) return -1; /* this rank's own, before any collective */
     char *cj = mt_config_to_json(cfg);
     uint64_t hc = XXH64(cj, strlen(cj), 0);
     free(cj);
@@ -740,9 +702,8 @@ int mt_train(const mt_train_opts *opts) {
         return mt_error("%s: token id %u does not fit vocab_size %d of the model config", o.data, maxtok,
                         cfg.vocab_size);
     }
-    /* the val split is optional; when it exists it must be readable */
-    /* the validation split only matters with --eval-every (every rank decides alike: the
-     * data folders agree, check_ranks_agree) */
+    /* the val split is optional and only matters with --eval-every; when used it must be
+     * readable (every rank decides alike: their data agree, check_ranks_agree) */
     if (o.eval_every > 0 && mt_loader_has_split(o.data, "val") &&
         mt_loader_open(&r.val, o.data, "val", o.seq, o.seed) != 0) {
         run_free(&r);
