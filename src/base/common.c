@@ -189,7 +189,7 @@ int mt_rm_tree(const char *path) {
     return 0;
 }
 
-static int fsync_dir_of(const char *path) {
+int mt_fsync_dir_of(const char *path) {
     char *tmp = mt_xstrdup(path);
     int fd = open(dirname(tmp), O_RDONLY | O_DIRECTORY);
     free(tmp);
@@ -229,7 +229,7 @@ int mt_write_file_atomic(const char *path, const void *data, size_t len) {
         return r;
     }
     free(tmp);
-    return fsync_dir_of(path);
+    return mt_fsync_dir_of(path);
 }
 
 int mt_mkdir_p(const char *path) {

@@ -79,6 +79,9 @@ float mt_normal(uint64_t seed, uint64_t stream, uint64_t index);
 int mt_read_file(const char *path, char **data, size_t *len);
 /* Writes path atomically: path.tmp, fsync, rename, fsync of the directory. */
 int mt_write_file_atomic(const char *path, const void *data, size_t len);
+/* fsync of the folder that holds path, so a rename or removal in it is durable (best
+ * effort: always 0). */
+int mt_fsync_dir_of(const char *path);
 /* mkdir -p */
 int mt_mkdir_p(const char *path);
 /* Removes a file or a folder with everything in it (nothing there: 0); -1 with an error. */

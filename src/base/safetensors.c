@@ -13,7 +13,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -701,13 +700,5 @@ int mt_st_write(const char *path, const mt_st_entry *entries, int n,
         return rc;
     }
     free(tmp);
-    /* Make the rename durable (best effort, like mt_write_file_atomic). */
-    char *dcopy = mt_xstrdup(path);
-    int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dcopy);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return 0;
+    return mt_fsync_dir_of(path); /* the rename made durable */
 }

@@ -120,16 +120,6 @@ static int save_files(const char *dir, const mt_model *m, const float *m_adam, c
     return rc;
 }
 
-static void fsync_parent(const char *dir) {
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash && slash != parent) *slash = 0;
-    else snprintf(parent, sizeof parent, "%s", slash ? "/" : ".");
-    int fd = open(parent, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) { fsync(fd); close(fd); }
-}
-
 int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
                  const char *state_json) {
     /* the whole folder is written beside it (DIR.tmp), then put in place by one rename, or,
@@ -143,17 +133,17 @@ int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const 
     if (stat(dir, &st) != 0) {
         if (rename(tmp, dir) != 0) return mt_error("%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
     } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
-        fsync_parent(dir);
+        mt_fsync_dir_of(dir);
         return mt_rm_tree(tmp); /* the old folder */
     } else { /* a file system without the exchange: move the old one aside first */
         snprintf(old, sizeof old, "%s.old", dir);
         if (mt_rm_tree(old) != 0) return -1;
         if (rename(dir, old) != 0 || rename(tmp, dir) != 0)
             return mt_error("%s: cannot put the new checkpoint in place: %s", dir, strerror(errno));
-        fsync_parent(dir);
+        mt_fsync_dir_of(dir);
         return mt_rm_tree(old);
     }
-    fsync_parent(dir);
+    mt_fsync_dir_of(dir);
     return 0;
 }
 
