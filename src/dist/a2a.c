@@ -30,38 +30,35 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     const int P = a->size;
     a->node_of = mt_xmalloc(sizeof(int) * (size_t)P);
     a->local_of = mt_xmalloc(sizeof(int) * (size_t)P);
+    /* a node is named by its leader, its lowest EP rank; nodes are numbered in the order of
+     * their leaders */
+    int *leads = mt_xmalloc(sizeof(int) * (size_t)P);
     if (ranks_per_node > 0) {
         /* emulated nodes of ranks_per_node consecutive WORLD ranks (an EP group need not be
-         * consecutive: with TP it strides over them), numbered densely in rank order */
+         * consecutive: with TP it strides over them) */
         int wr, *w = mt_xmalloc(sizeof(int) * (size_t)P);
         MPI_Comm_rank(MPI_COMM_WORLD, &wr);
         MPI_Allgather(&wr, 1, MPI_INT, w, 1, MPI_INT, ep);
         for (int r = 0; r < P; r++) {
-            int id = 0; /* distinct world nodes of the group below this rank's */
-            for (int q = 0; q < P; q++) {
-                int lower = w[q] / ranks_per_node < w[r] / ranks_per_node, first = 1;
-                for (int q2 = 0; q2 < q && lower; q2++) first &= w[q2] / ranks_per_node != w[q] / ranks_per_node;
-                id += lower && first;
-            }
-            a->node_of[r] = id;
+            leads[r] = r;
+            for (int q = 0; q < r; q++)
+                if (w[q] / ranks_per_node == w[r] / ranks_per_node) { leads[r] = q; break; }
         }
         free(w);
     } else {
-        /* a node is named by its lowest EP rank; nodes numbered in the order of that rank */
         MPI_Comm sh;
         MPI_Comm_split_type(ep, MPI_COMM_TYPE_SHARED, a->rank, MPI_INFO_NULL, &sh);
         int lead = a->rank;
         MPI_Allreduce(MPI_IN_PLACE, &lead, 1, MPI_INT, MPI_MIN, sh);
         MPI_Comm_free(&sh);
-        int *leads = mt_xmalloc(sizeof(int) * (size_t)P);
         MPI_Allgather(&lead, 1, MPI_INT, leads, 1, MPI_INT, ep);
-        for (int r = 0; r < P; r++) {
-            int id = 0; /* number of distinct leaders below leads[r]: leaders are ranks r' == leads[r'] */
-            for (int q = 0; q < leads[r]; q++) id += leads[q] == q;
-            a->node_of[r] = id;
-        }
-        free(leads);
     }
+    for (int r = 0; r < P; r++) {
+        int id = 0; /* number of distinct leaders below leads[r]: leaders are ranks r' == leads[r'] */
+        for (int q = 0; q < leads[r]; q++) id += leads[q] == q;
+        a->node_of[r] = id;
+    }
+    free(leads);
     a->nnodes = 0;
     for (int r = 0; r < P; r++)
         if (a->node_of[r] + 1 > a->nnodes) a->nnodes = a->node_of[r] + 1;
