@@ -114,8 +114,8 @@ int mt_cmd_eval(int argc, char **argv) {
     int rc = mt_args_parse("eval", "--ckpt DIR --data DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!ckpt || !data) { mt_error("moetrain eval: --ckpt DIR and --data DIR are required"); return mt_cli_fail(); }
-    if (batch < 1 || T < 0 || windows < 0 || nprob < 0 || max_new < 1 || show < 0) {
-        mt_error("moetrain eval: --batch and --max-new must be positive; --seq, --windows, --problems, --show >= 0");
+    if (batch < 1 || max_new < 1) { /* integers are never negative (the parser) */
+        mt_error("moetrain eval: --batch and --max-new must be positive");
         return mt_cli_fail();
     }
     if (threads > 0) mt_set_threads(threads);
@@ -224,8 +224,8 @@ int mt_cmd_generate(int argc, char **argv) {
     int rc = mt_args_parse("generate", "--ckpt DIR --prompt TEXT [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!ckpt) { mt_error("moetrain generate: --ckpt DIR is required"); return mt_cli_fail(); }
-    if (temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0 || max_new < 0) {
-        mt_error("moetrain generate: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0, --max-new >= 0");
+    if (temp < 0 || top_p <= 0 || top_p > 1) {
+        mt_error("moetrain generate: need --temperature >= 0 and 0 < --top-p <= 1");
         return mt_cli_fail();
     }
     stop_eot = !no_stop;

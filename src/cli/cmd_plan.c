@@ -89,8 +89,8 @@ int mt_cmd_plan(int argc, char **argv) {
     st.seq = T;
     st.devices = devices > 0 ? devices : cl.devices;
     st.dist_opt = !no_dist_opt;
-    if (per_node < 0 || threads < 0 || !(bucket_mb > 0)) {
-        mt_error("moetrain plan: --devices-per-node, --threads and --bucket-mb must be positive");
+    if (!(bucket_mb > 0)) { /* integers are never negative (the parser) */
+        mt_error("moetrain plan: --bucket-mb must be positive");
         return mt_cli_fail();
     }
     if (threads > 0 && cl.ncpu == 0) {
@@ -153,8 +153,8 @@ int mt_cmd_plan(int argc, char **argv) {
         mt_error("moetrain plan: --optimizer: '%s' is not supported (adamw)", optim);
         return mt_cli_fail();
     }
-    if (devices < 0 || top < 1 || top > 1000) {
-        mt_error("moetrain plan: --devices must be positive and --top in 1..1000");
+    if (top < 1 || top > 1000) {
+        mt_error("moetrain plan: --top must be in 1..1000");
         return mt_cli_fail();
     }
     if (gb) {
