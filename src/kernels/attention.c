@@ -44,6 +44,8 @@
  * time and D % 16 == 0): every product multiplies bf16 pairs with fp32 sums (VDPBF16PS);
  * the operands are packed in pairs along the summed index (q, dO once per head; K, V once
  * per key block; P, dS per block), masks, softmax, log-sum-exp and accumulators stay fp32.
+ * The scores round q already scaled, bf16(q log2(e)/sqrt(D)), in the forward and in the
+ * backward's recomputation alike, so the backward's P is the forward's.
  *
  * Scratch per thread: O(ATT_QG * ATT_BQ * D + ATT_BK * D) for the forward, O(T * D) for the
  * backward (the head's contiguous q and dO, and their pairs in bf16 mode). */
@@ -538,11 +540,13 @@ ALWAYS_INLINE void bt_rows_bf16(float *C, const uint32_t *A, const uint32_t *Bt,
 #undef BT16_CALL
 }
 
-/* bwd_probs and bwd_dscores with A (q or dO rows) and Bt (K or V block) as bf16 pairs */
+/* bwd_probs and bwd_dscores with A (q or dO rows) and Bt (K or V block) as bf16 pairs; the
+ * q pairs come scaled by log2(e)/sqrt(D), as the forward rounds them, so the scores need no
+ * scale */
 static void bwd_probs_bf16(float *P, const uint32_t *A, const uint32_t *Bt, int M, int D, const int *lo,
-                           const int *hi, const float *lse2, float c) {
-    if (lo) bt_rows_bf16(P, A, Bt, M, D, 0, 1, lo, hi, lse2, c, NULL);
-    else bt_rows_bf16(P, A, Bt, M, D, 0, 0, NULL, NULL, lse2, c, NULL);
+                           const int *hi, const float *lse2) {
+    if (lo) bt_rows_bf16(P, A, Bt, M, D, 0, 1, lo, hi, lse2, 1.0f, NULL);
+    else bt_rows_bf16(P, A, Bt, M, D, 0, 0, NULL, NULL, lse2, 1.0f, NULL);
 }
 
 static void bwd_dscores_bf16(float *dS, const uint32_t *A, const uint32_t *Bt, int M, int D, const float *Di,
@@ -921,7 +925,7 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
 #if defined(ATT_BF16)
                     if (bf16) {
                         const int qp = (nq + 1) / 2;
-                        bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, 1.0f);
+                        bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0);
                         pair_rows(P2, ATT_BK, P, ATT_BK, nq);
                         mm_nn_bf16(dv + kr0 * D, ldk, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * D, nk, qp, D, first);
                         bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
