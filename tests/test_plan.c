@@ -38,6 +38,16 @@ static void load_cluster(mt_cluster *cl, const char *rel) {
     if (mt_cluster_load(cl, p) != 0) { printf("FAIL: %s\n", mt_last_error()); exit(1); }
 }
 
+/* A model on a cluster file with the default settings but for the devices and global batch. */
+static void plan_case(mt_config *c, const char *model, mt_cluster *cl, const char *cluster, mt_plan_settings *st,
+                      int devices, long long global_seqs) {
+    load_config(c, model);
+    load_cluster(cl, cluster);
+    mt_plan_settings_default(st);
+    st->devices = devices;
+    st->global_seqs = global_seqs;
+}
+
 /* ---------------------------------------------------------------- costs vs trainer */
 
 /* Activation bytes: the trainer's arena also holds the per-thread attention scratch, the
@@ -262,12 +272,8 @@ static void test_search_and_cli(void) {
     /* the 718B model on 10,240 devices: the full search, timed (benchmark figure) */
     mt_config c;
     mt_cluster cl;
-    load_config(&c, "configs/pangu-ultra-moe-718b.json");
-    load_cluster(&cl, "configs/clusters/atlas-800t-a2.json");
     mt_plan_settings st;
-    mt_plan_settings_default(&st);
-    st.devices = 10240;
-    st.global_seqs = 3840;
+    plan_case(&c, "configs/pangu-ultra-moe-718b.json", &cl, "configs/clusters/atlas-800t-a2.json", &st, 10240, 3840);
     mt_plan_result best[5];
     mt_plan_stats stats;
     double t0 = mt_now();
@@ -302,13 +308,9 @@ static void test_search_and_cli(void) {
     {
         mt_config cs;
         mt_cluster ch;
-        load_config(&cs, "configs/small.json");
-        load_cluster(&ch, "configs/clusters/h100.json");
         mt_plan_settings s8;
-        mt_plan_settings_default(&s8);
-        s8.devices = 8;
+        plan_case(&cs, "configs/small.json", &ch, "configs/clusters/h100.json", &s8, 8, 64);
         s8.seq = 100;
-        s8.global_seqs = 64;
         mt_layout lv;
         mt_plan_result rv;
         MT_ASSERT(mt_layout_parse(&lv, "tp=8") == 0);
