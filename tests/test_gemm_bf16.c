@@ -393,7 +393,27 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
     CHECK(mt_set_gemm_bf16(1) == 0);
     mt_attention_fwd(out16, lse16, q, k, v, pos, B, T, H, G, D, scratch, nthr);
     mt_attention_bwd(g16[0], g16[1], g16[2], dout, q, k, v, out16, lse16, pos, B, T, H, G, D, scratch, nthr);
+    CHECK(mt_attention_bf16(D) == (D % 16 == 0 && mt_attention_bf16_built()));
+    if (mt_attention_bf16(D)) {
+        /* K and V kept as bf16 (train --bf16's layout): the same bits as from fp32 K and V */
+        uint16_t *k16 = mt_alloc(nk * 2), *v16 = mt_alloc(nk * 2);
+        float *o2 = mt_alloc(nq * 4), *l2 = mt_alloc((size_t)B * H * T * 4), *g2[3];
+        for (int i = 0; i < 3; i++) g2[i] = mt_alloc(n3[i] * 4);
+        mt_bf16_store(k16, k, nk);
+        mt_bf16_store(v16, v, nk);
+        int same = 1; /* the rounding the products apply (test_rounding) */
+        for (size_t i = 0; i < nk; i++) same &= k16[i] == (uint16_t)(f_bits(mt_bf16_round(k[i])) >> 16);
+        CHECK(same);
+        mt_attention_fwd_kv16(o2, l2, q, k16, v16, pos, B, T, H, G, D, scratch, nthr);
+        mt_attention_bwd_kv16(g2[0], g2[1], g2[2], dout, q, k16, v16, o2, l2, pos, B, T, H, G, D, scratch, nthr);
+        CHECK_SAME_F(o2, out16, nq);
+        CHECK_SAME_F(l2, lse16, (size_t)B * H * T);
+        for (int i = 0; i < 3; i++) CHECK_SAME_F(g2[i], g16[i], n3[i]);
+        for (int i = 0; i < 3; i++) mt_free(g2[i]);
+        mt_free(k16); mt_free(v16); mt_free(o2); mt_free(l2);
+    }
     mt_set_gemm_bf16(0);
+    CHECK(!mt_attention_bf16(D));
     if (D % 16 == 0 && mt_attention_bf16_built()) {
         double eo = rel_err(out16, out, nq), el = rel_err(lse16, lse, (size_t)B * H * T);
         RECORD(S_ATT_FWD, "out,lse", eo > el ? eo : el);

@@ -65,23 +65,27 @@ EOF
 [ $? -eq 0 ] || { echo "FAIL: could not write the test configs"; exit 1; }
 
 CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h"
-B=2; T=16
-for name in $CASES; do
-  case_dir="$TMP/case_$name"
-  echo "=== oracle case $name"
-  if ! "$PY" "$REF" make-case --config "$TMP/$name.json" --out "$case_dir" --seed 7 --std 0.3 \
+# run_case NAME CONFIG B T: the oracle's case at batch B x seq T against moetrain dump
+run_case() {
+  local name=$1 cfg=$2 B=$3 T=$4 case_dir="$TMP/case_$1"
+  echo "=== oracle case $name (batch $B x seq $T)"
+  if ! "$PY" "$REF" make-case --config "$TMP/$cfg.json" --out "$case_dir" --seed 7 --std 0.3 \
        --batch $B --seq $T; then
-    fail "$name: make-case failed"; continue
+    fail "$name: make-case failed"; return
   fi
   if ! "$MOETRAIN" dump --ckpt "$case_dir" --tokens "$case_dir/tokens.bin" --batch $B --seq $T \
        --out "$case_dir/dump.safetensors" > "$case_dir/dump.log" 2>&1; then
     sed 's/^/    /' "$case_dir/dump.log" | tail -20
-    fail "$name: moetrain dump failed (log $case_dir/dump.log)"; continue
+    fail "$name: moetrain dump failed (log $case_dir/dump.log)"; return
   fi
   if ! "$PY" "$REF" compare --case "$case_dir" --dump "$case_dir/dump.safetensors"; then
     fail "$name: moetrain disagrees with the PyTorch oracle (see table above)"
   fi
-done
+}
+for name in $CASES; do run_case "$name" "$name" 2 16; done
+# 1024 tokens: the dense FFN (F 96, wider than k x moe ffn = 64) runs over row chunks that fit
+# the MoE-sized scratch (672 + 352 rows), its weight gradients summed over the chunks
+run_case dense_ffn_chunks softmax_greedy 8 128
 
 # ---- reverse direction: a checkpoint written by PyTorch -----------------------------------
 echo "=== reverse direction: PyTorch-written checkpoint in moetrain"

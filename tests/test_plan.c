@@ -11,6 +11,7 @@
 
 #include "base/common.h"
 #include "dist/schedule.h"
+#include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "plan/costs.h"
@@ -88,6 +89,12 @@ static void test_costs_vs_trainer(void) {
                    pa / 1048576, ta / 1048576, 100 * (pa / ta - 1));
             CHECK(fabs(pa / ta - 1) <= ACTS_TOL, "config %d B %d T %d: activation bytes %.0f vs trainer %.0f", i, B,
                   T, pa, ta);
+            /* K and V of every layer kept as bf16: half their 4 B a value */
+            const int L = c->num_hidden_layers;
+            double kv = (double)mt_acts_bytes_chunk(c, 0, L, 1, 1, B, T, 1, MT_RECOMPUTE_NONE, 1, 0, 0) -
+                        (double)mt_acts_bytes_chunk(c, 0, L, 1, 1, B, T, 1, MT_RECOMPUTE_NONE, 1, 0, 1);
+            CHECK(kv == 4.0 * L * B * T * c->num_key_value_heads * c->head_dim, "config %d: K, V as bf16 save %.0f B",
+                  i, kv);
         }
     }
     /* MLA: the DeepSeek-V3 preset must come out near its published 671B total / 37B
@@ -653,10 +660,13 @@ static void test_trainer_bf16(void) {
         CHECK(fabs((r[0].step - r[1].step) - G / 2) < 1e-6 * r[0].step + 0.02 * G, "%s: step %g -> %g, GEMM/2 %g",
               lays[li], r[0].step, r[1].step, G / 2);
 #define SAME(a, b) (fabs((a) - (b)) <= 1e-9 * fabs(b))
-        /* memory: only the head's weight packed in bf16 (every rank here holds the head) */
+        /* memory: the head's weight packed in bf16 (every rank here holds the head), and K
+         * and V kept as bf16 when attention runs on bf16 pairs */
         const double hp = (double)mt_head_packed_bytes(l.mb * st.seq, c.hidden_size, c.vocab_size, 1, 1);
+        const double kv = r[0].mem_acts - r[1].mem_acts;
+        CHECK(mt_attention_bf16_for(1, c.head_dim) ? kv > 0 : kv == 0, "%s: K, V as bf16 saved %g B", lays[li], kv);
         CHECK(SAME(r[1].t_opt, r[0].t_opt) && SAME(r[1].t_a2a, r[0].t_a2a) && SAME(r[1].t_dp, r[0].t_dp) &&
-                  hp > 0 && SAME(r[1].mem_total, r[0].mem_total + hp) && r[1].mem_acts == r[0].mem_acts,
+                  hp > 0 && SAME(r[1].mem_total, r[0].mem_total + hp - kv),
               "%s: bf16 changed more than the GEMMs and the packed head: opt %g/%g a2a %g/%g dp %g/%g mem %g/%g "
               "(+ head %g) acts %g/%g",
               lays[li], r[1].t_opt, r[0].t_opt, r[1].t_a2a, r[0].t_a2a, r[1].t_dp, r[0].t_dp, r[1].mem_total,

@@ -512,6 +512,53 @@ static void pair_t(uint32_t *out, const float *X, int ldx, int nk, int D) {
     mt_bf16_pack_panel(out, ATT_BK, X, ldx, 0, 0, D, 0, nk);
 }
 
+/* ---- the same layouts from K and V already stored as bf16 (train --bf16 keeps them so:
+ * every product reads them rounded, so the stored halves give the same bits) ---- */
+
+/* Kr [n][D/2] words = the rows themselves (pairs along D are consecutive bf16) */
+static void pair_cols16(uint32_t *out, const uint16_t *X, int ldx, int n, int D) {
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * (D / 2), X + (size_t)i * ldx, sizeof(uint16_t) * D);
+}
+
+/* pair_rows from bf16 rows: out[p*W + c] = (X[2p][c], X[2p+1][c]), a missing last row zero */
+static void pair_rows16(uint32_t *out, int W, const uint16_t *X, int ldx, int nrows) {
+    static const uint16_t ilo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t ihi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo = _mm512_loadu_si512(ilo), hi = _mm512_loadu_si512(ihi);
+    for (int p = 0; p < (nrows + 1) / 2; p++) {
+        const uint16_t *r0 = X + (size_t)2 * p * ldx, *r1 = r0 + ldx;
+        const int have1 = 2 * p + 1 < nrows;
+        uint32_t *o = out + (size_t)p * W;
+        for (int c = 0; c < W; c += 32) {
+            const int two = W - c >= 32; /* else 16 values left */
+            const __mmask32 m = two ? 0xffffffffu : 0xffffu;
+            __m512i a = _mm512_maskz_loadu_epi16(m, r0 + c);
+            __m512i b = have1 ? _mm512_maskz_loadu_epi16(m, r1 + c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(o + c, _mm512_permutex2var_epi16(a, lo, b));
+            if (two) _mm512_storeu_si512(o + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* pair_t from bf16 rows: out[p*ATT_BK + j] = word p of row j, zero for nk <= j < ATT_BK
+ * (a 16 x 16 transpose of 32-bit words per step) */
+static void pair_t16(uint32_t *out, const uint16_t *X, int ldx, int nk, int D) {
+    const int np = D / 2;
+    for (int j0 = 0; j0 < ATT_BK; j0 += 16)
+        for (int p0 = 0; p0 < np; p0 += 16) {
+            const int w = np - p0 < 16 ? np - p0 : 16;
+            const __mmask16 m = (__mmask16)((1u << w) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < nk ? _mm512_maskz_loadu_epi32(m, X + (size_t)(j0 + i) * ldx + 2 * p0)
+                                   : _mm512_setzero_si512();
+            mt_transpose16(r);
+            for (int pp = 0; pp < w; pp++) _mm512_storeu_si512(out + (size_t)(p0 + pp) * ATT_BK + j0, r[pp]);
+        }
+}
+
 /* The score-like tiles of bt_tile with the product on bf16 pairs: A words [rows][D/2]
  * (pairs along D), Bt words [D/2][ATT_BK]. */
 ALWAYS_INLINE void bt_tile_bf16(float *C, const uint32_t *A, const uint32_t *Bt, int kp, int i0, int mr, int mode,
@@ -630,14 +677,20 @@ int mt_attention_bf16_built(void) {
 
 /* 1 when attention runs on bf16 pairs: the GEMMs' bf16 mode, a build with AVX512-BF16, and
  * D a multiple of 16 (the pair layouts' vectors) */
-static int bf16_mode(int D) {
+int mt_attention_bf16_for(int gemm_bf16, int D) {
 #if defined(ATT_BF16)
-    return mt_gemm_bf16_enabled() && D % 16 == 0;
+    return gemm_bf16 && D % 16 == 0;
 #else
+    (void)gemm_bf16;
     (void)D;
     return 0;
 #endif
 }
+
+int mt_attention_bf16(int D) { return mt_attention_bf16_for(mt_gemm_bf16_enabled(), D); }
+
+static int bf16_mode(int D) { return mt_attention_bf16(D); }
+
 
 /* Scratch words of the bf16 forward per thread (0 without it): K of a key block in pairs
  * along D, V in pairs along keys, the probabilities in pairs along keys. */
@@ -746,10 +799,12 @@ static void check_pos(const int32_t *pos, int B, int T) {
         for (int t = 0; t < T; t++) MT_ASSERT(pos[(size_t)b * T + t] >= 0 && pos[(size_t)b * T + t] <= t);
 }
 
-void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                      const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                      int nthr) {
+/* k, v fp32, or (bf16 mode only) k16, v16 */
+static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const uint16_t *k16,
+                     const uint16_t *v16, const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                     int nthr) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
+    MT_ASSERT(!k16 || bf16_mode(D));
     check_pos(pos, B, T);
     const int rep = H / G, nqb = (T + ATT_BQ - 1) / ATT_BQ, nbh = B * H;
     const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
@@ -796,13 +851,17 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
         }
         for (int k0 = smin / ATT_BK * ATT_BK; k0 < tend; k0 += ATT_BK) {
             int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK;
-            const float *kb = k + (((size_t)b * T + k0) * G + g) * D, *vb = v + (((size_t)b * T + k0) * G + g) * D;
+            const size_t kv0 = (((size_t)b * T + k0) * G + g) * D;
+            const float *kb = k16 ? NULL : k + kv0, *vb = k16 ? NULL : v + kv0;
             if (!bf16) {
                 copy_rows(Kc, kb, G * D, nk, D);
                 copy_rows(Vc, vb, G * D, nk, D);
             }
 #if defined(ATT_BF16)
-            else { /* the pair layouts read the rows once, straight from k and v */
+            else if (k16) {
+                pair_cols16(Kr, k16 + kv0, G * D, nk, D);
+                pair_rows16(Vp, D, v16 + kv0, G * D, nk);
+            } else { /* the pair layouts read the rows once, straight from k and v */
                 pair_cols(Kr, D, kb, G * D, nk);
                 pair_rows(Vp, D, vb, G * D, nk);
             }
@@ -844,11 +903,23 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
     }
 }
 
-void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                      const float *k, const float *v, const float *out, const float *lse,
+void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                       int nthr) {
+    attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, D, scratch, nthr);
+}
+
+void mt_attention_fwd_kv16(float *out, float *lse, const float *q, const uint16_t *k, const uint16_t *v,
+                           const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                           int nthr) {
+    attn_fwd(out, lse, q, NULL, NULL, k, v, pos, B, T, H, G, D, scratch, nthr);
+}
+
+static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                     const float *v, const uint16_t *k16, const uint16_t *v16, const float *out, const float *lse,
+                     const int32_t *pos, int B, int T, int H, int G, int D, float *scratch, int nthr) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
+    MT_ASSERT(!k16 || bf16_mode(D));
     check_pos(pos, B, T);
     const int rep = H / G;
     const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
@@ -901,14 +972,18 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
             for (int k0 = 0; k0 < T; k0 += ATT_BK) {
                 int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK, first = h == g * rep;
                 size_t kr0 = ((size_t)b * T + k0) * G + g;
-                const float *kb = k + kr0 * D, *vb = v + kr0 * D;
+                const float *kb = k16 ? NULL : k + kr0 * D, *vb = k16 ? NULL : v + kr0 * D;
                 if (!bf16) {
                     copy_rows(Kc, kb, ldk, nk, D);
                     pack_t(Kt, kb, ldk, nk, D);
                     pack_t(Vt, vb, ldk, nk, D);
                 }
 #if defined(ATT_BF16)
-                else { /* the pair layouts instead of the fp32 copy and transposed packs */
+                else if (k16) {
+                    pair_rows16(Kp, D, k16 + kr0 * D, ldk, nk);
+                    pair_t16(Kt2, k16 + kr0 * D, ldk, nk, D);
+                    pair_t16(Vt2, v16 + kr0 * D, ldk, nk, D);
+                } else { /* the pair layouts instead of the fp32 copy and transposed packs */
                     pair_rows(Kp, D, kb, ldk, nk);
                     pair_t(Kt2, kb, ldk, nk, D);
                     pair_t(Vt2, vb, ldk, nk, D);
@@ -952,4 +1027,18 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
             }
         }
     }
+}
+
+void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                      const float *k, const float *v, const float *out, const float *lse,
+                      const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                      int nthr) {
+    attn_bwd(dq, dk, dv, dout, q, k, v, NULL, NULL, out, lse, pos, B, T, H, G, D, scratch, nthr);
+}
+
+void mt_attention_bwd_kv16(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                           const uint16_t *k, const uint16_t *v, const float *out, const float *lse,
+                           const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                           int nthr) {
+    attn_bwd(dq, dk, dv, dout, q, NULL, NULL, k, v, out, lse, pos, B, T, H, G, D, scratch, nthr);
 }

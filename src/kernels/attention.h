@@ -27,6 +27,14 @@
  * keeps attention in fp32 in that mode. */
 int mt_attention_bf16_built(void);
 
+/* 1 when attention runs on bf16 pairs for head_dim D: in the GEMMs' bf16 mode now
+ * (mt_attention_bf16), or given that mode (mt_attention_bf16_for, for the planner), in a
+ * build that has the kernels, with D % 16 == 0. Then every product reads K and V rounded to
+ * bf16, so callers may keep them as bf16 (the _kv16 entry points below): same bits, half
+ * the memory. */
+int mt_attention_bf16(int D);
+int mt_attention_bf16_for(int gemm_bf16, int D);
+
 /* Scratch floats needed PER THREAD by the forward and the backward: O(T * D) (the
  * backward keeps one head's q and dO rows contiguous). */
 size_t mt_attention_scratch_floats(int T, int D);
@@ -46,5 +54,16 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                       const float *k, const float *v, const float *out, const float *lse,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                       int nthr);
+
+/* The same with K and V kept as bf16 (mt_bf16_store of the fp32 values, after RoPE):
+ * the same bits as the fp32 entry points given those values. Only when
+ * mt_attention_bf16(D) (asserted). */
+void mt_attention_fwd_kv16(float *out, float *lse, const float *q, const uint16_t *k, const uint16_t *v,
+                           const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                           int nthr);
+void mt_attention_bwd_kv16(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                           const uint16_t *k, const uint16_t *v, const float *out, const float *lse,
+                           const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
+                           int nthr);
 
 #endif

@@ -54,6 +54,21 @@ float mt_bf16_round(float f) {
     return r;
 }
 
+BF16_TARGET void mt_bf16_store(uint16_t *dst, const float *src, size_t n) {
+    const size_t chunk = 16384;
+#pragma omp parallel for schedule(static)
+    for (size_t i0 = 0; i0 < n; i0 += chunk) {
+        const size_t i1 = i0 + chunk < n ? i0 + chunk : n;
+        size_t i = i0;
+        for (; i + 16 <= i1; i += 16)
+            _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+        if (i < i1) {
+            const __mmask16 m = (__mmask16)((1u << (i1 - i)) - 1);
+            _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+        }
+    }
+}
+
 /* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * C : C); beta == 0 never reads C.
  * A panel [kp][MR] words, B panel [kp][NR]. */
 BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *b, float *C, int ldc, int mr, int nr,

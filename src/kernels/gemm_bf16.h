@@ -19,6 +19,10 @@ int mt_bf16_supported(void);
  * multiplies (except for fp32 denormals, which the kernel's conversion treats as zero).
  * References and tests use it. */
 float mt_bf16_round(float f);
+/* dst[i] = the bits of bf16(src[i]) (the rounding above), threaded: values kept as bf16 for
+ * products that read them rounded anyway (train --bf16's attention K and V). Requires
+ * mt_bf16_supported(). */
+void mt_bf16_store(uint16_t *dst, const float *src, size_t n);
 /* Requires mt_bf16_supported(). */
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);

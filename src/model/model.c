@@ -12,6 +12,7 @@
 #include "base/common.h"
 #include "base/trace.h"
 #include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/moe.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
@@ -338,7 +339,8 @@ void mt_model_zero_grads(mt_model *m) { mt_zero(m->grads, m->nparams); }
 typedef struct {
     float *x;                     /* [N,C] layer input (residual stream) */
     float *rstd1;                 /* [N] 1/rms of x */
-    float *q, *k, *v;             /* [N,H*D], [N,G*D] x2 (after RoPE) */
+    float *q, *k, *v;             /* [N,H*D], [N,G*D] x2 (after RoPE); k, v NULL with kv16 */
+    uint16_t *k16, *v16;          /* kv16: K and V rounded to bf16, all attention reads of them */
     float *att, *lse;             /* [N,H*D], [B,H,T] */
     float *h;                     /* [N,C] residual after attention */
     float *rstd2;                 /* [N] */
@@ -358,6 +360,7 @@ typedef struct {
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts, policy, count_load;
+    int kv16;                     /* K, V kept as bf16 (bf16 attention: the same bits) */
     int lo, hi, first, last;      /* the chunk: decoder layers [lo, hi), embedding, head */
     int tp, sp;                   /* tensor parallel size, sequence parallelism */
     int Nl, g0;                   /* last forward: rows of the residual stream, first token's index */
@@ -370,7 +373,8 @@ struct mt_acts {
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
     float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */
     float *dres, *dln, *datt, *dq, *dk, *dv;
-    float *big1, *big2, *big3;    /* [max(N*F, R*Fm, N*Fs)] x2, [max(N*2F, R*2Fm, N*2Fs)] */
+    float *big1, *big2, *big3;    /* [max(ffn_rows*F, R*Fm, N*Fs)] x2, [twice that] */
+    int ffn_rows;                 /* rows of the dense FFN per pass over big1-3 (<= B*T) */
     float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
     int64_t *load;
@@ -400,7 +404,21 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
     const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size / tp;
     const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
-    size_t bigsz = 0, big2sz = 0; /* [rows, F] and [rows, 2F] scratch */
+    /* [rows, F]-sized scratch (big1, big2; big3 twice it): sized by the MoE layers; the
+     * dense FFN (F wider than the experts' K*Fm) then runs over row chunks that fit */
+    size_t bigsz = 0;
+    int dense = 0;
+    for (int l = a->lo; l < a->hi; l++) {
+        if (mt_config_is_moe(c, l)) bigsz = maxz(bigsz, maxz(R * Fm, N * Fs));
+        else dense = 1;
+    }
+    a->ffn_rows = (int)Nt;
+    if (dense && F > 0 && bigsz > 0) {
+        const size_t floor_rows = Nt < 512 ? Nt : 512; /* keep the GEMMs' rows long */
+        size_t rows = maxz(bigsz / F / 16 * 16, floor_rows);
+        a->ffn_rows = (int)(rows < Nt ? rows : Nt);
+    }
+    bigsz = maxz(bigsz, (size_t)a->ffn_rows * F * dense);
     const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
     if (sel) {
         a->hbuf = carve(cv, N * C * fl);
@@ -411,16 +429,19 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         L->x = carve(cv, N * C * fl);
         L->rstd1 = carve(cv, N * fl);
         L->q = carve(cv, Nt * H * D * fl);
-        L->k = carve(cv, Nt * G * D * fl);
-        L->v = carve(cv, Nt * G * D * fl);
+        if (a->kv16) {
+            L->k16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+            L->v16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+        } else {
+            L->k = carve(cv, Nt * G * D * fl);
+            L->v = carve(cv, Nt * G * D * fl);
+        }
         L->att = carve(cv, Nt * H * D * fl);
         L->lse = carve(cv, Nt * H * fl);
         L->h = sel ? a->hbuf : carve(cv, N * C * fl);
         L->rstd2 = carve(cv, N * fl);
         if (!mt_config_is_moe(c, l)) {
             L->gu = carve(cv, Nt * 2 * F * fl);
-            bigsz = maxz(bigsz, Nt * F);
-            big2sz = maxz(big2sz, Nt * 2 * F);
         } else {
             L->probs = carve(cv, N * E * fl);
             L->sel = carve(cv, R * il);
@@ -431,8 +452,6 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
             L->egu = sel ? a->gubuf : carve(cv, R * 2 * Fm * fl);
             if (Fs) L->sgu = sel ? a->gubuf : carve(cv, N * 2 * Fs * fl);
             L->f = carve(cv, (size_t)B * E * fl);
-            bigsz = maxz(bigsz, maxz(R * Fm, N * Fs));
-            big2sz = maxz(big2sz, maxz(R * 2 * Fm, N * 2 * Fs));
         }
     }
     a->xf = carve(cv, N * C * fl);
@@ -446,18 +465,25 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->rstd_tmp = carve(cv, N * fl);
     a->dres = carve(cv, N * C * fl);
     a->dln = carve(cv, N * C * fl);
-    a->datt = carve(cv, Nt * H * D * fl);
-    a->dq = carve(cv, Nt * H * D * fl);
-    a->dk = carve(cv, Nt * G * D * fl);
-    a->dv = carve(cv, Nt * G * D * fl);
     if (tp > 1) {
         a->gat = carve(cv, Nt * C * fl);
         a->part = carve(cv, Nt * C * fl);
         a->dgat = carve(cv, Nt * C * fl);
     }
+    /* Two groups of scratch share one region: the attention backward's gradients (only
+     * live from the output projection's backward to the QKV projections' backward) and the
+     * FFN / MoE blocks' buffers (only live inside one block, forward or backward). No
+     * function of a layer holds buffers of both groups. */
+    const size_t u0 = cv->off;
+    a->datt = carve(cv, Nt * H * D * fl);
+    a->dq = carve(cv, Nt * H * D * fl);
+    a->dk = carve(cv, Nt * G * D * fl);
+    a->dv = carve(cv, Nt * G * D * fl);
+    const size_t u1 = cv->off;
+    cv->off = u0;
     a->big1 = carve(cv, bigsz * fl);
     a->big2 = carve(cv, bigsz * fl);
-    a->big3 = carve(cv, big2sz * fl);
+    a->big3 = carve(cv, 2 * bigsz * fl);
     if (E) {
         a->xe = carve(cv, R * C * fl);
         a->ye = carve(cv, R * C * fl);
@@ -465,6 +491,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->dw = carve(cv, R * fl);
         a->wrow = carve(cv, R * fl);
     }
+    cv->off = maxz(cv->off, u1);
     a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
     if (a->last) a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
 }
@@ -476,10 +503,11 @@ int mt_recompute_parse(const char *name) {
 }
 
 size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy, int tp, int sp) {
+                           int policy, int tp, int sp, int kv16) {
     mt_acts a;
     memset(&a, 0, sizeof a);
     a.policy = policy;
+    a.kv16 = kv16;
     a.tp = tp;
     a.sp = sp && tp > 1;
     a.lo = lo;
@@ -494,7 +522,8 @@ size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int la
 }
 
 size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
-    return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0);
+    return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0,
+                               mt_attention_bf16(c->head_dim));
 }
 
 size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
@@ -517,8 +546,9 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     a->tp = tp > 1 ? tp : 1;
     a->sp = sp && tp > 1;
     a->cap = (size_t)B * T;
+    a->kv16 = mt_attention_bf16(c->head_dim);
     a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
-    a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp);
+    a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, a->kv16);
     a->arena = mt_alloc(a->arena_bytes);
     carver cv = {a->arena, 0, 0};
     acts_layout(a, c, B, T, nthr, &cv);
@@ -641,6 +671,28 @@ static void swiglu_ffn_bwd(float *dx, float *dwgu, float *dwd, const float *dout
     mt_linear_bwd(a2, dwd, dout, a1, wd, N, F, C, 0.0f);  /* a2 = da */
     mt_swiglu_rows_bwd(a3, a2, gu, NULL, N, F);          /* a3 = dg|du */
     mt_linear_bwd(dx, dwgu, a3, x, wgu, N, C, 2 * F, beta_in);
+}
+
+/* The dense FFN over the micro-batch's N rows in chunks of a->ffn_rows (the shared scratch
+ * big1-3 holds one chunk): gate|up for all rows (kept), then SwiGLU and the down projection
+ * per chunk; the backward runs per chunk, its weight gradients accumulating. */
+static void dense_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const float *wgu, const float *wd,
+                          int N, int C, int F, float beta) {
+    mt_linear_fwd(gu, x, wgu, N, C, 2 * F, 0.0f);
+    for (int n0 = 0; n0 < N; n0 += a->ffn_rows) {
+        const int n = N - n0 < a->ffn_rows ? N - n0 : a->ffn_rows;
+        mt_swiglu_rows_fwd(a->big1, gu + (size_t)n0 * 2 * F, n, F);
+        mt_linear_fwd(out + (size_t)n0 * C, a->big1, wd, n, F, C, beta);
+    }
+}
+
+static void dense_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
+                          const float *gu, const float *wgu, const float *wd, int N, int C, int F) {
+    for (int n0 = 0; n0 < N; n0 += a->ffn_rows) {
+        const int n = N - n0 < a->ffn_rows ? N - n0 : a->ffn_rows;
+        swiglu_ffn_bwd(dx + (size_t)n0 * C, dwgu, dwd, dout + (size_t)n0 * C, x + (size_t)n0 * C,
+                       gu + (size_t)n0 * 2 * F, wgu, wd, n, C, F, 0.0f, a->big1, a->big2, a->big3);
+    }
 }
 
 /* Router: scores in fp32, selection, routing weights (L->probs, L->sel, L->wsel). */
@@ -967,12 +1019,21 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         mt_trace_begin("fwd.attention");
         mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, Nl, C, eps);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : a->ln;
+        /* kv16: K and V in fp32 in the attention backward's dk, dv (free in the forward) */
+        float *kf = a->kv16 ? a->dk : L->k, *vf = a->kv16 ? a->dv : L->v;
         mt_linear_fwd(L->q, lnf, w->wq, N, C, H * D, 0.0f);
-        mt_linear_fwd(L->k, lnf, w->wk, N, C, G * D, 0.0f);
-        mt_linear_fwd(L->v, lnf, w->wv, N, C, G * D, 0.0f);
+        mt_linear_fwd(kf, lnf, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd(vf, lnf, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
-        mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
-        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr);
+        mt_rope_apply_pos(kf, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
+        if (a->kv16) {
+            mt_bf16_store(L->k16, kf, (size_t)N * G * D);
+            mt_bf16_store(L->v16, vf, (size_t)N * G * D);
+            mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch,
+                                  a->nthr);
+        } else {
+            mt_attention_fwd(L->att, L->lse, L->q, kf, vf, pos, B, T, H, G, D, a->att_scratch, a->nthr);
+        }
         if (tp == 1) { /* residual add fused into the output projection (beta = 1) */
             mt_copy(L->h, L->x, (size_t)N * C);
             mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
@@ -987,10 +1048,10 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
             if (tp == 1) {
-                swiglu_ffn_fwd(xout, L->gu, a->big1, a->ln, w->gate, w->down, N, C, F, 1.0f);
+                dense_ffn_fwd(a, xout, L->gu, a->ln, w->gate, w->down, N, C, F, 1.0f);
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                swiglu_ffn_fwd(a->part, L->gu, a->big1, lf, w->gate, w->down, N, C, F, 0.0f);
+                dense_ffn_fwd(a, a->part, L->gu, lf, w->gate, w->down, N, C, F, 0.0f);
                 tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
                 mt_add(xout, a->dln, (size_t)Nl * C);
             }
@@ -1047,13 +1108,11 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, Nl, C, eps);
         if (!mt_config_is_moe(c, l)) {
             if (tp == 1) {
-                swiglu_ffn_bwd(a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, 0.0f,
-                               a->big1, a->big2, a->big3);
+                dense_ffn_bwd(a, a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F);
             } else { /* gathered input and output gradient; the input gradient summed over TP */
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
                 const float *df = tp_in(m, a, a->dgat, d, C);
-                swiglu_ffn_bwd(a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F, 0.0f,
-                               a->big1, a->big2, a->big3);
+                dense_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F);
                 tp_out(m, a->dln, a->part, N, C);
             }
         } else if (m->ep) {
@@ -1069,8 +1128,12 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : a->ln;
         const float *df = tp > 1 ? tp_in(m, a, a->dgat, d, C) : d;
         mt_linear_bwd(a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
-        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
-                         a->att_scratch, a->nthr);
+        if (a->kv16)
+            mt_attention_bwd_kv16(a->dq, a->dk, a->dv, a->datt, L->q, L->k16, L->v16, L->att, L->lse, pos, B, T, H,
+                                  G, D, a->att_scratch, a->nthr);
+        else
+            mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
+                             a->att_scratch, a->nthr);
         mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
         mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
         float *dl = tp > 1 ? a->part : a->dln;

@@ -153,7 +153,9 @@ void mt_model_init_weights(mt_model *m, uint64_t seed, float std);
 const mt_tensor *mt_model_find(const mt_model *m, const char *name);
 void mt_model_zero_grads(mt_model *m);
 
-/* Activations of one micro-batch of up to B x T tokens, plus backward scratch. */
+/* Activations of one micro-batch of up to B x T tokens, plus backward scratch. In the
+ * GEMMs' bf16 mode (mt_attention_bf16) K and V are kept as bf16: the sizes below and the
+ * arena follow the mode at the time of the call. */
 typedef struct mt_acts mt_acts;
 size_t mt_acts_bytes(const mt_config *cfg, int B, int T, int nthr);
 mt_acts *mt_acts_new(const mt_config *cfg, int B, int T, int nthr);
@@ -168,9 +170,10 @@ int mt_recompute_parse(const char *name);
 size_t mt_acts_bytes_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
 mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
 /* Activations of one pipeline chunk: decoder layers [lo, hi), with the embedding when
- * first and the final norm, head and loss when last. */
+ * first and the final norm, head and loss when last. kv16: K and V as bf16 (give
+ * mt_attention_bf16_for(bf16 GEMMs?, head_dim); mt_acts_new_chunk takes the current mode). */
 size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy, int tp, int sp);
+                           int policy, int tp, int sp, int kv16);
 mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp);
 /* Rows of the residual stream a chunk holds for a micro-batch of n tokens (n / tp with sp). */

@@ -5,6 +5,7 @@
  * attention core does QK^T and PV over (T+1)/2 keys on average. */
 #include "plan/costs.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +63,9 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     u->f_rc_gemm += 2 * C * H * (is_mla(c) ? c->v_head_dim : c->head_dim);
     u->work_rc_tok += C * elt;                         /* ... into one buffer shared by the layers */
     u->act_tok[MT_RC_FULL] += C * elt;                /* only the layer input */
-    u->work_tok += 3 * C * elt + f4 + work;            /* normed input, residual grad, its grad */
+    /* both blocks: normed input, residual grad, its grad; the attention's: datt, dq, dk, dv */
+    u->work_tok += 3 * C * elt + f4;
+    u->work_att_tok += 3 * C * elt + f4 + work;
     /* two norms (read+write), two residual adds (2 reads + write), RoPE (read+write) */
     u->mem_tok += (4 * C + 6 * C + 2 * rope_w) * elt;
     u->tp_colls += 2;                                  /* all-gather in, reduce-scatter out */
@@ -199,14 +202,20 @@ double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
         kept += N * (u[1 + l].act_tok[MT_RC_SELECTIVE] + u[1 + l].act_expert_tok[MT_RC_SELECTIVE]);
     kept += N * u[n - 1].act_tok[MT_RC_SELECTIVE];
     /* backward scratch: the largest layer's working set (the trainer sizes its [rows, F]
-     * buffers for the largest FFN), plus the RoPE tables */
-    double work = 0;
+     * buffers for the largest MoE block and runs a wider dense FFN over row chunks that fit,
+     * of at least 512 rows), plus the RoPE tables */
+    double work = 0, moe_ffn = 0;
+    const double common = 3 * C * f4 + f4;
+    for (int l = 0; l < L; l++)
+        if (u[1 + l].moe) moe_ffn = fmax(moe_ffn, N * (u[1 + l].work_tok + u[1 + l].work_expert_tok - common));
     for (int l = 0; l < L; l++) {
-        double w = N * (u[1 + l].work_tok + u[1 + l].work_expert_tok);
+        double ffn = N * (u[1 + l].work_tok + u[1 + l].work_expert_tok - common);
+        if (!u[1 + l].moe && moe_ffn > 0) ffn = fmin(ffn, fmax(moe_ffn, (N < 512 ? N : 512) * 4 * f4 *
+                                                                       (double)c->intermediate_size));
+        double w = fmax(N * common + ffn, N * u[1 + l].work_att_tok);
         if (w > work) work = w;
     }
     free(u);
-    (void)C;
     /* fixed-size kernel scratch, from the kernels' own size functions (one thread) */
     double fixed = (double)mt_head_scratch_floats(c->vocab_size) * f4 +
                    (double)mt_attention_scratch_floats(T, c->head_dim) * f4;

@@ -50,8 +50,10 @@ typedef struct {
     double act_tok[MT_RC_N], act_expert_tok[MT_RC_N];
     /* forward GEMM FLOPs per token re-done by selective-gemm: dense part, routed part */
     double f_rc_gemm, f_rc_expert;
-    /* bytes per token of the backward's working tensors (not kept between micro-batches) */
-    double work_tok, work_expert_tok;
+    /* bytes per token of the backward's working tensors (not kept between micro-batches):
+     * the FFN / MoE block's (dense part, routed part), and the attention block's, which
+     * shares that memory (the two blocks never run at once): a layer needs the larger */
+    double work_tok, work_expert_tok, work_att_tok;
     double work_rc_tok, work_rc_expert_tok; /* more under selective-gemm (its shared buffers) */
     int tp_colls;        /* TP all-gather or reduce-scatter of a [tokens, d] tensor per forward */
     int moe;             /* has a routed-expert block (two all-to-alls per forward) */

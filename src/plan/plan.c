@@ -28,6 +28,7 @@
 
 #include "base/common.h"
 #include "dist/schedule.h"
+#include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "plan/sim.h"
@@ -314,7 +315,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
             int rc = (u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP) ? l->rc : MT_RC_SELECTIVE;
             acts[s] += (u->act_tok[rc] + u->act_expert_tok[rc] * imb) * n;
-            double wk = (u->work_tok + u->work_expert_tok * imb) * n;
+            double wk = fmax(u->work_tok + u->work_expert_tok * imb, u->work_att_tok) * n;
             if (rc == MT_RC_SELECTIVE_GEMM) wk += (u->work_rc_tok + u->work_rc_expert_tok * imb) * n;
             if (rc == MT_RC_FULL) wk += (u->act_tok[MT_RC_NONE] + u->act_expert_tok[MT_RC_NONE] * imb) * n;
             if (wk > work[r]) work[r] = wk;
@@ -396,7 +397,8 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                     for (int k = 0; k < sv; k++) lo += res->layers[k];
                     peak += (nslot[v] > 1 ? nslot[v] : 1) *
                             (double)mt_acts_bytes_chunk(c, lo, lo + res->layers[sv], sv == 0, sv == S - 1, l->mb,
-                                                        st->seq, st->threads, policy, l->tp, l->tp > 1);
+                                                        st->seq, st->threads, policy, l->tp, l->tp > 1,
+                                                        mt_attention_bf16_for(st->gemm_bf16, c->head_dim));
                 }
                 wk = 0;
                 /* the head's packed weight (bf16), on the rank of the last stage */
