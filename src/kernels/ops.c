@@ -355,9 +355,10 @@ void mt_adamw_multi(float *p, const float *g, float *m, float *v, int ntensors, 
                     const size_t *len, const int *decay, float lr, float beta1, float beta2, float eps,
                     float wd, float gscale, int step) {
     enum { CH = 1 << 14 };
-    const float bc1 = 1.0f - powf(beta1, (float)step);
-    const float bc2 = 1.0f - powf(beta2, (float)step);
-    const float step_size = lr / bc1, sbc2 = sqrtf(bc2);
+    /* bias corrections in double (as PyTorch's Python scalars): 1 - beta^t in float loses
+     * most of its digits when beta is near 1 */
+    const double bc1 = 1.0 - pow((double)beta1, step), bc2 = 1.0 - pow((double)beta2, step);
+    const float step_size = (float)(lr / bc1), sbc2 = (float)sqrt(bc2);
     /* chunk list: (tensor, start) pairs, built on the fly by prefix counts */
     size_t total_chunks = 0;
     for (int t = 0; t < ntensors; t++) total_chunks += (len[t] + CH - 1) / CH;
