@@ -4,7 +4,7 @@
 #   - the losses of 8 steps follow the fp32 run's within 0.2% (and are not the same numbers:
 #     the bf16 kernel ran), the summary says "precision":"bf16";
 #   - a bf16 run resumed from its step-4 checkpoint without the flag continues in bf16 and
-#     gives the uninterrupted run's losses exactly;
+#     gives the uninterrupted run's losses exactly; with --no-bf16 it continues in fp32;
 #   - results do not depend on the thread count (1 vs 2 threads: identical weights);
 #   - under mpirun, DP2, EP2, TP2 + SP and PP2 in bf16 follow one bf16 process with the same global batch
 #     within 5e-4 (sums in another order can flip a bf16 rounding; fp32 layouts match to 1e-5).
@@ -55,6 +55,11 @@ awk '$1 > 4' "$T/l_bf16" > "$T/l_bf16_tail"
 cmp -s "$T/l_bf16_tail" "$T/l_res" || { cat "$T/l_bf16_tail" "$T/l_res"; fail "bf16 resume is not exact"; }
 grep -q '"precision":"bf16"' "$T/res/metrics.jsonl" || fail "resume did not keep bf16"
 ok "bf16 resume without the flag continues in bf16, exactly"
+"$MT" train --resume "$T/bf16/step_00000004" --data "$T/data" --steps 8 --quiet --threads 2 --out "$T/res32" --no-bf16
+losses "$T/res32/metrics.jsonl" > "$T/l_res32"
+grep -q '"precision":"fp32"' "$T/res32/metrics.jsonl" || fail "resume with --no-bf16 did not run in fp32"
+compare "$T/l_bf16_tail" "$T/l_res32" 2e-3 differ || fail "resume with --no-bf16: losses"
+ok "bf16 resume with --no-bf16 continues in fp32"
 
 "$MT" train "${common[@]}" --steps 2 --threads 1 --out "$T/t1" --bf16
 "$MT" train "${common[@]}" --steps 2 --threads 2 --out "$T/t2" --bf16

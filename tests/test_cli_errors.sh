@@ -140,6 +140,9 @@ expect_ok control_accepted_config -- "$M" train --config cfg/accepted.json --dat
 # ---- flags and commands ----------------------------------------------------------------
 expect_fail unknown_flag_train '--bogus' -- "$M" train --config c.json --data D $TR --out R1 --bogus
 expect_fail unknown_flag_eval '--bogus' -- "$M" eval --ckpt RUN --data D --bogus
+# --no-NAME exists only for booleans a resumed run may set (--bf16, --doc-mode)
+expect_fail no_flag_not_resumable '--no-quiet' -- "$M" train --config c.json --data D $TR --out R1 --no-quiet
+expect_fail no_flag_value '--no-bf16 takes no value' -- "$M" train --config c.json --data D $TR --out R1 --no-bf16=1
 expect_fail unknown_flag_data_math '--bogus' -- "$M" data math --out DX --bogus
 expect_fail unknown_command 'frobnicate' -- "$M" frobnicate
 expect_fail missing_data_flag '--data' -- "$M" train --config c.json $TR --out R1

@@ -18,7 +18,9 @@ void mt_args_help(const char *cmd, const char *usage, const mt_arg *specs) {
     for (const mt_arg *s = specs; s && s->name; s++) {
         char left[64];
         const char *meta = s->type == MT_ARG_STR ? " S" : s->type == MT_ARG_BOOL ? "" : s->type == MT_ARG_DBL ? " X" : " N";
-        snprintf(left, sizeof left, "--%s%s", s->name, meta);
+        /* a boolean whose default comes from elsewhere (the resumed run) can be turned off */
+        const int neg = s->type == MT_ARG_BOOL && s->given;
+        snprintf(left, sizeof left, "--%s%s%s", neg ? "[no-]" : "", s->name, meta);
         printf("  %-22s %s\n", left, s->help);
     }
     printf("  %-22s %s\n", "--help", "show this help");
@@ -75,11 +77,20 @@ int mt_args_parse(const char *cmd, const char *usage, const mt_arg *specs, int a
         const mt_arg *s = NULL;
         for (const mt_arg *t = specs; t && t->name; t++)
             if (strlen(t->name) == nlen && strncmp(t->name, name, nlen) == 0) { s = t; break; }
+        int off = 0; /* --no-NAME of a boolean that has a `given` slot: explicitly off */
+        if (!s && nlen > 3 && strncmp(name, "no-", 3) == 0)
+            for (const mt_arg *t = specs; t && t->name; t++)
+                if (t->type == MT_ARG_BOOL && t->given && strlen(t->name) == nlen - 3 &&
+                    strncmp(t->name, name + 3, nlen - 3) == 0) {
+                    s = t;
+                    off = 1;
+                    break;
+                }
         if (!s) return mt_error("moetrain %s: unknown flag --%.*s (see moetrain %s --help)", cmd, (int)nlen, name, cmd);
         if (s->given) *s->given = 1;
         if (s->type == MT_ARG_BOOL) {
-            if (eq) return mt_error("moetrain %s: --%s takes no value", cmd, s->name);
-            *(int *)s->dst = 1;
+            if (eq) return mt_error("moetrain %s: --%.*s takes no value", cmd, (int)nlen, name);
+            *(int *)s->dst = !off;
             continue;
         }
         const char *v = eq ? eq + 1 : NULL;

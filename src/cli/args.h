@@ -1,5 +1,7 @@
 /* cli/args.h — a small table-driven flag parser shared by every command.
- * Flags are --name VALUE (or --name=VALUE); booleans are --name. Unknown flags, missing
+ * Flags are --name VALUE (or --name=VALUE); booleans are --name, and those with a `given`
+ * slot (whose default may come from elsewhere, e.g. a resumed run) also --no-name, which
+ * sets them to 0 and marks them given. Unknown flags, missing
  * values and malformed numbers (negative integers, NaN or infinite reals) are errors
  * naming the flag. */
 #ifndef MT_CLI_ARGS_H
