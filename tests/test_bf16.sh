@@ -48,6 +48,15 @@ compare "$T/l_fp32" "$T/l_bf16" 2e-3 differ || fail "bf16 losses do not follow f
 grep -q '"precision":"bf16"' "$T/bf16/metrics.jsonl" || fail "summary does not say bf16"
 grep -q '"precision":"fp32"' "$T/fp32/metrics.jsonl" || fail "summary does not say fp32"
 ok "bf16 follows fp32 within 0.2%"
+# moetrain info --bf16 sizes the activations as train --bf16 allocates them (K, V as bf16)
+for prec in fp32 bf16; do
+  flag=; [ $prec = bf16 ] && flag=--bf16
+  want=$(grep -o '"activation_bytes_per_rank":[0-9]*' "$T/$prec/metrics.jsonl" | cut -d: -f2)
+  got=$("$MT" info --config demo --batch 4 --seq 64 --threads 2 $flag | awk '/^  activations/ {print $2}')
+  "$PY" -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - int(sys.argv[2]) / 1048576) < 0.05 else 1)" "$got" "$want" \
+    || fail "info $flag: activations $got MiB, train $prec allocated $want B"
+done
+ok "info and info --bf16 give the activations train allocates"
 
 "$MT" train --resume "$T/bf16/step_00000004" --data "$T/data" --steps 8 --quiet --threads 2 --out "$T/res"
 losses "$T/res/metrics.jsonl" > "$T/l_res"
