@@ -404,7 +404,14 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
         int same = 1; /* the rounding the products apply (test_rounding) */
         for (size_t i = 0; i < nk; i++) same &= k16[i] == (uint16_t)(f_bits(mt_bf16_round(k[i])) >> 16);
         CHECK(same);
+        /* scratch and outputs poisoned: the kv16 path must write all it reads */
+        const size_t nscr = mt_attention_scratch_floats(T, D) * nthr;
+        for (size_t i = 0; i < nscr; i++) scratch[i] = NAN;
+        for (size_t i = 0; i < nq; i++) o2[i] = NAN;
+        for (int i = 0; i < 3; i++)
+            for (size_t j = 0; j < n3[i]; j++) g2[i][j] = NAN;
         mt_attention_fwd_kv16(o2, l2, q, k16, v16, pos, B, T, H, G, D, scratch, nthr);
+        for (size_t i = 0; i < nscr; i++) scratch[i] = NAN;
         mt_attention_bwd_kv16(g2[0], g2[1], g2[2], dout, q, k16, v16, o2, l2, pos, B, T, H, G, D, scratch, nthr);
         CHECK_SAME_F(o2, out16, nq);
         CHECK_SAME_F(l2, lse16, (size_t)B * H * T);
