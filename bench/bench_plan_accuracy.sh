@@ -75,10 +75,10 @@ LAYOUTS=(
 
 echo "bench_plan_accuracy: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg), scratch $TMP"
 HELP=$("$MOETRAIN" train --help 2>&1)
-supported() {  # every --flag of $1 is listed by `train --help`
+supported() {  # every --flag of $1 is listed by `train --help` (as --NAME or --[no-]NAME)
     local f
     for f in $(grep -o -- '--[a-z][a-z0-9-]*' <<< "$1"); do
-        grep -q -- "^ *$f " <<< "$HELP" || return 1
+        grep -Eq -- "^ *--(\[no-\])?${f#--} " <<< "$HELP" || return 1
     done
 }
 
