@@ -30,8 +30,8 @@ demo: build
 check: deps-test build build-asan
 	@echo "== release build: full suite"
 	@cd $(BUILD) && ctest --output-on-failure -j 2
-	@echo "== sanitizer build (ASan+UBSan): unit tests"
-	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L unit
+	@echo "== sanitizer build (ASan+UBSan): unit tests and a training smoke test"
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -L 'unit|sanitize'
 
 bench: build
 	@bench/bench_small.sh $(BUILD)/moetrain

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A short tour of the trainer's main paths, so that the sanitizer pass of `make check`
+# (build-asan: ASan + UBSan, which abort on the first error) covers the trainer and not only
+# the kernels: training with evaluation, checkpoints pruned by --keep, document mode, bf16
+# (on a CPU with AVX512-BF16), a dense FFN that runs in row chunks (1024 tokens), resume,
+# and TP2 + SP under mpirun. Each run must finish and say so; the numbers are other tests'
+# business (test_oracle, test_bf16, test_parallel, test_resume).
+# Labelled "sanitize" (tests/CMakeLists.txt): it runs in both passes of make check.
+set -euo pipefail
+NAME=test_train_smoke
+source "$(dirname "$0")/lib/mpi.sh" # MT, T, fail/ok, run N ARGS (exits 77 without mpirun)
+export OMP_NUM_THREADS=2
+
+"$MT" data math --out "$T/data" --train 4000 --val 400 >/dev/null
+bf16=
+if grep -qw avx512_bf16 /proc/cpuinfo; then bf16=--bf16; fi
+common=(--config demo --data "$T/data" --lr 1e-3 --warmup 1 --quiet --threads 2)
+
+"$MT" train "${common[@]}" --batch 8 --seq 128 --steps 3 --eval-every 2 --save-every 1 --keep 2 \
+    --doc-mode $bf16 --out "$T/a" > "$T/a.log" 2>&1 || { tail -20 "$T/a.log"; fail "train (eval, keep, doc-mode $bf16)"; }
+grep -q '"event":"summary"' "$T/a/metrics.jsonl" || fail "train wrote no summary"
+n=$(ls -d "$T"/a/step_* | wc -l)
+[ "$n" = 2 ] || fail "--keep 2 left $n checkpoints"
+ok "train with eval, --keep, --doc-mode $bf16"
+
+"$MT" train --resume "$T/a/step_00000003" --data "$T/data" --steps 4 --quiet --threads 2 --out "$T/a" \
+    > "$T/r.log" 2>&1 || { tail -20 "$T/r.log"; fail "resume"; }
+[ -d "$T/a/step_00000004" ] || fail "resume saved no step 4"
+ok "resume"
+
+"$MT" train "${common[@]}" --batch 2 --seq 128 --steps 2 --recompute selective --out "$T/s" > "$T/s.log" 2>&1 \
+    || { tail -20 "$T/s.log"; fail "train --recompute selective"; }
+ok "train --recompute selective"
+
+run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --tp 2 --sp $bf16 --out "$T/tp" > "$T/tp.log" 2>&1 \
+    || { tail -20 "$T/tp.log"; fail "TP2 + SP $bf16"; }
+ok "TP2 + SP $bf16 under mpirun"
+echo "$passed passed, 0 failed"
