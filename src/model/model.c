@@ -455,13 +455,13 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         }
     }
     a->xf = carve(cv, N * C * fl);
-    if (a->last) {
-        a->lnf = carve(cv, N * C * fl);
-        a->rstdf = carve(cv, N * fl);
-    }
+    if (a->last) a->rstdf = carve(cv, N * fl);
     a->cos_t = carve(cv, (size_t)T * D / 2 * fl);
     a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
     a->ln = carve(cv, N * C * fl);
+    /* the final norm's output lives only while the head (whose backward runs with its
+     * forward) reads it: the blocks' normed-input buffer, free by then */
+    if (a->last) a->lnf = a->ln;
     a->rstd_tmp = carve(cv, N * fl);
     a->dres = carve(cv, N * C * fl);
     a->dln = carve(cv, N * C * fl);
@@ -470,10 +470,11 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->part = carve(cv, Nt * C * fl);
         a->dgat = carve(cv, Nt * C * fl);
     }
-    /* Two groups of scratch share one region: the attention backward's gradients (only
-     * live from the output projection's backward to the QKV projections' backward) and the
-     * FFN / MoE blocks' buffers (only live inside one block, forward or backward). No
-     * function of a layer holds buffers of both groups. */
+    /* Three groups of scratch share one region: the attention backward's gradients (only
+     * live from the output projection's backward to the QKV projections' backward), the
+     * FFN / MoE blocks' buffers (only live inside one block, forward or backward) and the
+     * head's logits chunk (only live in the head, after the last layer's forward). No
+     * function holds buffers of two groups. */
     const size_t u0 = cv->off;
     a->datt = carve(cv, Nt * H * D * fl);
     a->dq = carve(cv, Nt * H * D * fl);
@@ -491,9 +492,11 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->dw = carve(cv, R * fl);
         a->wrow = carve(cv, R * fl);
     }
-    cv->off = maxz(cv->off, u1);
-    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
+    const size_t u2 = cv->off;
+    cv->off = u0;
     if (a->last) a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
+    cv->off = maxz(cv->off, maxz(u1, u2));
+    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
 }
 
 int mt_recompute_parse(const char *name) {

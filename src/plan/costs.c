@@ -200,7 +200,9 @@ double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
     double kept = 0;
     for (int l = 0; l < L; l++)
         kept += N * (u[1 + l].act_tok[MT_RC_SELECTIVE] + u[1 + l].act_expert_tok[MT_RC_SELECTIVE]);
-    kept += N * u[n - 1].act_tok[MT_RC_SELECTIVE];
+    /* the head's: final x and its 1/rms (the trainer's final norm output borrows the blocks'
+     * normed-input buffer, counted in `common` below) */
+    kept += N * (u[n - 1].act_tok[MT_RC_SELECTIVE] - C * f4);
     /* backward scratch: the largest layer's working set (the trainer sizes its [rows, F]
      * buffers for the largest MoE block and runs a wider dense FFN over row chunks that fit,
      * of at least 512 rows), plus the RoPE tables */
@@ -216,8 +218,9 @@ double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
         if (w > work) work = w;
     }
     free(u);
+    /* the head's logits chunk shares the blocks' scratch region too */
+    work = fmax(work, N * common + (double)mt_head_scratch_floats(c->vocab_size) * f4);
     /* fixed-size kernel scratch, from the kernels' own size functions (one thread) */
-    double fixed = (double)mt_head_scratch_floats(c->vocab_size) * f4 +
-                   (double)mt_attention_scratch_floats(T, c->head_dim) * f4;
+    double fixed = (double)mt_attention_scratch_floats(T, c->head_dim) * f4;
     return kept + work + fixed + (double)T * c->head_dim * f4;
 }
