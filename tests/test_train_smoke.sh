@@ -3,8 +3,8 @@
 # (build-asan: ASan + UBSan, which abort on the first error) covers the trainer and not only
 # the kernels: training with evaluation, checkpoints pruned by --keep, document mode, bf16
 # (on a CPU with AVX512-BF16), a dense FFN that runs in row chunks (1024 tokens), resume,
-# and TP2 + SP under mpirun (when there is an mpirun). Each run must finish and say so; the numbers are other tests'
-# business (test_oracle, test_bf16, test_parallel, test_resume).
+# and TP2 + SP under mpirun (when there is an mpirun). Each run must finish and say so; the
+# numbers are other tests' business (test_oracle, test_bf16, test_parallel, test_resume).
 # Labelled "sanitize" (tests/CMakeLists.txt): it runs in both passes of make check.
 set -euo pipefail
 NAME=test_train_smoke
