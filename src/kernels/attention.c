@@ -689,9 +689,6 @@ int mt_attention_bf16_for(int gemm_bf16, int D) {
 
 int mt_attention_bf16(int D) { return mt_attention_bf16_for(mt_gemm_bf16_enabled(), D); }
 
-static int bf16_mode(int D) { return mt_attention_bf16(D); }
-
-
 /* Scratch words of the bf16 forward per thread (0 without it): K of a key block in pairs
  * along D, V in pairs along keys, the probabilities in pairs along keys. */
 static size_t fwd_bf16_floats(int D) {
@@ -804,13 +801,13 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
                      const uint16_t *v16, const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                      int nthr) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
-    MT_ASSERT(!k16 || bf16_mode(D));
+    MT_ASSERT(!k16 || mt_attention_bf16(D));
     check_pos(pos, B, T);
     const int rep = H / G, nqb = (T + ATT_BQ - 1) / ATT_BQ, nbh = B * H;
     const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
     const float c2 = LOG2E / sqrtf((float)D); /* scores in base 2 */
     const size_t per = mt_attention_scratch_floats(T, D), qstride = fwd_qblock_floats(D);
-    const int bf16 = bf16_mode(D);
+    const int bf16 = mt_attention_bf16(D);
     /* one task per group of ATT_QG query blocks of each (b, h), the costliest (last)
      * groups first so the dynamic schedule ends balanced */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
@@ -919,12 +916,12 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                      const float *v, const uint16_t *k16, const uint16_t *v16, const float *out, const float *lse,
                      const int32_t *pos, int B, int T, int H, int G, int D, float *scratch, int nthr) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
-    MT_ASSERT(!k16 || bf16_mode(D));
+    MT_ASSERT(!k16 || mt_attention_bf16(D));
     check_pos(pos, B, T);
     const int rep = H / G;
     const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
     const size_t per = mt_attention_scratch_floats(T, D);
-    const int bf16 = bf16_mode(D);
+    const int bf16 = mt_attention_bf16(D);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int task = 0; task < B * G; task++) {
         int b = task / G, g = task % G;
