@@ -505,7 +505,7 @@ int mt_cmd_bench(int argc, char **argv) {
     double tps = N * steps / total;
     double mfu = mt_model_flops_per_token(&c, T) * tps / (peak * 1e9);
     printf("train %s B=%d T=%d%s: %.0f tok/s, MFU %.1f%%, activations %.1f MiB, peak RSS %.1f MiB\n", config, B, T,
-           bf16 ? " bf16" : "", tps, 100 * mfu, mt_acts_bytes_policy(&c, B, T, mt_get_threads(), policy) / 1048576.0,
+           bf16 ? " bf16" : "", tps, 100 * mfu, mt_acts_arena_bytes(a) / 1048576.0,
            mt_peak_rss() / 1048576.0);
     free(in);
     free(tg);

@@ -570,6 +570,8 @@ mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
     return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
 }
 
+size_t mt_acts_arena_bytes(const mt_acts *a) { return a->arena_bytes; }
+
 int mt_acts_rows(const mt_acts *a, int n) { return a->sp ? n / a->tp : n; }
 
 float *mt_acts_input(mt_acts *a) { return a->hi > a->lo ? a->L[0].x : a->xf; }

@@ -176,6 +176,8 @@ size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int 
                            int policy, int tp, int sp, int kv16);
 mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp);
+/* Bytes of the arena a was given (what mt_acts_bytes_chunk said for it at creation). */
+size_t mt_acts_arena_bytes(const mt_acts *a);
 /* Rows of the residual stream a chunk holds for a micro-batch of n tokens (n / tp with sp). */
 int mt_acts_rows(const mt_acts *a, int n);
 /* [B*T, C] buffers of a chunk: where a non-first chunk's input is received, its output,

@@ -6,7 +6,6 @@
 
 #include "base/common.h"
 #include "base/trace.h"
-#include "kernels/attention.h"
 
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
                  int T, int nthr, int policy, int tp, int sp) {
@@ -50,9 +49,7 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
             p->req[2 * i] = p->req[2 * i + 1] = MPI_REQUEST_NULL;
             if (k >= p->nslot[ch]) continue;
             p->slot[i] = mt_acts_new_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp, sp);
-            p->acts_bytes +=
-                mt_acts_bytes_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp, sp,
-                                    mt_attention_bf16(c->head_dim));
+            p->acts_bytes += mt_acts_arena_bytes(p->slot[i]);
         }
     }
     return 0;
