@@ -414,7 +414,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     }
     a->ffn_rows = (int)Nt;
     if (dense && F > 0 && bigsz > 0) {
-        const size_t floor_rows = Nt < 512 ? Nt : 512; /* keep the GEMMs' rows long */
+        const size_t floor_rows = Nt < MT_FFN_MIN_ROWS ? Nt : MT_FFN_MIN_ROWS;
         size_t rows = maxz(bigsz / F / 16 * 16, floor_rows);
         a->ffn_rows = (int)(rows < Nt ? rows : Nt);
     }
@@ -658,45 +658,32 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
 
 /* ---------------------------------------------------------------- forward pieces */
 
-/* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout).
- * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. */
-static void swiglu_ffn_fwd(float *out, float *gu, float *abuf, const float *x, const float *wgu,
-                           const float *wd, int N, int C, int F, float beta) {
+/* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout):
+ * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. The SwiGLU
+ * and the down projection run over chunks of `rows` rows in the scratch a->big1 (the dense
+ * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
+static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const float *wgu, const float *wd,
+                           int N, int C, int F, int rows, float beta) {
     mt_linear_fwd(gu, x, wgu, N, C, 2 * F, 0.0f);
-    mt_swiglu_rows_fwd(abuf, gu, N, F);
-    mt_linear_fwd(out, abuf, wd, N, F, C, beta);
-}
-
-/* dx = (beta_in ? dx : 0) + d/dx ; weight grads accumulate (dwgu is [2F, C]).
- * Scratch a1 [N,F], a2 [N,F], a3 [N,2F]. */
-static void swiglu_ffn_bwd(float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
-                           const float *gu, const float *wgu, const float *wd, int N, int C, int F,
-                           float beta_in, float *a1, float *a2, float *a3) {
-    mt_swiglu_rows_fwd(a1, gu, N, F);                    /* recompute the activation */
-    mt_linear_bwd(a2, dwd, dout, a1, wd, N, F, C, 0.0f);  /* a2 = da */
-    mt_swiglu_rows_bwd(a3, a2, gu, NULL, N, F);          /* a3 = dg|du */
-    mt_linear_bwd(dx, dwgu, a3, x, wgu, N, C, 2 * F, beta_in);
-}
-
-/* The dense FFN over the micro-batch's N rows in chunks of a->ffn_rows (the shared scratch
- * big1-3 holds one chunk): gate|up for all rows (kept), then SwiGLU and the down projection
- * per chunk; the backward runs per chunk, its weight gradients accumulating. */
-static void dense_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const float *wgu, const float *wd,
-                          int N, int C, int F, float beta) {
-    mt_linear_fwd(gu, x, wgu, N, C, 2 * F, 0.0f);
-    for (int n0 = 0; n0 < N; n0 += a->ffn_rows) {
-        const int n = N - n0 < a->ffn_rows ? N - n0 : a->ffn_rows;
+    for (int n0 = 0; n0 < N; n0 += rows) {
+        const int n = N - n0 < rows ? N - n0 : rows;
         mt_swiglu_rows_fwd(a->big1, gu + (size_t)n0 * 2 * F, n, F);
         mt_linear_fwd(out + (size_t)n0 * C, a->big1, wd, n, F, C, beta);
     }
 }
 
-static void dense_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
-                          const float *gu, const float *wgu, const float *wd, int N, int C, int F) {
-    for (int n0 = 0; n0 < N; n0 += a->ffn_rows) {
-        const int n = N - n0 < a->ffn_rows ? N - n0 : a->ffn_rows;
-        swiglu_ffn_bwd(dx + (size_t)n0 * C, dwgu, dwd, dout + (size_t)n0 * C, x + (size_t)n0 * C,
-                       gu + (size_t)n0 * 2 * F, wgu, wd, n, C, F, 0.0f, a->big1, a->big2, a->big3);
+/* dx[N,C] = d/dx (overwritten); weight grads accumulate (dwgu is [2F, C]), over the same
+ * chunks of rows, in the scratch a->big1 [rows,F], big2 [rows,F], big3 [rows,2F]. */
+static void swiglu_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
+                           const float *gu, const float *wgu, const float *wd, int N, int C, int F, int rows) {
+    float *act = a->big1, *dact = a->big2, *dgu = a->big3;
+    for (int n0 = 0; n0 < N; n0 += rows) {
+        const int n = N - n0 < rows ? N - n0 : rows;
+        const float *g = gu + (size_t)n0 * 2 * F, *dy = dout + (size_t)n0 * C;
+        mt_swiglu_rows_fwd(act, g, n, F);                       /* recompute the activation */
+        mt_linear_bwd(dact, dwd, dy, act, wd, n, F, C, 0.0f);   /* da */
+        mt_swiglu_rows_bwd(dgu, dact, g, NULL, n, F);           /* dg|du */
+        mt_linear_bwd(dx + (size_t)n0 * C, dwgu, dgu, x + (size_t)n0 * C, wgu, n, C, 2 * F, 0.0f);
     }
 }
 
@@ -759,7 +746,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_grouped_linear_fwd(a->ye, a->big1, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     /* shared experts and the weighted combine accumulate into out, which holds the residual
      * stream: the residual add costs no pass of its own */
-    if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 1.0f);
+    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
     mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
 }
 
@@ -788,7 +775,7 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     ep->combine(ep->ctx, &L->epb, a->ye, ye); /* a->ye: [N*K, C] scratch, >= [N, C] */
     mt_free(act);
     mt_free(ye);
-    if (Fs > 0) swiglu_ffn_fwd(out, L->sgu, a->big1, ln, w->sgate, w->sdown, N, C, Fs, 1.0f);
+    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
     mt_add(out, a->ye, (size_t)N * C);
     if (!train) { /* no backward will come for this dispatch */
         ep->release(ep->ctx, &L->epb);
@@ -837,8 +824,7 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
     if (Fs > 0 && recompute) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
-        swiglu_ffn_bwd(dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, 0.0f,
-                       a->big1, a->big2, a->big3);
+        swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     /* Routed experts. With y = sum_j w_j E_j(x): the unweighted dout rows go through the down
      * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
      * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
@@ -923,8 +909,7 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     const int32_t *off = b->off;
     if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
-        swiglu_ffn_bwd(dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, 0.0f,
-                       a->big1, a->big2, a->big3);
+        swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     float *yeu = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
     float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
     float *dact = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
@@ -1053,10 +1038,10 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
             if (tp == 1) {
-                dense_ffn_fwd(a, xout, L->gu, a->ln, w->gate, w->down, N, C, F, 1.0f);
+                swiglu_ffn_fwd(a, xout, L->gu, a->ln, w->gate, w->down, N, C, F, a->ffn_rows, 1.0f);
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                dense_ffn_fwd(a, a->part, L->gu, lf, w->gate, w->down, N, C, F, 0.0f);
+                swiglu_ffn_fwd(a, a->part, L->gu, lf, w->gate, w->down, N, C, F, a->ffn_rows, 0.0f);
                 tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
                 mt_add(xout, a->dln, (size_t)Nl * C);
             }
@@ -1113,11 +1098,11 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, Nl, C, eps);
         if (!mt_config_is_moe(c, l)) {
             if (tp == 1) {
-                dense_ffn_bwd(a, a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F);
+                swiglu_ffn_bwd(a, a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, a->ffn_rows);
             } else { /* gathered input and output gradient; the input gradient summed over TP */
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
                 const float *df = tp_in(m, a, a->dgat, d, C);
-                dense_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F);
+                swiglu_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F, a->ffn_rows);
                 tp_out(m, a->dln, a->part, N, C);
             }
         } else if (m->ep) {

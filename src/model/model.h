@@ -174,6 +174,9 @@ mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int po
  * mt_attention_bf16_for(bf16 GEMMs?, head_dim); mt_acts_new_chunk takes the current mode). */
 size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp, int kv16);
+/* A dense FFN wider than the MoE blocks' [rows, F] scratch runs over row chunks of at
+ * least this many rows (fewer only when the micro-batch has fewer): the GEMMs stay long. */
+enum { MT_FFN_MIN_ROWS = 512 };
 mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp);
 /* Bytes of the arena a was given (what mt_acts_bytes_chunk said for it at creation). */

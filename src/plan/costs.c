@@ -12,8 +12,13 @@
 #include "base/common.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "model/model.h" /* MT_FFN_MIN_ROWS: the trainer arena this file mirrors */
 
 static int is_mla(const mt_config *c) { return strcmp(c->attention_type, "mla") == 0; }
+
+/* backward working bytes per token both blocks of a layer hold: the normed input, the
+ * residual's gradient and its gradient (elt bytes each), the recomputed 1/rms (fp32) */
+static double common_work_tok(double C, int elt) { return 3 * C * elt + 4; }
 
 /* Attention block: fills the attention part of a layer unit (norms included). */
 static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
@@ -64,8 +69,8 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     u->work_rc_tok += C * elt;                         /* ... into one buffer shared by the layers */
     u->act_tok[MT_RC_FULL] += C * elt;                /* only the layer input */
     /* both blocks: normed input, residual grad, its grad; the attention's: datt, dq, dk, dv */
-    u->work_tok += 3 * C * elt + f4;
-    u->work_att_tok += 3 * C * elt + f4 + work;
+    u->work_tok += common_work_tok(C, elt);
+    u->work_att_tok += common_work_tok(C, elt) + work;
     /* two norms (read+write), two residual adds (2 reads + write), RoPE (read+write) */
     u->mem_tok += (4 * C + 6 * C + 2 * rope_w) * elt;
     u->tp_colls += 2;                                  /* all-gather in, reduce-scatter out */
@@ -205,15 +210,15 @@ double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
     kept += N * (u[n - 1].act_tok[MT_RC_SELECTIVE] - C * f4);
     /* backward scratch: the largest layer's working set (the trainer sizes its [rows, F]
      * buffers for the largest MoE block and runs a wider dense FFN over row chunks that fit,
-     * of at least 512 rows), plus the RoPE tables */
+     * of at least MT_FFN_MIN_ROWS rows), plus the RoPE tables */
     double work = 0, moe_ffn = 0;
-    const double common = 3 * C * f4 + f4;
+    const double common = common_work_tok(C, 4);
     for (int l = 0; l < L; l++)
         if (u[1 + l].moe) moe_ffn = fmax(moe_ffn, N * (u[1 + l].work_tok + u[1 + l].work_expert_tok - common));
     for (int l = 0; l < L; l++) {
         double ffn = N * (u[1 + l].work_tok + u[1 + l].work_expert_tok - common);
-        if (!u[1 + l].moe && moe_ffn > 0) ffn = fmin(ffn, fmax(moe_ffn, (N < 512 ? N : 512) * 4 * f4 *
-                                                                       (double)c->intermediate_size));
+        if (!u[1 + l].moe && moe_ffn > 0) /* big1-3: 4 F floats a row */
+            ffn = fmin(ffn, fmax(moe_ffn, fmin(N, MT_FFN_MIN_ROWS) * 4 * f4 * (double)c->intermediate_size));
         double w = fmax(N * common + ffn, N * u[1 + l].work_att_tok);
         if (w > work) work = w;
     }
