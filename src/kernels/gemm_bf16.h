@@ -19,7 +19,8 @@ int mt_bf16_supported(void);
  * multiplies (except for fp32 denormals, which the kernel's conversion treats as zero).
  * References and tests use it. */
 float mt_bf16_round(float f);
-/* dst[i] = the bits of bf16(src[i]) (the rounding above), threaded: values kept as bf16 for
+/* dst[i] = the bits of bf16(src[i]) as the kernels convert (the rounding above; denormals
+ * become a signed zero), threaded: values kept as bf16 for
  * products that read them rounded anyway (train --bf16's attention K and V). Requires
  * mt_bf16_supported(). */
 void mt_bf16_store(uint16_t *dst, const float *src, size_t n);
