@@ -11,6 +11,9 @@
 #        MT_TRAIN_ARGS       extra flags for moetrain train (e.g. "--recompute selective")
 #        BENCH_PRECISIONS    "fp32 bf16" (default), or one of them; bf16 is skipped on a CPU
 #                            without AVX512-BF16
+#        BENCH_ROUNDS        rounds of the whole comparison (default 1); with more, the table
+#                            also gives the median of the rounds' ratios and best round / best
+#                            round (PyTorch's speed moves by ~25% between runs on a shared machine)
 #
 # small: vocab 8192, hidden 512, 8 layers (first dense), 8 heads, 8 kv heads, head_dim 64,
 # intermediate 1408, 16 routed experts, top-2, 1 shared expert, moe_intermediate 352.
@@ -119,6 +122,10 @@ run_pt() {
 ROWS=()
 HAVE_TORCH=0
 if [ "${BENCH_SKIP_TORCH:-0}" != 1 ] && "$PY" -c 'import torch' >/dev/null 2>&1; then HAVE_TORCH=1; fi
+ROUNDS=${BENCH_ROUNDS:-1}
+[ "$ROUNDS" -ge 1 ] 2>/dev/null || { echo "bench_small: BENCH_ROUNDS must be >= 1"; exit 1; }
+for round in $(seq 1 "$ROUNDS"); do
+[ "$ROUNDS" -gt 1 ] && echo "=== round $round of $ROUNDS" >&2
 for prec in ${BENCH_PRECISIONS:-fp32 bf16}; do
   case $prec in
     fp32) mtflags=(); ptflags=(--autocast none) ;;
@@ -129,39 +136,64 @@ for prec in ${BENCH_PRECISIONS:-fp32 bf16}; do
   out=$(run_mt "mt_$prec" "${mtflags[@]}") || rc=$?
   [ $rc = 1 ] && exit 1
   [ $rc = 2 ] && continue
-  ROWS+=("moetrain $prec $out")
+  ROWS+=("moetrain $prec $round $out")
   if [ $HAVE_TORCH = 1 ]; then
     out=$(run_pt "pt_$prec" "${ptflags[@]}") || exit 1
-    ROWS+=("PyTorch $prec $out")
+    ROWS+=("PyTorch $prec $round $out")
   fi
+done
 done
 [ $HAVE_TORCH = 1 ] || echo "--- PyTorch skipped (BENCH_SKIP_TORCH=1 or no python3-torch)"
 
 # ---- table ---------------------------------------------------------------------------------
+# Per round: both sides' rows and their ratios (one round = one run: the ratios compare runs
+# made minutes apart). With several rounds, the median of the rounds' ratios and the ratio of
+# each side's best round. "ceiling": moetrain's tokens/s at 100% of its measured GEMM peak
+# (tokens/s / MFU, the same FLOPs per token) over PyTorch's, i.e. the most any kernel work
+# could give against that PyTorch run; "2x needs" the MFU at which moetrain would be twice it.
 printf '%s\n' "${ROWS[@]}" | "$PY" -c '
-import sys
+import statistics, sys
 num = lambda s: float(s) if s not in ("-", "") else None
 rows = []
 for line in sys.stdin:
-    f = line.split() + ["-"] * 7
+    f = line.split() + ["-"] * 8
     if f[0] in ("moetrain", "PyTorch"):
-        rows.append(dict(who=f[0], prec=f[1], tps=num(f[2]), rss=num(f[3]), rss_t=num(f[4]), mfu=num(f[5]), peak=num(f[6])))
+        rows.append(dict(who=f[0], prec=f[1], round=int(f[2]), tps=num(f[3]), rss=num(f[4]), rss_t=num(f[5]),
+                         mfu=num(f[6]), peak=num(f[7])))
+rounds = sorted({r["round"] for r in rows})
 s = lambda v, fmt="{:.1f}": fmt.format(v) if v is not None else "-"
 print()
-print("%-18s %10s %13s %10s %7s %11s" % ("", "tokens/s", "peak RSS MiB", "(time -v)", "MFU", "of GFLOP/s"))
+print("%-5s %-18s %10s %13s %10s %7s %11s" % ("round", "", "tokens/s", "peak RSS MiB", "(time -v)", "MFU", "of GFLOP/s"))
 for r in rows:
-    print("%-18s %10s %13s %10s %7s %11s" % (r["who"] + " " + r["prec"], s(r["tps"]), s(r["rss"]), s(r["rss_t"]),
-                                           s(r["mfu"], "{:.3f}"), s(r["peak"], "{:.0f}")))
-get = lambda who, prec: next((r for r in rows if r["who"] == who and r["prec"] == prec), None)
-def ratio(a, b, label):
-    if a and b and a["tps"] and b["tps"] and a["rss"] and b["rss"]:
-        print("%-34s %6.2fx tokens/s %6.2fx peak memory" % (label, a["tps"] / b["tps"], a["rss"] / b["rss"]))
+    print("%-5d %-18s %10s %13s %10s %7s %11s" % (r["round"], r["who"] + " " + r["prec"], s(r["tps"]), s(r["rss"]),
+                                                s(r["rss_t"]), s(r["mfu"], "{:.3f}"), s(r["peak"], "{:.0f}")))
+get = lambda who, prec, rnd: next((r for r in rows if r["who"] == who and r["prec"] == prec and r["round"] == rnd), None)
+ok = lambda a, b: a and b and a["tps"] and b["tps"] and a["rss"] and b["rss"]
+ratios = {}
 print()
-for prec in ("fp32", "bf16"):
-    ratio(get("moetrain", prec), get("PyTorch", prec), "moetrain / PyTorch, both " + prec)
-mts = [r for r in rows if r["who"] == "moetrain" and r["tps"]]
-pts = [r for r in rows if r["who"] == "PyTorch" and r["tps"]]
-if mts and pts:
-    bm, bp = max(mts, key=lambda r: r["tps"]), max(pts, key=lambda r: r["tps"])
-    ratio(bm, bp, "fastest / fastest (%s / %s)" % (bm["prec"], bp["prec"]))
+for rnd in rounds:
+    for prec in ("fp32", "bf16"):
+        a, b = get("moetrain", prec, rnd), get("PyTorch", prec, rnd)
+        if not ok(a, b):
+            continue
+        t, m = a["tps"] / b["tps"], a["rss"] / b["rss"]
+        ratios.setdefault(prec, []).append((t, m))
+        extra = ""
+        if a["mfu"]:
+            extra = "   ceiling %.2fx, 2x needs MFU %.1f%%" % (a["tps"] / a["mfu"] / b["tps"], 100 * a["mfu"] * 2 * b["tps"] / a["tps"])
+        print("%-40s %6.2fx tokens/s %6.2fx peak memory%s" % ("round %d: moetrain / PyTorch, both %s" % (rnd, prec), t, m, extra))
+if len(rounds) > 1:
+    print()
+    for prec, rs in ratios.items():
+        print("%-40s %6.2fx tokens/s %6.2fx peak memory (%d rounds)" % ("median: moetrain / PyTorch, both " + prec,
+              statistics.median(x[0] for x in rs), statistics.median(x[1] for x in rs), len(rs)))
+best = lambda who, prec=None: max((r for r in rows if r["who"] == who and r["tps"] and (prec is None or r["prec"] == prec)),
+                                  key=lambda r: r["tps"], default=None)
+for prec in ratios:
+    a, b = best("moetrain", prec), best("PyTorch", prec)
+    if len(rounds) > 1 and ok(a, b):
+        print("%-40s %6.2fx tokens/s (%.1f / %.1f)" % ("best round / best round, both " + prec, a["tps"] / b["tps"], a["tps"], b["tps"]))
+a, b = best("moetrain"), best("PyTorch")
+if ok(a, b):
+    print("%-40s %6.2fx tokens/s (%s / %s)" % ("fastest / fastest", a["tps"] / b["tps"], a["prec"], b["prec"]))
 '
