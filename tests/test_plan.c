@@ -242,7 +242,7 @@ static void test_published_runs(void) {
         st.devices = x->devices;
         st.global_seqs = x->gb;
         mt_layout l;
-        MT_ASSERT(mt_layout_parse(&l, x->layout) == 0);
+        MT_ASSERT(mt_layout_parse(&l, x->layout, MT_RC_NONE) == 0);
         mt_plan_result r, best[3];
         mt_plan_eval(&c, &cl, &st, &l, &r);
         mt_plan_stats stats;
@@ -270,11 +270,14 @@ static void test_published_runs(void) {
 
 static void test_search_and_cli(void) {
     mt_layout l;
-    CHECK(mt_layout_parse(&l, "tp=8,pp=16,vpp=2,ep=32,mb=1,rc=full,a2a=hierarchical,split=balanced") == 0, "parse");
+    CHECK(mt_layout_parse(&l, "tp=8,pp=16,vpp=2,ep=32,mb=1,rc=full,a2a=hierarchical,split=balanced", MT_RC_NONE) == 0, "parse");
     CHECK(l.tp == 8 && l.pp == 16 && l.vpp == 2 && l.ep == 32 && l.rc == MT_RC_FULL && l.a2a == MT_A2A_HIER &&
               l.split == MT_SPLIT_BALANCED, "parsed fields");
-    CHECK(mt_layout_parse(&l, "tp=8,bogus=1") != 0, "unknown key accepted");
-    CHECK(mt_layout_parse(&l, "tp=0") != 0, "tp=0 accepted");
+    CHECK(mt_layout_parse(&l, "tp=8,bogus=1", MT_RC_NONE) != 0, "unknown key accepted");
+    CHECK(mt_layout_parse(&l, "tp=0", MT_RC_NONE) != 0, "tp=0 accepted");
+    /* without rc=, the caller's default (plan --layout on a calibrated CPU file: the trainer's) */
+    CHECK(mt_layout_parse(&l, "tp=2", MT_RC_SELECTIVE) == 0 && l.rc == MT_RC_SELECTIVE, "default rc %d", l.rc);
+    CHECK(mt_layout_parse(&l, "tp=2,recompute=full", MT_RC_SELECTIVE) == 0 && l.rc == MT_RC_FULL, "rc given: %d", l.rc);
 
     /* the 718B model on 10,240 devices: the full search, timed (benchmark figure) */
     mt_config c;
@@ -320,18 +323,18 @@ static void test_search_and_cli(void) {
         s8.seq = 100;
         mt_layout lv;
         mt_plan_result rv;
-        MT_ASSERT(mt_layout_parse(&lv, "tp=8") == 0);
+        MT_ASSERT(mt_layout_parse(&lv, "tp=8", MT_RC_NONE) == 0);
         mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_BAD_TP, "seq 100 over TP 8: reason %d", rv.reason);
-        MT_ASSERT(mt_layout_parse(&lv, "tp=4") == 0);
+        MT_ASSERT(mt_layout_parse(&lv, "tp=4", MT_RC_NONE) == 0);
         mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_OK, "seq 100 over TP 4: reason %d", rv.reason);
-        MT_ASSERT(mt_layout_parse(&lv, "tp=1,pp=1,vpp=2") == 0);
+        MT_ASSERT(mt_layout_parse(&lv, "tp=1,pp=1,vpp=2", MT_RC_NONE) == 0);
         s8.seq = 256;
         mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_BAD_SPLIT, "vpp 2 without pp: reason %d", rv.reason);
         cs.intermediate_size = 1407;
-        MT_ASSERT(mt_layout_parse(&lv, "tp=8") == 0);
+        MT_ASSERT(mt_layout_parse(&lv, "tp=8", MT_RC_NONE) == 0);
         mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_BAD_TP, "dense FFN 1407 over TP 8: reason %d", rv.reason);
         /* fp32 weights on a GPU: the two Adam moments, no master copy (16 B a parameter) */
@@ -341,13 +344,13 @@ static void test_search_and_cli(void) {
         sf.elt = 4;
         sf.dist_opt = 0;
         sf.global_seqs = 8;
-        MT_ASSERT(mt_layout_parse(&lv, "tp=1,mb=1") == 0);
+        MT_ASSERT(mt_layout_parse(&lv, "tp=1,mb=1", MT_RC_NONE) == 0);
         mt_plan_eval(&cs, &ch, &sf, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_OK && fabs(rv.mem_opt - 2 * rv.mem_weights) < 1 && rv.mem_grads == rv.mem_weights,
               "fp32: weights %g, grads %g, optimizer %g bytes", rv.mem_weights, rv.mem_grads, rv.mem_opt);
         s8.devices = 1;
         s8.global_seqs = 3000000000LL;
-        MT_ASSERT(mt_layout_parse(&lv, "tp=1") == 0);
+        MT_ASSERT(mt_layout_parse(&lv, "tp=1", MT_RC_NONE) == 0);
         mt_plan_eval(&cs, &ch, &s8, &lv, &rv);
         CHECK(rv.reason == MT_PLAN_BAD_BATCH, "3e9 sequences on one device: reason %d", rv.reason);
     }
@@ -432,7 +435,7 @@ static void test_trainer_mode(void) {
     cl = base;
     MT_ASSERT(mt_cluster_for_device(&cl, 2, 1) == 0);
     mt_layout l;
-    MT_ASSERT(mt_layout_parse(&l, "mb=4,rc=selective") == 0);
+    MT_ASSERT(mt_layout_parse(&l, "mb=4,rc=selective", MT_RC_NONE) == 0);
     mt_plan_result r;
     mt_plan_eval(&c, &cl, &st, &l, &r);
     const double arena = (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_NONE);
@@ -451,7 +454,7 @@ static void test_trainer_mode(void) {
         mt_cluster cl2 = base;
         MT_ASSERT(mt_cluster_for_device(&cl2, 1, 2) == 0);
         mt_layout lt;
-        MT_ASSERT(mt_layout_parse(&lt, "tp=2,mb=4,rc=selective") == 0);
+        MT_ASSERT(mt_layout_parse(&lt, "tp=2,mb=4,rc=selective", MT_RC_NONE) == 0);
         mt_plan_result rt;
         mt_plan_eval(&c, &cl2, &s2, &lt, &rt);
         mt_shard sh;
@@ -464,7 +467,7 @@ static void test_trainer_mode(void) {
     }
     /* the trainer's --recompute selective = the planner's selective-gemm: its arena, more time */
     mt_layout lg;
-    MT_ASSERT(mt_layout_parse(&lg, "mb=4,rc=selective-gemm") == 0 && lg.rc == MT_RC_SELECTIVE_GEMM);
+    MT_ASSERT(mt_layout_parse(&lg, "mb=4,rc=selective-gemm", MT_RC_NONE) == 0 && lg.rc == MT_RC_SELECTIVE_GEMM);
     mt_plan_result rg;
     mt_plan_eval(&c, &cl, &st, &lg, &rg);
     CHECK(rg.mem_acts == (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_SELECTIVE) && rg.mem_acts < r.mem_acts &&
@@ -486,13 +489,13 @@ static void test_trainer_mode(void) {
      * and moments (12 B a parameter) */
     st.dist_opt = 0;
     mt_layout le;
-    MT_ASSERT(mt_layout_parse(&le, "ep=2,mb=4,rc=selective") == 0);
+    MT_ASSERT(mt_layout_parse(&le, "ep=2,mb=4,rc=selective", MT_RC_NONE) == 0);
     mt_plan_eval(&c, &cl, &st, &le, &r);
     CHECK(r.reason == MT_PLAN_OK && r.mem_rank == 0 && fabs(r.mem_ckpt_extra - 12.0 * np) < 1,
           "EP2 checkpoint %g step %g", r.mem_ckpt, r.mem_step);
     /* the detail names the layout as `moetrain train` flags, split included */
     mt_layout lp;
-    MT_ASSERT(mt_layout_parse(&lp, "pp=2,vpp=2,mb=1,rc=selective-gemm,split=balanced") == 0);
+    MT_ASSERT(mt_layout_parse(&lp, "pp=2,vpp=2,mb=1,rc=selective-gemm,split=balanced", MT_RC_NONE) == 0);
     st.global_seqs = 4;
     mt_plan_eval(&c, &cl, &st, &lp, &r);
     char *txt = NULL;
@@ -597,7 +600,7 @@ static void test_trainer_bf16(void) {
         st.threads = ep ? 1 : 2;
         st.global_seqs = 4;
         mt_layout l;
-        MT_ASSERT(mt_layout_parse(&l, lays[li]) == 0);
+        MT_ASSERT(mt_layout_parse(&l, lays[li], MT_RC_NONE) == 0);
         const double ks[4] = {1, 2, 4, 1e6};
         mt_plan_result r[4];
         for (int i = 0; i < 4; i++) {

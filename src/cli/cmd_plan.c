@@ -167,10 +167,9 @@ int mt_cmd_plan(int argc, char **argv) {
         mt_warn("--explain compares the best layouts of a search: it has no effect with --%s", layout ? "layout" : "json");
     if (layout) {
         mt_layout l;
-        if (mt_layout_parse(&l, layout) != 0) return mt_cli_fail();
-        /* the trainer's default keeps what the planner's "selective" keeps */
-        if (st.trainer && !strstr(layout, "rc=") && !strstr(layout, "recompute=")) l.rc = MT_RC_SELECTIVE;
-        if (l.dp > 0 && l.tp * l.pp > 0 && l.dp * l.tp * l.pp != st.devices) {
+        /* without rc=, the trainer's default (it keeps what the planner's "selective" keeps) */
+        if (mt_layout_parse(&l, layout, st.trainer ? MT_RC_SELECTIVE : MT_RC_NONE) != 0) return mt_cli_fail();
+        if (l.dp > 0 && l.dp * l.tp * l.pp != st.devices) {
             mt_error("moetrain plan: --layout dp=%d: DP is the devices over TP x PP, %d / (%d x %d)", l.dp,
                      st.devices, l.tp, l.pp);
             return mt_cli_fail();

@@ -214,7 +214,7 @@ static void split_layers(const mt_layout *l, const double *w, int L, int S, doub
                          int *cnt) {
     if (l->split == MT_SPLIT_EVEN || S == 1) {
         int base = L / S, rem = L % S, lo = (S - rem) / 2; /* extra layers in the middle */
-        for (int s = 0; s < S; s++) cnt[s] = (base + (s >= lo && s < lo + rem));
+        for (int s = 0; s < S; s++) cnt[s] = base + (s >= lo && s < lo + rem);
         return;
     }
     double lo = 0, hi = first + last;
@@ -605,8 +605,8 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
 
 /* ---------------------------------------------------------------- layout strings */
 
-int mt_layout_parse(mt_layout *l, const char *s) {
-    *l = (mt_layout){1, 1, 1, 1, 0, 1, MT_RC_NONE, MT_A2A_FLAT, MT_SPLIT_EVEN};
+int mt_layout_parse(mt_layout *l, const char *s, int rc_default) {
+    *l = (mt_layout){1, 1, 1, 1, 0, 1, rc_default, MT_A2A_FLAT, MT_SPLIT_EVEN};
     char buf[256];
     if (strlen(s) >= sizeof buf) return mt_error("--layout: too long");
     snprintf(buf, sizeof buf, "%s", s);

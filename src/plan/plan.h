@@ -108,9 +108,9 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
                    mt_plan_result *best, int n, mt_plan_stats *stats, int progress);
 
 /* "tp=8,pp=16,vpp=2,ep=32,mb=1,rc=selective,a2a=hier,split=balanced" (omitted keys: 1,
- * none/flat/even; dp is derived; rc: none, selective, full, selective-gemm). -1 with a
- * message on a bad string. */
-int mt_layout_parse(mt_layout *l, const char *s);
+ * rc_default, flat, even; dp is derived; rc: none, selective, full, selective-gemm). -1 with
+ * a message on a bad string. */
+int mt_layout_parse(mt_layout *l, const char *s, int rc_default);
 void mt_layout_format(const mt_layout *l, char *buf, size_t n);
 
 /* Reports: the ranked table, one layout in detail, what separates the first result from
