@@ -8,13 +8,8 @@
 # Labelled "sanitize" (tests/CMakeLists.txt): it runs in both passes of make check.
 set -euo pipefail
 NAME=test_train_smoke
-MT=$(realpath "$1")
-T=${MT_TEST_TMP:-/tmp}/$NAME.$$
-rm -rf "$T"; mkdir -p "$T"; T=$(realpath "$T")
-trap 'rm -rf "$T"' EXIT
-passed=0
-fail() { echo "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
+MPI_OPTIONAL=1 # the single-process runs need no MPI launcher
+source "$(dirname "$0")/lib/mpi.sh"
 export OMP_NUM_THREADS=2
 
 "$MT" data math --out "$T/data" --train 4000 --val 400 >/dev/null
@@ -38,13 +33,8 @@ ok "resume"
     || { tail -20 "$T/s.log"; fail "train --recompute selective"; }
 ok "train --recompute selective"
 
-if command -v mpirun >/dev/null 2>&1; then # (the single-process runs above need no MPI launcher)
-    MPI=(mpirun)
-    if mpirun --version 2>&1 | grep -q "Open MPI"; then
-        MPI+=(--oversubscribe)
-        [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-    fi
-    OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MT" train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --tp 2 --sp \
+if [ ${#MPI[@]} -gt 0 ]; then
+    OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --tp 2 --sp \
         $bf16 --out "$T/tp" > "$T/tp.log" 2>&1 || { tail -20 "$T/tp.log"; fail "TP2 + SP $bf16"; }
     ok "TP2 + SP $bf16 under mpirun"
 else
