@@ -92,10 +92,11 @@ for line in open(sys.argv[1]):
     if line.strip():
         last = json.loads(line)
         if last.get("event") == "step" and last["step"] > skip:
-            secs += tokens / last["tokens_per_s"]; n += 1; mfu += last["mfu"]
+            dt = tokens / last["tokens_per_s"]
+            secs += dt; n += 1; mfu += last["mfu"] * dt  # time-weighted: the MFU of the window
 if not last or last.get("event") != "summary" or n == 0:
     sys.exit("metrics.jsonl: no summary event or no steps after the window start")
-print(n * tokens / secs, last["peak_rss_bytes"] / 2**20, mfu / n, last["peak_gflops"])
+print(n * tokens / secs, last["peak_rss_bytes"] / 2**20, mfu / secs, last["peak_gflops"])
 ' "$TMP/run_$name/metrics.jsonl" "$SKIP" "$((B * T))") || { echo "bench_small: could not read $TMP/run_$name/metrics.jsonl" >&2; return 1; }
   local tps rss mfu peak
   read -r tps rss mfu peak <<< "$r"
