@@ -158,7 +158,7 @@ static void prune_checkpoints(const char *out, int keep, const char *saved) {
         names[n++] = mt_xstrdup(e->d_name);
     }
     closedir(dir);
-    if (n > 1) qsort(names, (size_t)n, sizeof(char *), cmp_names); /* zero-padded: name order = step order */
+    if (n > 1) qsort(names, (size_t)n, sizeof(char *), cmp_names); /* (names is NULL when n is 0) */
     for (int i = 0; i < n; i++) {
         if (i < n - (keep - 1)) {
             char path[4200];
