@@ -60,9 +60,15 @@ cmp "$T/t1/step_00000002/model.safetensors" "$T/t2/step_00000002/model.safetenso
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
 names = {e["name"] for e in ev}
-need = {"step", "fwd.attention", "fwd.moe", "bwd.attention", "bwd.moe", "optimizer"}
+need = {"step", "fwd.attention", "fwd.moe", "bwd.attention", "bwd.moe", "optimizer",
+        "moe.route", "moe.experts", "moe.shared", "moe.combine"}
 assert need <= names, need - names
 assert all(e["ph"] == "X" and e["dur"] >= 0 for e in ev)
+# the MoE block's parts are spans inside its fwd.moe / bwd.moe span
+blocks = [e for e in ev if e["name"] in ("fwd.moe", "bwd.moe")]
+for e in ev:
+    if e["name"].startswith("moe."):
+        assert any(b["ts"] <= e["ts"] and e["ts"] + e["dur"] <= b["ts"] + b["dur"] for b in blocks), e
 steps = [e for e in ev if e["name"] == "step"]
 assert len(steps) == 2, len(steps)
 PY

@@ -733,6 +733,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const mt_config *c = &m->cfg;
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
+    mt_trace_begin("moe.route");
     route_fwd(c, L, w, ln, N);
     /* fused permute: rows grouped by expert, gathered into xe */
     mt_moe_permute(a->xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
@@ -740,14 +741,21 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     if (a->count_load) /* training tokens only, not evaluation */
         for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
     route_fractions(m, a, L, B, T);
+    mt_trace_end();
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
+    mt_trace_begin("moe.experts");
     mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd(a->big1, L->egu, R, Fm);
     mt_grouped_linear_fwd(a->ye, a->big1, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
+    mt_trace_end();
     /* shared experts and the weighted combine accumulate into out, which holds the residual
      * stream: the residual add costs no pass of its own */
+    mt_trace_begin("moe.shared");
     if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
+    mt_trace_end();
+    mt_trace_begin("moe.combine");
     mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
+    mt_trace_end();
 }
 
 /* The same with the routed experts spread over an EP group: the (token, expert) rows travel
@@ -760,11 +768,14 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     const mt_ep_ops *ep = m->ep;
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
+    mt_trace_begin("moe.route");
     route_fwd(c, L, w, ln, N);
     if (a->count_load)
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
     ep->dispatch(ep->ctx, &L->epb, ln, L->sel, L->wsel, N, K, C, E);
+    mt_trace_end();
+    mt_trace_begin("moe.experts");
     const int R = L->epb.R;
     L->ep_egu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
     float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
@@ -772,10 +783,15 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_grouped_linear_fwd(L->ep_egu, L->epb.xe, w->egate, (size_t)2 * Fm * C, L->epb.off, LE, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd(act, L->ep_egu, R, Fm);
     mt_grouped_linear_fwd(ye, act, w->edown, (size_t)C * Fm, L->epb.off, LE, Fm, C, 0.0f);
+    mt_trace_end();
+    mt_trace_begin("moe.combine");
     ep->combine(ep->ctx, &L->epb, a->ye, ye); /* a->ye: [N*K, C] scratch, >= [N, C] */
+    mt_trace_end();
     mt_free(act);
     mt_free(ye);
+    mt_trace_begin("moe.shared");
     if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
+    mt_trace_end();
     mt_add(out, a->ye, (size_t)N * C);
     if (!train) { /* no backward will come for this dispatch */
         ep->release(ep->ctx, &L->epb);
@@ -822,12 +838,15 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     const int32_t *off = L->eoff;
     const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
     /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
+    mt_trace_begin("moe.shared");
     if (Fs > 0 && recompute) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
         swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
+    mt_trace_end();
     /* Routed experts. With y = sum_j w_j E_j(x): the unweighted dout rows go through the down
      * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
      * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
+    mt_trace_begin("moe.experts");
     mt_moe_gather(a->xe, ln, L->perm_tok, R, C);
     mt_moe_gather(a->ye, dout, L->perm_tok, R, C);
 #pragma omp parallel for schedule(static)
@@ -845,8 +864,11 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     mt_swiglu_rows_bwd(dgu, dact, L->egu, a->wrow, R, Fm);
     mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, a->xe, off, E, C, 2 * Fm);
     mt_grouped_linear_bwd_data(a->ye, dgu, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    mt_trace_end();
+    mt_trace_begin("moe.route");
     mt_moe_permute_bwd(dln, a->ye, L->slot_row, N, K, C, Fs > 0);
     route_bwd(c, a, L, w, dw, ln, dln, N, T, bal_coef);
+    mt_trace_end();
 }
 
 /* Router backward: a->dw[N*K] (gradient of the routing weights, slot order) and the
@@ -907,9 +929,12 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     const mt_ep_batch *b = &L->epb;
     const int R = b->R;
     const int32_t *off = b->off;
+    mt_trace_begin("moe.shared");
     if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
         swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
+    mt_trace_end();
+    mt_trace_begin("moe.experts");
     float *yeu = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
     float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
     float *dact = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
@@ -925,6 +950,8 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_swiglu_rows_bwd(dgu, dact, L->ep_egu, b->w, R, Fm);
     mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, b->xe, off, LE, C, 2 * Fm);
     mt_grouped_linear_bwd_data(yeu, dgu, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
+    mt_trace_end();
+    mt_trace_begin("moe.route");
     ep->dispatch_bwd(ep->ctx, b, a->ye, yeu);
     if (Fs > 0) mt_add(dln, a->ye, (size_t)N * C);
     else mt_copy(dln, a->ye, (size_t)N * C);
@@ -938,6 +965,7 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_free(L->ep_egu);
     L->ep_egu = NULL;
     route_bwd(c, a, L, w, dw, ln, dln, N, T, bal_coef);
+    mt_trace_end();
 }
 
 /* ---------------------------------------------------------------- step */
