@@ -28,6 +28,11 @@ static void group_split(mt_group *g, int color, int key) {
     MPI_Comm_size(g->comm, &g->size);
 }
 
+/* MPI counts and displacements are int: large buffers go in pieces of at most this many
+ * elements. MT_MPI_MAX_COUNT lowers it (read at start-up), so that tests run the piecewise
+ * paths on small models. */
+static size_t max_count = (size_t)1 << 30;
+
 int mt_dist_init(int *argc, char ***argv) {
     MT_ASSERT(!g_dist.initialized);
     int provided = 0;
@@ -53,6 +58,13 @@ int mt_dist_init(int *argc, char ***argv) {
     /* the runtime pins OpenMP thread i to the i-th allowed CPU: right for one process per
      * node, wrong for several sharing the same CPUs (all their thread 0s on one core) */
     if (g_dist.local_size > 1 && !getenv("MT_PIN")) setenv("MT_PIN", "0", 1);
+    const char *mc = getenv("MT_MPI_MAX_COUNT");
+    if (mc && *mc) {
+        char *end;
+        long long v = strtoll(mc, &end, 10);
+        if (*end || v < 1 || v > (1LL << 30)) return mt_error("MT_MPI_MAX_COUNT=%s: not a count in 1..2^30", mc);
+        max_count = (size_t)v;
+    }
     return mt_dist_set_layout(&g_dist, 1, 1, 0, 1);
 }
 
@@ -124,16 +136,14 @@ void mt_dist_abort(const char *msg) {
     exit(1);
 }
 
-/* MPI counts are int: large buffers go in pieces of at most this many elements */
-enum { MAX_COUNT = 1 << 30 };
 
 static int active(const mt_group *g) { return g->size > 1 && g->comm != MPI_COMM_NULL; }
 
 static void allreduce(mt_group *g, void *x, size_t n, size_t esize, MPI_Datatype t) {
     if (!active(g) || n == 0) return;
     double t0 = MPI_Wtime();
-    for (size_t i = 0; i < n; i += MAX_COUNT) {
-        size_t c = n - i < MAX_COUNT ? n - i : MAX_COUNT;
+    for (size_t i = 0; i < n; i += max_count) {
+        size_t c = n - i < max_count ? n - i : max_count;
         MPI_Allreduce(MPI_IN_PLACE, (char *)x + i * esize, (int)c, t, MPI_SUM, g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
@@ -147,7 +157,7 @@ void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_byte
     if (!active(g) || n == 0) return;
     size_t be = bucket_bytes / sizeof(float);
     if (be < 1) be = 1;
-    if (be > MAX_COUNT) be = MAX_COUNT;
+    if (be > max_count) be = max_count;
     double t0 = MPI_Wtime();
     for (size_t i = 0; i < n; i += be) {
         size_t c = n - i < be ? n - i : be;
@@ -164,18 +174,41 @@ void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) 
     *hi = q * (size_t)(r + 1) + m * (size_t)(r + 1) / S;
 }
 
-/* counts and displacements of the shards, in elements (shards must fit an int count):
- * cnt[size] then dis[size] in one allocation (free(cnt)) */
-static int *shard_counts(const mt_group *g, size_t n) {
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
+/* The shard collectives run over windows [w0, w0 + max_count) of the whole buffer, so that
+ * counts and displacements fit an int whatever n is. In a window, rank r's part is the
+ * window's intersection with its shard; the shards are contiguous and in rank order, so the
+ * parts are too, as MPI's v-collectives want them. */
+typedef struct {
+    size_t w0, w1;  /* the window */
+    size_t mine;    /* this rank's part starts at element `mine` of its shard */
+    int *cnt, *dis; /* [size] each: the parts' lengths and offsets in the window */
+} window;
+
+static window *window_new(const mt_group *g) {
+    window *w = mt_xcalloc(1, sizeof *w);
+    w->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
+    w->dis = w->cnt + g->size;
+    return w;
+}
+
+static void window_free(window *w) {
+    free(w->cnt);
+    free(w);
+}
+
+/* the parts of window [w0, min(n, w0 + max_count)) */
+static void window_at(const mt_group *g, size_t n, size_t w0, window *w) {
+    w->w0 = w0;
+    w->w1 = n - w0 < max_count ? n : w0 + max_count;
     for (int r = 0; r < g->size; r++) {
         size_t lo, hi;
         mt_group_shard(g, n, r, &lo, &hi);
-        MT_ASSERT(hi - lo <= (size_t)INT_MAX && lo <= (size_t)INT_MAX);
-        cnt[r] = (int)(hi - lo);
-        dis[r] = (int)lo;
+        const size_t a = lo > w->w0 ? lo : w->w0, b = hi < w->w1 ? hi : w->w1;
+        const int part = a < b; /* the shard overlaps the window */
+        w->cnt[r] = part ? (int)(b - a) : 0;
+        w->dis[r] = part ? (int)(a - w->w0) : 0;
+        if (r == g->rank) w->mine = part ? a - lo : 0;
     }
-    return cnt;
 }
 
 void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard) {
@@ -183,20 +216,26 @@ void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard
         memcpy(shard, x, n * sizeof *x);
         return;
     }
-    int *cnt = shard_counts(g, n);
+    window *w = window_new(g);
     double t0 = MPI_Wtime();
-    MPI_Reduce_scatter(x, shard, cnt, MPI_FLOAT, MPI_SUM, g->comm);
+    for (size_t w0 = 0; w0 < n; w0 += max_count) {
+        window_at(g, n, w0, w);
+        MPI_Reduce_scatter(x + w0, shard + w->mine, w->cnt, MPI_FLOAT, MPI_SUM, g->comm);
+    }
     g_dist.comm_s += MPI_Wtime() - t0;
-    free(cnt);
+    window_free(w);
 }
 
 void mt_group_allgather(mt_group *g, float *p, size_t n) {
     if (!active(g)) return;
-    int *cnt = shard_counts(g, n), *dis = cnt + g->size;
+    window *w = window_new(g);
     double t0 = MPI_Wtime();
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, cnt, dis, MPI_FLOAT, g->comm);
+    for (size_t w0 = 0; w0 < n; w0 += max_count) {
+        window_at(g, n, w0, w);
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + w0, w->cnt, w->dis, MPI_FLOAT, g->comm);
+    }
     g_dist.comm_s += MPI_Wtime() - t0;
-    free(cnt);
+    window_free(w);
 }
 
 void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *full) {
@@ -204,11 +243,15 @@ void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *fu
         memcpy(full, shard, n * sizeof *full);
         return;
     }
-    int *cnt = shard_counts(g, n), *dis = cnt + g->size;
+    window *w = window_new(g);
     double t0 = MPI_Wtime();
-    MPI_Gatherv(shard, cnt[g->rank], MPI_FLOAT, full, cnt, dis, MPI_FLOAT, 0, g->comm);
+    for (size_t w0 = 0; w0 < n; w0 += max_count) {
+        window_at(g, n, w0, w);
+        MPI_Gatherv(shard + w->mine, w->cnt[g->rank], MPI_FLOAT, g->rank == 0 ? full + w0 : NULL, w->cnt, w->dis,
+                    MPI_FLOAT, 0, g->comm);
+    }
     g_dist.comm_s += MPI_Wtime() - t0;
-    free(cnt);
+    window_free(w);
 }
 
 void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard) {
@@ -216,18 +259,22 @@ void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *sh
         memcpy(shard, full, n * sizeof *full);
         return;
     }
-    int *cnt = shard_counts(g, n), *dis = cnt + g->size;
+    window *w = window_new(g);
     double t0 = MPI_Wtime();
-    MPI_Scatterv(full, cnt, dis, MPI_FLOAT, shard, cnt[g->rank], MPI_FLOAT, 0, g->comm);
+    for (size_t w0 = 0; w0 < n; w0 += max_count) {
+        window_at(g, n, w0, w);
+        MPI_Scatterv(g->rank == 0 ? full + w0 : NULL, w->cnt, w->dis, MPI_FLOAT, shard + w->mine, w->cnt[g->rank],
+                     MPI_FLOAT, 0, g->comm);
+    }
     g_dist.comm_s += MPI_Wtime() - t0;
-    free(cnt);
+    window_free(w);
 }
 
 void mt_group_bcast_f32(mt_group *g, float *x, size_t n) {
     if (!active(g)) return;
     double t0 = MPI_Wtime();
-    for (size_t i = 0; i < n; i += MAX_COUNT) {
-        size_t c = n - i < MAX_COUNT ? n - i : MAX_COUNT;
+    for (size_t i = 0; i < n; i += max_count) {
+        size_t c = n - i < max_count ? n - i : max_count;
         MPI_Bcast(x + i, (int)c, MPI_FLOAT, 0, g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
