@@ -1,7 +1,6 @@
 /* dist/dist.c — MPI layout and collectives (see dist.h). */
 #include "dist/dist.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,7 +134,6 @@ void mt_dist_abort(const char *msg) {
     }
     exit(1);
 }
-
 
 static int active(const mt_group *g) { return g->size > 1 && g->comm != MPI_COMM_NULL; }
 
