@@ -3,7 +3,8 @@
 # (build-asan: ASan + UBSan, which abort on the first error) covers the trainer and not only
 # the kernels: training with evaluation, checkpoints pruned by --keep, document mode, bf16
 # (on a CPU with AVX512-BF16), a dense FFN that runs in row chunks (1024 tokens), resume,
-# and TP2 + SP under mpirun (when there is an mpirun). Each run must finish and say so; the
+# and under mpirun (when there is one) TP2 + SP, EP2 with --dist-opt in windows of 1000
+# elements (MT_MPI_MAX_COUNT) and a checkpoint, and PP2 x VPP2. Each run must finish and say so; the
 # numbers are other tests' business (test_oracle, test_bf16, test_parallel, test_resume).
 # Labelled "sanitize" (tests/CMakeLists.txt): it runs in both passes of make check.
 set -euo pipefail
@@ -37,7 +38,16 @@ if [ ${#MPI[@]} -gt 0 ]; then
     OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --tp 2 --sp \
         $bf16 --out "$T/tp" > "$T/tp.log" 2>&1 || { tail -20 "$T/tp.log"; fail "TP2 + SP $bf16"; }
     ok "TP2 + SP $bf16 under mpirun"
+    # EP2 with ZeRO-1 whose shard collectives run in windows of 1000 elements, and a checkpoint
+    MT_MPI_MAX_COUNT=1000 OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 \
+        --ep 2 --dist-opt --save-every 2 $bf16 --out "$T/ep" > "$T/ep.log" 2>&1 \
+        || { tail -20 "$T/ep.log"; fail "EP2 + --dist-opt (windows) $bf16"; }
+    [ -d "$T/ep/step_00000002" ] || fail "EP2 + --dist-opt saved no checkpoint"
+    ok "EP2 + --dist-opt in windows $bf16 under mpirun"
+    OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --pp 2 --vpp 2 \
+        --accum 2 --out "$T/pp" > "$T/pp.log" 2>&1 || { tail -20 "$T/pp.log"; fail "PP2 x VPP2"; }
+    ok "PP2 x VPP2 under mpirun"
 else
-    echo "note: mpirun not found (apt-get install openmpi-bin): the TP2 + SP run was left out"
+    echo "note: mpirun not found (apt-get install openmpi-bin): the MPI runs were left out"
 fi
 echo "$passed passed, 0 failed"
