@@ -175,38 +175,21 @@ void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) 
 /* The shard collectives run over windows [w0, w0 + max_count) of the whole buffer, so that
  * counts and displacements fit an int whatever n is. In a window, rank r's part is the
  * window's intersection with its shard; the shards are contiguous and in rank order, so the
- * parts are too, as MPI's v-collectives want them. */
-typedef struct {
-    size_t w0, w1;  /* the window */
-    size_t mine;    /* this rank's part starts at element `mine` of its shard */
-    int *cnt, *dis; /* [size] each: the parts' lengths and offsets in the window */
-} window;
-
-static window *window_new(const mt_group *g) {
-    window *w = mt_xcalloc(1, sizeof *w);
-    w->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
-    w->dis = w->cnt + g->size;
-    return w;
-}
-
-static void window_free(window *w) {
-    free(w->cnt);
-    free(w);
-}
-
-/* the parts of window [w0, min(n, w0 + max_count)) */
-static void window_at(const mt_group *g, size_t n, size_t w0, window *w) {
-    w->w0 = w0;
-    w->w1 = n - w0 < max_count ? n : w0 + max_count;
+ * parts are too, as MPI's v-collectives want them. Fills cnt[size] and dis[size] (offsets
+ * in the window) and returns where this rank's part starts in its shard. */
+static size_t window_parts(const mt_group *g, size_t n, size_t w0, int *cnt, int *dis) {
+    const size_t w1 = n - w0 < max_count ? n : w0 + max_count;
+    size_t mine = 0;
     for (int r = 0; r < g->size; r++) {
         size_t lo, hi;
         mt_group_shard(g, n, r, &lo, &hi);
-        const size_t a = lo > w->w0 ? lo : w->w0, b = hi < w->w1 ? hi : w->w1;
+        const size_t a = lo > w0 ? lo : w0, b = hi < w1 ? hi : w1;
         const int part = a < b; /* the shard overlaps the window */
-        w->cnt[r] = part ? (int)(b - a) : 0;
-        w->dis[r] = part ? (int)(a - w->w0) : 0;
-        if (r == g->rank) w->mine = part ? a - lo : 0;
+        cnt[r] = part ? (int)(b - a) : 0;
+        dis[r] = part ? (int)(a - w0) : 0;
+        if (r == g->rank && part) mine = a - lo;
     }
+    return mine;
 }
 
 void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard) {
@@ -214,26 +197,26 @@ void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard
         memcpy(shard, x, n * sizeof *x);
         return;
     }
-    window *w = window_new(g);
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        window_at(g, n, w0, w);
-        MPI_Reduce_scatter(x + w0, shard + w->mine, w->cnt, MPI_FLOAT, MPI_SUM, g->comm);
+        const size_t mine = window_parts(g, n, w0, cnt, dis);
+        MPI_Reduce_scatter(x + w0, shard + mine, cnt, MPI_FLOAT, MPI_SUM, g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
-    window_free(w);
+    free(cnt);
 }
 
 void mt_group_allgather(mt_group *g, float *p, size_t n) {
     if (!active(g)) return;
-    window *w = window_new(g);
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        window_at(g, n, w0, w);
-        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + w0, w->cnt, w->dis, MPI_FLOAT, g->comm);
+        window_parts(g, n, w0, cnt, dis);
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + w0, cnt, dis, MPI_FLOAT, g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
-    window_free(w);
+    free(cnt);
 }
 
 void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *full) {
@@ -241,15 +224,15 @@ void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *fu
         memcpy(full, shard, n * sizeof *full);
         return;
     }
-    window *w = window_new(g);
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        window_at(g, n, w0, w);
-        MPI_Gatherv(shard + w->mine, w->cnt[g->rank], MPI_FLOAT, g->rank == 0 ? full + w0 : NULL, w->cnt, w->dis,
-                    MPI_FLOAT, 0, g->comm);
+        const size_t mine = window_parts(g, n, w0, cnt, dis);
+        MPI_Gatherv(shard + mine, cnt[g->rank], MPI_FLOAT, g->rank == 0 ? full + w0 : NULL, cnt, dis, MPI_FLOAT, 0,
+                    g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
-    window_free(w);
+    free(cnt);
 }
 
 void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard) {
@@ -257,15 +240,15 @@ void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *sh
         memcpy(shard, full, n * sizeof *full);
         return;
     }
-    window *w = window_new(g);
+    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        window_at(g, n, w0, w);
-        MPI_Scatterv(g->rank == 0 ? full + w0 : NULL, w->cnt, w->dis, MPI_FLOAT, shard + w->mine, w->cnt[g->rank],
-                     MPI_FLOAT, 0, g->comm);
+        const size_t mine = window_parts(g, n, w0, cnt, dis);
+        MPI_Scatterv(g->rank == 0 ? full + w0 : NULL, cnt, dis, MPI_FLOAT, shard + mine, cnt[g->rank], MPI_FLOAT, 0,
+                     g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
-    window_free(w);
+    free(cnt);
 }
 
 void mt_group_bcast_f32(mt_group *g, float *x, size_t n) {
