@@ -26,9 +26,11 @@ void mt_assert_fail(const char *expr, const char *file, int line) __attribute__(
 #define MT_ASSERT(c) do { if (!(c)) mt_assert_fail(#c, __FILE__, __LINE__); } while (0)
 
 /* Process-wide allocator policy (call first in main): large blocks from the heap, freed
- * memory kept for reuse, so per-step buffers do not page-fault again every step. */
+ * memory kept for reuse, so per-step buffers do not page-fault again every step; blocks of
+ * 4 MiB and more in transparent huge pages unless MT_HUGEPAGES=0 (read here). */
 void mt_memory_policy(void);
-/* 64-byte aligned, zero-filled allocation; aborts on out-of-memory (with the size). */
+/* 64-byte aligned (2 MiB and advised for huge pages from 4 MiB), zero-filled allocation;
+ * aborts on out-of-memory (with the size). */
 void *mt_alloc(size_t bytes);
 /* The same, returning NULL when the memory is not there (for sizes that come from input). */
 void *mt_try_alloc(size_t bytes);
