@@ -11,7 +11,8 @@
  *      1 and many rows; row tiles grown past the fp32 sizes, weight gradients in several
  *      output tiles, beta and accumulation, a padded expert stride); the LM head with its
  *      packed weight: the same bits as one chunk per call, its logits against the
- *      reference product, loss and gradients within 2e-2 of the fp32 head;
+ *      reference product, loss and gradients within 2e-2 of the fp32 head; the q/k/v
+ *      weight gradients with their input packed once: the same bits as one GEMM each;
  *   5. flash attention in bf16 mode (every product on bf16 pairs, softmax and sums fp32),
  *      forward and backward, against fp32 attention: normalised error within 2e-2 (the
  *      error of bf16 operands), not zero (the bf16 path ran), over lengths that leave odd
@@ -249,6 +250,53 @@ static void test_packed(void) {
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
         for (int tA = 0; tA < 2; tA++)
             for (int tB = 0; tB < 2; tB++) packed_case(dims[d][0], dims[d][1], dims[d][2], tA, tB);
+}
+
+/* mt_linear_bwd_weight_shared (q, k, v): with its input packed once into the scratch, the
+ * same bits as one mt_linear_bwd weight gradient per layer (which packs per product); with
+ * a scratch one word too small, or none, the same again (the unpacked path); in fp32 mode,
+ * OpenBLAS's bits. Odd token counts, widths off the panel, an empty layer, 1 and 2 threads. */
+static void shared_wgrad_case(int N, int In, const int *O, int n) {
+    snprintf(where, sizeof where, "linear_bwd_weight_shared N %d In %d", N, In);
+    float *in = mt_alloc((size_t)N * In * 4), *dout[3], *dW1[3], *dW2[3];
+    for (size_t i = 0; i < (size_t)N * In; i++) in[i] = rnd(30, i);
+    for (int i = 0; i < n; i++) {
+        dout[i] = mt_alloc((size_t)N * (O[i] + 1) * 4);
+        dW1[i] = mt_alloc((size_t)(O[i] + 1) * In * 4);
+        dW2[i] = mt_alloc((size_t)(O[i] + 1) * In * 4);
+        for (size_t j = 0; j < (size_t)N * O[i]; j++) dout[i][j] = rnd(31 + i, j);
+    }
+    const size_t words = mt_gemm_bf16_packed_words(In, N);
+    uint32_t *pack = mt_alloc((words + 1) * 4);
+    const int nthr = omp_get_max_threads();
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int t = 1; t <= 2; t++)
+            for (int pw = 0; pw < 3; pw++) { /* scratch: enough, one word short, none */
+                CHECK(mt_set_gemm_bf16(bf16) == 0);
+                omp_set_num_threads(t);
+                for (int i = 0; i < n; i++)
+                    for (size_t j = 0; j < (size_t)O[i] * In; j++) dW1[i][j] = dW2[i][j] = rnd(40 + i, j);
+                for (int i = 0; i < n; i++) mt_linear_bwd(NULL, dW1[i], dout[i], in, NULL, N, In, O[i], 0.0f);
+                mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, in, N, In,
+                                            pw == 2 ? NULL : pack, pw == 0 ? words : words - 1);
+                for (int i = 0; i < n; i++) CHECK_SAME_F(dW1[i], dW2[i], (size_t)O[i] * In);
+            }
+    omp_set_num_threads(nthr);
+    CHECK(mt_set_gemm_bf16(1) == 0);
+    for (int i = 0; i < n; i++) {
+        mt_free(dout[i]);
+        mt_free(dW1[i]);
+        mt_free(dW2[i]);
+    }
+    mt_free(in);
+    mt_free(pack);
+}
+
+static void test_shared_wgrad(void) {
+    static const int o1[3] = {64, 32, 32}, o2[3] = {45, 0, 130}, o3[2] = {13, 7};
+    shared_wgrad_case(512, 64, o1, 3);
+    shared_wgrad_case(777, 70, o2, 3);   /* K across the KC block, odd; In off the panel */
+    shared_wgrad_case(1, 33, o3, 2);
 }
 
 static double rel_err(const float *x, const float *y, size_t n);
@@ -530,6 +578,7 @@ int main(void) {
     test_gemm();
     test_threads();
     test_packed();
+    test_shared_wgrad();
     test_head_packed();
     test_dispatch_and_grouped();
     test_attention();

@@ -1155,9 +1155,16 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
         mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
         float *dl = tp > 1 ? a->part : a->dln;
-        mt_linear_bwd(dl, dw->wq, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
-        mt_linear_bwd(dl, dw->wk, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
-        mt_linear_bwd(dl, dw->wv, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
+        mt_linear_bwd(dl, NULL, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
+        mt_linear_bwd(dl, NULL, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
+        mt_linear_bwd(dl, NULL, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
+        { /* their weight gradients read lnf packed once, into datt (dead since the attention
+           * backward) when it is large enough */
+            float *const dws[3] = {dw->wq, dw->wk, dw->wv};
+            const float *const dos[3] = {a->dq, a->dk, a->dv};
+            const int os[3] = {H * D, G * D, G * D};
+            mt_linear_bwd_weight_shared(3, dws, dos, os, lnf, N, C, a->datt, (size_t)N * H * D);
+        }
         if (tp > 1) tp_out(m, a->dln, a->part, N, C);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
         mt_trace_end();
