@@ -1,8 +1,9 @@
 /* tests/test_alloc.c — mt_alloc's contract: zero-filled, 64-byte aligned; blocks of 4 MiB
- * and more in whole 2 MiB pages advised for transparent huge pages (unless MT_HUGEPAGES=0),
- * which the kernel reports as "THPeligible: 1" for the mapping that holds the block when THP
- * is in madvise mode (in "always" mode every mapping is eligible, in "never" none is: those
- * checks are then skipped). */
+ * and more in whole 2 MiB pages advised for transparent huge pages (unless MT_HUGEPAGES=0,
+ * or the system's THP mode is "never": then plain blocks), which the kernel reports as
+ * "THPeligible: 1" for the mapping that holds the block. Only THP's madvise mode (Debian's
+ * default) tells the advice apart: in "always" mode every mapping is eligible, in "never"
+ * none is, so the advice checks pass there without it. */
 #include "base/common.h"
 
 #include <stdint.h>
@@ -73,14 +74,16 @@ int main(void) {
     /* large blocks: whole huge pages, advised */
     unsetenv("MT_HUGEPAGES");
     mt_memory_policy();
+    const int thp = strcmp(mode, "madvise") == 0 || strcmp(mode, "always") == 0;
     const size_t big = ((size_t)9 << 20) + 123;
     unsigned char *p = mt_alloc(big);
-    CHECK((uintptr_t)p % ((size_t)2 << 20) == 0);
+    CHECK((uintptr_t)p % 64 == 0);
+    if (thp) CHECK((uintptr_t)p % ((size_t)2 << 20) == 0); /* else not rounded for nothing */
     CHECK(all_zero(p, big));
     p[big - 1] = 1;
-    int e = thp_eligible(p);
+    int e = thp_eligible(p); /* -1: a kernel without the THPeligible line */
     printf("9 MiB block: THPeligible %d\n", e);
-    if (strcmp(mode, "madvise") == 0 || strcmp(mode, "always") == 0) CHECK(e == 1);
+    if (thp && e >= 0) CHECK(e == 1);
 
     /* MT_HUGEPAGES=0: no advice (visible only in madvise mode) */
     setenv("MT_HUGEPAGES", "0", 1);
@@ -90,7 +93,7 @@ int main(void) {
     CHECK(all_zero(q, big));
     int e0 = thp_eligible(q);
     printf("9 MiB block with MT_HUGEPAGES=0: THPeligible %d\n", e0);
-    if (strcmp(mode, "madvise") == 0) CHECK(e0 == 0);
+    if (strcmp(mode, "madvise") == 0 && e0 >= 0) CHECK(e0 == 0);
     mt_free(q);
     mt_free(p);
 

@@ -12,13 +12,15 @@
  *      output tiles, beta and accumulation, a padded expert stride); the LM head with its
  *      packed weight: the same bits as one chunk per call, its logits against the
  *      reference product, loss and gradients within 2e-2 of the fp32 head; the q/k/v
- *      weight gradients with their input packed once: the same bits as one GEMM each;
+ *      weight gradients with their input packed once: the same bits as one GEMM each (and
+ *      the packing ran exactly when the scratch holds it);
  *   5. flash attention in bf16 mode (every product on bf16 pairs, softmax and sums fp32),
  *      forward and backward, against fp32 attention: normalised error within 2e-2 (the
  *      error of bf16 operands), not zero (the bf16 path ran), over lengths that leave odd
  *      rows in the last block, grouped heads and document mode, D up to 128, T beyond one
  *      forward group of query blocks (600, 1100); a head size the pair layout cannot
- *      take (D % 16 != 0) stays fp32 (the same bits).
+ *      take (D % 16 != 0) stays fp32 (the same bits); the backward with its diagonal
+ *      blocks computed whole gives the same bits as with their masked pairs skipped.
  * Exits 77 (CTest: skipped) on a CPU without AVX512-BF16. */
 #include <math.h>
 #include <omp.h>
@@ -267,19 +269,30 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
         for (size_t j = 0; j < (size_t)N * O[i]; j++) dout[i][j] = rnd(31 + i, j);
     }
     const size_t words = mt_gemm_bf16_packed_words(In, N);
-    uint32_t *pack = mt_alloc((words + 1) * 4);
+    /* scratch of exactly the words needed, and one of a word less (which must not be
+     * written: ASan sees a write past it), both filled with a sentinel */
+    uint32_t *pack = mt_alloc(words * 4), *shortp = mt_xmalloc((words - 1) * 4); /* exact size */
     const int nthr = omp_get_max_threads();
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int t = 1; t <= 2; t++)
             for (int pw = 0; pw < 3; pw++) { /* scratch: enough, one word short, none */
                 CHECK(mt_set_gemm_bf16(bf16) == 0);
                 omp_set_num_threads(t);
+                for (size_t j = 0; j < words; j++) pack[j] = 0xdeadbeefu;
+                for (size_t j = 0; j + 1 < words; j++) shortp[j] = 0xdeadbeefu;
                 for (int i = 0; i < n; i++)
                     for (size_t j = 0; j < (size_t)O[i] * In; j++) dW1[i][j] = dW2[i][j] = rnd(40 + i, j);
                 for (int i = 0; i < n; i++) mt_linear_bwd(NULL, dW1[i], dout[i], in, NULL, N, In, O[i], 0.0f);
                 mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, in, N, In,
-                                            pw == 2 ? NULL : pack, pw == 0 ? words : words - 1);
+                                            pw == 0 ? (void *)pack : pw == 1 ? (void *)shortp : NULL,
+                                            pw == 0 ? words : words - 1);
                 for (int i = 0; i < n; i++) CHECK_SAME_F(dW1[i], dW2[i], (size_t)O[i] * In);
+                /* the packed path ran (bf16, enough scratch) and only then */
+                size_t wrote = 0, wrote_short = 0;
+                for (size_t j = 0; j < words; j++) wrote += pack[j] != 0xdeadbeefu;
+                for (size_t j = 0; j + 1 < words; j++) wrote_short += shortp[j] != 0xdeadbeefu;
+                CHECK((wrote > 0) == (bf16 && pw == 0));
+                CHECK(wrote_short == 0);
             }
     omp_set_num_threads(nthr);
     CHECK(mt_set_gemm_bf16(1) == 0);
@@ -290,6 +303,7 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
     }
     mt_free(in);
     mt_free(pack);
+    free(shortp);
 }
 
 static void test_shared_wgrad(void) {
@@ -480,6 +494,13 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
         mt_attention_bwd_kv16(g2[0], g2[1], g2[2], dout, q, k16, v16, o2, l2, pos, B, T, H, G, D, scratch, nthr);
         CHECK_SAME_F(o2, out16, nq);
         CHECK_SAME_F(l2, lse16, (size_t)B * H * T);
+        for (int i = 0; i < 3; i++) CHECK_SAME_F(g2[i], g16[i], n3[i]);
+        /* diagonal blocks computed whole: the same bits as with the masked pairs skipped */
+        mt_attention_set_diag_skip(0);
+        for (int i = 0; i < 3; i++)
+            for (size_t j = 0; j < n3[i]; j++) g2[i][j] = NAN;
+        mt_attention_bwd(g2[0], g2[1], g2[2], dout, q, k, v, out16, lse16, pos, B, T, H, G, D, scratch, nthr);
+        mt_attention_set_diag_skip(1);
         for (int i = 0; i < 3; i++) CHECK_SAME_F(g2[i], g16[i], n3[i]);
         for (int i = 0; i < 3; i++) mt_free(g2[i]);
         mt_free(k16); mt_free(v16); mt_free(o2); mt_free(l2);

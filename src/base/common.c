@@ -46,11 +46,29 @@ void mt_assert_fail(const char *expr, const char *file, int line) {
  * the step of "small" with --bf16, whose GEMMs and packing are moetrain's own, ran 2-10%
  * faster with them (fp32, whose GEMMs are OpenBLAS's, no change); see DESIGN.md "Memory". */
 enum { HUGE_PAGE = 2 << 20, HUGE_MIN = 2 * HUGE_PAGE };
-static int huge_pages = 1;
+static int huge_pages;
+
+/* On unless MT_HUGEPAGES=0, or the kernel has no THP for us ("[never]", or no such file):
+ * then the blocks are not rounded to 2 MiB pages for nothing. */
+static void huge_pages_decide(void) {
+    const char *h = getenv("MT_HUGEPAGES");
+    int on = !(h && strcmp(h, "0") == 0);
+#ifdef MADV_HUGEPAGE
+    char line[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f || !fgets(line, sizeof line, f) || strstr(line, "[never]")) on = 0;
+    if (f) fclose(f);
+#else
+    on = 0;
+#endif
+    huge_pages = on;
+}
+
+/* decided when the library loads (every program, tests included), again in mt_memory_policy */
+__attribute__((constructor)) static void huge_pages_init(void) { huge_pages_decide(); }
 
 void mt_memory_policy(void) {
-    const char *h = getenv("MT_HUGEPAGES");
-    huge_pages = !(h && strcmp(h, "0") == 0);
+    huge_pages_decide();
     /* glibc gives every block above 128 KiB (adaptive up to 32 MiB) its own mmap and unmaps
      * it on free, so a buffer allocated per step (the expert exchange's rows, its plans)
      * is page-faulted in again every time: 2-3x the cost of the exchange itself, measured.
@@ -69,7 +87,9 @@ void *mt_try_alloc(size_t bytes) {
         rounded = (rounded + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         void *p = aligned_alloc(HUGE_PAGE, rounded);
         if (p) {
-            madvise(p, rounded, MADV_HUGEPAGE); /* advice: refused (no THP) is not an error */
+#ifdef MADV_HUGEPAGE
+            madvise(p, rounded, MADV_HUGEPAGE); /* advice: refused is not an error */
+#endif
             memset(p, 0, rounded);
         }
         return p;

@@ -30,7 +30,9 @@
  *   owns (the first contribution to a row initialises it),
  * the last three by one strided micro-kernel (A read through strides, so P^T and dS^T
  * need no copies); in bf16 mode, on a diagonal block they skip the pairs the causal mask
- * zeroes (same bits; T=512 backward 18.7-18.8 against 20.5-23.2 ms, `bench kernels`).
+ * zeroes (the same bits for finite inputs, where those terms are exact zeros; an inf in dO,
+ * q or k no longer turns masked terms into NaN. T=512 backward 18.7-18.8 against 20.5-23.2
+ * ms, `bench kernels`).
  *
  * Vectorisation: with AVX-512 the products are register-blocked FMA micro-kernels of
  * ATT_MR rows x 64 columns (24 zmm accumulators) and the exponential is mt_exp2_512
@@ -674,6 +676,10 @@ static void fwd_pv_bf16(float *Ot, const uint32_t *V, const uint32_t *St, int nk
 }
 #endif
 
+static int g_diag_skip = 1;
+
+void mt_attention_set_diag_skip(int on) { g_diag_skip = on != 0; }
+
 int mt_attention_bf16_built(void) {
 #if defined(ATT_BF16)
     return 1;
@@ -1006,7 +1012,7 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                         const int qp = (nq + 1) / 2;
                         bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0);
                         pair_rows(P2, ATT_BK, P, ATT_BK, nq);
-                        const int diag = t0 == k0; /* P and dS zero above the diagonal */
+                        const int diag = t0 == k0 && g_diag_skip; /* P, dS zero above the diagonal */
                         mm_nn_bf16(dv + kr0 * D, ldk, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * D, nk, qp, D, first, diag);
                         bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
                         pair_rows(S2, ATT_BK, S, ATT_BK, nq);

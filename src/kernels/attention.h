@@ -35,6 +35,10 @@ int mt_attention_bf16_built(void);
 int mt_attention_bf16(int D);
 int mt_attention_bf16_for(int gemm_bf16, int D);
 
+/* For tests: 0 makes the bf16 backward compute its diagonal blocks whole instead of skipping
+ * the pairs the causal mask zeroes (default 1); the results must be the same bits. */
+void mt_attention_set_diag_skip(int on);
+
 /* Scratch floats needed PER THREAD by the forward and the backward: O(T * D) (the
  * backward keeps one head's q and dO rows contiguous). */
 size_t mt_attention_scratch_floats(int T, int D);
