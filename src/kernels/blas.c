@@ -157,14 +157,12 @@ void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, co
 
 void mt_linear_bwd_weight_shared(int n, float *const *dW, const float *const *dout, const int *O,
                                  const float *in, int N, int In, void *pack, size_t pack_words) {
-    if (N <= 0) return;
-    if (!g_bf16 || !pack || mt_gemm_bf16_packed_words(In, N) > pack_words) {
-        for (int i = 0; i < n; i++) mt_sgemm(1, 0, O[i], In, N, 1.0f, dout[i], O[i], in, In, 1.0f, dW[i], In);
+    if (!g_bf16 || !pack || N <= 0 || mt_gemm_bf16_packed_words(In, N) > pack_words) {
+        for (int i = 0; i < n; i++) mt_linear_bwd(NULL, dW[i], dout[i], in, NULL, N, In, O[i], 0.0f);
         return;
     }
     mt_gemm_bf16_pack(pack, 0, In, N, in, In);
-    for (int i = 0; i < n; i++)
-        if (O[i] > 0) mt_gemm_bf16_packed(1, O[i], In, N, 1.0f, dout[i], O[i], pack, 1.0f, dW[i], In);
+    for (int i = 0; i < n; i++) mt_gemm_bf16_packed(1, O[i], In, N, 1.0f, dout[i], O[i], pack, 1.0f, dW[i], In);
 }
 
 double mt_gemm_gflops(int n, double min_seconds) {
