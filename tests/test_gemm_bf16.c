@@ -13,7 +13,9 @@
  *      packed weight: the same bits as one chunk per call, its logits against the
  *      reference product, loss and gradients within 2e-2 of the fp32 head; the q/k/v
  *      weight gradients with their input packed once: the same bits as one GEMM each (and
- *      the packing ran exactly when the scratch holds it);
+ *      the packing ran exactly when the scratch holds it); operands given as bf16
+ *      (mt_gemm_bf16_mixed, and the kernels that write and read bf16 activations): the
+ *      same bits as from the fp32 values;
  *   5. flash attention in bf16 mode (every product on bf16 pairs, softmax and sums fp32),
  *      forward and backward, against fp32 attention: normalised error within 2e-2 (the
  *      error of bf16 operands), not zero (the bf16 path ran), over lengths that leave odd
@@ -315,6 +317,109 @@ static void test_shared_wgrad(void) {
 
 static double rel_err(const float *x, const float *y, size_t n);
 
+/* x as the bf16 bits the kernels round it to (mt_bf16_store), in a new buffer */
+static uint16_t *to16(const float *x, size_t n) {
+    uint16_t *h = mt_alloc(n * sizeof(uint16_t) + 64);
+    mt_bf16_store(h, x, n);
+    return h;
+}
+
+/* mt_gemm_bf16_mixed: A, B or both given as bf16 give the same bits as mt_gemm_bf16 on the
+ * fp32 values, for every transpose, odd shapes and leading dimensions (odd: rows start off
+ * 4-byte alignment), K across the KC block and odd, with denormals (which both flush), on
+ * 1 and 2 threads */
+static void mixed_case(int M, int N, int K, int tA, int tB) {
+    snprintf(where, sizeof where, "mixed M %d N %d K %d tA %d tB %d", M, N, K, tA, tB);
+    int lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 1, ldc = N;
+    size_t na = (size_t)lda * (tA ? K : M), nb = (size_t)ldb * (tB ? N : K), nc = (size_t)ldc * M;
+    float *A = mt_alloc(na * 4), *B = mt_alloc(nb * 4), *C1 = mt_alloc(nc * 4), *C2 = mt_alloc(nc * 4);
+    for (size_t i = 0; i < na; i++) A[i] = i % 97 == 5 ? 1e-39f : rnd(50, i);
+    for (size_t i = 0; i < nb; i++) B[i] = i % 89 == 7 ? -2e-39f : rnd(51, i);
+    uint16_t *A16 = to16(A, na), *B16 = to16(B, nb);
+    const int nthr = omp_get_max_threads();
+    for (int t = 1; t <= 2; t++)
+        for (int which = 1; which <= 3; which++) { /* A16, B16, both */
+            omp_set_num_threads(t);
+            for (size_t i = 0; i < nc; i++) C1[i] = C2[i] = rnd(52, i);
+            mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, B, ldb, -1.0f, C1, ldc);
+            mt_gemm_bf16_mixed(tA, tB, M, N, K, 0.5f, which & 1 ? NULL : A, which & 1 ? A16 : NULL, lda,
+                               which & 2 ? NULL : B, which & 2 ? B16 : NULL, ldb, -1.0f, C2, ldc);
+            CHECK_SAME_F(C1, C2, nc);
+        }
+    omp_set_num_threads(nthr);
+    mt_free(A); mt_free(B); mt_free(C1); mt_free(C2); mt_free(A16); mt_free(B16);
+}
+
+/* The kernels that write bf16 activations (train --bf16: the routed experts' inputs, the
+ * SwiGLU outputs) write the bits mt_bf16_store writes of their fp32 results, and the
+ * products that read them give the fp32 inputs' bits: the gather, SwiGLU (and the routed
+ * backward's recomputed, weighted row with its dot product), the grouped forward and
+ * weight gradient, the linear forward and weight gradient. */
+static void test_bf16_inputs(void) {
+    static const int dims[][3] = {{1, 1, 1}, {13, 33, 385}, {300, 70, 1700}, {40, 3100, 97}, {129, 64, 768}};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int tA = 0; tA < 2; tA++)
+            for (int tB = 0; tB < 2; tB++) mixed_case(dims[d][0], dims[d][1], dims[d][2], tA, tB);
+    CHECK(mt_set_gemm_bf16(1) == 0);
+    snprintf(where, sizeof where, "bf16 activations");
+    const int N = 300, C = 48, F = 37, R = 500, E = 5, O = 40;
+    static const int32_t off[6] = {0, 0, 1, 260, 261, 500};
+    float *x = mt_alloc((size_t)N * C * 4), *gu = mt_alloc((size_t)R * 2 * F * 4), *da = mt_alloc((size_t)R * F * 4);
+    int32_t *tok = mt_xmalloc(sizeof(int32_t) * R);
+    for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rnd(53, i) * 3.0f;
+    for (size_t i = 0; i < (size_t)R * 2 * F; i++) gu[i] = rnd(54, i) * 4.0f;
+    for (size_t i = 0; i < (size_t)R * F; i++) da[i] = rnd(55, i);
+    for (int r = 0; r < R; r++) tok[r] = (int32_t)((r * 7919) % N);
+    /* gather */
+    float *xe = mt_alloc((size_t)R * C * 4);
+    uint16_t *xe16 = mt_alloc((size_t)R * C * 2 + 64);
+    mt_moe_gather(xe, x, tok, R, C);
+    mt_moe_gather16(xe16, x, tok, R, C);
+    uint16_t *ref16 = to16(xe, (size_t)R * C);
+    CHECK(memcmp(xe16, ref16, (size_t)R * C * 2) == 0);
+    mt_free(ref16);
+    /* SwiGLU rows, and the weighted row of the backward */
+    float *act = mt_alloc((size_t)R * F * 4), *actw = mt_alloc((size_t)R * F * 4);
+    uint16_t *act16 = mt_alloc((size_t)R * F * 2 + 64), *actw16 = mt_alloc((size_t)R * F * 2 + 64);
+    mt_swiglu_rows_fwd(act, gu, R, F);
+    mt_swiglu_rows_fwd16(act16, gu, R, F);
+    ref16 = to16(act, (size_t)R * F);
+    CHECK(memcmp(act16, ref16, (size_t)R * F * 2) == 0);
+    mt_free(ref16);
+    int same_dot = 1;
+    for (int r = 0; r < R; r++) {
+        float w = 0.25f + (float)r / R;
+        float d1 = mt_swiglu_row_wgrad(actw + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
+        float d2 = mt_swiglu_row_wgrad16(actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
+        same_dot &= f_bits(d1) == f_bits(d2);
+    }
+    CHECK(same_dot);
+    ref16 = to16(actw, (size_t)R * F);
+    CHECK(memcmp(actw16, ref16, (size_t)R * F * 2) == 0);
+    mt_free(ref16);
+    /* grouped forward (in = xe, In = C) and weight gradient (in = act, In = F), and the
+     * linear forward and weight gradient, from fp32 and from bf16 */
+    float *W = mt_alloc((size_t)E * O * C * 4), *y1 = mt_alloc((size_t)R * O * 4), *y2 = mt_alloc((size_t)R * O * 4);
+    float *dy = mt_alloc((size_t)R * O * 4), *dW1 = mt_alloc((size_t)E * O * F * 4), *dW2 = mt_alloc((size_t)E * O * F * 4);
+    for (size_t i = 0; i < (size_t)E * O * C; i++) W[i] = rnd(56, i);
+    for (size_t i = 0; i < (size_t)R * O; i++) { dy[i] = rnd(57, i); y1[i] = y2[i] = rnd(58, i); }
+    for (size_t i = 0; i < (size_t)E * O * F; i++) dW1[i] = dW2[i] = rnd(59, i);
+    mt_grouped_linear_fwd(y1, xe, W, (size_t)O * C, off, E, C, O, 0.5f);
+    mt_grouped_linear_fwd16(y2, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
+    CHECK_SAME_F(y1, y2, (size_t)R * O);
+    mt_grouped_linear_bwd_weight(dW1, (size_t)O * F, dy, act, off, E, F, O);
+    mt_grouped_linear_bwd_weight16(dW2, (size_t)O * F, dy, act16, off, E, F, O);
+    CHECK_SAME_F(dW1, dW2, (size_t)E * O * F);
+    mt_linear_fwd(y1, xe, W, R, C, O, 1.0f);
+    mt_linear_fwd16(y2, xe16, W, R, C, O, 1.0f);
+    CHECK_SAME_F(y1, y2, (size_t)R * O);
+    mt_linear_bwd(NULL, dW1, dy, act, NULL, R, F, O, 0.0f);
+    mt_linear_bwd_weight16(dW2, dy, act16, R, F, O);
+    CHECK_SAME_F(dW1, dW2, (size_t)O * F);
+    mt_free(x); mt_free(gu); mt_free(da); free(tok); mt_free(xe); mt_free(xe16); mt_free(act); mt_free(actw);
+    mt_free(act16); mt_free(actw16); mt_free(W); mt_free(y1); mt_free(y2); mt_free(dy); mt_free(dW1); mt_free(dW2);
+}
+
 /* The LM head in bf16 mode over several row chunks packs its weight once per call
  * (mt_gemm_bf16_packed): the same dx and dW bits as calls of one chunk each (which pack
  * per product), and the same loss up to the order of its double sum */
@@ -600,6 +705,7 @@ int main(void) {
     test_threads();
     test_packed();
     test_shared_wgrad();
+    test_bf16_inputs();
     test_head_packed();
     test_dispatch_and_grouped();
     test_attention();

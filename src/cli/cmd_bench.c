@@ -302,6 +302,22 @@ static void kb_moe(kb_table *tb) {
             snprintf(kn, sizeof kn, "grouped_bwd_weight_%s_bf16", names[pass]);
             r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
             KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
+            /* the input given as bf16 (train --bf16 keeps the experts' inputs and SwiGLU
+             * outputs so) against the same products from the fp32 input */
+            static const char *iref = "bf16 GEMM from fp32 input";
+            uint16_t *in16 = mt_alloc((size_t)R * In * sizeof(uint16_t) + 64);
+            mt_bf16_store(in16, in, (size_t)R * In);
+            MT_ASSERT(mt_set_gemm_bf16(1) == 0);
+            snprintf(kn, sizeof kn, "grouped_fwd_%s_in16", names[pass]);
+            r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
+            MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd16(out, in16, W, ws, off, E, In, O, 0.0f));
+            KB_TIME_REF(r, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
+            snprintf(kn, sizeof kn, "grouped_bwd_weight_%s_in16", names[pass]);
+            r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
+            MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight16(dW, ws, out, in16, off, E, In, O));
+            KB_TIME_REF(r, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
+            mt_set_gemm_bf16(0);
+            mt_free(in16);
         }
         mt_free(W); mt_free(dW); mt_free(in); mt_free(out); mt_free(din);
     }

@@ -77,4 +77,47 @@ MT_BF16_TARGET static inline void mt_bf16_pack_panel(uint32_t *out, int W, const
     }
 }
 
+/* mt_bf16_pack_panel from values already stored as bf16 (the bits mt_bf16_store writes):
+ * the same words, so the products have the same bits as from the fp32 values they round.
+ * "rowmaj" (a pair from two rows): the two rows' values widened and one shifted into the
+ * high half; otherwise the pairs are the row's consecutive values, read as 32-bit words
+ * (any alignment) and transposed 16 x 16 in registers, with no conversion. */
+MT_BF16_TARGET static inline void mt_bf16_pack_panel16(uint32_t *out, int W, const uint16_t *X, int ld, int rowmaj,
+                                                       int k0, int kc, int x0, int w) {
+    int kp = (kc + 1) / 2;
+    if (rowmaj) {
+        for (int p = 0; p < kp; p++) {
+            int k = k0 + 2 * p;
+            const uint16_t *r0 = X + (size_t)k * ld + x0;
+            const uint16_t *r1 = r0 + ld;
+            int have1 = 2 * p + 1 < kc;
+            uint32_t *o = out + (size_t)p * W;
+            for (int c = 0; c < W; c += 16) {
+                int n = w - c;
+                __mmask16 m = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+                __m512i a = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + c));
+                __m512i b = have1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + c)) : _mm512_setzero_si512();
+                __mmask16 ms = W - c >= 16 ? 0xffff : (__mmask16)((1u << (W - c)) - 1);
+                _mm512_mask_storeu_epi32(o + c, ms, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
+            }
+        }
+    } else {
+        for (int c0 = 0; c0 < W; c0 += 16) {
+            int cw = W - c0 < 16 ? W - c0 : 16;
+            __mmask16 ms = (__mmask16)((1u << cw) - 1);
+            for (int p0 = 0; p0 < kp; p0 += 16) {
+                int n = kc - 2 * p0; /* values left in each row */
+                __mmask32 m = n >= 32 ? 0xffffffffu : (__mmask32)((1u << n) - 1);
+                __m512i r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = c0 + i < w ? _mm512_maskz_loadu_epi16(m, X + (size_t)(x0 + c0 + i) * ld + k0 + 2 * p0)
+                                      : _mm512_setzero_si512();
+                mt_transpose16(r);
+                int np = kp - p0 < 16 ? kp - p0 : 16;
+                for (int j = 0; j < np; j++) _mm512_mask_storeu_epi32(out + (size_t)(p0 + j) * W + c0, ms, r[j]);
+            }
+        }
+    }
+}
+
 #endif

@@ -155,6 +155,14 @@ void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, co
     if (dW && N > 0) mt_sgemm(1, 0, O, In, N, 1.0f, dout, O, in, In, 1.0f, dW, In);
 }
 
+void mt_linear_fwd16(float *out, const uint16_t *in, const float *W, int N, int In, int O, float beta) {
+    if (N > 0 && O > 0) mt_gemm_bf16_mixed(0, 1, N, O, In, 1.0f, NULL, in, In, W, NULL, In, beta, out, O);
+}
+
+void mt_linear_bwd_weight16(float *dW, const float *dout, const uint16_t *in, int N, int In, int O) {
+    if (N > 0 && O > 0) mt_gemm_bf16_mixed(1, 0, O, In, N, 1.0f, dout, NULL, O, NULL, in, In, 1.0f, dW, In);
+}
+
 void mt_linear_bwd_weight_shared(int n, float *const *dW, const float *const *dout, const int *O,
                                  const float *in, int N, int In, void *pack, size_t pack_words) {
     if (!g_bf16 || !pack || N <= 0 || mt_gemm_bf16_packed_words(In, N) > pack_words) {

@@ -7,6 +7,7 @@
 #define MT_KERNELS_BLAS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Call first thing in main(), before any BLAS call. Debian's OpenBLAS 0.3.21 picks its
  * kernel from a CPU table that may not know this CPU and then falls back to a slow
@@ -29,6 +30,10 @@ void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, i
  * dW[O,In] += dout[N,O]^T @ in[N,In]              (skipped when dW == NULL) */
 void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
                    int N, int In, int O, float beta_in);
+/* mt_linear_fwd and the weight gradient of mt_linear_bwd with the input in bf16 (bf16 mode
+ * only; see mt_gemm_bf16_mixed): the same bits as on the fp32 values it rounds. */
+void mt_linear_fwd16(float *out, const uint16_t *in, const float *W, int N, int In, int O, float beta);
+void mt_linear_bwd_weight16(float *dW, const float *dout, const uint16_t *in, int N, int In, int O);
 /* dW[i][O[i],In] += dout[i][N,O[i]]^T @ in[N,In] for i < n: the weight gradients of linear
  * layers that read one input (q, k and v). In bf16 mode, when the scratch pack holds
  * mt_gemm_bf16_packed_words(In, N) words (pack_words), `in` is packed (rounded) once for all

@@ -54,19 +54,20 @@ float mt_bf16_round(float f) {
     return r;
 }
 
-BF16_TARGET void mt_bf16_store(uint16_t *dst, const float *src, size_t n) {
+BF16_TARGET void mt_bf16_store_row(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+
+void mt_bf16_store(uint16_t *dst, const float *src, size_t n) {
     const size_t chunk = 16384;
 #pragma omp parallel for schedule(static)
-    for (size_t i0 = 0; i0 < n; i0 += chunk) {
-        const size_t i1 = i0 + chunk < n ? i0 + chunk : n;
-        size_t i = i0;
-        for (; i + 16 <= i1; i += 16)
-            _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-        if (i < i1) {
-            const __mmask16 m = (__mmask16)((1u << (i1 - i)) - 1);
-            _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i)));
-        }
-    }
+    for (size_t i0 = 0; i0 < n; i0 += chunk) mt_bf16_store_row(dst + i0, src + i0, n - i0 < chunk ? n - i0 : chunk);
 }
 
 /* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * C : C); beta == 0 never reads C.
@@ -134,6 +135,7 @@ typedef struct {
     int transA, transB, N, K;
     float alpha, beta;
     const float *A, *B;
+    const uint16_t *A16, *B16; /* the operand as bf16 instead (A, B unused) */
     const uint32_t *pre;
     float *C;
     int lda, ldb, ldc;
@@ -159,14 +161,16 @@ BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, in
             if (bp && (!b_ready || !*b_ready))
                 for (int jr = 0; jr < nc; jr += NR) {
                     int w = nc - jr < NR ? nc - jr : NR;
-                    mt_bf16_pack_panel(bpc + (size_t)jr * kp, NR, g->B, g->ldb, !g->transB, pc, kc, jc + jr, w);
+                    if (g->B16) mt_bf16_pack_panel16(bpc + (size_t)jr * kp, NR, g->B16, g->ldb, !g->transB, pc, kc, jc + jr, w);
+                    else mt_bf16_pack_panel(bpc + (size_t)jr * kp, NR, g->B, g->ldb, !g->transB, pc, kc, jc + jr, w);
                 }
             for (int ic = m0; ic < m1; ic += MC) {
                 int mc = m1 - ic < MC ? m1 - ic : MC;
                 /* A(m, k): transA stores it at A[k*lda + m] (two rows give a pair), else A[m*lda + k] */
                 for (int ir = 0; ir < mc; ir += MR) {
                     int h = mc - ir < MR ? mc - ir : MR;
-                    mt_bf16_pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, g->transA, pc, kc, ic + ir, h);
+                    if (g->A16) mt_bf16_pack_panel16(ap + (size_t)ir * kp, MR, g->A16, lda, g->transA, pc, kc, ic + ir, h);
+                    else mt_bf16_pack_panel(ap + (size_t)ir * kp, MR, g->A, lda, g->transA, pc, kc, ic + ir, h);
                 }
                 for (int jr = 0; jr < nc; jr += NR) {
                     int nr = nc - jr < NR ? nc - jr : NR;
@@ -238,7 +242,15 @@ static void gemm_run(const gemm_args *g, int M) {
 
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, C, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, lda, ldb, ldc};
+    gemm_run(&g, M);
+}
+
+void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                        const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
+                        float *C, int ldc) {
+    MT_ASSERT(!A != !A16 && !B != !B16);
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, lda, ldb, ldc};
     gemm_run(&g, M);
 }
 
@@ -255,6 +267,6 @@ void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *
 
 void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc) {
-    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, packed, C, lda, 0, ldc};
+    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, NULL, NULL, packed, C, lda, 0, ldc};
     gemm_run(&g, M);
 }

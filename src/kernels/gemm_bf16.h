@@ -24,9 +24,20 @@ float mt_bf16_round(float f);
  * products that read them rounded anyway (train --bf16's attention K and V). Requires
  * mt_bf16_supported(). */
 void mt_bf16_store(uint16_t *dst, const float *src, size_t n);
+/* The same on the calling thread (for loops already parallel, e.g. over rows). */
+void mt_bf16_store_row(uint16_t *dst, const float *src, size_t n);
 /* Requires mt_bf16_supported(). */
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The same product with A or B (or both) given as bf16: exactly one of A and A16 (B and B16)
+ * is not NULL; A16 holds the bits mt_bf16_store writes for A's values (same layout, lda in
+ * elements). The result has the same bits as mt_gemm_bf16 on the fp32 values: the kernel
+ * rounds them so anyway. For activations that only products read (train --bf16 keeps the
+ * routed experts' inputs and the SwiGLU outputs so): half the bytes to write and to pack. */
+void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                        const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
+                        float *C, int ldc);
 
 /* B packed once for many products (a weight that every chunk of rows multiplies): the
  * kernel's packed layout, B(k, n) rounded to bf16, k < K, n < N (transB as for

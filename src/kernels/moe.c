@@ -10,6 +10,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
 
 enum { PERM_MAX_THREADS = 64, PERM_MAX_E = 4096 };
 
@@ -82,6 +83,11 @@ void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int
     for (int r = 0; r < R; r++) row_copy(xe + (size_t)r * C, x + (size_t)row_tok[r] * C, C);
 }
 
+void mt_moe_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C) {
+#pragma omp parallel for schedule(static) if (R >= 4096)
+    for (int r = 0; r < R; r++) mt_bf16_store_row(xe + (size_t)r * C, x + (size_t)row_tok[r] * C, (size_t)C);
+}
+
 void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
                         int accumulate) {
 #pragma omp parallel for schedule(static)
@@ -148,8 +154,8 @@ static int by_work_desc(const void *a, const void *b) {
 static void order_tiles(tile *t, int n) { qsort(t, (size_t)n, sizeof *t, by_work_desc); }
 
 /* row tiles of every expert: out_rows = in_rows op(W_e), op = W^T (fwd) or W (bwd data) */
-static void grouped_rows(float *out, const float *in, const float *W, size_t wstride, const int32_t *off,
-                         int E, int In, int O, float beta, int data_grad) {
+static void grouped_rows(float *out, const float *in, const uint16_t *in16, const float *W, size_t wstride,
+                         const int32_t *off, int E, int In, int O, float beta, int data_grad) {
     const int TR = tile_rows(off, E);
     int n = 0;
     for (int e = 0; e < E; e++)
@@ -164,23 +170,32 @@ static void grouped_rows(float *out, const float *in, const float *W, size_t wst
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
         int e = tl[i].e, r = tl[i].r, rows = tl[i].n;
-        mt_sgemm(0, !data_grad, rows, M, K, 1.0f, in + (size_t)r * K, K, W + (size_t)e * wstride, In, beta,
-                 out + (size_t)r * M, M);
+        if (in16)
+            mt_gemm_bf16_mixed(0, 1, rows, M, K, 1.0f, NULL, in16 + (size_t)r * K, K, W + (size_t)e * wstride, NULL,
+                               In, beta, out + (size_t)r * M, M);
+        else
+            mt_sgemm(0, !data_grad, rows, M, K, 1.0f, in + (size_t)r * K, K, W + (size_t)e * wstride, In, beta,
+                     out + (size_t)r * M, M);
     }
 }
 
 void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
                            const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(out, in, W, wstride, off, E, In, O, beta, 0);
+    grouped_rows(out, in, NULL, W, wstride, off, E, In, O, beta, 0);
+}
+
+void mt_grouped_linear_fwd16(float *out, const uint16_t *in, const float *W, size_t wstride,
+                             const int32_t *off, int E, int In, int O, float beta) {
+    grouped_rows(out, NULL, in, W, wstride, off, E, In, O, beta, 0);
 }
 
 void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
                                 const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(din, dout, W, wstride, off, E, In, O, beta, 1);
+    grouped_rows(din, dout, NULL, W, wstride, off, E, In, O, beta, 1);
 }
 
-void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
-                                  const int32_t *off, int E, int In, int O) {
+static void grouped_wgrad(float *dW, size_t wstride, const float *dout, const float *in, const uint16_t *in16,
+                          const int32_t *off, int E, int In, int O) {
     int n = 0, active = 0;
     for (int e = 0; e < E; e++) active += off[e + 1] > off[e];
     const int TO = active ? tile_size(O * active, TILE_OUT, omp_get_max_threads()) : TILE_OUT;
@@ -198,7 +213,21 @@ void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, 
         int e = tl[i].e, o0 = tl[i].r, no = tl[i].n;
         int r0 = off[e], rows = off[e + 1] - off[e];
         /* dW_e[o0:o0+no, :] += dout[r0:, o0:o0+no]^T in[r0:, :] */
-        mt_sgemm(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, O, in + (size_t)r0 * In, In, 1.0f,
-                 dW + (size_t)e * wstride + (size_t)o0 * In, In);
+        if (in16)
+            mt_gemm_bf16_mixed(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, NULL, O, NULL,
+                               in16 + (size_t)r0 * In, In, 1.0f, dW + (size_t)e * wstride + (size_t)o0 * In, In);
+        else
+            mt_sgemm(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, O, in + (size_t)r0 * In, In, 1.0f,
+                     dW + (size_t)e * wstride + (size_t)o0 * In, In);
     }
+}
+
+void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
+                                  const int32_t *off, int E, int In, int O) {
+    grouped_wgrad(dW, wstride, dout, in, NULL, off, E, In, O);
+}
+
+void mt_grouped_linear_bwd_weight16(float *dW, size_t wstride, const float *dout, const uint16_t *in,
+                                    const int32_t *off, int E, int In, int O) {
+    grouped_wgrad(dW, wstride, dout, NULL, in, off, E, In, O);
 }

@@ -19,6 +19,9 @@ void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok
 /* xe[r] = x[row_tok[r]] for r < R: the permute's gather alone, from its tables (the backward
  * gathers the layer's input and output gradient again) */
 void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C);
+/* The same gather into bf16 (the bits mt_bf16_store writes), for rows that only the bf16
+ * products read (train --bf16). Requires mt_bf16_supported(). */
+void mt_moe_gather16(uint16_t *xe, const float *x, const int32_t *row_tok, int R, int C);
 /* dx[N,C] (+= when accumulate) sum over slots of dxe[slot_row[t*K+j]]  (backward of the gather) */
 void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
                         int accumulate);
@@ -39,5 +42,11 @@ void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, s
  * summed by one tile over all of the expert's rows, in order: deterministic) */
 void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
                                   const int32_t *off, int E, int In, int O);
+/* mt_grouped_linear_fwd and _bwd_weight with the input in bf16 (bf16 mode only, see
+ * mt_gemm_bf16_mixed): the same bits as on the fp32 values it rounds. */
+void mt_grouped_linear_fwd16(float *out, const uint16_t *in, const float *W, size_t wstride,
+                             const int32_t *off, int E, int In, int O, float beta);
+void mt_grouped_linear_bwd_weight16(float *dW, size_t wstride, const float *dout, const uint16_t *in,
+                                    const int32_t *off, int E, int In, int O);
 
 #endif

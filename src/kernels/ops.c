@@ -158,6 +158,47 @@ float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, i
     return d;
 }
 
+/* a row of F floats on the calling thread (kept, grown on demand) */
+static float *row_scratch(int F) {
+    static _Thread_local float *buf;
+    static _Thread_local int cap;
+    if (F > cap) {
+        mt_free(buf);
+        buf = mt_alloc(sizeof(float) * (size_t)F);
+        cap = F;
+    }
+    return buf;
+}
+
+void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * F, *u = g + F;
+        uint16_t *o = a + (size_t)n * F;
+#if defined(__AVX512BF16__)
+        /* swiglu_fwd_span's values, converted as mt_bf16_store does, in registers */
+        for (int i = 0; i < F; i += 16) {
+            __mmask16 k = F - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (F - i)) - 1u);
+            __m512 z = _mm512_maskz_loadu_ps(k, g + i), uu = _mm512_maskz_loadu_ps(k, u + i);
+            __m512 e = mt_exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
+            __m512 v = _mm512_div_ps(_mm512_mul_ps(z, uu), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            _mm256_mask_storeu_epi16(o + i, k, (__m256i)_mm512_cvtneps_pbh(v));
+        }
+#else
+        float *r = row_scratch(F);
+        swiglu_fwd_span(r, g, u, (size_t)F);
+        mt_bf16_store_row(o, r, (size_t)F);
+#endif
+    }
+}
+
+float mt_swiglu_row_wgrad16(uint16_t *a, const float *gu, const float *da, float w, int F) {
+    float *r = row_scratch(F);
+    float d = mt_swiglu_row_wgrad(r, gu, da, w, F);
+    mt_bf16_store_row(a, r, (size_t)F);
+    return d;
+}
+
 void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {

@@ -44,6 +44,11 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
  * unweighted activation gradient), then a *= w (the weighted activation that the down
  * projection's weight gradient takes). One pass where three went over the rows. */
 float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, int F);
+/* mt_swiglu_rows_fwd and mt_swiglu_row_wgrad writing a as bf16 (the bits mt_bf16_store
+ * writes; bf16 mode only): the activation that only the bf16 products read, in half the
+ * bytes. The returned dot product is the fp32 one. */
+void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F);
+float mt_swiglu_row_wgrad16(uint16_t *a, const float *gu, const float *da, float w, int F);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.
