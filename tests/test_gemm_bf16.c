@@ -350,11 +350,12 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
     mt_free(A); mt_free(B); mt_free(C1); mt_free(C2); mt_free(A16); mt_free(B16);
 }
 
-/* The kernels that write bf16 activations (train --bf16: the routed experts' inputs, the
- * SwiGLU outputs) write the bits mt_bf16_store writes of their fp32 results, and the
- * products that read them give the fp32 inputs' bits: the gather, SwiGLU (and the routed
- * backward's recomputed, weighted row with its dot product), the grouped forward and
- * weight gradient, the linear forward and weight gradient. */
+/* The kernels that write bf16 activations and gradients (train --bf16: the routed experts'
+ * rows, the SwiGLU outputs and gate|up gradients) write the bits mt_bf16_store writes of
+ * their fp32 results, and the products that read them give the fp32 inputs' bits: the
+ * gather, SwiGLU forward (and the routed backward's recomputed, weighted row with its dot
+ * product) and backward, the grouped forward, data and weight gradients, the linear forward
+ * and backward. */
 static void test_bf16_inputs(void) {
     static const int dims[][3] = {{1, 1, 1}, {13, 33, 385}, {300, 70, 1700}, {40, 3100, 97}, {129, 64, 768}};
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
@@ -362,7 +363,7 @@ static void test_bf16_inputs(void) {
             for (int tB = 0; tB < 2; tB++) mixed_case(dims[d][0], dims[d][1], dims[d][2], tA, tB);
     CHECK(mt_set_gemm_bf16(1) == 0);
     snprintf(where, sizeof where, "bf16 activations");
-    const int N = 300, C = 48, F = 37, R = 500, E = 5, O = 40;
+    const int N = 300, C = 48, F = 37, R = 500, E = 5;
     static const int32_t off[6] = {0, 0, 1, 260, 261, 500};
     float *x = mt_alloc((size_t)N * C * 4), *gu = mt_alloc((size_t)R * 2 * F * 4), *da = mt_alloc((size_t)R * F * 4);
     int32_t *tok = mt_xmalloc(sizeof(int32_t) * R);
@@ -397,27 +398,47 @@ static void test_bf16_inputs(void) {
     ref16 = to16(actw, (size_t)R * F);
     CHECK(memcmp(actw16, ref16, (size_t)R * F * 2) == 0);
     mt_free(ref16);
-    /* grouped forward (in = xe, In = C) and weight gradient (in = act, In = F), and the
-     * linear forward and weight gradient, from fp32 and from bf16 */
+    /* the backward's dg|du */
+    float *dgu = mt_alloc((size_t)R * 2 * F * 4), *ws = mt_alloc((size_t)R * 4);
+    uint16_t *dgu16 = mt_alloc((size_t)R * 2 * F * 2 + 64);
+    for (int r = 0; r < R; r++) ws[r] = 0.5f + (float)(r % 13) / 7.0f;
+    mt_swiglu_rows_bwd(dgu, da, gu, ws, R, F);
+    mt_swiglu_rows_bwd16(dgu16, da, gu, ws, R, F);
+    ref16 = to16(dgu, (size_t)R * 2 * F);
+    CHECK(memcmp(dgu16, ref16, (size_t)R * 2 * F * 2) == 0);
+    mt_free(ref16);
+    /* grouped forward (in = xe, In = C), data gradient (dout = dgu, O = 2F, In = C) and
+     * weight gradient (dout = dgu, in = xe; and in = act, In = F, dout = y), then the linear
+     * forward and backward, from fp32 and from bf16 */
+    const int O = 2 * F;
     float *W = mt_alloc((size_t)E * O * C * 4), *y1 = mt_alloc((size_t)R * O * 4), *y2 = mt_alloc((size_t)R * O * 4);
-    float *dy = mt_alloc((size_t)R * O * 4), *dW1 = mt_alloc((size_t)E * O * F * 4), *dW2 = mt_alloc((size_t)E * O * F * 4);
-    for (size_t i = 0; i < (size_t)E * O * C; i++) W[i] = rnd(56, i);
-    for (size_t i = 0; i < (size_t)R * O; i++) { dy[i] = rnd(57, i); y1[i] = y2[i] = rnd(58, i); }
-    for (size_t i = 0; i < (size_t)E * O * F; i++) dW1[i] = dW2[i] = rnd(59, i);
+    float *dW1 = mt_alloc((size_t)E * O * C * 4), *dW2 = mt_alloc((size_t)E * O * C * 4);
+    float *dx1 = mt_alloc((size_t)R * C * 4), *dx2 = mt_alloc((size_t)R * C * 4);
+    for (size_t i = 0; i < (size_t)E * O * C; i++) { W[i] = rnd(56, i); dW1[i] = dW2[i] = rnd(59, i); }
+    for (size_t i = 0; i < (size_t)R * O; i++) y1[i] = y2[i] = rnd(58, i);
+    for (size_t i = 0; i < (size_t)R * C; i++) dx1[i] = dx2[i] = rnd(57, i);
     mt_grouped_linear_fwd(y1, xe, W, (size_t)O * C, off, E, C, O, 0.5f);
-    mt_grouped_linear_fwd16(y2, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
+    mt_grouped_linear_fwd_x(y2, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
     CHECK_SAME_F(y1, y2, (size_t)R * O);
-    mt_grouped_linear_bwd_weight(dW1, (size_t)O * F, dy, act, off, E, F, O);
-    mt_grouped_linear_bwd_weight16(dW2, (size_t)O * F, dy, act16, off, E, F, O);
-    CHECK_SAME_F(dW1, dW2, (size_t)E * O * F);
-    mt_linear_fwd(y1, xe, W, R, C, O, 1.0f);
-    mt_linear_fwd16(y2, xe16, W, R, C, O, 1.0f);
-    CHECK_SAME_F(y1, y2, (size_t)R * O);
-    mt_linear_bwd(NULL, dW1, dy, act, NULL, R, F, O, 0.0f);
-    mt_linear_bwd_weight16(dW2, dy, act16, R, F, O);
-    CHECK_SAME_F(dW1, dW2, (size_t)O * F);
+    mt_grouped_linear_bwd_data(dx1, dgu, W, (size_t)O * C, off, E, C, O, -1.0f);
+    mt_grouped_linear_bwd_data_x(dx2, NULL, dgu16, W, (size_t)O * C, off, E, C, O, -1.0f);
+    CHECK_SAME_F(dx1, dx2, (size_t)R * C);
+    mt_grouped_linear_bwd_weight(dW1, (size_t)O * C, dgu, xe, off, E, C, O);
+    mt_grouped_linear_bwd_weight_x(dW2, (size_t)O * C, NULL, dgu16, NULL, xe16, off, E, C, O);
+    CHECK_SAME_F(dW1, dW2, (size_t)E * O * C);
+    mt_grouped_linear_bwd_weight(dW1, (size_t)C * F, dx1, act, off, E, F, C); /* dout fp32, in bf16 */
+    mt_grouped_linear_bwd_weight_x(dW2, (size_t)C * F, dx1, NULL, NULL, act16, off, E, F, C);
+    CHECK_SAME_F(dW1, dW2, (size_t)E * C * F);
+    mt_linear_fwd(y1, act, W, R, F, C, 1.0f);
+    mt_linear_fwd_x(y2, NULL, act16, W, R, F, C, 1.0f);
+    CHECK_SAME_F(y1, y2, (size_t)R * C);
+    mt_linear_bwd(dx1, dW1, dgu, xe, W, R, C, O, 0.0f); /* dgu bf16 as A of both products */
+    mt_linear_bwd_x(dx2, dW2, NULL, dgu16, xe, NULL, W, R, C, O, 0.0f);
+    CHECK_SAME_F(dx1, dx2, (size_t)R * C);
+    CHECK_SAME_F(dW1, dW2, (size_t)O * C);
+    mt_free(dgu); mt_free(ws); mt_free(dgu16); mt_free(dx1); mt_free(dx2);
     mt_free(x); mt_free(gu); mt_free(da); free(tok); mt_free(xe); mt_free(xe16); mt_free(act); mt_free(actw);
-    mt_free(act16); mt_free(actw16); mt_free(W); mt_free(y1); mt_free(y2); mt_free(dy); mt_free(dW1); mt_free(dW2);
+    mt_free(act16); mt_free(actw16); mt_free(W); mt_free(y1); mt_free(y2); mt_free(dW1); mt_free(dW2);
 }
 
 /* The LM head in bf16 mode over several row chunks packs its weight once per call

@@ -145,22 +145,34 @@ void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const fl
                 M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+                int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C, int ldc) {
+    if (!A16 && !B16) {
+        mt_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    MT_ASSERT(g_bf16);
+    if (M > 0 && N > 0) mt_gemm_bf16_mixed(transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
+}
+
+void mt_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, int N, int In, int O,
+                     float beta) {
+    mt_sgemm_x(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
+}
+
+void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
+                     const uint16_t *in16, const float *W, int N, int In, int O, float beta_in) {
+    if (din) mt_sgemm_x(0, 0, N, In, O, 1.0f, dout, dout16, O, W, NULL, In, beta_in, din, In);
+    if (dW && N > 0) mt_sgemm_x(1, 0, O, In, N, 1.0f, dout, dout16, O, in, in16, In, 1.0f, dW, In);
+}
+
 void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, int O, float beta) {
-    mt_sgemm(0, 1, N, O, In, 1.0f, in, In, W, In, beta, out, O);
+    mt_linear_fwd_x(out, in, NULL, W, N, In, O, beta);
 }
 
 void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
                    int N, int In, int O, float beta_in) {
-    if (din) mt_sgemm(0, 0, N, In, O, 1.0f, dout, O, W, In, beta_in, din, In);
-    if (dW && N > 0) mt_sgemm(1, 0, O, In, N, 1.0f, dout, O, in, In, 1.0f, dW, In);
-}
-
-void mt_linear_fwd16(float *out, const uint16_t *in, const float *W, int N, int In, int O, float beta) {
-    if (N > 0 && O > 0) mt_gemm_bf16_mixed(0, 1, N, O, In, 1.0f, NULL, in, In, W, NULL, In, beta, out, O);
-}
-
-void mt_linear_bwd_weight16(float *dW, const float *dout, const uint16_t *in, int N, int In, int O) {
-    if (N > 0 && O > 0) mt_gemm_bf16_mixed(1, 0, O, In, N, 1.0f, dout, NULL, O, NULL, in, In, 1.0f, dW, In);
+    mt_linear_bwd_x(din, dW, dout, NULL, in, NULL, W, N, In, O, beta_in);
 }
 
 void mt_linear_bwd_weight_shared(int n, float *const *dW, const float *const *dout, const int *O,

@@ -30,10 +30,17 @@ void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, i
  * dW[O,In] += dout[N,O]^T @ in[N,In]              (skipped when dW == NULL) */
 void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
                    int N, int In, int O, float beta_in);
-/* mt_linear_fwd and the weight gradient of mt_linear_bwd with the input in bf16 (bf16 mode
- * only; see mt_gemm_bf16_mixed): the same bits as on the fp32 values it rounds. */
-void mt_linear_fwd16(float *out, const uint16_t *in, const float *W, int N, int In, int O, float beta);
-void mt_linear_bwd_weight16(float *dW, const float *dout, const uint16_t *in, int N, int In, int O);
+/* The same with an activation or gradient that only products read given as bf16 instead
+ * (train --bf16 keeps some so): of each pair (A, A16), (in, in16), (dout, dout16) one is
+ * given, the other NULL (either may be NULL where the product that reads it is skipped).
+ * A bf16 operand needs bf16 mode (mt_gemm_bf16_mixed: the same bits as from the fp32
+ * values it rounds); with none these are mt_sgemm, mt_linear_fwd and mt_linear_bwd. */
+void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+                int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C, int ldc);
+void mt_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, int N, int In, int O,
+                     float beta);
+void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
+                     const uint16_t *in16, const float *W, int N, int In, int O, float beta_in);
 /* dW[i][O[i],In] += dout[i][N,O[i]]^T @ in[N,In] for i < n: the weight gradients of linear
  * layers that read one input (q, k and v). In bf16 mode, when the scratch pack holds
  * mt_gemm_bf16_packed_words(In, N) words (pack_words), `in` is packed (rounded) once for all

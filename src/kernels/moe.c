@@ -170,13 +170,14 @@ static void grouped_rows(float *out, const float *in, const uint16_t *in16, cons
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
         int e = tl[i].e, r = tl[i].r, rows = tl[i].n;
-        if (in16)
-            mt_gemm_bf16_mixed(0, 1, rows, M, K, 1.0f, NULL, in16 + (size_t)r * K, K, W + (size_t)e * wstride, NULL,
-                               In, beta, out + (size_t)r * M, M);
-        else
-            mt_sgemm(0, !data_grad, rows, M, K, 1.0f, in + (size_t)r * K, K, W + (size_t)e * wstride, In, beta,
-                     out + (size_t)r * M, M);
+        mt_sgemm_x(0, !data_grad, rows, M, K, 1.0f, in ? in + (size_t)r * K : NULL, in16 ? in16 + (size_t)r * K : NULL,
+                   K, W + (size_t)e * wstride, NULL, In, beta, out + (size_t)r * M, M);
     }
+}
+
+void mt_grouped_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, size_t wstride,
+                             const int32_t *off, int E, int In, int O, float beta) {
+    grouped_rows(out, in, in16, W, wstride, off, E, In, O, beta, 0);
 }
 
 void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
@@ -184,9 +185,9 @@ void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t w
     grouped_rows(out, in, NULL, W, wstride, off, E, In, O, beta, 0);
 }
 
-void mt_grouped_linear_fwd16(float *out, const uint16_t *in, const float *W, size_t wstride,
-                             const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(out, NULL, in, W, wstride, off, E, In, O, beta, 0);
+void mt_grouped_linear_bwd_data_x(float *din, const float *dout, const uint16_t *dout16, const float *W,
+                                  size_t wstride, const int32_t *off, int E, int In, int O, float beta) {
+    grouped_rows(din, dout, dout16, W, wstride, off, E, In, O, beta, 1);
 }
 
 void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
@@ -194,8 +195,8 @@ void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, s
     grouped_rows(din, dout, NULL, W, wstride, off, E, In, O, beta, 1);
 }
 
-static void grouped_wgrad(float *dW, size_t wstride, const float *dout, const float *in, const uint16_t *in16,
-                          const int32_t *off, int E, int In, int O) {
+void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout, const uint16_t *dout16,
+                                    const float *in, const uint16_t *in16, const int32_t *off, int E, int In, int O) {
     int n = 0, active = 0;
     for (int e = 0; e < E; e++) active += off[e + 1] > off[e];
     const int TO = active ? tile_size(O * active, TILE_OUT, omp_get_max_threads()) : TILE_OUT;
@@ -213,21 +214,14 @@ static void grouped_wgrad(float *dW, size_t wstride, const float *dout, const fl
         int e = tl[i].e, o0 = tl[i].r, no = tl[i].n;
         int r0 = off[e], rows = off[e + 1] - off[e];
         /* dW_e[o0:o0+no, :] += dout[r0:, o0:o0+no]^T in[r0:, :] */
-        if (in16)
-            mt_gemm_bf16_mixed(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, NULL, O, NULL,
-                               in16 + (size_t)r0 * In, In, 1.0f, dW + (size_t)e * wstride + (size_t)o0 * In, In);
-        else
-            mt_sgemm(1, 0, no, In, rows, 1.0f, dout + (size_t)r0 * O + o0, O, in + (size_t)r0 * In, In, 1.0f,
-                     dW + (size_t)e * wstride + (size_t)o0 * In, In);
+        const size_t a0 = (size_t)r0 * O + o0, b0 = (size_t)r0 * In;
+        mt_sgemm_x(1, 0, no, In, rows, 1.0f, dout ? dout + a0 : NULL, dout16 ? dout16 + a0 : NULL, O,
+                   in ? in + b0 : NULL, in16 ? in16 + b0 : NULL, In, 1.0f,
+                   dW + (size_t)e * wstride + (size_t)o0 * In, In);
     }
 }
 
 void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
                                   const int32_t *off, int E, int In, int O) {
-    grouped_wgrad(dW, wstride, dout, in, NULL, off, E, In, O);
-}
-
-void mt_grouped_linear_bwd_weight16(float *dW, size_t wstride, const float *dout, const uint16_t *in,
-                                    const int32_t *off, int E, int In, int O) {
-    grouped_wgrad(dW, wstride, dout, NULL, in, off, E, In, O);
+    mt_grouped_linear_bwd_weight_x(dW, wstride, dout, NULL, in, NULL, off, E, In, O);
 }

@@ -42,11 +42,14 @@ void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, s
  * summed by one tile over all of the expert's rows, in order: deterministic) */
 void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
                                   const int32_t *off, int E, int In, int O);
-/* mt_grouped_linear_fwd and _bwd_weight with the input in bf16 (bf16 mode only, see
- * mt_gemm_bf16_mixed): the same bits as on the fp32 values it rounds. */
-void mt_grouped_linear_fwd16(float *out, const uint16_t *in, const float *W, size_t wstride,
+/* The same with inputs given as bf16 instead (train --bf16 keeps the routed experts' rows so):
+ * of each pair (in, in16), (dout, dout16) one is given and the other NULL; a bf16 one needs
+ * bf16 mode (mt_sgemm_x: the same bits as from the fp32 values it rounds). */
+void mt_grouped_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, size_t wstride,
                              const int32_t *off, int E, int In, int O, float beta);
-void mt_grouped_linear_bwd_weight16(float *dW, size_t wstride, const float *dout, const uint16_t *in,
-                                    const int32_t *off, int E, int In, int O);
+void mt_grouped_linear_bwd_data_x(float *din, const float *dout, const uint16_t *dout16, const float *W,
+                                  size_t wstride, const int32_t *off, int E, int In, int O, float beta);
+void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout, const uint16_t *dout16,
+                                    const float *in, const uint16_t *in16, const int32_t *off, int E, int In, int O);
 
 #endif

@@ -208,6 +208,16 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
     }
 }
 
+void mt_swiglu_rows_bwd16(uint16_t *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *g = gu + (size_t)n * 2 * F;
+        float *r = row_scratch(2 * F);
+        swiglu_bwd_span(r, r + F, da + (size_t)n * F, g, g + F, wscale ? wscale[n] : 1.0f, (size_t)F);
+        mt_bf16_store_row(dgu + (size_t)n * 2 * F, r, 2 * (size_t)F);
+    }
+}
+
 /* max of l[0..V-1] */
 static float head_row_max(const float *l, int V) {
 #ifdef __AVX512F__

@@ -49,6 +49,8 @@ float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, i
  * bytes. The returned dot product is the fp32 one. */
 void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F);
 float mt_swiglu_row_wgrad16(uint16_t *a, const float *gu, const float *da, float w, int F);
+/* mt_swiglu_rows_bwd writing dgu as bf16 (its only readers are the gate|up products) */
+void mt_swiglu_rows_bwd16(uint16_t *dgu, const float *da, const float *gu, const float *wscale, int N, int F);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.

@@ -658,23 +658,29 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
 
 /* ---------------------------------------------------------------- forward pieces */
 
+/* In bf16 mode the FFNs keep the activations and gradients that only products read (the
+ * gathered expert rows and output gradients, the SwiGLU output, the gate|up gradient) as
+ * bf16, in the scratch that holds them as fp32 otherwise: the products round them anyway, so
+ * the same bits in half the bytes (docs/DESIGN.md, Mixed precision). One pointer of each
+ * pair is set: bf16 (h16) or fp32. */
+#define SCRATCH_PAIR(h16, buf, f32, b16) \
+    float *f32 = (h16) ? NULL : (buf);  \
+    uint16_t *b16 = (h16) ? (uint16_t *)(buf) : NULL
+
 /* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout):
  * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. The SwiGLU
  * and the down projection run over chunks of `rows` rows in the scratch a->big1 (the dense
  * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
 static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const float *wgu, const float *wd,
                            int N, int C, int F, int rows, float beta) {
-    const int h16 = mt_gemm_bf16_enabled(); /* the activation, read by the down projection only, as bf16 */
+    const int h16 = mt_gemm_bf16_enabled();
+    SCRATCH_PAIR(h16, a->big1, act, act16);
     mt_linear_fwd(gu, x, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
-        if (h16) {
-            mt_swiglu_rows_fwd16((uint16_t *)a->big1, gu + (size_t)n0 * 2 * F, n, F);
-            mt_linear_fwd16(out + (size_t)n0 * C, (const uint16_t *)a->big1, wd, n, F, C, beta);
-        } else {
-            mt_swiglu_rows_fwd(a->big1, gu + (size_t)n0 * 2 * F, n, F);
-            mt_linear_fwd(out + (size_t)n0 * C, a->big1, wd, n, F, C, beta);
-        }
+        if (h16) mt_swiglu_rows_fwd16(act16, gu + (size_t)n0 * 2 * F, n, F);
+        else mt_swiglu_rows_fwd(act, gu + (size_t)n0 * 2 * F, n, F);
+        mt_linear_fwd_x(out + (size_t)n0 * C, act, act16, wd, n, F, C, beta);
     }
 }
 
@@ -682,21 +688,19 @@ static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, co
  * chunks of rows, in the scratch a->big1 [rows,F], big2 [rows,F], big3 [rows,2F]. */
 static void swiglu_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
                            const float *gu, const float *wgu, const float *wd, int N, int C, int F, int rows) {
-    float *act = a->big1, *dact = a->big2, *dgu = a->big3;
-    const int h16 = mt_gemm_bf16_enabled(); /* act as bf16 (see swiglu_ffn_fwd) */
+    const int h16 = mt_gemm_bf16_enabled();
+    float *dact = a->big2;
+    SCRATCH_PAIR(h16, a->big1, act, act16);
+    SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
         const float *g = gu + (size_t)n0 * 2 * F, *dy = dout + (size_t)n0 * C;
-        if (h16) {                                              /* recompute the activation */
-            mt_swiglu_rows_fwd16((uint16_t *)act, g, n, F);
-            mt_linear_bwd(dact, NULL, dy, NULL, wd, n, F, C, 0.0f); /* da */
-            mt_linear_bwd_weight16(dwd, dy, (const uint16_t *)act, n, F, C);
-        } else {
-            mt_swiglu_rows_fwd(act, g, n, F);
-            mt_linear_bwd(dact, dwd, dy, act, wd, n, F, C, 0.0f); /* da */
-        }
-        mt_swiglu_rows_bwd(dgu, dact, g, NULL, n, F);           /* dg|du */
-        mt_linear_bwd(dx + (size_t)n0 * C, dwgu, dgu, x + (size_t)n0 * C, wgu, n, C, 2 * F, 0.0f);
+        if (h16) mt_swiglu_rows_fwd16(act16, g, n, F); /* recompute the activation */
+        else mt_swiglu_rows_fwd(act, g, n, F);
+        mt_linear_bwd_x(dact, dwd, dy, NULL, act, act16, wd, n, F, C, 0.0f); /* da */
+        if (h16) mt_swiglu_rows_bwd16(dgu16, dact, g, NULL, n, F);            /* dg|du */
+        else mt_swiglu_rows_bwd(dgu, dact, g, NULL, n, F);
+        mt_linear_bwd_x(dx + (size_t)n0 * C, dwgu, dgu, dgu16, x + (size_t)n0 * C, NULL, wgu, n, C, 2 * F, 0.0f);
     }
 }
 
@@ -748,11 +752,12 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     mt_trace_begin("moe.route");
     route_fwd(c, L, w, ln, N);
-    /* fused permute: rows grouped by expert, gathered into xe (in bf16 mode as bf16, which
-     * only the gate|up products read: the tables first, then the gather) */
+    /* fused permute: rows grouped by expert, gathered into xe (bf16: the tables first, then
+     * the gather) */
     const int h16 = mt_gemm_bf16_enabled();
-    uint16_t *xe16 = (uint16_t *)a->xe, *act16 = (uint16_t *)a->big1;
-    mt_moe_permute(h16 ? NULL : a->xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
+    SCRATCH_PAIR(h16, a->xe, xe, xe16);
+    SCRATCH_PAIR(h16, a->big1, act, act16);
+    mt_moe_permute(xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
     if (h16) mt_moe_gather16(xe16, ln, L->perm_tok, R, C);
     const int32_t *off = L->eoff;
     if (a->count_load) /* training tokens only, not evaluation */
@@ -761,15 +766,10 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_trace_end();
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
     mt_trace_begin("moe.experts");
-    if (h16) {
-        mt_grouped_linear_fwd16(L->egu, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-        mt_swiglu_rows_fwd16(act16, L->egu, R, Fm);
-        mt_grouped_linear_fwd16(a->ye, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
-    } else {
-        mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-        mt_swiglu_rows_fwd(a->big1, L->egu, R, Fm);
-        mt_grouped_linear_fwd(a->ye, a->big1, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
-    }
+    mt_grouped_linear_fwd_x(L->egu, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    if (h16) mt_swiglu_rows_fwd16(act16, L->egu, R, Fm);
+    else mt_swiglu_rows_fwd(act, L->egu, R, Fm);
+    mt_grouped_linear_fwd_x(a->ye, act, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     mt_trace_end();
     /* shared experts and the weighted combine accumulate into out, which holds the residual
      * stream: the residual add costs no pass of its own */
@@ -870,21 +870,25 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
      * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
      * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
     mt_trace_begin("moe.experts");
-    /* in bf16 mode xe and act as bf16, as in the forward */
+    /* bf16 mode: xe, act, the gathered output gradients ye and dgu as bf16 (see
+     * SCRATCH_PAIR); ye is the last product's fp32 output, after its bf16 rows are read */
     const int h16 = mt_gemm_bf16_enabled();
-    uint16_t *xe16 = (uint16_t *)a->xe;
-    if (h16) mt_moe_gather16(xe16, ln, L->perm_tok, R, C);
-    else mt_moe_gather(a->xe, ln, L->perm_tok, R, C);
-    mt_moe_gather(a->ye, dout, L->perm_tok, R, C);
+    SCRATCH_PAIR(h16, a->xe, xe, xe16);
+    SCRATCH_PAIR(h16, a->ye, ye, ye16);
+    SCRATCH_PAIR(h16, a->big1, act, act16);
+    SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
+    float *dact = a->big2;
+    if (h16) {
+        mt_moe_gather16(xe16, ln, L->perm_tok, R, C);
+        mt_moe_gather16(ye16, dout, L->perm_tok, R, C);
+    } else {
+        mt_moe_gather(xe, ln, L->perm_tok, R, C);
+        mt_moe_gather(ye, dout, L->perm_tok, R, C);
+    }
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
-    float *act = a->big1, *dact = a->big2, *dgu = a->big3;
-    uint16_t *act16 = (uint16_t *)a->big1;
-    if (recompute) {
-        if (h16) mt_grouped_linear_fwd16(L->egu, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-        else mt_grouped_linear_fwd(L->egu, a->xe, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-    }
-    mt_grouped_linear_bwd_data(dact, a->ye, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
+    if (recompute) mt_grouped_linear_fwd_x(L->egu, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    mt_grouped_linear_bwd_data_x(dact, ye, ye16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     /* per pair i (row r): the activation again, dw_i = act_r . dact_r, act_r *= w_i */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) {
@@ -892,12 +896,11 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
         a->dw[i] = h16 ? mt_swiglu_row_wgrad16(act16 + r * Fm, L->egu + r * 2 * Fm, dact + r * Fm, L->wsel[i], Fm)
                        : mt_swiglu_row_wgrad(act + r * Fm, L->egu + r * 2 * Fm, dact + r * Fm, L->wsel[i], Fm);
     }
-    if (h16) mt_grouped_linear_bwd_weight16(dw->edown, (size_t)C * Fm, a->ye, act16, off, E, Fm, C);
-    else mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, a->ye, act, off, E, Fm, C);
-    mt_swiglu_rows_bwd(dgu, dact, L->egu, a->wrow, R, Fm);
-    if (h16) mt_grouped_linear_bwd_weight16(dw->egate, (size_t)2 * Fm * C, dgu, xe16, off, E, C, 2 * Fm);
-    else mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, a->xe, off, E, C, 2 * Fm);
-    mt_grouped_linear_bwd_data(a->ye, dgu, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    mt_grouped_linear_bwd_weight_x(dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, E, Fm, C);
+    if (h16) mt_swiglu_rows_bwd16(dgu16, dact, L->egu, a->wrow, R, Fm);
+    else mt_swiglu_rows_bwd(dgu, dact, L->egu, a->wrow, R, Fm);
+    mt_grouped_linear_bwd_weight_x(dw->egate, (size_t)2 * Fm * C, dgu, dgu16, xe, xe16, off, E, C, 2 * Fm);
+    mt_grouped_linear_bwd_data_x(a->ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_trace_end();
     mt_trace_begin("moe.route");
     mt_moe_permute_bwd(dln, a->ye, L->slot_row, N, K, C, Fs > 0);
