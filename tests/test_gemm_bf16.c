@@ -258,8 +258,8 @@ static void test_packed(void) {
 
 /* mt_linear_bwd_weight_shared (q, k, v): with its input packed once into the scratch, the
  * same bits as one mt_linear_bwd weight gradient per layer (which packs per product); with
- * a scratch one word too small, or none, the same again (the unpacked path); in fp32 mode,
- * OpenBLAS's bits. Odd token counts, widths off the panel, an empty layer, 1 and 2 threads. */
+ * a scratch one word too small, or none, the same again (the unpacked path); in bf16 mode
+ * the same again from the input given as bf16; in fp32 mode, OpenBLAS's bits. Odd token counts, widths off the panel, an empty layer, 1 and 2 threads. */
 static void shared_wgrad_case(int N, int In, const int *O, int n) {
     snprintf(where, sizeof where, "linear_bwd_weight_shared N %d In %d", N, In);
     float *in = mt_alloc((size_t)N * In * 4), *dout[3], *dW1[3], *dW2[3];
@@ -270,6 +270,8 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
         dW2[i] = mt_alloc((size_t)(O[i] + 1) * In * 4);
         for (size_t j = 0; j < (size_t)N * O[i]; j++) dout[i][j] = rnd(31 + i, j);
     }
+    uint16_t *in16 = mt_alloc((size_t)N * In * 2 + 64);
+    mt_bf16_store(in16, in, (size_t)N * In);
     const size_t words = mt_gemm_bf16_packed_words(In, N);
     /* scratch of exactly the words needed, and one of a word less (which must not be
      * written: ASan sees a write past it), both filled with a sentinel */
@@ -285,10 +287,18 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
                 for (int i = 0; i < n; i++)
                     for (size_t j = 0; j < (size_t)O[i] * In; j++) dW1[i][j] = dW2[i][j] = rnd(40 + i, j);
                 for (int i = 0; i < n; i++) mt_linear_bwd(NULL, dW1[i], dout[i], in, NULL, N, In, O[i], 0.0f);
-                mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, in, N, In,
+                mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, in, NULL, N, In,
                                             pw == 0 ? (void *)pack : pw == 1 ? (void *)shortp : NULL,
                                             pw == 0 ? words : words - 1);
                 for (int i = 0; i < n; i++) CHECK_SAME_F(dW1[i], dW2[i], (size_t)O[i] * In);
+                if (bf16) { /* the input given as bf16: the same bits */
+                    for (int i = 0; i < n; i++)
+                        for (size_t j = 0; j < (size_t)O[i] * In; j++) dW2[i][j] = rnd(40 + i, j);
+                    mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, NULL, in16, N, In,
+                                                pw == 0 ? (void *)pack : pw == 1 ? (void *)shortp : NULL,
+                                                pw == 0 ? words : words - 1);
+                    for (int i = 0; i < n; i++) CHECK_SAME_F(dW1[i], dW2[i], (size_t)O[i] * In);
+                }
                 /* the packed path ran (bf16, enough scratch) and only then */
                 size_t wrote = 0, wrote_short = 0;
                 for (size_t j = 0; j < words; j++) wrote += pack[j] != 0xdeadbeefu;
@@ -304,6 +314,7 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
         mt_free(dW2[i]);
     }
     mt_free(in);
+    mt_free(in16);
     mt_free(pack);
     free(shortp);
 }
@@ -353,9 +364,9 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
 /* The kernels that write bf16 activations and gradients (train --bf16: the routed experts'
  * rows, the SwiGLU outputs and gate|up gradients) write the bits mt_bf16_store writes of
  * their fp32 results, and the products that read them give the fp32 inputs' bits: the
- * gather, SwiGLU forward (and the routed backward's recomputed, weighted row with its dot
- * product) and backward, the grouped forward, data and weight gradients, the linear forward
- * and backward. */
+ * gather (from fp32 or bf16 rows), RMSNorm, SwiGLU forward (and the routed backward's
+ * recomputed, weighted row with its dot product) and backward, the grouped forward, data and
+ * weight gradients, the linear forward and backward. */
 static void test_bf16_inputs(void) {
     static const int dims[][3] = {{1, 1, 1}, {13, 33, 385}, {300, 70, 1700}, {40, 3100, 97}, {129, 64, 768}};
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
@@ -375,10 +386,28 @@ static void test_bf16_inputs(void) {
     float *xe = mt_alloc((size_t)R * C * 4);
     uint16_t *xe16 = mt_alloc((size_t)R * C * 2 + 64);
     mt_moe_gather(xe, x, tok, R, C);
-    mt_moe_gather16(xe16, x, tok, R, C);
+    mt_moe_gather16(xe16, x, NULL, tok, R, C);
     uint16_t *ref16 = to16(xe, (size_t)R * C);
     CHECK(memcmp(xe16, ref16, (size_t)R * C * 2) == 0);
+    uint16_t *x16 = to16(x, (size_t)N * C); /* the gather from rows already bf16 */
+    memset(xe16, 0, (size_t)R * C * 2);
+    mt_moe_gather16(xe16, NULL, x16, tok, R, C);
+    CHECK(memcmp(xe16, ref16, (size_t)R * C * 2) == 0);
     mt_free(ref16);
+    mt_free(x16);
+    /* RMSNorm into bf16: the bits of the fp32 output rounded, the same 1/rms */
+    {
+        float *nw = mt_alloc((size_t)C * 4), *o = mt_alloc((size_t)N * C * 4), *r1 = mt_alloc((size_t)N * 4);
+        float *r2 = mt_alloc((size_t)N * 4);
+        uint16_t *o16 = mt_alloc((size_t)N * C * 2 + 64);
+        for (int j = 0; j < C; j++) nw[j] = 0.5f + rnd(60, (size_t)j);
+        mt_rmsnorm_fwd(o, r1, x, nw, N, C, 1e-6f);
+        mt_rmsnorm_fwd16(o16, r2, x, nw, N, C, 1e-6f);
+        CHECK_SAME_F(r1, r2, (size_t)N);
+        ref16 = to16(o, (size_t)N * C);
+        CHECK(memcmp(o16, ref16, (size_t)N * C * 2) == 0);
+        mt_free(ref16); mt_free(nw); mt_free(o); mt_free(r1); mt_free(r2); mt_free(o16);
+    }
     /* SwiGLU rows, and the weighted row of the backward */
     float *act = mt_alloc((size_t)R * F * 4), *actw = mt_alloc((size_t)R * F * 4);
     uint16_t *act16 = mt_alloc((size_t)R * F * 2 + 64), *actw16 = mt_alloc((size_t)R * F * 2 + 64);

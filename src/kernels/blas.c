@@ -176,12 +176,12 @@ void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, co
 }
 
 void mt_linear_bwd_weight_shared(int n, float *const *dW, const float *const *dout, const int *O,
-                                 const float *in, int N, int In, void *pack, size_t pack_words) {
+                                 const float *in, const uint16_t *in16, int N, int In, void *pack, size_t pack_words) {
     if (!g_bf16 || !pack || N <= 0 || mt_gemm_bf16_packed_words(In, N) > pack_words) {
-        for (int i = 0; i < n; i++) mt_linear_bwd(NULL, dW[i], dout[i], in, NULL, N, In, O[i], 0.0f);
+        for (int i = 0; i < n; i++) mt_linear_bwd_x(NULL, dW[i], dout[i], NULL, in, in16, NULL, N, In, O[i], 0.0f);
         return;
     }
-    mt_gemm_bf16_pack(pack, 0, In, N, in, In);
+    mt_gemm_bf16_pack_x(pack, 0, In, N, in, in16, In);
     for (int i = 0; i < n; i++) mt_gemm_bf16_packed(1, O[i], In, N, 1.0f, dout[i], O[i], pack, 1.0f, dW[i], In);
 }
 

@@ -44,9 +44,11 @@ void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *d
 /* dW[i][O[i],In] += dout[i][N,O[i]]^T @ in[N,In] for i < n: the weight gradients of linear
  * layers that read one input (q, k and v). In bf16 mode, when the scratch pack holds
  * mt_gemm_bf16_packed_words(In, N) words (pack_words), `in` is packed (rounded) once for all
- * of them instead of by every product on every thread; the same bits either way. */
+ * of them instead of by every product on every thread; the same bits either way. `in` may
+ * be given as bf16 instead (in16; one of the two NULL; see mt_linear_bwd_x). */
 void mt_linear_bwd_weight_shared(int n, float *const *dW, const float *const *dout, const int *O,
-                                 const float *in, int N, int In, void *pack, size_t pack_words);
+                                 const float *in, const uint16_t *in16, int N, int In, void *pack,
+                                 size_t pack_words);
 /* General strided GEMM: C[M,N] = alpha*op(A) op(B) + beta*C, row-major, fp32 in memory.
  * Runs OpenBLAS SGEMM, or in bf16 mode (mt_set_gemm_bf16) the mixed-precision kernel of
  * kernels/gemm_bf16.h: operands rounded to bfloat16, products summed in fp32. */

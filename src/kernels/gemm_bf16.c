@@ -255,13 +255,19 @@ void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha
 }
 
 void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *B, int ldb) {
+    mt_gemm_bf16_pack_x(packed, transB, N, K, B, NULL, ldb);
+}
+
+void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float *B, const uint16_t *B16, int ldb) {
     if (N <= 0 || K <= 0) return;
     const int np = (N + NR - 1) / NR, nkb = (K + KC - 1) / KC;
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && (double)N * K >= 1e6)
     for (int t = 0; t < np * nkb; t++) {
         int col = t / nkb * NR, pc = t % nkb * KC;
         int kc = K - pc < KC ? K - pc : KC, w = N - col < NR ? N - col : NR;
-        mt_bf16_pack_panel(packed + packed_offset(N, K, col, pc, (kc + 1) / 2), NR, B, ldb, !transB, pc, kc, col, w);
+        uint32_t *o = packed + packed_offset(N, K, col, pc, (kc + 1) / 2);
+        if (B16) mt_bf16_pack_panel16(o, NR, B16, ldb, !transB, pc, kc, col, w);
+        else mt_bf16_pack_panel(o, NR, B, ldb, !transB, pc, kc, col, w);
     }
 }
 

@@ -46,6 +46,8 @@ void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha
  * same bits as mt_gemm_bf16 on the fp32 B. Both require mt_bf16_supported(). */
 size_t mt_gemm_bf16_packed_words(int N, int K);
 void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *B, int ldb);
+/* The same from B or from B16, B given as bf16 (one of the two NULL; see mt_gemm_bf16_mixed) */
+void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float *B, const uint16_t *B16, int ldb);
 void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc);
 

@@ -12,15 +12,27 @@
 #include "kernels/vdot.h"
 #include "kernels/vexp.h"
 
+/* one row of RMSNorm: o = x r w, r = 1/rms(x) returned */
+static inline float rmsnorm_row(float *o, const float *xr, const float *w, int C, float eps) {
+    float ss = mt_dotf(xr, xr, (size_t)C);
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int j = 0; j < C; j++) o[j] = xr[j] * r * w[j];
+    return r;
+}
+
 void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
 #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + (size_t)n * C, x + (size_t)n * C, w, C, eps);
+}
+
+static float *row_scratch(int F);
+
+void mt_rmsnorm_fwd16(uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *xr = x + (size_t)n * C;
-        float *o = out + (size_t)n * C;
-        float ss = mt_dotf(xr, xr, (size_t)C);
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
-        rstd[n] = r;
-        for (int j = 0; j < C; j++) o[j] = xr[j] * r * w[j];
+        float *r = row_scratch(C);
+        rstd[n] = rmsnorm_row(r, x + (size_t)n * C, w, C, eps);
+        mt_bf16_store_row(out + (size_t)n * C, r, (size_t)C);
     }
 }
 

@@ -14,6 +14,9 @@
 
 /* out[N,C] = x / sqrt(mean(x^2) + eps) * w;  rstd[N] = 1/sqrt(mean(x^2)+eps) */
 void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+/* The same with out written as bf16 (the bits mt_bf16_store writes; bf16 mode only), for a
+ * normed input that only products read (train --bf16 without TP or EP). */
+void mt_rmsnorm_fwd16(uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
 /* inverts the line above: dx[N,C] += d/dx,  dw[C] += d/dw  (dw summed per fixed block of
  * 256 rows, then over the blocks in order: the same bits for any thread count) */
 void mt_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,

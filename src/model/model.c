@@ -668,14 +668,15 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
     uint16_t *b16 = (h16) ? (uint16_t *)(buf) : NULL
 
 /* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout):
- * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. The SwiGLU
+ * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. The input is
+ * x, or x16 when it is bf16 (the other NULL). The SwiGLU
  * and the down projection run over chunks of `rows` rows in the scratch a->big1 (the dense
  * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
-static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const float *wgu, const float *wd,
-                           int N, int C, int F, int rows, float beta) {
+static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const uint16_t *x16, const float *wgu,
+                           const float *wd, int N, int C, int F, int rows, float beta) {
     const int h16 = mt_gemm_bf16_enabled();
     SCRATCH_PAIR(h16, a->big1, act, act16);
-    mt_linear_fwd(gu, x, wgu, N, C, 2 * F, 0.0f);
+    mt_linear_fwd_x(gu, x, x16, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
         if (h16) mt_swiglu_rows_fwd16(act16, gu + (size_t)n0 * 2 * F, n, F);
@@ -687,7 +688,8 @@ static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, co
 /* dx[N,C] = d/dx (overwritten); weight grads accumulate (dwgu is [2F, C]), over the same
  * chunks of rows, in the scratch a->big1 [rows,F], big2 [rows,F], big3 [rows,2F]. */
 static void swiglu_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
-                           const float *gu, const float *wgu, const float *wd, int N, int C, int F, int rows) {
+                           const uint16_t *x16, const float *gu, const float *wgu, const float *wd, int N, int C,
+                           int F, int rows) {
     const int h16 = mt_gemm_bf16_enabled();
     float *dact = a->big2;
     SCRATCH_PAIR(h16, a->big1, act, act16);
@@ -700,15 +702,17 @@ static void swiglu_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const
         mt_linear_bwd_x(dact, dwd, dy, NULL, act, act16, wd, n, F, C, 0.0f); /* da */
         if (h16) mt_swiglu_rows_bwd16(dgu16, dact, g, NULL, n, F);            /* dg|du */
         else mt_swiglu_rows_bwd(dgu, dact, g, NULL, n, F);
-        mt_linear_bwd_x(dx + (size_t)n0 * C, dwgu, dgu, dgu16, x + (size_t)n0 * C, NULL, wgu, n, C, 2 * F, 0.0f);
+        mt_linear_bwd_x(dx + (size_t)n0 * C, dwgu, dgu, dgu16, x ? x + (size_t)n0 * C : NULL,
+                        x16 ? x16 + (size_t)n0 * C : NULL, wgu, n, C, 2 * F, 0.0f);
     }
 }
 
 /* Router: scores in fp32, selection, routing weights (L->probs, L->sel, L->wsel). */
-static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, const float *ln, int N) {
+static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, const float *ln, const uint16_t *ln16,
+                      int N) {
     const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
-    mt_linear_fwd(L->probs, ln, w->router, N, C, E, 0.0f);
+    mt_linear_fwd_x(L->probs, ln, ln16, w->router, N, C, E, 0.0f);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         float *p = L->probs + (size_t)t * E;
@@ -746,19 +750,19 @@ static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, 
 
 /* MoE block forward on the normed input ln[N,C]: out[N,C] += shared(ln) + sum_j w_j E_j(ln). */
 static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                    int B, int T, const float *ln, float *out) {
+                    int B, int T, const float *ln, const uint16_t *ln16, float *out) {
     const mt_config *c = &m->cfg;
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     mt_trace_begin("moe.route");
-    route_fwd(c, L, w, ln, N);
+    route_fwd(c, L, w, ln, ln16, N);
     /* fused permute: rows grouped by expert, gathered into xe (bf16: the tables first, then
      * the gather) */
     const int h16 = mt_gemm_bf16_enabled();
     SCRATCH_PAIR(h16, a->xe, xe, xe16);
     SCRATCH_PAIR(h16, a->big1, act, act16);
     mt_moe_permute(xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
-    if (h16) mt_moe_gather16(xe16, ln, L->perm_tok, R, C);
+    if (h16) mt_moe_gather16(xe16, ln, ln16, L->perm_tok, R, C);
     const int32_t *off = L->eoff;
     if (a->count_load) /* training tokens only, not evaluation */
         for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
@@ -774,7 +778,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     /* shared experts and the weighted combine accumulate into out, which holds the residual
      * stream: the residual add costs no pass of its own */
     mt_trace_begin("moe.shared");
-    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
+    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, ln16, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
     mt_trace_end();
     mt_trace_begin("moe.combine");
     mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
@@ -792,7 +796,7 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
     mt_trace_begin("moe.route");
-    route_fwd(c, L, w, ln, N);
+    route_fwd(c, L, w, ln, NULL, N);
     if (a->count_load)
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
@@ -813,7 +817,7 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_free(act);
     mt_free(ye);
     mt_trace_begin("moe.shared");
-    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
+    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, NULL, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
     mt_trace_end();
     mt_add(out, a->ye, (size_t)N * C);
     if (!train) { /* no backward will come for this dispatch */
@@ -851,20 +855,20 @@ static void balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L
 }
 
 static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
-                      const float *ln, float *dln, int N, int T, float bal_coef);
+                      const float *ln, const uint16_t *ln16, float *dln, int N, int T, float bal_coef);
 
 /* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. */
-static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w,
-                    mt_layer_w *dw, int T, const float *ln, const float *dout, float *dln, float bal_coef) {
+static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
+                    const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef) {
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
     const int32_t *off = L->eoff;
     const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
     /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
     mt_trace_begin("moe.shared");
-    if (Fs > 0 && recompute) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
+    if (Fs > 0 && recompute) mt_linear_fwd_x(L->sgu, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
-        swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
+        swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
     /* Routed experts. With y = sum_j w_j E_j(x): the unweighted dout rows go through the down
      * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
@@ -879,8 +883,8 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
     float *dact = a->big2;
     if (h16) {
-        mt_moe_gather16(xe16, ln, L->perm_tok, R, C);
-        mt_moe_gather16(ye16, dout, L->perm_tok, R, C);
+        mt_moe_gather16(xe16, ln, ln16, L->perm_tok, R, C);
+        mt_moe_gather16(ye16, dout, NULL, L->perm_tok, R, C);
     } else {
         mt_moe_gather(xe, ln, L->perm_tok, R, C);
         mt_moe_gather(ye, dout, L->perm_tok, R, C);
@@ -904,14 +908,14 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     mt_trace_end();
     mt_trace_begin("moe.route");
     mt_moe_permute_bwd(dln, a->ye, L->slot_row, N, K, C, Fs > 0);
-    route_bwd(c, a, L, w, dw, ln, dln, N, T, bal_coef);
+    route_bwd(c, a, L, w, dw, ln, ln16, dln, N, T, bal_coef);
     mt_trace_end();
 }
 
 /* Router backward: a->dw[N*K] (gradient of the routing weights, slot order) and the
  * balance loss -> dp -> scores; dln += its gradient, the router's weight gradient accumulates. */
 static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
-                      const float *ln, float *dln, int N, int T, float bal_coef) {
+                      const float *ln, const uint16_t *ln16, float *dln, int N, int T, float bal_coef) {
     const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
     const float scale = (float)c->routed_scaling_factor;
@@ -951,7 +955,7 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
             for (int e = 0; e < E; e++) dp[e] = dp[e] * p[e] * (1.0f - p[e]);
         }
     }
-    mt_linear_bwd(dln, dw->router, a->ds, ln, w->router, N, C, E, 1.0f);
+    mt_linear_bwd_x(dln, dw->router, a->ds, NULL, ln, ln16, w->router, N, C, E, 1.0f);
 }
 
 /* MoE block backward with the experts over an EP group (see moe_fwd_ep): the unweighted
@@ -969,7 +973,7 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_trace_begin("moe.shared");
     if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
     if (Fs > 0)
-        swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
+        swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, NULL, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
     mt_trace_begin("moe.experts");
     float *yeu = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
@@ -1001,7 +1005,7 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     ep->release(ep->ctx, &L->epb);
     mt_free(L->ep_egu);
     L->ep_egu = NULL;
-    route_bwd(c, a, L, w, dw, ln, dln, N, T, bal_coef);
+    route_bwd(c, a, L, w, dw, ln, NULL, dln, N, T, bal_coef);
     mt_trace_end();
 }
 
@@ -1043,6 +1047,20 @@ static void tp_out(const mt_model *m, float *out, float *part, int N, int C) {
     m->tp->reduce(m->tp->ctx, out, part, (size_t)N * C);
 }
 
+/* RMSNorm of x into a->ln, the layer's normed input: as bf16 when only products read it
+ * (bf16 mode, no TP, whose all-gathers move fp32, and for a MoE layer no EP, whose dispatch
+ * does), else fp32; *f and *h get the one that was written (the other NULL). */
+static void norm_in(const mt_model *m, mt_acts *a, int moe_layer, float *rstd, const float *x, const float *w,
+                    const float **f, const uint16_t **h) {
+    const mt_config *c = &m->cfg;
+    const float eps = (float)c->rms_norm_eps;
+    const int tp = m->tp ? m->tp->size : 1, h16 = mt_gemm_bf16_enabled() && tp == 1 && !(moe_layer && m->ep);
+    if (h16) mt_rmsnorm_fwd16((uint16_t *)a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
+    else mt_rmsnorm_fwd(a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
+    *f = h16 ? NULL : a->ln;
+    *h = h16 ? (const uint16_t *)a->ln : NULL;
+}
+
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                       const int32_t *pos, int B, int T, int train, float ce_scale, float *logits,
                       mt_step_stats *st) {
@@ -1072,13 +1090,15 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         const mt_layer_w *w = &m->w[l];
         float *xout = l + 1 < hi ? a->L[l + 1 - lo].x : a->xf;
         mt_trace_begin("fwd.attention");
-        mt_rmsnorm_fwd(a->ln, L->rstd1, L->x, w->in_norm, Nl, C, eps);
-        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : a->ln;
+        const float *lnx;
+        const uint16_t *ln16;
+        norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
+        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
         /* kv16: K and V in fp32 in the attention backward's dk, dv (free in the forward) */
         float *kf = a->kv16 ? a->dk : L->k, *vf = a->kv16 ? a->dv : L->v;
-        mt_linear_fwd(L->q, lnf, w->wq, N, C, H * D, 0.0f);
-        mt_linear_fwd(kf, lnf, w->wk, N, C, G * D, 0.0f);
-        mt_linear_fwd(vf, lnf, w->wv, N, C, G * D, 0.0f);
+        mt_linear_fwd_x(L->q, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+        mt_linear_fwd_x(kf, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd_x(vf, lnf, ln16, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
         mt_rope_apply_pos(kf, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
         if (a->kv16) {
@@ -1097,23 +1117,23 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
             tp_out(m, L->h, a->part, N, C);
             mt_add(L->h, L->x, (size_t)Nl * C);
         }
-        mt_rmsnorm_fwd(a->ln, L->rstd2, L->h, w->post_norm, Nl, C, eps);
+        norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, w->post_norm, &lnx, &ln16);
         mt_copy(xout, L->h, (size_t)Nl * C);
         mt_trace_end();
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
             if (tp == 1) {
-                swiglu_ffn_fwd(a, xout, L->gu, a->ln, w->gate, w->down, N, C, F, a->ffn_rows, 1.0f);
+                swiglu_ffn_fwd(a, xout, L->gu, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows, 1.0f);
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                swiglu_ffn_fwd(a, a->part, L->gu, lf, w->gate, w->down, N, C, F, a->ffn_rows, 0.0f);
+                swiglu_ffn_fwd(a, a->part, L->gu, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows, 0.0f);
                 tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
                 mt_add(xout, a->dln, (size_t)Nl * C);
             }
         } else {
             mt_trace_begin("fwd.moe");
             if (m->ep) moe_fwd_ep(m, a, L, w, l, B, T, a->ln, xout, train);
-            else moe_fwd(m, a, L, w, l, B, T, a->ln, xout);
+            else moe_fwd(m, a, L, w, l, B, T, lnx, ln16, xout);
             balance_fwd(m, a, L, B, T, &st->bal_sum[l]);
         }
         mt_trace_end();
@@ -1137,7 +1157,6 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int lo = a->lo, hi = a->hi, Nl = a->Nl;
-    const float eps = (float)c->rms_norm_eps;
     float *d = a->dres;
     if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
         mt_zero(d, (size_t)Nl * C);
@@ -1160,27 +1179,31 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         }
         mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
         /* ffn: d is the gradient of the layer output; recompute its normed input */
-        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->h, w->post_norm, Nl, C, eps);
+        const float *lnx;
+        const uint16_t *ln16;
+        norm_in(m, a, mt_config_is_moe(c, l), a->rstd_tmp, L->h, w->post_norm, &lnx, &ln16);
         if (!mt_config_is_moe(c, l)) {
             if (tp == 1) {
-                swiglu_ffn_bwd(a, a->dln, dw->gate, dw->down, d, a->ln, L->gu, w->gate, w->down, N, C, F, a->ffn_rows);
+                swiglu_ffn_bwd(a, a->dln, dw->gate, dw->down, d, lnx, ln16, L->gu, w->gate, w->down, N, C, F,
+                               a->ffn_rows);
             } else { /* gathered input and output gradient; the input gradient summed over TP */
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
                 const float *df = tp_in(m, a, a->dgat, d, C);
-                swiglu_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, L->gu, w->gate, w->down, N, C, F, a->ffn_rows);
+                swiglu_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, NULL, L->gu, w->gate, w->down, N, C, F,
+                               a->ffn_rows);
                 tp_out(m, a->dln, a->part, N, C);
             }
         } else if (m->ep) {
             moe_bwd_ep(m, a, L, w, dw, T, a->ln, d, a->dln, bal_coef);
         } else {
-            moe_bwd(c, a, L, w, dw, T, a->ln, d, a->dln, bal_coef);
+            moe_bwd(c, a, L, w, dw, T, lnx, ln16, d, a->dln, bal_coef);
         }
         mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, Nl, C);
         mt_trace_end();
         mt_trace_begin("bwd.attention");
         /* attention: d is now the gradient of h */
-        mt_rmsnorm_fwd(a->ln, a->rstd_tmp, L->x, w->in_norm, Nl, C, eps);
-        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : a->ln;
+        norm_in(m, a, 0, a->rstd_tmp, L->x, w->in_norm, &lnx, &ln16);
+        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
         const float *df = tp > 1 ? tp_in(m, a, a->dgat, d, C) : d;
         mt_linear_bwd(a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
         if (a->kv16)
@@ -1200,7 +1223,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
             float *const dws[3] = {dw->wq, dw->wk, dw->wv};
             const float *const dos[3] = {a->dq, a->dk, a->dv};
             const int os[3] = {H * D, G * D, G * D};
-            mt_linear_bwd_weight_shared(3, dws, dos, os, lnf, N, C, a->datt, (size_t)N * H * D);
+            mt_linear_bwd_weight_shared(3, dws, dos, os, lnf, ln16, N, C, a->datt, (size_t)N * H * D);
         }
         if (tp > 1) tp_out(m, a->dln, a->part, N, C);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
