@@ -482,11 +482,15 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->dv = carve(cv, Nt * G * D * fl);
     const size_t u1 = cv->off;
     cv->off = u0;
-    a->big1 = carve(cv, bigsz * fl);
+    /* kv16 implies the bf16 GEMMs, in which the FFNs keep the SwiGLU output (big1), the
+     * gate|up gradient (big3) and the gathered expert rows (xe) as bf16 (SCRATCH_PAIR): half
+     * the bytes (dact in big2 and the expert outputs in ye stay fp32) */
+    const size_t hl = a->kv16 ? sizeof(uint16_t) : fl;
+    a->big1 = carve(cv, bigsz * hl);
     a->big2 = carve(cv, bigsz * fl);
-    a->big3 = carve(cv, 2 * bigsz * fl);
+    a->big3 = carve(cv, 2 * bigsz * hl);
     if (E) {
-        a->xe = carve(cv, R * C * fl);
+        a->xe = carve(cv, R * C * hl);
         a->ye = carve(cv, R * C * fl);
         a->ds = carve(cv, N * E * fl);
         a->dw = carve(cv, R * fl);
@@ -1071,6 +1075,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const int V = c->vocab_size, lo = a->lo, hi = a->hi;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
+    MT_ASSERT(!a->kv16 || mt_gemm_bf16_enabled()); /* the bf16 scratch sizes (acts_layout) */
     a->Nl = a->sp ? N / tp : N;
     a->g0 = a->sp ? m->tp->rank * a->Nl : 0;
     MT_ASSERT(!a->sp || N % tp == 0);
@@ -1157,6 +1162,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int lo = a->lo, hi = a->hi, Nl = a->Nl;
+    MT_ASSERT(!a->kv16 || mt_gemm_bf16_enabled()); /* the bf16 scratch sizes (acts_layout) */
     float *d = a->dres;
     if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
         mt_zero(d, (size_t)Nl * C);
