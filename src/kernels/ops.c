@@ -12,6 +12,18 @@
 #include "kernels/vdot.h"
 #include "kernels/vexp.h"
 
+/* a row of F floats on the calling thread (kept, grown on demand) */
+static float *row_scratch(int F) {
+    static _Thread_local float *buf;
+    static _Thread_local int cap;
+    if (F > cap) {
+        mt_free(buf);
+        buf = mt_alloc(sizeof(float) * (size_t)F);
+        cap = F;
+    }
+    return buf;
+}
+
 /* one row of RMSNorm: o = x r w, r = 1/rms(x) returned */
 static inline float rmsnorm_row(float *o, const float *xr, const float *w, int C, float eps) {
     float ss = mt_dotf(xr, xr, (size_t)C);
@@ -24,8 +36,6 @@ void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + (size_t)n * C, x + (size_t)n * C, w, C, eps);
 }
-
-static float *row_scratch(int F);
 
 void mt_rmsnorm_fwd16(uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
 #pragma omp parallel for schedule(static)
@@ -168,18 +178,6 @@ float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, i
     float d = mt_dotf(a, da, (size_t)F);
     for (int f = 0; f < F; f++) a[f] *= w;
     return d;
-}
-
-/* a row of F floats on the calling thread (kept, grown on demand) */
-static float *row_scratch(int F) {
-    static _Thread_local float *buf;
-    static _Thread_local int cap;
-    if (F > cap) {
-        mt_free(buf);
-        buf = mt_alloc(sizeof(float) * (size_t)F);
-        cap = F;
-    }
-    return buf;
 }
 
 void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F) {
