@@ -386,12 +386,12 @@ static void test_bf16_inputs(void) {
     float *xe = mt_alloc((size_t)R * C * 4);
     uint16_t *xe16 = mt_alloc((size_t)R * C * 2 + 64);
     mt_moe_gather(xe, x, tok, R, C);
-    mt_moe_gather16(xe16, x, NULL, tok, R, C);
+    mt_moe_gather_x(NULL, xe16, x, NULL, tok, R, C);
     uint16_t *ref16 = to16(xe, (size_t)R * C);
     CHECK(memcmp(xe16, ref16, (size_t)R * C * 2) == 0);
     uint16_t *x16 = to16(x, (size_t)N * C); /* the gather from rows already bf16 */
     memset(xe16, 0, (size_t)R * C * 2);
-    mt_moe_gather16(xe16, NULL, x16, tok, R, C);
+    mt_moe_gather_x(NULL, xe16, NULL, x16, tok, R, C);
     CHECK(memcmp(xe16, ref16, (size_t)R * C * 2) == 0);
     mt_free(ref16);
     mt_free(x16);
@@ -412,7 +412,7 @@ static void test_bf16_inputs(void) {
     float *act = mt_alloc((size_t)R * F * 4), *actw = mt_alloc((size_t)R * F * 4);
     uint16_t *act16 = mt_alloc((size_t)R * F * 2 + 64), *actw16 = mt_alloc((size_t)R * F * 2 + 64);
     mt_swiglu_rows_fwd(act, gu, R, F);
-    mt_swiglu_rows_fwd16(act16, gu, R, F);
+    mt_swiglu_rows_fwd_x(NULL, act16, gu, R, F);
     ref16 = to16(act, (size_t)R * F);
     CHECK(memcmp(act16, ref16, (size_t)R * F * 2) == 0);
     mt_free(ref16);
@@ -420,7 +420,7 @@ static void test_bf16_inputs(void) {
     for (int r = 0; r < R; r++) {
         float w = 0.25f + (float)r / R;
         float d1 = mt_swiglu_row_wgrad(actw + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
-        float d2 = mt_swiglu_row_wgrad16(actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
+        float d2 = mt_swiglu_row_wgrad_x(NULL, actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
         same_dot &= f_bits(d1) == f_bits(d2);
     }
     CHECK(same_dot);
@@ -432,7 +432,7 @@ static void test_bf16_inputs(void) {
     uint16_t *dgu16 = mt_alloc((size_t)R * 2 * F * 2 + 64);
     for (int r = 0; r < R; r++) ws[r] = 0.5f + (float)(r % 13) / 7.0f;
     mt_swiglu_rows_bwd(dgu, da, gu, ws, R, F);
-    mt_swiglu_rows_bwd16(dgu16, da, gu, ws, R, F);
+    mt_swiglu_rows_bwd_x(NULL, dgu16, da, gu, ws, R, F);
     ref16 = to16(dgu, (size_t)R * 2 * F);
     CHECK(memcmp(dgu16, ref16, (size_t)R * 2 * F * 2) == 0);
     mt_free(ref16);

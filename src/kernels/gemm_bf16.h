@@ -33,8 +33,9 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
 /* The same product with A or B (or both) given as bf16: exactly one of A and A16 (B and B16)
  * is not NULL; A16 holds the bits mt_bf16_store writes for A's values (same layout, lda in
  * elements). The result has the same bits as mt_gemm_bf16 on the fp32 values: the kernel
- * rounds them so anyway. For activations that only products read (train --bf16 keeps the
- * routed experts' inputs and the SwiGLU outputs so): half the bytes to write and to pack. */
+ * rounds them so anyway. For activations and gradients that only products read (train
+ * --bf16 keeps the normed inputs and the FFNs' scratch so): half the bytes to write and
+ * to pack. */
 void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
                         const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                         float *C, int ldc);

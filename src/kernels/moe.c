@@ -83,12 +83,18 @@ void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int
     for (int r = 0; r < R; r++) row_copy(xe + (size_t)r * C, x + (size_t)row_tok[r] * C, C);
 }
 
-void mt_moe_gather16(uint16_t *xe, const float *x, const uint16_t *x16, const int32_t *row_tok, int R, int C) {
+void mt_moe_gather_x(float *xe, uint16_t *xe16, const float *x, const uint16_t *x16, const int32_t *row_tok, int R,
+                     int C) {
+    if (!xe16) {
+        MT_ASSERT(x);
+        mt_moe_gather(xe, x, row_tok, R, C);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (R >= 4096)
     for (int r = 0; r < R; r++) {
         const size_t t = (size_t)row_tok[r] * C;
-        if (x16) memcpy(xe + (size_t)r * C, x16 + t, sizeof(uint16_t) * C);
-        else mt_bf16_store_row(xe + (size_t)r * C, x + t, (size_t)C);
+        if (x16) memcpy(xe16 + (size_t)r * C, x16 + t, sizeof(uint16_t) * C);
+        else mt_bf16_store_row(xe16 + (size_t)r * C, x + t, (size_t)C);
     }
 }
 

@@ -19,10 +19,11 @@ void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok
 /* xe[r] = x[row_tok[r]] for r < R: the permute's gather alone, from its tables (the backward
  * gathers the layer's input and output gradient again) */
 void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C);
-/* The same gather into bf16 (the bits mt_bf16_store writes), for rows that only the bf16
- * products read (train --bf16), from x (converted) or from x16, x already as bf16 (copied;
- * one of the two is NULL). Requires mt_bf16_supported(). */
-void mt_moe_gather16(uint16_t *xe, const float *x, const uint16_t *x16, const int32_t *row_tok, int R, int C);
+/* The same into xe, or into xe16 as bf16 (the bits mt_bf16_store writes) when that is not
+ * NULL, for rows that only the bf16 products read (train --bf16); the source is x, or x16
+ * when x is bf16 already (copied; only into xe16). Bf16 needs mt_bf16_supported(). */
+void mt_moe_gather_x(float *xe, uint16_t *xe16, const float *x, const uint16_t *x16, const int32_t *row_tok, int R,
+                     int C);
 /* dx[N,C] (+= when accumulate) sum over slots of dxe[slot_row[t*K+j]]  (backward of the gather) */
 void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, int N, int K, int C,
                         int accumulate);

@@ -114,14 +114,20 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
  * g u / (1 + e^-g); backward with sg = sigmoid(g): du = da ws g sg,
  * dg = da ws u sg (1 + g (1 - sg)). Exp and sigmoid from kernels/vexp.h; the tail of a
  * span is one masked vector, so there is no scalar remainder loop. */
+#ifdef __AVX512F__
+/* silu(g) u of the lanes in k (the others zero) */
+static inline __m512 swiglu_vec(const float *g, const float *u, __mmask16 k) {
+    __m512 z = _mm512_maskz_loadu_ps(k, g), uu = _mm512_maskz_loadu_ps(k, u);
+    __m512 e = mt_exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
+    return _mm512_div_ps(_mm512_mul_ps(z, uu), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+#endif
+
 static void swiglu_fwd_span(float *a, const float *g, const float *u, size_t n) {
 #ifdef __AVX512F__
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 z = _mm512_maskz_loadu_ps(k, g + i), uu = _mm512_maskz_loadu_ps(k, u + i);
-        __m512 e = mt_exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
-        _mm512_mask_storeu_ps(a + i, k, _mm512_div_ps(_mm512_mul_ps(z, uu),
-                                                      _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        _mm512_mask_storeu_ps(a + i, k, swiglu_vec(g + i, u + i, k));
     }
 #else
     for (size_t i = 0; i < n; i++) a[i] = g[i] * u[i] / (1.0f + mt_expf(-g[i]));
@@ -180,19 +186,20 @@ float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, i
     return d;
 }
 
-void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F) {
+void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, int N, int F) {
+    if (!a16) {
+        mt_swiglu_rows_fwd(a, gu, N, F);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * F, *u = g + F;
-        uint16_t *o = a + (size_t)n * F;
+        uint16_t *o = a16 + (size_t)n * F;
 #if defined(__AVX512BF16__)
         /* swiglu_fwd_span's values, converted as mt_bf16_store does, in registers */
         for (int i = 0; i < F; i += 16) {
             __mmask16 k = F - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (F - i)) - 1u);
-            __m512 z = _mm512_maskz_loadu_ps(k, g + i), uu = _mm512_maskz_loadu_ps(k, u + i);
-            __m512 e = mt_exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
-            __m512 v = _mm512_div_ps(_mm512_mul_ps(z, uu), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-            _mm256_mask_storeu_epi16(o + i, k, (__m256i)_mm512_cvtneps_pbh(v));
+            _mm256_mask_storeu_epi16(o + i, k, (__m256i)_mm512_cvtneps_pbh(swiglu_vec(g + i, u + i, k)));
         }
 #else
         float *r = row_scratch(F);
@@ -202,10 +209,11 @@ void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F) {
     }
 }
 
-float mt_swiglu_row_wgrad16(uint16_t *a, const float *gu, const float *da, float w, int F) {
+float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const float *da, float w, int F) {
+    if (!a16) return mt_swiglu_row_wgrad(a, gu, da, w, F);
     float *r = row_scratch(F);
     float d = mt_swiglu_row_wgrad(r, gu, da, w, F);
-    mt_bf16_store_row(a, r, (size_t)F);
+    mt_bf16_store_row(a16, r, (size_t)F);
     return d;
 }
 
@@ -218,13 +226,18 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
     }
 }
 
-void mt_swiglu_rows_bwd16(uint16_t *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
+void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const float *wscale, int N,
+                          int F) {
+    if (!dgu16) {
+        mt_swiglu_rows_bwd(dgu, da, gu, wscale, N, F);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float *g = gu + (size_t)n * 2 * F;
         float *r = row_scratch(2 * F);
         swiglu_bwd_span(r, r + F, da + (size_t)n * F, g, g + F, wscale ? wscale[n] : 1.0f, (size_t)F);
-        mt_bf16_store_row(dgu + (size_t)n * 2 * F, r, 2 * (size_t)F);
+        mt_bf16_store_row(dgu16 + (size_t)n * 2 * F, r, 2 * (size_t)F);
     }
 }
 

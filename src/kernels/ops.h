@@ -47,13 +47,13 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
  * unweighted activation gradient), then a *= w (the weighted activation that the down
  * projection's weight gradient takes). One pass where three went over the rows. */
 float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, int F);
-/* mt_swiglu_rows_fwd and mt_swiglu_row_wgrad writing a as bf16 (the bits mt_bf16_store
- * writes; bf16 mode only): the activation that only the bf16 products read, in half the
- * bytes. The returned dot product is the fp32 one. */
-void mt_swiglu_rows_fwd16(uint16_t *a, const float *gu, int N, int F);
-float mt_swiglu_row_wgrad16(uint16_t *a, const float *gu, const float *da, float w, int F);
-/* mt_swiglu_rows_bwd writing dgu as bf16 (its only readers are the gate|up products) */
-void mt_swiglu_rows_bwd16(uint16_t *dgu, const float *da, const float *gu, const float *wscale, int N, int F);
+/* The same writing a (dgu) as fp32, or as bf16 (the bits mt_bf16_store writes; bf16 mode
+ * only) into a16 (dgu16) when that is not NULL: the activation and gradient that only the
+ * bf16 products read, in half the bytes. The returned dot product is the fp32 one. */
+void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, int N, int F);
+float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const float *da, float w, int F);
+void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const float *wscale, int N,
+                          int F);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.

@@ -683,8 +683,7 @@ static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, co
     mt_linear_fwd_x(gu, x, x16, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
-        if (h16) mt_swiglu_rows_fwd16(act16, gu + (size_t)n0 * 2 * F, n, F);
-        else mt_swiglu_rows_fwd(act, gu + (size_t)n0 * 2 * F, n, F);
+        mt_swiglu_rows_fwd_x(act, act16, gu + (size_t)n0 * 2 * F, n, F);
         mt_linear_fwd_x(out + (size_t)n0 * C, act, act16, wd, n, F, C, beta);
     }
 }
@@ -701,11 +700,9 @@ static void swiglu_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
         const float *g = gu + (size_t)n0 * 2 * F, *dy = dout + (size_t)n0 * C;
-        if (h16) mt_swiglu_rows_fwd16(act16, g, n, F); /* recompute the activation */
-        else mt_swiglu_rows_fwd(act, g, n, F);
+        mt_swiglu_rows_fwd_x(act, act16, g, n, F);                            /* recompute the activation */
         mt_linear_bwd_x(dact, dwd, dy, NULL, act, act16, wd, n, F, C, 0.0f); /* da */
-        if (h16) mt_swiglu_rows_bwd16(dgu16, dact, g, NULL, n, F);            /* dg|du */
-        else mt_swiglu_rows_bwd(dgu, dact, g, NULL, n, F);
+        mt_swiglu_rows_bwd_x(dgu, dgu16, dact, g, NULL, n, F);                /* dg|du */
         mt_linear_bwd_x(dx + (size_t)n0 * C, dwgu, dgu, dgu16, x ? x + (size_t)n0 * C : NULL,
                         x16 ? x16 + (size_t)n0 * C : NULL, wgu, n, C, 2 * F, 0.0f);
     }
@@ -766,7 +763,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     SCRATCH_PAIR(h16, a->xe, xe, xe16);
     SCRATCH_PAIR(h16, a->big1, act, act16);
     mt_moe_permute(xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
-    if (h16) mt_moe_gather16(xe16, ln, ln16, L->perm_tok, R, C);
+    if (xe16) mt_moe_gather_x(NULL, xe16, ln, ln16, L->perm_tok, R, C);
     const int32_t *off = L->eoff;
     if (a->count_load) /* training tokens only, not evaluation */
         for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
@@ -775,8 +772,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
     mt_trace_begin("moe.experts");
     mt_grouped_linear_fwd_x(L->egu, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-    if (h16) mt_swiglu_rows_fwd16(act16, L->egu, R, Fm);
-    else mt_swiglu_rows_fwd(act, L->egu, R, Fm);
+    mt_swiglu_rows_fwd_x(act, act16, L->egu, R, Fm);
     mt_grouped_linear_fwd_x(a->ye, act, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     mt_trace_end();
     /* shared experts and the weighted combine accumulate into out, which holds the residual
@@ -886,13 +882,8 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     SCRATCH_PAIR(h16, a->big1, act, act16);
     SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
     float *dact = a->big2;
-    if (h16) {
-        mt_moe_gather16(xe16, ln, ln16, L->perm_tok, R, C);
-        mt_moe_gather16(ye16, dout, NULL, L->perm_tok, R, C);
-    } else {
-        mt_moe_gather(xe, ln, L->perm_tok, R, C);
-        mt_moe_gather(ye, dout, L->perm_tok, R, C);
-    }
+    mt_moe_gather_x(xe, xe16, ln, ln16, L->perm_tok, R, C);
+    mt_moe_gather_x(ye, ye16, dout, NULL, L->perm_tok, R, C);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
     if (recompute) mt_grouped_linear_fwd_x(L->egu, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
@@ -901,12 +892,11 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) {
         size_t r = (size_t)L->slot_row[i];
-        a->dw[i] = h16 ? mt_swiglu_row_wgrad16(act16 + r * Fm, L->egu + r * 2 * Fm, dact + r * Fm, L->wsel[i], Fm)
-                       : mt_swiglu_row_wgrad(act + r * Fm, L->egu + r * 2 * Fm, dact + r * Fm, L->wsel[i], Fm);
+        a->dw[i] = mt_swiglu_row_wgrad_x(act ? act + r * Fm : NULL, act16 ? act16 + r * Fm : NULL, L->egu + r * 2 * Fm,
+                                         dact + r * Fm, L->wsel[i], Fm);
     }
     mt_grouped_linear_bwd_weight_x(dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, E, Fm, C);
-    if (h16) mt_swiglu_rows_bwd16(dgu16, dact, L->egu, a->wrow, R, Fm);
-    else mt_swiglu_rows_bwd(dgu, dact, L->egu, a->wrow, R, Fm);
+    mt_swiglu_rows_bwd_x(dgu, dgu16, dact, L->egu, a->wrow, R, Fm);
     mt_grouped_linear_bwd_weight_x(dw->egate, (size_t)2 * Fm * C, dgu, dgu16, xe, xe16, off, E, C, 2 * Fm);
     mt_grouped_linear_bwd_data_x(a->ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_trace_end();
