@@ -6,6 +6,8 @@
  *   2. GEMM over odd shapes (1, tile-1, tile+1, K odd, K across the KC block), every
  *      transpose, alpha/beta (beta == 0 must not read C: C starts as NaN there), leading
  *      dimensions larger than the rows, at top level (threads) and inside a parallel region;
+ *      beta scaling another matrix than C (mt_gemm_bf16_mixed_cin, mt_linear_fwd_res): the
+ *      same bits as copying it to C first;
  *   3. the result does not depend on the threads (1 vs 2: the same bits);
  *   4. mt_sgemm and the grouped expert GEMMs of kernels/moe.c in bf16 mode (experts with 0,
  *      1 and many rows; row tiles grown past the fp32 sizes, weight gradients in several
@@ -171,6 +173,64 @@ static void test_k0(void) {
     float Z[4] = {NAN, NAN, NAN, NAN};
     mt_gemm_bf16(1, 0, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.0f, Z, 2);
     CHECK(Z[0] == 0 && Z[1] == 0 && Z[2] == 0 && Z[3] == 0);
+}
+
+/* C = alpha AB + beta Cin (mt_gemm_bf16_mixed_cin, the residual add in the output pass): the
+ * same bits as copying Cin to C and accumulating; Cin is not written, C is written whole
+ * (it starts as NaN), also with K across the KC block (later K blocks add to C), columns
+ * parts (N > M), 2 threads and K = 0; mt_linear_fwd_res the same in bf16 and fp32 modes */
+static void cin_case(int M, int N, int K, int tA, float beta) {
+    snprintf(where, sizeof where, "cin M %d N %d K %d tA %d beta %g", M, N, K, tA, beta);
+    const int lda = tA ? M : K, ldc = N + 3;
+    const size_t na = (size_t)M * K + 1, nc = (size_t)ldc * M;
+    float *A = mt_alloc(na * 4), *B = mt_alloc(((size_t)N * K + 1) * 4);
+    float *Cin = mt_alloc(nc * 4), *C1 = mt_alloc(nc * 4), *C2 = mt_alloc(nc * 4), *keep = mt_alloc(nc * 4);
+    for (size_t i = 0; i < na; i++) A[i] = rnd(41, i);
+    for (size_t i = 0; i < (size_t)N * K; i++) B[i] = rnd(42, i);
+    for (size_t i = 0; i < nc; i++) keep[i] = Cin[i] = C1[i] = rnd(43, i);
+    for (size_t i = 0; i < nc; i++) C2[i] = (size_t)(i % ldc) < (size_t)N ? NAN : C1[i];
+    mt_gemm_bf16_mixed(tA, 1, M, N, K, 0.75f, A, NULL, lda, B, NULL, K, beta, C1, ldc);
+    mt_gemm_bf16_mixed_cin(tA, 1, M, N, K, 0.75f, A, NULL, lda, B, NULL, K, beta, Cin, C2, ldc);
+    CHECK_SAME_F(C1, C2, nc);
+    CHECK_SAME_F(Cin, keep, nc);
+    mt_free(A);
+    mt_free(B);
+    mt_free(Cin);
+    mt_free(C1);
+    mt_free(C2);
+    mt_free(keep);
+}
+
+static void test_cin(void) {
+    static const int dims[][3] = {{1, 1, 1}, {13, 33, 385}, {200, 70, 800}, {30, 700, 1600}, {5, 7, 0}};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int tA = 0; tA < 2; tA++) {
+            cin_case(dims[d][0], dims[d][1], dims[d][2], tA, 1.0f);
+            cin_case(dims[d][0], dims[d][1], dims[d][2], tA, -0.5f);
+        }
+    const int N = 300, In = 96, O = 40;
+    float *x = mt_alloc((size_t)N * In * 4), *W = mt_alloc((size_t)O * In * 4), *res = mt_alloc((size_t)N * O * 4);
+    float *y1 = mt_alloc((size_t)N * O * 4), *y2 = mt_alloc((size_t)N * O * 4);
+    for (size_t i = 0; i < (size_t)N * In; i++) x[i] = rnd(44, i);
+    for (size_t i = 0; i < (size_t)O * In; i++) W[i] = rnd(45, i);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        snprintf(where, sizeof where, "linear_fwd_res bf16 %d", bf16);
+        CHECK(mt_set_gemm_bf16(bf16) == 0);
+        for (size_t i = 0; i < (size_t)N * O; i++) res[i] = rnd(46, i);
+        memcpy(y1, res, (size_t)N * O * 4);
+        mt_linear_fwd(y1, x, W, N, In, O, 1.0f);
+        for (size_t i = 0; i < (size_t)N * O; i++) y2[i] = NAN;
+        mt_linear_fwd_res(y2, res, x, NULL, W, N, In, O);
+        CHECK_SAME_F(y1, y2, (size_t)N * O);
+        mt_linear_fwd_res(res, res, x, NULL, W, N, In, O); /* in place: accumulate */
+        CHECK_SAME_F(y1, res, (size_t)N * O);
+    }
+    CHECK(mt_set_gemm_bf16(1) == 0);
+    mt_free(x);
+    mt_free(W);
+    mt_free(res);
+    mt_free(y1);
+    mt_free(y2);
 }
 
 static void test_gemm(void) {
@@ -752,6 +812,7 @@ int main(void) {
     test_rounding();
     test_k0();
     test_gemm();
+    test_cin();
     test_threads();
     test_packed();
     test_shared_wgrad();

@@ -10,6 +10,7 @@
 
 #include "base/common.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/ops.h"
 
 char *openblas_get_corename(void);
 void openblas_set_num_threads(int n);
@@ -158,6 +159,16 @@ void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const 
 void mt_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, int N, int In, int O,
                      float beta) {
     mt_sgemm_x(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
+}
+
+void mt_linear_fwd_res(float *out, const float *res, const float *in, const uint16_t *in16, const float *W, int N,
+                       int In, int O) {
+    if (g_bf16) {
+        if (N > 0 && O > 0) mt_gemm_bf16_mixed_cin(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, 1.0f, res, out, O);
+        return;
+    }
+    if (res != out) mt_copy(out, res, (size_t)N * O);
+    mt_linear_fwd_x(out, in, in16, W, N, In, O, 1.0f);
 }
 
 void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,

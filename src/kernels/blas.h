@@ -41,6 +41,11 @@ void mt_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const fl
                      float beta);
 void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
                      const uint16_t *in16, const float *W, int N, int In, int O, float beta_in);
+/* out[N,O] = res[N,O] + in[N,In] @ W[O,In]^T (in or in16 as above): a residual add. In bf16
+ * mode the product reads res in its output pass (mt_gemm_bf16_mixed_cin), else res is copied
+ * to out first (res == out: accumulate); the same bits either way. */
+void mt_linear_fwd_res(float *out, const float *res, const float *in, const uint16_t *in16, const float *W, int N,
+                       int In, int O);
 /* dW[i][O[i],In] += dout[i][N,O[i]]^T @ in[N,In] for i < n: the weight gradients of linear
  * layers that read one input (q, k and v). In bf16 mode, when the scratch pack holds
  * mt_gemm_bf16_packed_words(In, N) words (pack_words), `in` is packed (rounded) once for all

@@ -70,10 +70,10 @@ void mt_bf16_store(uint16_t *dst, const float *src, size_t n) {
     for (size_t i0 = 0; i0 < n; i0 += chunk) mt_bf16_store_row(dst + i0, src + i0, n - i0 < chunk ? n - i0 : chunk);
 }
 
-/* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * C : C); beta == 0 never reads C.
- * A panel [kp][MR] words, B panel [kp][NR]. */
-BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *b, float *C, int ldc, int mr, int nr,
-                                     float alpha, float beta, int first) {
+/* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * Cin : C), Cin with C's row
+ * stride (it may be C); beta == 0 never reads Cin. A panel [kp][MR] words, B panel [kp][NR]. */
+BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *b, float *C, const float *Cin,
+                                     int ldc, int mr, int nr, float alpha, float beta, int first) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int p = 0; p < kp; p++) {
@@ -92,13 +92,14 @@ BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *
     __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
     for (int r = 0; r < mr; r++) {
         float *c = C + (size_t)r * ldc;
+        const float *ci = Cin + (size_t)r * ldc;
         __m512 x0 = _mm512_mul_ps(acc[r][0], va), x1 = _mm512_mul_ps(acc[r][1], va);
         if (!first) {
             x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, c));
             x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, c + 16));
         } else if (beta != 0.0f) {
-            x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, c), x0);
-            x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, c + 16), x1);
+            x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), x0);
+            x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), x1);
         }
         _mm512_mask_storeu_ps(c, m0, x0);
         _mm512_mask_storeu_ps(c + 16, m1, x1);
@@ -138,6 +139,7 @@ typedef struct {
     const uint16_t *A16, *B16; /* the operand as bf16 instead (A, B unused) */
     const uint32_t *pre;
     float *C;
+    const float *Cin; /* what beta scales: C, or another matrix with C's row stride */
     int lda, ldb, ldc;
 } gemm_args;
 
@@ -176,8 +178,9 @@ BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, in
                     int nr = nc - jr < NR ? nc - jr : NR;
                     for (int ir = 0; ir < mc; ir += MR) {
                         int mr = mc - ir < MR ? mc - ir : MR;
-                        float *c = g->C + (size_t)(ic + ir) * ldc + jc + jr;
-                        micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), c, ldc, mr, nr, g->alpha, g->beta, pc == 0);
+                        const size_t ct = (size_t)(ic + ir) * ldc + jc + jr;
+                        micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), g->C + ct, g->Cin + ct, ldc, mr, nr,
+                                     g->alpha, g->beta, pc == 0);
                     }
                 }
             }
@@ -191,6 +194,8 @@ static void gemm_run(const gemm_args *g, int M) {
     const int N = g->N, K = g->K;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
+        if (g->Cin != g->C)
+            for (int i = 0; i < M; i++) memcpy(g->C + (size_t)i * g->ldc, g->Cin + (size_t)i * g->ldc, sizeof(float) * N);
         mt_gemm_scale_c(M, N, g->beta, g->C, g->ldc);
         return;
     }
@@ -242,15 +247,21 @@ static void gemm_run(const gemm_args *g, int M) {
 
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, C, lda, ldb, ldc};
     gemm_run(&g, M);
 }
 
 void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
                         const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                         float *C, int ldc) {
+    mt_gemm_bf16_mixed_cin(transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, C, ldc);
+}
+
+void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                            const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
+                            const float *Cin, float *C, int ldc) {
     MT_ASSERT(!A != !A16 && !B != !B16);
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, Cin, lda, ldb, ldc};
     gemm_run(&g, M);
 }
 
@@ -273,6 +284,6 @@ void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float
 
 void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc) {
-    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, NULL, NULL, packed, C, lda, 0, ldc};
+    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, NULL, NULL, packed, C, C, lda, 0, ldc};
     gemm_run(&g, M);
 }

@@ -39,6 +39,12 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
 void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
                         const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                         float *C, int ldc);
+/* The same with what beta scales read from Cin instead of C: C = alpha op(A) op(B) + beta Cin,
+ * Cin [M x N] with C's row stride ldc (Cin == C is mt_gemm_bf16_mixed). A residual add in
+ * the product's output pass: the same bits as copying Cin to C and then accumulating. */
+void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                            const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
+                            const float *Cin, float *C, int ldc);
 
 /* B packed once for many products (a weight that every chunk of rows multiplies): the
  * kernel's packed layout, B(k, n) rounded to bf16, k < K, n < N (transB as for

@@ -672,19 +672,21 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
     uint16_t *b16 = (h16) ? (uint16_t *)(buf) : NULL
 
 /* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout):
- * out[N,C] = beta*out + (silu(g)*u) Wd^T ; gu[N,2F] is kept for the backward. The input is
+ * out[N,C] = res + (silu(g)*u) Wd^T (res NULL: 0; the residual add in the product's output
+ * pass, mt_linear_fwd_res) ; gu[N,2F] is kept for the backward. The input is
  * x, or x16 when it is bf16 (the other NULL). The SwiGLU
  * and the down projection run over chunks of `rows` rows in the scratch a->big1 (the dense
  * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
-static void swiglu_ffn_fwd(mt_acts *a, float *out, float *gu, const float *x, const uint16_t *x16, const float *wgu,
-                           const float *wd, int N, int C, int F, int rows, float beta) {
+static void swiglu_ffn_fwd(mt_acts *a, float *out, const float *res, float *gu, const float *x, const uint16_t *x16,
+                           const float *wgu, const float *wd, int N, int C, int F, int rows) {
     const int h16 = mt_gemm_bf16_enabled();
     SCRATCH_PAIR(h16, a->big1, act, act16);
     mt_linear_fwd_x(gu, x, x16, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
         mt_swiglu_rows_fwd_x(act, act16, gu + (size_t)n0 * 2 * F, n, F);
-        mt_linear_fwd_x(out + (size_t)n0 * C, act, act16, wd, n, F, C, beta);
+        if (res) mt_linear_fwd_res(out + (size_t)n0 * C, res + (size_t)n0 * C, act, act16, wd, n, F, C);
+        else mt_linear_fwd_x(out + (size_t)n0 * C, act, act16, wd, n, F, C, 0.0f);
     }
 }
 
@@ -749,9 +751,9 @@ static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, 
     for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
 }
 
-/* MoE block forward on the normed input ln[N,C]: out[N,C] += shared(ln) + sum_j w_j E_j(ln). */
+/* MoE block forward on the normed input ln[N,C]: out[N,C] = res + shared(ln) + sum_j w_j E_j(ln). */
 static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                    int B, int T, const float *ln, const uint16_t *ln16, float *out) {
+                    int B, int T, const float *ln, const uint16_t *ln16, const float *res, float *out) {
     const mt_config *c = &m->cfg;
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
@@ -775,10 +777,11 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_swiglu_rows_fwd_x(act, act16, L->egu, R, Fm);
     mt_grouped_linear_fwd_x(a->ye, act, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     mt_trace_end();
-    /* shared experts and the weighted combine accumulate into out, which holds the residual
-     * stream: the residual add costs no pass of its own */
+    /* the shared experts' product adds the residual stream in its output pass and the
+     * weighted combine accumulates: the residual add costs no pass of its own */
     mt_trace_begin("moe.shared");
-    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, ln16, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
+    if (Fs > 0) swiglu_ffn_fwd(a, out, res, L->sgu, ln, ln16, w->sgate, w->sdown, N, C, Fs, N);
+    else mt_copy(out, res, (size_t)N * C);
     mt_trace_end();
     mt_trace_begin("moe.combine");
     mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
@@ -790,7 +793,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
  * from every rank, and the outputs travel back weighted (combine). Sizes depend on the
  * routing of the whole group, so the expert buffers are allocated per step. */
 static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                       int B, int T, const float *ln, float *out, int train) {
+                       int B, int T, const float *ln, const float *res, float *out, int train) {
     const mt_config *c = &m->cfg;
     const mt_ep_ops *ep = m->ep;
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
@@ -817,7 +820,8 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     mt_free(act);
     mt_free(ye);
     mt_trace_begin("moe.shared");
-    if (Fs > 0) swiglu_ffn_fwd(a, out, L->sgu, ln, NULL, w->sgate, w->sdown, N, C, Fs, N, 1.0f);
+    if (Fs > 0) swiglu_ffn_fwd(a, out, res, L->sgu, ln, NULL, w->sgate, w->sdown, N, C, Fs, N);
+    else mt_copy(out, res, (size_t)N * C);
     mt_trace_end();
     mt_add(out, a->ye, (size_t)N * C);
     if (!train) { /* no backward will come for this dispatch */
@@ -1104,31 +1108,31 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         } else {
             mt_attention_fwd(L->att, L->lse, L->q, kf, vf, pos, B, T, H, G, D, a->att_scratch, a->nthr);
         }
-        if (tp == 1) { /* residual add fused into the output projection (beta = 1) */
-            mt_copy(L->h, L->x, (size_t)N * C);
-            mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+        if (tp == 1) { /* residual add fused into the output projection */
+            mt_linear_fwd_res(L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
         } else {       /* row-parallel: partial sums over the local heads, summed over TP */
             mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
             tp_out(m, L->h, a->part, N, C);
             mt_add(L->h, L->x, (size_t)Nl * C);
         }
         norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, w->post_norm, &lnx, &ln16);
-        mt_copy(xout, L->h, (size_t)Nl * C);
         mt_trace_end();
+        /* the FFN writes xout = h + FFN(norm(h)) */
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
             if (tp == 1) {
-                swiglu_ffn_fwd(a, xout, L->gu, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows, 1.0f);
+                swiglu_ffn_fwd(a, xout, L->h, L->gu, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                swiglu_ffn_fwd(a, a->part, L->gu, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows, 0.0f);
+                swiglu_ffn_fwd(a, a->part, NULL, L->gu, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows);
                 tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
+                mt_copy(xout, L->h, (size_t)Nl * C);
                 mt_add(xout, a->dln, (size_t)Nl * C);
             }
         } else {
             mt_trace_begin("fwd.moe");
-            if (m->ep) moe_fwd_ep(m, a, L, w, l, B, T, a->ln, xout, train);
-            else moe_fwd(m, a, L, w, l, B, T, lnx, ln16, xout);
+            if (m->ep) moe_fwd_ep(m, a, L, w, l, B, T, a->ln, L->h, xout, train);
+            else moe_fwd(m, a, L, w, l, B, T, lnx, ln16, L->h, xout);
             balance_fwd(m, a, L, B, T, &st->bal_sum[l]);
         }
         mt_trace_end();
@@ -1165,8 +1169,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_layer_w *dw = &m->g[l];
         if (a->policy == MT_RECOMPUTE_SELECTIVE) { /* h = x + att Wo^T, as in the forward */
             if (tp == 1) {
-                mt_copy(L->h, L->x, (size_t)N * C);
-                mt_linear_fwd(L->h, L->att, w->wo, N, H * D, C, 1.0f);
+                mt_linear_fwd_res(L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
             } else {
                 mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
                 tp_out(m, L->h, a->part, N, C);
