@@ -416,6 +416,31 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
             mt_gemm_bf16_mixed(tA, tB, M, N, K, 0.5f, which & 1 ? NULL : A, which & 1 ? A16 : NULL, lda,
                                which & 2 ? NULL : B, which & 2 ? B16 : NULL, ldb, -1.0f, C2, ldc);
             CHECK_SAME_F(C1, C2, nc);
+            /* the output as bf16 (mt_gemm_bf16_mixed_c16): the bits of the fp32 output rounded,
+             * with K past one block through its fp32 rows; at top level and in a parallel
+             * region; the padding past N untouched */
+            const int ld16 = N + 3;
+            uint16_t *C16 = mt_alloc((size_t)ld16 * M * 2 + 64);
+            for (int nested = 0; nested < 2; nested++) {
+                for (size_t i = 0; i < (size_t)ld16 * M; i++) C16[i] = 0xabcd;
+                mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C1, ldc);
+                const float *a = which & 1 ? NULL : A, *b = which & 2 ? NULL : B;
+                const uint16_t *a16 = which & 1 ? A16 : NULL, *b16 = which & 2 ? B16 : NULL;
+                if (nested) {
+#pragma omp parallel num_threads(2)
+                    if (omp_get_thread_num() == 1) mt_gemm_bf16_mixed_c16(tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
+                } else {
+                    mt_gemm_bf16_mixed_c16(tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
+                }
+                uint16_t *ref = to16(C1, nc);
+                int same = 1;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < ld16; j++)
+                        same &= C16[(size_t)i * ld16 + j] == (j < N ? ref[(size_t)i * ldc + j] : 0xabcd);
+                CHECK(same);
+                mt_free(ref);
+            }
+            mt_free(C16);
         }
     omp_set_num_threads(nthr);
     mt_free(A); mt_free(B); mt_free(C1); mt_free(C2); mt_free(A16); mt_free(B16);
@@ -426,7 +451,8 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
  * their fp32 results, and the products that read them give the fp32 inputs' bits: the
  * gather (from fp32 or bf16 rows), RMSNorm, SwiGLU forward (and the routed backward's
  * recomputed, weighted row with its dot product) and backward, the grouped forward, data and
- * weight gradients, the linear forward and backward. */
+ * weight gradients, the linear forward and backward; the forward products writing bf16
+ * (the FFNs' gate|up) and the SwiGLU kernels reading it. */
 static void test_bf16_inputs(void) {
     static const int dims[][3] = {{1, 1, 1}, {13, 33, 385}, {300, 70, 1700}, {40, 3100, 97}, {129, 64, 768}};
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
@@ -472,7 +498,7 @@ static void test_bf16_inputs(void) {
     float *act = mt_alloc((size_t)R * F * 4), *actw = mt_alloc((size_t)R * F * 4);
     uint16_t *act16 = mt_alloc((size_t)R * F * 2 + 64), *actw16 = mt_alloc((size_t)R * F * 2 + 64);
     mt_swiglu_rows_fwd(act, gu, R, F);
-    mt_swiglu_rows_fwd_x(NULL, act16, gu, R, F);
+    mt_swiglu_rows_fwd_x(NULL, act16, gu, NULL, R, F);
     ref16 = to16(act, (size_t)R * F);
     CHECK(memcmp(act16, ref16, (size_t)R * F * 2) == 0);
     mt_free(ref16);
@@ -480,7 +506,8 @@ static void test_bf16_inputs(void) {
     for (int r = 0; r < R; r++) {
         float w = 0.25f + (float)r / R;
         float d1 = mt_swiglu_row_wgrad(actw + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
-        float d2 = mt_swiglu_row_wgrad_x(NULL, actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
+        float d2 = mt_swiglu_row_wgrad_x(NULL, actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, NULL, da + (size_t)r * F,
+                                         w, F);
         same_dot &= f_bits(d1) == f_bits(d2);
     }
     CHECK(same_dot);
@@ -492,10 +519,49 @@ static void test_bf16_inputs(void) {
     uint16_t *dgu16 = mt_alloc((size_t)R * 2 * F * 2 + 64);
     for (int r = 0; r < R; r++) ws[r] = 0.5f + (float)(r % 13) / 7.0f;
     mt_swiglu_rows_bwd(dgu, da, gu, ws, R, F);
-    mt_swiglu_rows_bwd_x(NULL, dgu16, da, gu, ws, R, F);
+    mt_swiglu_rows_bwd_x(NULL, dgu16, da, gu, NULL, ws, R, F);
     ref16 = to16(dgu, (size_t)R * 2 * F);
     CHECK(memcmp(dgu16, ref16, (size_t)R * 2 * F * 2) == 0);
     mt_free(ref16);
+    /* gate|up given as bf16 (train --bf16 keeps it so): every SwiGLU kernel gives the fp32
+     * kernel's bits on the values it holds, into fp32 or bf16 outputs */
+    {
+        uint16_t *gu16 = to16(gu, (size_t)R * 2 * F);
+        float *gur = mt_alloc((size_t)R * 2 * F * 4), *o1 = mt_alloc((size_t)R * 2 * F * 4);
+        float *o2 = mt_alloc((size_t)R * 2 * F * 4);
+        uint16_t *h1 = mt_alloc((size_t)R * 2 * F * 2 + 64), *h2 = mt_alloc((size_t)R * 2 * F * 2 + 64);
+        mt_bf16_load_row(gur, gu16, (size_t)R * 2 * F);
+        int widened = 1;
+        for (size_t i = 0; i < (size_t)R * 2 * F; i++) widened &= f_bits(gur[i]) == (uint32_t)gu16[i] << 16;
+        CHECK(widened);
+        mt_swiglu_rows_fwd(o1, gur, R, F);
+        mt_swiglu_rows_fwd_x(o2, NULL, NULL, gu16, R, F);
+        CHECK_SAME_F(o1, o2, (size_t)R * F);
+        mt_swiglu_rows_fwd_x(NULL, h2, NULL, gu16, R, F);
+        mt_bf16_store(h1, o1, (size_t)R * F);
+        CHECK(memcmp(h1, h2, (size_t)R * F * 2) == 0);
+        int same = 1;
+        for (int r = 0; r < R; r++) {
+            const float w = 0.25f + (float)r / R;
+            const size_t g = (size_t)r * 2 * F, a = (size_t)r * F;
+            float d1 = mt_swiglu_row_wgrad(o1 + a, gur + g, da + a, w, F);
+            float d2 = mt_swiglu_row_wgrad_x(o2 + a, NULL, NULL, gu16 + g, da + a, w, F);
+            float d3 = mt_swiglu_row_wgrad_x(NULL, h2 + a, NULL, gu16 + g, da + a, w, F);
+            same &= f_bits(d1) == f_bits(d2) && f_bits(d1) == f_bits(d3);
+        }
+        CHECK(same);
+        CHECK_SAME_F(o1, o2, (size_t)R * F);
+        mt_bf16_store(h1, o1, (size_t)R * F);
+        CHECK(memcmp(h1, h2, (size_t)R * F * 2) == 0);
+        mt_swiglu_rows_bwd(o1, da, gur, ws, R, F);
+        mt_swiglu_rows_bwd_x(o2, NULL, da, NULL, gu16, ws, R, F);
+        CHECK_SAME_F(o1, o2, (size_t)R * 2 * F);
+        mt_swiglu_rows_bwd_x(NULL, h2, da, NULL, gu16, NULL, R, F);
+        mt_swiglu_rows_bwd(o1, da, gur, NULL, R, F);
+        mt_bf16_store(h1, o1, (size_t)R * 2 * F);
+        CHECK(memcmp(h1, h2, (size_t)R * 2 * F * 2) == 0);
+        mt_free(gu16); mt_free(gur); mt_free(o1); mt_free(o2); mt_free(h1); mt_free(h2);
+    }
     /* grouped forward (in = xe, In = C), data gradient (dout = dgu, O = 2F, In = C) and
      * weight gradient (dout = dgu, in = xe; and in = act, In = F, dout = y), then the linear
      * forward and backward, from fp32 and from bf16 */
@@ -507,8 +573,23 @@ static void test_bf16_inputs(void) {
     for (size_t i = 0; i < (size_t)R * O; i++) y1[i] = y2[i] = rnd(58, i);
     for (size_t i = 0; i < (size_t)R * C; i++) dx1[i] = dx2[i] = rnd(57, i);
     mt_grouped_linear_fwd(y1, xe, W, (size_t)O * C, off, E, C, O, 0.5f);
-    mt_grouped_linear_fwd_x(y2, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
+    mt_grouped_linear_fwd_x(y2, NULL, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
     CHECK_SAME_F(y1, y2, (size_t)R * O);
+    { /* the forward's output as bf16: the fp32 output's bits rounded */
+        uint16_t *y16 = mt_alloc((size_t)R * O * 2 + 64);
+        mt_grouped_linear_fwd(y1, xe, W, (size_t)O * C, off, E, C, O, 0.0f);
+        mt_grouped_linear_fwd_x(NULL, y16, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.0f);
+        ref16 = to16(y1, (size_t)R * O);
+        CHECK(memcmp(y16, ref16, (size_t)R * O * 2) == 0);
+        mt_free(ref16);
+        mt_linear_fwd(y1, x, W, N, C, O, 0.0f);
+        mt_linear_fwd_x(NULL, y16, x, NULL, W, N, C, O, 0.0f);
+        ref16 = to16(y1, (size_t)N * O);
+        CHECK(memcmp(y16, ref16, (size_t)N * O * 2) == 0);
+        mt_free(ref16);
+        mt_free(y16);
+        memcpy(y1, y2, (size_t)R * O * 4); /* equal again for the products below */
+    }
     mt_grouped_linear_bwd_data(dx1, dgu, W, (size_t)O * C, off, E, C, O, -1.0f);
     mt_grouped_linear_bwd_data_x(dx2, NULL, dgu16, W, (size_t)O * C, off, E, C, O, -1.0f);
     CHECK_SAME_F(dx1, dx2, (size_t)R * C);
@@ -519,7 +600,7 @@ static void test_bf16_inputs(void) {
     mt_grouped_linear_bwd_weight_x(dW2, (size_t)C * F, dx1, NULL, NULL, act16, off, E, F, C);
     CHECK_SAME_F(dW1, dW2, (size_t)E * C * F);
     mt_linear_fwd(y1, act, W, R, F, C, 1.0f);
-    mt_linear_fwd_x(y2, NULL, act16, W, R, F, C, 1.0f);
+    mt_linear_fwd_x(y2, NULL, NULL, act16, W, R, F, C, 1.0f);
     CHECK_SAME_F(y1, y2, (size_t)R * C);
     mt_linear_bwd(dx1, dW1, dgu, xe, W, R, C, O, 0.0f); /* dgu bf16 as A of both products */
     mt_linear_bwd_x(dx2, dW2, NULL, dgu16, xe, NULL, W, R, C, O, 0.0f);

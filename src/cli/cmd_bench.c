@@ -310,7 +310,7 @@ static void kb_moe(kb_table *tb) {
             MT_ASSERT(mt_set_gemm_bf16(1) == 0);
             snprintf(kn, sizeof kn, "grouped_fwd_%s_in16", names[pass]);
             r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-            MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd_x(out, NULL, in16, W, ws, off, E, In, O, 0.0f));
+            MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd_x(out, NULL, NULL, in16, W, ws, off, E, In, O, 0.0f));
             KB_TIME_REF(r, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
             snprintf(kn, sizeof kn, "grouped_bwd_weight_%s_in16", names[pass]);
             r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);

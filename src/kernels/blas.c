@@ -156,9 +156,14 @@ void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const 
     if (M > 0 && N > 0) mt_gemm_bf16_mixed(transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
 }
 
-void mt_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, int N, int In, int O,
-                     float beta) {
-    mt_sgemm_x(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
+void mt_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W, int N,
+                     int In, int O, float beta) {
+    if (!out16) {
+        mt_sgemm_x(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
+        return;
+    }
+    MT_ASSERT(g_bf16 && !out && beta == 0.0f);
+    if (N > 0 && O > 0) mt_gemm_bf16_mixed_c16(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, out16, O);
 }
 
 void mt_linear_fwd_res(float *out, const float *res, const float *in, const uint16_t *in16, const float *W, int N,
@@ -168,7 +173,7 @@ void mt_linear_fwd_res(float *out, const float *res, const float *in, const uint
         return;
     }
     if (res != out) mt_copy(out, res, (size_t)N * O);
-    mt_linear_fwd_x(out, in, in16, W, N, In, O, 1.0f);
+    mt_linear_fwd_x(out, NULL, in, in16, W, N, In, O, 1.0f);
 }
 
 void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
@@ -178,7 +183,7 @@ void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *d
 }
 
 void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, int O, float beta) {
-    mt_linear_fwd_x(out, in, NULL, W, N, In, O, beta);
+    mt_linear_fwd_x(out, NULL, in, NULL, W, N, In, O, beta);
 }
 
 void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,

@@ -37,8 +37,10 @@ void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, co
  * values it rounds); with none these are mt_sgemm, mt_linear_fwd and mt_linear_bwd. */
 void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
                 int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C, int ldc);
-void mt_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, int N, int In, int O,
-                     float beta);
+/* mt_linear_fwd_x may also write its output as bf16 (out16 instead of out, beta 0; bf16 mode:
+ * the bits mt_bf16_store writes for the fp32 output, mt_gemm_bf16_mixed_c16) */
+void mt_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W, int N,
+                     int In, int O, float beta);
 void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
                      const uint16_t *in16, const float *W, int N, int In, int O, float beta_in);
 /* out[N,O] = res[N,O] + in[N,In] @ W[O,In]^T (in or in16 as above): a residual add. In bf16

@@ -64,6 +64,18 @@ BF16_TARGET void mt_bf16_store_row(uint16_t *dst, const float *src, size_t n) {
     }
 }
 
+BF16_TARGET void mt_bf16_load_row(float *dst, const uint16_t *src, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                              _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i)), 16)));
+    }
+}
+
 void mt_bf16_store(uint16_t *dst, const float *src, size_t n) {
     const size_t chunk = 16384;
 #pragma omp parallel for schedule(static)
@@ -71,9 +83,10 @@ void mt_bf16_store(uint16_t *dst, const float *src, size_t n) {
 }
 
 /* C[mr x nr] (ldc) = alpha * A_panel . B_panel + (first ? beta * Cin : C), Cin with C's row
- * stride (it may be C); beta == 0 never reads Cin. A panel [kp][MR] words, B panel [kp][NR]. */
+ * stride (it may be C); beta == 0 never reads Cin. With C16 (C NULL; one K block, beta 0) the
+ * tile is stored rounded to bf16 there instead. A panel [kp][MR] words, B panel [kp][NR]. */
 BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *b, float *C, const float *Cin,
-                                     int ldc, int mr, int nr, float alpha, float beta, int first) {
+                                     uint16_t *C16, int ldc, int mr, int nr, float alpha, float beta, int first) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int p = 0; p < kp; p++) {
@@ -90,6 +103,13 @@ BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    if (C16) {
+        const __mmask32 m = nr >= 32 ? 0xffffffffu : (__mmask32)((1u << nr) - 1);
+        for (int r = 0; r < mr; r++) /* as mt_bf16_store rounds (VCVTNE2PS2BF16: low half from x0) */
+            _mm512_mask_storeu_epi16(C16 + (size_t)r * ldc, m,
+                                     (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(acc[r][1], va), _mm512_mul_ps(acc[r][0], va)));
+        return;
+    }
     for (int r = 0; r < mr; r++) {
         float *c = C + (size_t)r * ldc;
         const float *ci = Cin + (size_t)r * ldc;
@@ -140,6 +160,7 @@ typedef struct {
     const uint32_t *pre;
     float *C;
     const float *Cin; /* what beta scales: C, or another matrix with C's row stride */
+    uint16_t *C16;    /* instead of C: the result rounded to bf16 (K <= KC, beta 0) */
     int lda, ldb, ldc;
 } gemm_args;
 
@@ -179,8 +200,12 @@ BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, in
                     for (int ir = 0; ir < mc; ir += MR) {
                         int mr = mc - ir < MR ? mc - ir : MR;
                         const size_t ct = (size_t)(ic + ir) * ldc + jc + jr;
-                        micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), g->C + ct, g->Cin + ct, ldc, mr, nr,
-                                     g->alpha, g->beta, pc == 0);
+                        if (g->C16)
+                            micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), NULL, NULL, g->C16 + ct, ldc, mr, nr,
+                                         g->alpha, 0.0f, 1);
+                        else
+                            micro_kernel(kp, ap + (size_t)ir * kp, BPANEL(jr), g->C + ct, g->Cin + ct, NULL, ldc, mr,
+                                         nr, g->alpha, g->beta, pc == 0);
                     }
                 }
             }
@@ -193,6 +218,11 @@ BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, in
 static void gemm_run(const gemm_args *g, int M) {
     const int N = g->N, K = g->K;
     if (M <= 0 || N <= 0) return;
+    MT_ASSERT(!g->C16 || (K <= KC && g->beta == 0.0f && !g->pre));
+    if (K <= 0 && g->C16) {
+        for (int i = 0; i < M; i++) memset(g->C16 + (size_t)i * g->ldc, 0, sizeof(uint16_t) * N);
+        return;
+    }
     if (K <= 0) {
         if (g->Cin != g->C)
             for (int i = 0; i < M; i++) memcpy(g->C + (size_t)i * g->ldc, g->Cin + (size_t)i * g->ldc, sizeof(float) * N);
@@ -247,7 +277,7 @@ static void gemm_run(const gemm_args *g, int M) {
 
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, C, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, C, NULL, lda, ldb, ldc};
     gemm_run(&g, M);
 }
 
@@ -261,8 +291,32 @@ void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float a
                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                             const float *Cin, float *C, int ldc) {
     MT_ASSERT(!A != !A16 && !B != !B16);
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, Cin, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, Cin, NULL, lda, ldb, ldc};
     gemm_run(&g, M);
+}
+
+void mt_gemm_bf16_mixed_c16(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                            const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, uint16_t *C16,
+                            int ldc) {
+    MT_ASSERT(!A != !A16 && !B != !B16);
+    if (K <= KC) { /* one K block: the micro-kernel rounds its finished tile */
+        gemm_args g = {transA, transB, N, K, alpha, 0.0f, A, B, A16, B16, NULL, NULL, NULL, C16, lda, ldb, ldc};
+        gemm_run(&g, M);
+        return;
+    }
+    /* deeper sums need fp32 partial sums between K blocks: chunks of rows in fp32, rounded */
+    const int ch = M < 256 ? M : 256;
+    float *tmp = mt_alloc(sizeof(float) * (size_t)ch * N);
+    for (int r0 = 0; r0 < M; r0 += ch) {
+        const int rows = M - r0 < ch ? M - r0 : ch;
+        const size_t ao = transA ? (size_t)r0 : (size_t)r0 * lda;
+        gemm_args g = {transA, transB, N, K, alpha, 0.0f, A ? A + ao : NULL, B, A16 ? A16 + ao : NULL, B16, NULL,
+                       tmp, tmp, NULL, lda, ldb, N};
+        gemm_run(&g, rows);
+#pragma omp parallel for schedule(static) if (!omp_in_parallel())
+        for (int i = 0; i < rows; i++) mt_bf16_store_row(C16 + (size_t)(r0 + i) * ldc, tmp + (size_t)i * N, (size_t)N);
+    }
+    mt_free(tmp);
 }
 
 void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *B, int ldb) {
@@ -284,6 +338,6 @@ void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float
 
 void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc) {
-    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, NULL, NULL, packed, C, C, lda, 0, ldc};
+    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, NULL, NULL, packed, C, C, NULL, lda, 0, ldc};
     gemm_run(&g, M);
 }

@@ -26,6 +26,8 @@ float mt_bf16_round(float f);
 void mt_bf16_store(uint16_t *dst, const float *src, size_t n);
 /* The same on the calling thread (for loops already parallel, e.g. over rows). */
 void mt_bf16_store_row(uint16_t *dst, const float *src, size_t n);
+/* dst[i] = the fp32 value of the bf16 bits src[i] (exact; the calling thread) */
+void mt_bf16_load_row(float *dst, const uint16_t *src, size_t n);
 /* Requires mt_bf16_supported(). */
 void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
@@ -45,6 +47,14 @@ void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha
 void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float alpha, const float *A,
                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                             const float *Cin, float *C, int ldc);
+/* The product rounded to bf16: C16 = bf16(alpha op(A) op(B)) (the bits mt_bf16_store writes
+ * for mt_gemm_bf16_mixed's fp32 C), ldc in elements. For a product whose output only feeds
+ * bf16 reads (train --bf16 keeps the FFNs' gate|up so): half the bytes to write, keep and
+ * read. With K up to 768 (one K block) the micro-kernel rounds its finished tiles; deeper
+ * products go through an fp32 buffer of 256 rows. */
+void mt_gemm_bf16_mixed_c16(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                            const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, uint16_t *C16,
+                            int ldc);
 
 /* B packed once for many products (a weight that every chunk of rows multiplies): the
  * kernel's packed layout, B(k, n) rounded to bf16, k < K, n < N (transB as for

@@ -163,9 +163,10 @@ static int by_work_desc(const void *a, const void *b) {
  * The order changes no result: every tile writes its own part of the output. */
 static void order_tiles(tile *t, int n) { qsort(t, (size_t)n, sizeof *t, by_work_desc); }
 
-/* row tiles of every expert: out_rows = in_rows op(W_e), op = W^T (fwd) or W (bwd data) */
-static void grouped_rows(float *out, const float *in, const uint16_t *in16, const float *W, size_t wstride,
-                         const int32_t *off, int E, int In, int O, float beta, int data_grad) {
+/* row tiles of every expert: out_rows = in_rows op(W_e), op = W^T (fwd) or W (bwd data);
+ * out16: the forward's output as bf16 instead */
+static void grouped_rows(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
+                         size_t wstride, const int32_t *off, int E, int In, int O, float beta, int data_grad) {
     const int TR = tile_rows(off, E);
     int n = 0;
     for (int e = 0; e < E; e++)
@@ -180,29 +181,32 @@ static void grouped_rows(float *out, const float *in, const uint16_t *in16, cons
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < n; i++) {
         int e = tl[i].e, r = tl[i].r, rows = tl[i].n;
-        mt_sgemm_x(0, !data_grad, rows, M, K, 1.0f, in ? in + (size_t)r * K : NULL, in16 ? in16 + (size_t)r * K : NULL,
-                   K, W + (size_t)e * wstride, NULL, In, beta, out + (size_t)r * M, M);
+        const float *a = in ? in + (size_t)r * K : NULL;
+        const uint16_t *a16 = in16 ? in16 + (size_t)r * K : NULL;
+        if (out16) mt_linear_fwd_x(NULL, out16 + (size_t)r * M, a, a16, W + (size_t)e * wstride, rows, In, O, 0.0f);
+        else mt_sgemm_x(0, !data_grad, rows, M, K, 1.0f, a, a16, K, W + (size_t)e * wstride, NULL, In, beta,
+                        out + (size_t)r * M, M);
     }
 }
 
-void mt_grouped_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, size_t wstride,
-                             const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(out, in, in16, W, wstride, off, E, In, O, beta, 0);
+void mt_grouped_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
+                             size_t wstride, const int32_t *off, int E, int In, int O, float beta) {
+    grouped_rows(out, out16, in, in16, W, wstride, off, E, In, O, beta, 0);
 }
 
 void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
                            const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(out, in, NULL, W, wstride, off, E, In, O, beta, 0);
+    grouped_rows(out, NULL, in, NULL, W, wstride, off, E, In, O, beta, 0);
 }
 
 void mt_grouped_linear_bwd_data_x(float *din, const float *dout, const uint16_t *dout16, const float *W,
                                   size_t wstride, const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(din, dout, dout16, W, wstride, off, E, In, O, beta, 1);
+    grouped_rows(din, NULL, dout, dout16, W, wstride, off, E, In, O, beta, 1);
 }
 
 void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
                                 const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(din, dout, NULL, W, wstride, off, E, In, O, beta, 1);
+    grouped_rows(din, NULL, dout, NULL, W, wstride, off, E, In, O, beta, 1);
 }
 
 void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout, const uint16_t *dout16,

@@ -46,9 +46,10 @@ void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, 
                                   const int32_t *off, int E, int In, int O);
 /* The same with inputs given as bf16 instead (train --bf16 keeps the routed experts' rows so):
  * of each pair (in, in16), (dout, dout16) one is given and the other NULL; a bf16 one needs
- * bf16 mode (mt_sgemm_x: the same bits as from the fp32 values it rounds). */
-void mt_grouped_linear_fwd_x(float *out, const float *in, const uint16_t *in16, const float *W, size_t wstride,
-                             const int32_t *off, int E, int In, int O, float beta);
+ * bf16 mode (mt_sgemm_x: the same bits as from the fp32 values it rounds). The forward may
+ * write its output as bf16 (out16 instead of out, beta 0: see mt_linear_fwd_x). */
+void mt_grouped_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
+                             size_t wstride, const int32_t *off, int E, int In, int O, float beta);
 void mt_grouped_linear_bwd_data_x(float *din, const float *dout, const uint16_t *dout16, const float *W,
                                   size_t wstride, const int32_t *off, int E, int In, int O, float beta);
 void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout, const uint16_t *dout16,

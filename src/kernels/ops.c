@@ -186,37 +186,6 @@ float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, i
     return d;
 }
 
-void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, int N, int F) {
-    if (!a16) {
-        mt_swiglu_rows_fwd(a, gu, N, F);
-        return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *g = gu + (size_t)n * 2 * F, *u = g + F;
-        uint16_t *o = a16 + (size_t)n * F;
-#if defined(__AVX512BF16__)
-        /* swiglu_fwd_span's values, converted as mt_bf16_store does, in registers */
-        for (int i = 0; i < F; i += 16) {
-            __mmask16 k = F - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (F - i)) - 1u);
-            _mm256_mask_storeu_epi16(o + i, k, (__m256i)_mm512_cvtneps_pbh(swiglu_vec(g + i, u + i, k)));
-        }
-#else
-        float *r = row_scratch(F);
-        swiglu_fwd_span(r, g, u, (size_t)F);
-        mt_bf16_store_row(o, r, (size_t)F);
-#endif
-    }
-}
-
-float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const float *da, float w, int F) {
-    if (!a16) return mt_swiglu_row_wgrad(a, gu, da, w, F);
-    float *r = row_scratch(F);
-    float d = mt_swiglu_row_wgrad(r, gu, da, w, F);
-    mt_bf16_store_row(a16, r, (size_t)F);
-    return d;
-}
-
 void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const float *wscale, int N, int F) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -226,18 +195,64 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
     }
 }
 
-void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const float *wscale, int N,
-                          int F) {
-    if (!dgu16) {
+/* row n of gate|up as fp32: gu's, or gu16's widened into buf [2F] */
+static const float *gu_row(const float *gu, const uint16_t *gu16, int n, int F, float *buf) {
+    if (!gu16) return gu + (size_t)n * 2 * F;
+    mt_bf16_load_row(buf, gu16 + (size_t)n * 2 * F, 2 * (size_t)F);
+    return buf;
+}
+
+void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, int N, int F) {
+    if (!a16 && !gu16) {
+        mt_swiglu_rows_fwd(a, gu, N, F);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *r = row_scratch(3 * F); /* [0, F) output, [F, 3F) gate|up */
+        const float *g = gu_row(gu, gu16, n, F, r + F), *u = g + F;
+        if (!a16) {
+            swiglu_fwd_span(a + (size_t)n * F, g, u, (size_t)F);
+            continue;
+        }
+        uint16_t *o = a16 + (size_t)n * F;
+#if defined(__AVX512BF16__)
+        /* swiglu_fwd_span's values, converted as mt_bf16_store does, in registers */
+        for (int i = 0; i < F; i += 16) {
+            __mmask16 k = F - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (F - i)) - 1u);
+            _mm256_mask_storeu_epi16(o + i, k, (__m256i)_mm512_cvtneps_pbh(swiglu_vec(g + i, u + i, k)));
+        }
+#else
+        swiglu_fwd_span(r, g, u, (size_t)F);
+        mt_bf16_store_row(o, r, (size_t)F);
+#endif
+    }
+}
+
+float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, const float *da, float w,
+                            int F) {
+    if (!a16 && !gu16) return mt_swiglu_row_wgrad(a, gu, da, w, F);
+    float *r = row_scratch(3 * F); /* [0, F) the activation, [F, 3F) gate|up */
+    const float *g = gu_row(gu, gu16, 0, F, r + F);
+    if (!a16) return mt_swiglu_row_wgrad(a, g, da, w, F);
+    float d = mt_swiglu_row_wgrad(r, g, da, w, F);
+    mt_bf16_store_row(a16, r, (size_t)F);
+    return d;
+}
+
+void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const uint16_t *gu16,
+                          const float *wscale, int N, int F) {
+    if (!dgu16 && !gu16) {
         mt_swiglu_rows_bwd(dgu, da, gu, wscale, N, F);
         return;
     }
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *g = gu + (size_t)n * 2 * F;
-        float *r = row_scratch(2 * F);
-        swiglu_bwd_span(r, r + F, da + (size_t)n * F, g, g + F, wscale ? wscale[n] : 1.0f, (size_t)F);
-        mt_bf16_store_row(dgu16 + (size_t)n * 2 * F, r, 2 * (size_t)F);
+        float *r = row_scratch(4 * F); /* [0, 2F) dg|du, [2F, 4F) gate|up */
+        const float *g = gu_row(gu, gu16, n, F, r + 2 * F);
+        float *dg = dgu16 ? r : dgu + (size_t)n * 2 * F;
+        swiglu_bwd_span(dg, dg + F, da + (size_t)n * F, g, g + F, wscale ? wscale[n] : 1.0f, (size_t)F);
+        if (dgu16) mt_bf16_store_row(dgu16 + (size_t)n * 2 * F, r, 2 * (size_t)F);
     }
 }
 

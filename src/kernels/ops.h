@@ -49,11 +49,14 @@ void mt_swiglu_rows_bwd(float *dgu, const float *da, const float *gu, const floa
 float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, int F);
 /* The same writing a (dgu) as fp32, or as bf16 (the bits mt_bf16_store writes; bf16 mode
  * only) into a16 (dgu16) when that is not NULL: the activation and gradient that only the
- * bf16 products read, in half the bytes. The returned dot product is the fp32 one. */
-void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, int N, int F);
-float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const float *da, float w, int F);
-void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const float *wscale, int N,
-                          int F);
+ * bf16 products read, in half the bytes. The returned dot product is the fp32 one. gate|up
+ * may be given as bf16 too (gu16 instead of gu: train --bf16 keeps it so); the math is the
+ * fp32 math on its values. */
+void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, int N, int F);
+float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, const float *da, float w,
+                            int F);
+void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const uint16_t *gu16,
+                          const float *wscale, int N, int F);
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.

@@ -344,18 +344,18 @@ typedef struct {
     float *att, *lse;             /* [N,H*D], [B,H,T] */
     float *h;                     /* [N,C] residual after attention */
     float *rstd2;                 /* [N] */
-    float *gu;                    /* dense: [N,2F] gate|up */
+    float *gu;                    /* dense: [N,2F] gate|up (bf16 mode: bf16, see GU_PAIR) */
     float *probs;                 /* MoE: [N,E] selection scores p */
     int32_t *sel;                 /* [N,k] */
     float *wsel;                  /* [N,k] final routing weights */
     int32_t *slot_row;            /* [N*k] permuted row of (token, slot) */
     int32_t *perm_tok;            /* [N*k] token of permuted row */
     int32_t *eoff;                /* [E+1] */
-    float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order) */
-    float *sgu;                   /* [N,2Fs] shared experts gate|up */
+    float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order; bf16 mode: bf16) */
+    float *sgu;                   /* [N,2Fs] shared experts gate|up (bf16 mode: bf16) */
     float *f;                     /* [B,E] per-sequence routed fraction f_e */
     mt_ep_batch epb;              /* EP: the dispatch of this layer (owned by the exchange) */
-    float *ep_egu;                /* EP: [epb.R, 2Fm] expert gate|up (allocated per step) */
+    float *ep_egu;                /* EP: [epb.R, 2Fm] expert gate|up (allocated per step; bf16 mode: bf16) */
 } layer_acts;
 
 struct mt_acts {
@@ -420,9 +420,12 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     }
     bigsz = maxz(bigsz, (size_t)a->ffn_rows * F * dense);
     const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
+    /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
+     * (GU_PAIR), and their scratch that only products read (below) */
+    const size_t hl = a->kv16 ? sizeof(uint16_t) : fl;
     if (sel) {
         a->hbuf = carve(cv, N * C * fl);
-        a->gubuf = E ? carve(cv, maxz(R * 2 * Fm, N * 2 * Fs) * fl) : NULL;
+        a->gubuf = E ? carve(cv, maxz(R * 2 * Fm, N * 2 * Fs) * hl) : NULL;
     }
     for (int l = a->lo; l < a->hi; l++) {
         layer_acts *L = &a->L[l - a->lo];
@@ -441,7 +444,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         L->h = sel ? a->hbuf : carve(cv, N * C * fl);
         L->rstd2 = carve(cv, N * fl);
         if (!mt_config_is_moe(c, l)) {
-            L->gu = carve(cv, Nt * 2 * F * fl);
+            L->gu = carve(cv, Nt * 2 * F * hl);
         } else {
             L->probs = carve(cv, N * E * fl);
             L->sel = carve(cv, R * il);
@@ -449,8 +452,8 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
             L->slot_row = carve(cv, R * il);
             L->perm_tok = carve(cv, R * il);
             L->eoff = carve(cv, (E + 1) * il);
-            L->egu = sel ? a->gubuf : carve(cv, R * 2 * Fm * fl);
-            if (Fs) L->sgu = sel ? a->gubuf : carve(cv, N * 2 * Fs * fl);
+            L->egu = sel ? a->gubuf : carve(cv, R * 2 * Fm * hl);
+            if (Fs) L->sgu = sel ? a->gubuf : carve(cv, N * 2 * Fs * hl);
             L->f = carve(cv, (size_t)B * E * fl);
         }
     }
@@ -482,10 +485,9 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     a->dv = carve(cv, Nt * G * D * fl);
     const size_t u1 = cv->off;
     cv->off = u0;
-    /* kv16 implies the bf16 GEMMs, in which the FFNs keep the SwiGLU output (big1), the
-     * gate|up gradient (big3) and the gathered expert rows (xe) as bf16 (SCRATCH_PAIR): half
-     * the bytes (dact in big2 and the expert outputs in ye stay fp32) */
-    const size_t hl = a->kv16 ? sizeof(uint16_t) : fl;
+    /* the bf16 scratch: the SwiGLU output (big1), the gate|up gradient (big3) and the
+     * gathered expert rows (xe) (SCRATCH_PAIR): half the bytes (dact in big2 and the expert
+     * outputs in ye stay fp32) */
     a->big1 = carve(cv, bigsz * hl);
     a->big2 = carve(cv, bigsz * fl);
     a->big3 = carve(cv, 2 * bigsz * hl);
@@ -665,8 +667,10 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
 /* In bf16 mode the FFNs keep the activations and gradients that only products read (the
  * gathered expert rows and output gradients, the SwiGLU output, the gate|up gradient) as
  * bf16, in the scratch that holds them as fp32 otherwise: the products round them anyway, so
- * the same bits in half the bytes (docs/DESIGN.md, Mixed precision). One pointer of each
- * pair is set: bf16 (h16) or fp32. */
+ * the same bits in half the bytes (docs/DESIGN.md, Mixed precision). The gate|up outputs
+ * that the backward keeps (gu, egu, sgu) are bf16 too, rounded as the product writes them,
+ * as autocast keeps a product's output: the SwiGLU forward and backward both read the
+ * rounded values, in fp32 math. One pointer of each pair is set: bf16 (h16) or fp32. */
 #define SCRATCH_PAIR(h16, buf, f32, b16) \
     float *f32 = (h16) ? NULL : (buf);  \
     uint16_t *b16 = (h16) ? (uint16_t *)(buf) : NULL
@@ -677,34 +681,39 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
  * x, or x16 when it is bf16 (the other NULL). The SwiGLU
  * and the down projection run over chunks of `rows` rows in the scratch a->big1 (the dense
  * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
-static void swiglu_ffn_fwd(mt_acts *a, float *out, const float *res, float *gu, const float *x, const uint16_t *x16,
-                           const float *wgu, const float *wd, int N, int C, int F, int rows) {
+static void swiglu_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const float *x,
+                           const uint16_t *x16, const float *wgu, const float *wd, int N, int C, int F, int rows) {
     const int h16 = mt_gemm_bf16_enabled();
     SCRATCH_PAIR(h16, a->big1, act, act16);
-    mt_linear_fwd_x(gu, x, x16, wgu, N, C, 2 * F, 0.0f);
+    SCRATCH_PAIR(h16, gubuf, gu, gu16);
+    mt_linear_fwd_x(gu, gu16, x, x16, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
-        mt_swiglu_rows_fwd_x(act, act16, gu + (size_t)n0 * 2 * F, n, F);
+        const size_t o = (size_t)n0 * 2 * F;
+        mt_swiglu_rows_fwd_x(act, act16, gu ? gu + o : NULL, gu16 ? gu16 + o : NULL, n, F);
         if (res) mt_linear_fwd_res(out + (size_t)n0 * C, res + (size_t)n0 * C, act, act16, wd, n, F, C);
-        else mt_linear_fwd_x(out + (size_t)n0 * C, act, act16, wd, n, F, C, 0.0f);
+        else mt_linear_fwd_x(out + (size_t)n0 * C, NULL, act, act16, wd, n, F, C, 0.0f);
     }
 }
 
 /* dx[N,C] = d/dx (overwritten); weight grads accumulate (dwgu is [2F, C]), over the same
  * chunks of rows, in the scratch a->big1 [rows,F], big2 [rows,F], big3 [rows,2F]. */
 static void swiglu_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
-                           const uint16_t *x16, const float *gu, const float *wgu, const float *wd, int N, int C,
+                           const uint16_t *x16, float *gubuf, const float *wgu, const float *wd, int N, int C,
                            int F, int rows) {
     const int h16 = mt_gemm_bf16_enabled();
     float *dact = a->big2;
     SCRATCH_PAIR(h16, a->big1, act, act16);
     SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
+    SCRATCH_PAIR(h16, gubuf, gu, gu16);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
-        const float *g = gu + (size_t)n0 * 2 * F, *dy = dout + (size_t)n0 * C;
-        mt_swiglu_rows_fwd_x(act, act16, g, n, F);                            /* recompute the activation */
+        const size_t o = (size_t)n0 * 2 * F;
+        const float *g = gu ? gu + o : NULL, *dy = dout + (size_t)n0 * C;
+        const uint16_t *g16 = gu16 ? gu16 + o : NULL;
+        mt_swiglu_rows_fwd_x(act, act16, g, g16, n, F);                       /* recompute the activation */
         mt_linear_bwd_x(dact, dwd, dy, NULL, act, act16, wd, n, F, C, 0.0f); /* da */
-        mt_swiglu_rows_bwd_x(dgu, dgu16, dact, g, NULL, n, F);                /* dg|du */
+        mt_swiglu_rows_bwd_x(dgu, dgu16, dact, g, g16, NULL, n, F);           /* dg|du */
         mt_linear_bwd_x(dx + (size_t)n0 * C, dwgu, dgu, dgu16, x ? x + (size_t)n0 * C : NULL,
                         x16 ? x16 + (size_t)n0 * C : NULL, wgu, n, C, 2 * F, 0.0f);
     }
@@ -715,7 +724,7 @@ static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, co
                       int N) {
     const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
-    mt_linear_fwd_x(L->probs, ln, ln16, w->router, N, C, E, 0.0f);
+    mt_linear_fwd_x(L->probs, NULL, ln, ln16, w->router, N, C, E, 0.0f);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         float *p = L->probs + (size_t)t * E;
@@ -764,6 +773,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const int h16 = mt_gemm_bf16_enabled();
     SCRATCH_PAIR(h16, a->xe, xe, xe16);
     SCRATCH_PAIR(h16, a->big1, act, act16);
+    SCRATCH_PAIR(h16, L->egu, egu, egu16);
     mt_moe_permute(xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
     if (xe16) mt_moe_gather_x(NULL, xe16, ln, ln16, L->perm_tok, R, C);
     const int32_t *off = L->eoff;
@@ -773,9 +783,9 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_trace_end();
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
     mt_trace_begin("moe.experts");
-    mt_grouped_linear_fwd_x(L->egu, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-    mt_swiglu_rows_fwd_x(act, act16, L->egu, R, Fm);
-    mt_grouped_linear_fwd_x(a->ye, act, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
+    mt_grouped_linear_fwd_x(egu, egu16, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    mt_swiglu_rows_fwd_x(act, act16, egu, egu16, R, Fm);
+    mt_grouped_linear_fwd_x(a->ye, NULL, act, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     mt_trace_end();
     /* the shared experts' product adds the residual stream in its output pass and the
      * weighted combine accumulates: the residual add costs no pass of its own */
@@ -806,12 +816,14 @@ static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     ep->dispatch(ep->ctx, &L->epb, ln, L->sel, L->wsel, N, K, C, E);
     mt_trace_end();
     mt_trace_begin("moe.experts");
-    const int R = L->epb.R;
-    L->ep_egu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
+    const int R = L->epb.R, h16 = mt_gemm_bf16_enabled();
+    L->ep_egu = mt_alloc((h16 ? sizeof(uint16_t) : sizeof(float)) * ((size_t)R * 2 * Fm + 1));
+    SCRATCH_PAIR(h16, L->ep_egu, egu, egu16);
     float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
     float *ye = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
-    mt_grouped_linear_fwd(L->ep_egu, L->epb.xe, w->egate, (size_t)2 * Fm * C, L->epb.off, LE, C, 2 * Fm, 0.0f);
-    mt_swiglu_rows_fwd(act, L->ep_egu, R, Fm);
+    mt_grouped_linear_fwd_x(egu, egu16, L->epb.xe, NULL, w->egate, (size_t)2 * Fm * C, L->epb.off, LE, C, 2 * Fm,
+                            0.0f);
+    mt_swiglu_rows_fwd_x(act, NULL, egu, egu16, R, Fm);
     mt_grouped_linear_fwd(ye, act, w->edown, (size_t)C * Fm, L->epb.off, LE, Fm, C, 0.0f);
     mt_trace_end();
     mt_trace_begin("moe.combine");
@@ -870,7 +882,11 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
     /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
     mt_trace_begin("moe.shared");
-    if (Fs > 0 && recompute) mt_linear_fwd_x(L->sgu, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
+    const int h16 = mt_gemm_bf16_enabled();
+    if (Fs > 0 && recompute) {
+        SCRATCH_PAIR(h16, L->sgu, sgu, sgu16);
+        mt_linear_fwd_x(sgu, sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
+    }
     if (Fs > 0)
         swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
@@ -878,9 +894,9 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
      * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
      * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
     mt_trace_begin("moe.experts");
-    /* bf16 mode: xe, act, the gathered output gradients ye and dgu as bf16 (see
+    /* bf16 mode: xe, act, the gathered output gradients ye, dgu and egu as bf16 (see
      * SCRATCH_PAIR); ye is the last product's fp32 output, after its bf16 rows are read */
-    const int h16 = mt_gemm_bf16_enabled();
+    SCRATCH_PAIR(h16, L->egu, egu, egu16);
     SCRATCH_PAIR(h16, a->xe, xe, xe16);
     SCRATCH_PAIR(h16, a->ye, ye, ye16);
     SCRATCH_PAIR(h16, a->big1, act, act16);
@@ -890,17 +906,19 @@ static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_laye
     mt_moe_gather_x(ye, ye16, dout, NULL, L->perm_tok, R, C);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
-    if (recompute) mt_grouped_linear_fwd_x(L->egu, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    if (recompute)
+        mt_grouped_linear_fwd_x(egu, egu16, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_grouped_linear_bwd_data_x(dact, ye, ye16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
     /* per pair i (row r): the activation again, dw_i = act_r . dact_r, act_r *= w_i */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < R; i++) {
         size_t r = (size_t)L->slot_row[i];
-        a->dw[i] = mt_swiglu_row_wgrad_x(act ? act + r * Fm : NULL, act16 ? act16 + r * Fm : NULL, L->egu + r * 2 * Fm,
+        a->dw[i] = mt_swiglu_row_wgrad_x(act ? act + r * Fm : NULL, act16 ? act16 + r * Fm : NULL,
+                                         egu ? egu + r * 2 * Fm : NULL, egu16 ? egu16 + r * 2 * Fm : NULL,
                                          dact + r * Fm, L->wsel[i], Fm);
     }
     mt_grouped_linear_bwd_weight_x(dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, E, Fm, C);
-    mt_swiglu_rows_bwd_x(dgu, dgu16, dact, L->egu, a->wrow, R, Fm);
+    mt_swiglu_rows_bwd_x(dgu, dgu16, dact, egu, egu16, a->wrow, R, Fm);
     mt_grouped_linear_bwd_weight_x(dw->egate, (size_t)2 * Fm * C, dgu, dgu16, xe, xe16, off, E, C, 2 * Fm);
     mt_grouped_linear_bwd_data_x(a->ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
     mt_trace_end();
@@ -969,7 +987,11 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     const int R = b->R;
     const int32_t *off = b->off;
     mt_trace_begin("moe.shared");
-    if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) mt_linear_fwd(L->sgu, ln, w->sgate, N, C, 2 * Fs, 0.0f);
+    const int h16 = mt_gemm_bf16_enabled();
+    if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) {
+        SCRATCH_PAIR(h16, L->sgu, sgu, sgu16);
+        mt_linear_fwd_x(sgu, sgu16, ln, NULL, w->sgate, N, C, 2 * Fs, 0.0f);
+    }
     if (Fs > 0)
         swiglu_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, NULL, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
@@ -979,14 +1001,15 @@ static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_la
     float *dact = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
     float *dgu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
     float *dwv = mt_alloc(sizeof(float) * ((size_t)R + 1));
+    SCRATCH_PAIR(h16, L->ep_egu, egu, egu16);
     ep->gather(ep->ctx, b, yeu, dout);
     mt_grouped_linear_bwd_data(dact, yeu, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++)
-        dwv[r] = mt_swiglu_row_wgrad(act + (size_t)r * Fm, L->ep_egu + (size_t)r * 2 * Fm, dact + (size_t)r * Fm,
-                                     b->w[r], Fm);
+        dwv[r] = mt_swiglu_row_wgrad_x(act + (size_t)r * Fm, NULL, egu ? egu + (size_t)r * 2 * Fm : NULL,
+                                       egu16 ? egu16 + (size_t)r * 2 * Fm : NULL, dact + (size_t)r * Fm, b->w[r], Fm);
     mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, yeu, act, off, LE, Fm, C);
-    mt_swiglu_rows_bwd(dgu, dact, L->ep_egu, b->w, R, Fm);
+    mt_swiglu_rows_bwd_x(dgu, NULL, dact, egu, egu16, b->w, R, Fm);
     mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, b->xe, off, LE, C, 2 * Fm);
     mt_grouped_linear_bwd_data(yeu, dgu, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
     mt_trace_end();
@@ -1095,9 +1118,9 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
         /* kv16: K and V in fp32 in the attention backward's dk, dv (free in the forward) */
         float *kf = a->kv16 ? a->dk : L->k, *vf = a->kv16 ? a->dv : L->v;
-        mt_linear_fwd_x(L->q, lnf, ln16, w->wq, N, C, H * D, 0.0f);
-        mt_linear_fwd_x(kf, lnf, ln16, w->wk, N, C, G * D, 0.0f);
-        mt_linear_fwd_x(vf, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+        mt_linear_fwd_x(L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+        mt_linear_fwd_x(kf, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd_x(vf, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
         mt_rope_apply_pos(kf, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
         if (a->kv16) {
