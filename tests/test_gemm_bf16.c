@@ -450,7 +450,7 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
  * rows, the SwiGLU outputs and gate|up gradients) write the bits mt_bf16_store writes of
  * their fp32 results, and the products that read them give the fp32 inputs' bits: the
  * gather (from fp32 or bf16 rows), RMSNorm, SwiGLU forward (and the routed backward's
- * recomputed, weighted row with its dot product) and backward, the grouped forward, data and
+ * recomputed, weighted row with its dot product) and backward, RoPE into bf16, the grouped forward, data and
  * weight gradients, the linear forward and backward; the forward products writing bf16
  * (the FFNs' gate|up) and the SwiGLU kernels reading it. */
 static void test_bf16_inputs(void) {
@@ -493,6 +493,30 @@ static void test_bf16_inputs(void) {
         ref16 = to16(o, (size_t)N * C);
         CHECK(memcmp(o16, ref16, (size_t)N * C * 2) == 0);
         mt_free(ref16); mt_free(nw); mt_free(o); mt_free(r1); mt_free(r2); mt_free(o16);
+    }
+    /* RoPE rotated and rounded in one pass (K in train --bf16): the bits of the in-place
+     * rotation rounded, positions restarting (document mode) and n % T, x untouched */
+    {
+        const int T = 7, nh = 3, D = 18, W = nh * D;
+        float *ct = mt_alloc((size_t)T * D / 2 * 4), *st = mt_alloc((size_t)T * D / 2 * 4);
+        float *k = mt_alloc((size_t)N * W * 4), *k0 = mt_alloc((size_t)N * W * 4);
+        uint16_t *k16 = mt_alloc((size_t)N * W * 2 + 64);
+        int32_t *pos = mt_xmalloc(sizeof(int32_t) * N);
+        mt_rope_table(ct, st, T, D, 10000.0);
+        for (int n = 0; n < N; n++) pos[n] = (n * 5) % 11 % T;
+        for (size_t i = 0; i < (size_t)N * W; i++) k[i] = k0[i] = rnd(61, i) * 2.0f;
+        for (int withpos = 0; withpos < 2; withpos++) {
+            mt_rope_store16(k16, k, ct, st, withpos ? pos : NULL, N, T, nh, D);
+            CHECK_SAME_F(k, k0, (size_t)N * W);
+            float *kr = mt_alloc((size_t)N * W * 4);
+            memcpy(kr, k, (size_t)N * W * 4);
+            mt_rope_apply_pos(kr, ct, st, withpos ? pos : NULL, N, T, nh, D, 0);
+            ref16 = to16(kr, (size_t)N * W);
+            CHECK(memcmp(k16, ref16, (size_t)N * W * 2) == 0);
+            mt_free(ref16);
+            mt_free(kr);
+        }
+        mt_free(ct); mt_free(st); mt_free(k); mt_free(k0); mt_free(k16); free(pos);
     }
     /* SwiGLU rows, and the weighted row of the backward */
     float *act = mt_alloc((size_t)R * F * 4), *actw = mt_alloc((size_t)R * F * 4);

@@ -86,6 +86,16 @@ void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta) {
         }
 }
 
+/* one head of D = 2h values rotated into out (which may be v) */
+static inline void rope_head(float *out, const float *v, const float *c, const float *s, int h, int inverse) {
+    for (int i = 0; i < h; i++) {
+        float x1 = v[i], x2 = v[i + h];
+        float si = inverse ? -s[i] : s[i];
+        out[i] = x1 * c[i] - x2 * si;
+        out[i + h] = x2 * c[i] + x1 * si;
+    }
+}
+
 void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
                        int T, int nh, int D, int inverse) {
     int h = D / 2;
@@ -95,13 +105,22 @@ void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const i
         const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
         for (int head = 0; head < nh; head++) {
             float *v = x + ((size_t)n * nh + head) * D;
-            for (int i = 0; i < h; i++) {
-                float x1 = v[i], x2 = v[i + h];
-                float si = inverse ? -s[i] : s[i];
-                v[i] = x1 * c[i] - x2 * si;
-                v[i + h] = x2 * c[i] + x1 * si;
-            }
+            rope_head(v, v, c, s, h, inverse);
         }
+    }
+}
+
+void mt_rope_store16(uint16_t *out, const float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
+                     int T, int nh, int D) {
+    int h = D / 2;
+    const size_t W = (size_t)nh * D;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        int t = pos ? pos[n] : n % T;
+        const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
+        float *r = row_scratch((int)W);
+        for (int head = 0; head < nh; head++) rope_head(r + (size_t)head * D, x + n * W + (size_t)head * D, c, s, h, 0);
+        mt_bf16_store_row(out + n * W, r, W);
     }
 }
 

@@ -32,6 +32,11 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
  * start in document mode; pos == NULL means n % T. */
 void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
                        int T, int nh, int D, int inverse);
+/* The forward rotation of x written as bf16 into out (the bits mt_bf16_store writes of what
+ * mt_rope_apply_pos leaves in x; x unchanged; bf16 mode only): train --bf16's K, rotated and
+ * rounded in one pass. */
+void mt_rope_store16(uint16_t *out, const float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
+                     int T, int nh, int D);
 
 /* a[N,F] = silu(g) * u */
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);

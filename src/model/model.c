@@ -1116,20 +1116,20 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         const uint16_t *ln16;
         norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
-        /* kv16: K and V in fp32 in the attention backward's dk, dv (free in the forward) */
-        float *kf = a->kv16 ? a->dk : L->k, *vf = a->kv16 ? a->dv : L->v;
         mt_linear_fwd_x(L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
-        mt_linear_fwd_x(kf, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
-        mt_linear_fwd_x(vf, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
         mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
-        mt_rope_apply_pos(kf, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
-        if (a->kv16) {
-            mt_bf16_store(L->k16, kf, (size_t)N * G * D);
-            mt_bf16_store(L->v16, vf, (size_t)N * G * D);
+        if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
+                        * dk (free in the forward), rotated and rounded in one pass */
+            mt_linear_fwd_x(a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+            mt_linear_fwd_x(NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+            mt_rope_store16(L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D);
             mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch,
                                   a->nthr);
         } else {
-            mt_attention_fwd(L->att, L->lse, L->q, kf, vf, pos, B, T, H, G, D, a->att_scratch, a->nthr);
+            mt_linear_fwd_x(L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+            mt_linear_fwd_x(L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+            mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
+            mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr);
         }
         if (tp == 1) { /* residual add fused into the output projection */
             mt_linear_fwd_res(L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
