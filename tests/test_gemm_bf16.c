@@ -164,7 +164,7 @@ static void gemm_case(int M, int N, int K, int tA, int tB, int nested, float alp
     mt_free(C0);
 }
 
-/* K = 0: C = beta*C, zero without reading it when beta == 0 */
+/* K = 0: C = beta*C, zero without reading it when beta == 0; a bf16 output is zero */
 static void test_k0(void) {
     snprintf(where, sizeof where, "K 0");
     float C[6] = {1, 2, 3, 4, 5, 6}; /* 2 x 2 with ldc 3: C[2], C[5] are padding */
@@ -173,6 +173,11 @@ static void test_k0(void) {
     float Z[4] = {NAN, NAN, NAN, NAN};
     mt_gemm_bf16(1, 0, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.0f, Z, 2);
     CHECK(Z[0] == 0 && Z[1] == 0 && Z[2] == 0 && Z[3] == 0);
+    /* the bf16 output: zeros, the padding (H[2], H[5]) untouched */
+    uint16_t H[6] = {1, 2, 3, 4, 5, 6};
+    const float one = 1.0f;
+    mt_gemm_bf16_mixed_c16(0, 1, 2, 2, 0, 1.0f, &one, NULL, 1, &one, NULL, 1, H, 3);
+    CHECK(H[0] == 0 && H[1] == 0 && H[2] == 3 && H[3] == 0 && H[4] == 0 && H[5] == 6);
 }
 
 /* C = alpha AB + beta Cin (mt_gemm_bf16_mixed_cin, the residual add in the output pass): the

@@ -344,7 +344,7 @@ typedef struct {
     float *att, *lse;             /* [N,H*D], [B,H,T] */
     float *h;                     /* [N,C] residual after attention */
     float *rstd2;                 /* [N] */
-    float *gu;                    /* dense: [N,2F] gate|up (bf16 mode: bf16, see GU_PAIR) */
+    float *gu;                    /* dense: [N,2F] gate|up (bf16 mode: bf16, SCRATCH_PAIR) */
     float *probs;                 /* MoE: [N,E] selection scores p */
     int32_t *sel;                 /* [N,k] */
     float *wsel;                  /* [N,k] final routing weights */
@@ -421,7 +421,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     bigsz = maxz(bigsz, (size_t)a->ffn_rows * F * dense);
     const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
     /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
-     * (GU_PAIR), and their scratch that only products read (below) */
+     * (SCRATCH_PAIR), and their scratch that only products read (below) */
     const size_t hl = a->kv16 ? sizeof(uint16_t) : fl;
     if (sel) {
         a->hbuf = carve(cv, N * C * fl);
