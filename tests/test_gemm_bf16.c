@@ -644,7 +644,7 @@ static void test_bf16_inputs(void) {
  * (mt_gemm_bf16_packed): the same dx and dW bits as calls of one chunk each (which pack
  * per product), and the same loss up to the order of its double sum */
 static void test_head_packed(void) {
-    const int N = 600, C = 40, V = 333; /* 3 chunks of <= 256 rows, V and C off the panel widths */
+    const int N = 2 * MT_HEAD_ROWS + 88, C = 40, V = 333; /* 3 chunks, V and C off the panel widths */
     snprintf(where, sizeof where, "head_ce bf16 N %d C %d V %d", N, C, V);
     float *x = mt_alloc((size_t)N * C * 4), *W = mt_alloc((size_t)V * C * 4);
     float *dx1 = mt_alloc((size_t)N * C * 4), *dx2 = mt_alloc((size_t)N * C * 4);
@@ -656,8 +656,8 @@ static void test_head_packed(void) {
     for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 37) % V);
     CHECK(mt_set_gemm_bf16(1) == 0);
     double l1 = mt_head_ce(dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, scratch), l2 = 0;
-    for (int n0 = 0; n0 < N; n0 += 256) {
-        int nr = N - n0 < 256 ? N - n0 : 256;
+    for (int n0 = 0; n0 < N; n0 += MT_HEAD_ROWS) {
+        int nr = N - n0 < MT_HEAD_ROWS ? N - n0 : MT_HEAD_ROWS;
         l2 += mt_head_ce(dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, scratch);
     }
     double l3 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, scratch); /* loss only */

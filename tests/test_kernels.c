@@ -453,7 +453,7 @@ static void head_case(int N, int C, int V, int ignore_all) {
 
 static void test_head(void) {
     /* V = 256: the logits chunk's row stride padded past a multiple of 1 KiB */
-    static const int Ns[] = {1, 7, 130, 257}, Cs[] = {3, 16, 64}, Vs[] = {5, 33, 256, 300};
+    static const int Ns[] = {1, 7, 130, MT_HEAD_ROWS + 1}, Cs[] = {3, 16, 64}, Vs[] = {5, 33, 256, 300};
     for (size_t a = 0; a < 4; a++)
     for (size_t b = 0; b < 3; b++)
     for (size_t c = 0; c < 4; c++) head_case(Ns[a], Cs[b], Vs[c], 0);

@@ -677,13 +677,14 @@ static void test_trainer_bf16(void) {
         CHECK(fabs((r[0].step - r[1].step) - G / 2) < 1e-6 * r[0].step + 0.02 * G, "%s: step %g -> %g, GEMM/2 %g",
               lays[li], r[0].step, r[1].step, G / 2);
 #define SAME(a, b) (fabs((a) - (b)) <= 1e-9 * fabs(b))
-        /* memory: the head's weight packed in bf16 (every rank here holds the head), and K
+        /* memory: the head's weight packed in bf16 (every rank here holds the head; packed
+         * when the micro-batch has more than one chunk of rows), and K
          * and V kept as bf16 when attention runs on bf16 pairs */
         const double hp = (double)mt_head_packed_bytes(l.mb * st.seq, c.hidden_size, c.vocab_size, 1, 1);
         const double kv = r[0].mem_acts - r[1].mem_acts;
         CHECK(mt_attention_bf16_for(1, c.head_dim) ? kv > 0 : kv == 0, "%s: K, V as bf16 saved %g B", lays[li], kv);
         CHECK(SAME(r[1].t_opt, r[0].t_opt) && SAME(r[1].t_a2a, r[0].t_a2a) && SAME(r[1].t_dp, r[0].t_dp) &&
-                  hp > 0 && SAME(r[1].mem_total, r[0].mem_total + hp - kv),
+                  (hp > 0) == (l.mb * st.seq > MT_HEAD_ROWS) && SAME(r[1].mem_total, r[0].mem_total + hp - kv),
               "%s: bf16 changed more than the GEMMs and the packed head: opt %g/%g a2a %g/%g dp %g/%g mem %g/%g "
               "(+ head %g) acts %g/%g",
               lays[li], r[1].t_opt, r[0].t_opt, r[1].t_a2a, r[0].t_a2a, r[1].t_dp, r[0].t_dp, r[1].mem_total,

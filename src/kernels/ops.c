@@ -313,8 +313,6 @@ static float head_row_exp(float *out, const float *l, int V, float sub, float mu
 #endif
 }
 
-enum { HEAD_ROWS = 256 };
-
 /* Row stride of the logits chunk: V rounded up to 16 floats, plus 16 when that is a multiple
  * of 256 (1 KiB). With a power-of-two stride (V = 8192: 32 KiB) the rows of a column strip
  * share a few cache sets, and the weight gradient, whose packing reads the chunk in column
@@ -327,7 +325,7 @@ static int head_ld(int V) {
     return ld % 256 == 0 ? ld + 16 : ld;
 }
 
-size_t mt_head_scratch_floats(int V) { return (size_t)HEAD_ROWS * head_ld(V) + HEAD_ROWS; }
+size_t mt_head_scratch_floats(int V) { return (size_t)MT_HEAD_ROWS * head_ld(V) + MT_HEAD_ROWS; }
 
 /* The head weight packed in bf16 for the chunks' products (bf16 mode, two chunks or more):
  * as the B of the logits (Wf: k = c, n = v) and of dx (Wb: k = v, n = c). Packed once per
@@ -338,7 +336,7 @@ static uint32_t *g_headw;
 static size_t g_headw_words;
 
 static size_t head_packed_words(int N, int C, int V, int bf16, int train) {
-    if (!bf16 || N <= HEAD_ROWS) return 0;
+    if (!bf16 || N <= MT_HEAD_ROWS) return 0;
     return mt_gemm_bf16_packed_words(V, C) + (train ? mt_gemm_bf16_packed_words(C, V) : 0);
 }
 
@@ -359,7 +357,7 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
                   const int32_t *targets, int N, int C, int V, float grad_scale, float *scratch) {
     double total = 0.0;
     const int ldl = head_ld(V);
-    float *L = scratch, *rowloss = scratch + (size_t)HEAD_ROWS * ldl;
+    float *L = scratch, *rowloss = scratch + (size_t)MT_HEAD_ROWS * ldl;
     const uint32_t *Wf = NULL, *Wb = NULL;
     const size_t words = head_packed_words(N, C, V, mt_gemm_bf16_enabled(), dx != NULL);
     if (words) {
@@ -370,8 +368,8 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
         Wf = p;
         Wb = dx ? p + wf : NULL;
     }
-    for (int n0 = 0; n0 < N; n0 += HEAD_ROWS) {
-        int nr = N - n0 < HEAD_ROWS ? N - n0 : HEAD_ROWS;
+    for (int n0 = 0; n0 < N; n0 += MT_HEAD_ROWS) {
+        int nr = N - n0 < MT_HEAD_ROWS ? N - n0 : MT_HEAD_ROWS;
         const float *xc = x + (size_t)n0 * C;
         if (Wf) mt_gemm_bf16_packed(0, nr, V, C, 1.0f, xc, C, Wf, 0.0f, L, ldl);
         else mt_sgemm(0, 1, nr, V, C, 1.0f, xc, C, W, C, 0.0f, L, ldl);
