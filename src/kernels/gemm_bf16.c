@@ -89,6 +89,23 @@ BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *
                                      uint16_t *C16, int ldc, int mr, int nr, float alpha, float beta, int first) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    /* The lines the epilogue writes (and reads: C after the first K block, or Cin) are
+     * requested before the products: they are mostly in memory, and the epilogue waited on
+     * them. Measured on 2 threads, alternated: the forward and data-gradient products of the
+     * FFN widths (beta 0) 2% faster, three accumulating data gradients 5%, output passes
+     * reading a residual (Cin) 3-6% (three runs each). */
+    for (int r = 0; r < mr; r++) {
+        if (C16) {
+            _m_prefetchw(C16 + (size_t)r * ldc);
+            continue;
+        }
+        _m_prefetchw(C + (size_t)r * ldc);
+        _m_prefetchw(C + (size_t)r * ldc + 16);
+        if (first && beta != 0.0f && Cin != C) {
+            _mm_prefetch((const char *)(Cin + (size_t)r * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(Cin + (size_t)r * ldc + 16), _MM_HINT_T0);
+        }
+    }
     for (int p = 0; p < kp; p++) {
         __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR);
         __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR + 16);
