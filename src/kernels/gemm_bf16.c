@@ -355,6 +355,12 @@ void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float
 
 void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc) {
-    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, NULL, NULL, packed, C, C, NULL, lda, 0, ldc};
+    mt_gemm_bf16_packed_x(transA, M, N, K, alpha, A, NULL, lda, packed, beta, C, ldc);
+}
+
+void mt_gemm_bf16_packed_x(int transA, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+                           int lda, const uint32_t *packed, float beta, float *C, int ldc) {
+    MT_ASSERT(!A != !A16);
+    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, A16, NULL, packed, C, C, NULL, lda, 0, ldc};
     gemm_run(&g, M);
 }

@@ -24,7 +24,9 @@ float mt_bf16_round(float f);
  * products that read them rounded anyway (train --bf16's attention K and V). Requires
  * mt_bf16_supported(). */
 void mt_bf16_store(uint16_t *dst, const float *src, size_t n);
-/* The same on the calling thread (for loops already parallel, e.g. over rows). */
+/* The same on the calling thread (for loops already parallel, e.g. over rows). dst may be
+ * src's own memory (in place: each value is written after the values it overwrites were
+ * read). */
 void mt_bf16_store_row(uint16_t *dst, const float *src, size_t n);
 /* dst[i] = the fp32 value of the bf16 bits src[i] (exact; the calling thread) */
 void mt_bf16_load_row(float *dst, const uint16_t *src, size_t n);
@@ -67,5 +69,8 @@ void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *
 void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float *B, const uint16_t *B16, int ldb);
 void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc);
+/* The same with A given as bf16 instead (A16, A NULL) */
+void mt_gemm_bf16_packed_x(int transA, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+                           int lda, const uint32_t *packed, float beta, float *C, int ldc);
 
 #endif

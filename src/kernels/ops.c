@@ -359,6 +359,10 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
     const int ldl = head_ld(V);
     float *L = scratch, *rowloss = scratch + (size_t)MT_HEAD_ROWS * ldl;
     const uint32_t *Wf = NULL, *Wb = NULL;
+    /* in bf16 mode the chunk's logit gradients are rounded in place (rows 2 ldl values
+     * apart): both products read them rounded anyway, so the same bits from half the bytes */
+    const int l16 = dx && mt_gemm_bf16_enabled();
+    const uint16_t *L16 = l16 ? (const uint16_t *)L : NULL;
     const size_t words = head_packed_words(N, C, V, mt_gemm_bf16_enabled(), dx != NULL);
     if (words) {
         size_t wf = mt_gemm_bf16_packed_words(V, C);
@@ -383,18 +387,23 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
             float lse = m + logf(head_row_exp(NULL, l, V, m, 1.0f));
             rowloss[i] = tgt >= 0 ? lse - l[tgt] : 0.0f;
             if (dx) {
-                if (tgt < 0) { memset(l, 0, sizeof(float) * V); continue; }
-                head_row_exp(l, l, V, lse, grad_scale);
-                l[tgt] -= grad_scale;
+                if (tgt < 0) memset(l, 0, sizeof(float) * V);
+                else {
+                    head_row_exp(l, l, V, lse, grad_scale);
+                    l[tgt] -= grad_scale;
+                }
+                if (l16) mt_bf16_store_row((uint16_t *)l, l, (size_t)V); /* in place: writes trail reads */
             }
         }
         for (int i = 0; i < nr; i++) total += rowloss[i];
+        const float *Lf = l16 ? NULL : L;
+        const int lda = l16 ? 2 * ldl : ldl;
         if (Wb) { /* (only when training) */
-            mt_gemm_bf16_packed(0, nr, C, V, 1.0f, L, ldl, Wb, 0.0f, dx + (size_t)n0 * C, C);
-            if (dW) mt_sgemm(1, 0, V, C, nr, 1.0f, L, ldl, xc, C, 1.0f, dW, C);
+            mt_gemm_bf16_packed_x(0, nr, C, V, 1.0f, Lf, L16, lda, Wb, 0.0f, dx + (size_t)n0 * C, C);
+            if (dW) mt_sgemm_x(1, 0, V, C, nr, 1.0f, Lf, L16, lda, xc, NULL, C, 1.0f, dW, C);
         } else if (dx) {
-            mt_sgemm(0, 0, nr, C, V, 1.0f, L, ldl, W, C, 0.0f, dx + (size_t)n0 * C, C);
-            if (dW) mt_sgemm(1, 0, V, C, nr, 1.0f, L, ldl, xc, C, 1.0f, dW, C);
+            mt_sgemm_x(0, 0, nr, C, V, 1.0f, Lf, L16, lda, W, NULL, C, 0.0f, dx + (size_t)n0 * C, C);
+            if (dW) mt_sgemm_x(1, 0, V, C, nr, 1.0f, Lf, L16, lda, xc, NULL, C, 1.0f, dW, C);
         }
     }
     return total;
