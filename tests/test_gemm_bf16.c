@@ -432,25 +432,25 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
              * region; the padding past N untouched */
             const int ld16 = N + 3;
             uint16_t *C16 = mt_alloc((size_t)ld16 * M * 2 + 64);
+            mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C1, ldc);
+            uint16_t *ref = to16(C1, nc);
+            const float *a = which & 1 ? NULL : A, *b = which & 2 ? NULL : B;
+            const uint16_t *a16 = which & 1 ? A16 : NULL, *b16 = which & 2 ? B16 : NULL;
             for (int nested = 0; nested < 2; nested++) {
                 for (size_t i = 0; i < (size_t)ld16 * M; i++) C16[i] = 0xabcd;
-                mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C1, ldc);
-                const float *a = which & 1 ? NULL : A, *b = which & 2 ? NULL : B;
-                const uint16_t *a16 = which & 1 ? A16 : NULL, *b16 = which & 2 ? B16 : NULL;
                 if (nested) {
 #pragma omp parallel num_threads(2)
                     if (omp_get_thread_num() == 1) mt_gemm_bf16_mixed_c16(tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
                 } else {
                     mt_gemm_bf16_mixed_c16(tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
                 }
-                uint16_t *ref = to16(C1, nc);
                 int same = 1;
                 for (int i = 0; i < M; i++)
                     for (int j = 0; j < ld16; j++)
                         same &= C16[(size_t)i * ld16 + j] == (j < N ? ref[(size_t)i * ldc + j] : 0xabcd);
                 CHECK(same);
-                mt_free(ref);
             }
+            mt_free(ref);
             mt_free(C16);
         }
     omp_set_num_threads(nthr);
