@@ -131,6 +131,55 @@ void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc) {
         for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
+/* One OpenBLAS call run on the calling thread. OpenBLAS threads a call made outside an
+ * active parallel region (one of more than one thread) when it is large enough. */
+static void sgemm_1(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc) {
+    if (!omp_in_parallel() && omp_get_max_threads() > 1 && (double)M * N * K > 262144.0) {
+#pragma omp parallel num_threads(2)
+#pragma omp single
+        sgemm_1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* SGEMM in parts of C whose bounds depend on the shape only, each part one single-threaded
+ * OpenBLAS call, the threads taking parts as they finish. OpenBLAS's own threading splits C
+ * by the thread count, and its Haswell/Zen kernels round an element differently depending
+ * on where the split falls (0.3.21: 1 and 2 threads disagree in ~10% of the elements of a
+ * 256 x 128 x 128 product), which broke "results do not depend on the thread count" on
+ * every AVX2 CPU. Parts are rows when M >= N (each packs all of B), else columns; at least
+ * MT_SGEMM_PART wide, about MT_SGEMM_PARTS of them, so a few threads stay balanced. Called
+ * inside a parallel region (the grouped expert GEMMs' tiles), with any number of threads,
+ * the product is one call on the calling thread. */
+enum { MT_SGEMM_PART = 64, MT_SGEMM_PARTS = 8 };
+
+static void sgemm_parts(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc) {
+    const int by_rows = M >= N, total = by_rows ? M : N;
+    int part = (total + MT_SGEMM_PARTS - 1) / MT_SGEMM_PARTS;
+    part = (part + 15) / 16 * 16;
+    if (part < MT_SGEMM_PART) part = MT_SGEMM_PART;
+    const int nparts = (total + part - 1) / part;
+    if (omp_get_level() > 0 || nparts == 1) {
+        sgemm_1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int q = 0; q < nparts; q++) {
+        int lo = q * part, n = total - lo < part ? total - lo : part;
+        if (by_rows) {
+            const float *a = transA ? A + lo : A + (size_t)lo * lda;
+            sgemm_1(transA, transB, n, N, K, alpha, a, lda, B, ldb, beta, C + (size_t)lo * ldc, ldc);
+        } else {
+            const float *b = transB ? B + (size_t)lo * ldb : B + lo;
+            sgemm_1(transA, transB, M, n, K, alpha, A, lda, b, ldb, beta, C + lo, ldc);
+        }
+    }
+}
+
 void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 0 || N == 0) return;
@@ -142,8 +191,7 @@ void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const fl
         mt_gemm_scale_c(M, N, beta, C, ldc);
         return;
     }
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-                M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm_parts(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,

@@ -1,0 +1,72 @@
+/* tests/test_sgemm.c — the fp32 GEMM (mt_sgemm over OpenBLAS, kernels/blas.c):
+ *   1. against the plain reference (ref.c, sums in double) over odd shapes, every transpose,
+ *      alpha/beta and leading dimensions larger than the rows: normalised error 1e-5;
+ *   2. the same bits for 1, 2 and 3 threads, at top level (C split into parts) and inside a
+ *      parallel region of 1 thread (inactive) or 2 threads (active): OpenBLAS's own
+ *      threading of its Haswell/Zen kernels rounds by where it splits C, so a product must
+ *      never be split by the thread count. (A product at top level and the same one inside a
+ *      region may differ: the model makes each of its products in one of the two places.)
+ * Runs with whatever BLAS kernel OpenBLAS picked (OPENBLAS_CORETYPE forces one). */
+#include <omp.h>
+#include <stdio.h>
+
+#include "base/common.h"
+#include "kernels/blas.h"
+#include "kernels/ref.h"
+#include "kstats.h"
+#include "testutil.h"
+
+enum { S_GEMM, S_COUNT };
+static stat stats[S_COUNT] = {{"sgemm", 1e-5, 0, 0}};
+
+typedef struct { int M, N, K; } shape;
+
+static const shape shapes[] = {
+    {1, 1, 1},      {3, 5, 7},       {17, 33, 65},   {64, 64, 64},     {100, 37, 53},  {256, 128, 128},
+    {128, 256, 256}, {8, 128, 4096}, {16, 16, 4096}, {512, 1040, 128}, {1040, 96, 200}, {700, 500, 300},
+};
+
+/* C = alpha op(A) op(B) + beta C with nthr threads; inside: in a parallel region of nthr */
+static void run(int ta, int tb, const shape *s, float alpha, const float *A, int lda, const float *B, int ldb,
+                float beta, float *C, int ldc, int nthr, int inside) {
+    mt_set_threads(nthr);
+    if (!inside) {
+        mt_sgemm(ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel num_threads(nthr)
+#pragma omp single
+    mt_sgemm(ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void test_shape(const shape *s, int ta, int tb) {
+    const int M = s->M, N = s->N, K = s->K, pad = 3;
+    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = rnd(na, 11 + M, -1, 1), *B = rnd(nb, 12 + N, -1, 1), *C0 = rnd(nc, 13 + K, -1, 1);
+    float *ref = dup(C0, nc), *C = falloc(nc);
+    const float alpha = 0.75f, beta = 0.5f;
+    mt_ref_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, ref, ldc);
+    float *first[2] = {NULL, NULL}; /* per place: top level, inside a region */
+    const int cfg[][2] = {{1, 0}, {2, 0}, {3, 0}, {1, 1}, {2, 1}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        snprintf(where, sizeof where, "M=%d N=%d K=%d ta=%d tb=%d, %d threads%s", M, N, K, ta, tb, cfg[c][0],
+                 cfg[c][1] ? " inside a region" : "");
+        memcpy(C, C0, sizeof(float) * nc);
+        run(ta, tb, s, alpha, A, lda, B, ldb, beta, C, ldc, cfg[c][0], cfg[c][1]);
+        RECORD(S_GEMM, "vs reference", nerr(C, ref, nc));
+        const int in = cfg[c][1];
+        if (!first[in]) first[in] = dup(C, nc);
+        else CHECK_SAME_F(C, first[in], nc);
+    }
+    mt_free(A); mt_free(B); mt_free(C0); mt_free(ref); mt_free(C); mt_free(first[0]); mt_free(first[1]);
+}
+
+int main(void) {
+    double t0 = mt_now();
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) test_shape(&shapes[i], ta, tb);
+    mt_set_threads(2);
+    return print_stats("test_sgemm", stats, S_COUNT, mt_now() - t0, mt_get_threads(), mt_blas_corename());
+}
