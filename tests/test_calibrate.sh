@@ -82,7 +82,7 @@ EOF
 
 # the bf16 GEMM (train --bf16) is measured when the CPU has AVX512-BF16
 BF16=0
-grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && BF16=1
+grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && [ "${MT_CPU_TIER:-avx512bf16}" = avx512bf16 ] && BF16=1
 echo "AVX512-BF16: $([ "$BF16" = 1 ] && echo yes || echo no)"
 
 # 1. single process, --quick

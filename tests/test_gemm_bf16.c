@@ -25,7 +25,7 @@
  *      forward group of query blocks (600, 1100); a head size the pair layout cannot
  *      take (D % 16 != 0) stays fp32 (the same bits); the backward with its diagonal
  *      blocks computed whole gives the same bits as with their masked pairs skipped.
- * Exits 77 (CTest: skipped) on a CPU without AVX512-BF16. */
+ * Exits 77 (CTest: skipped) on a CPU without AVX512-BF16 or a lower tier forced (MT_CPU_TIER). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -919,7 +919,7 @@ static void test_attention(void) {
 
 int main(void) {
     if (!mt_bf16_supported()) {
-        printf("test_gemm_bf16: this CPU has no AVX512-BF16: skipped\n");
+        printf("test_gemm_bf16: the kernel tier in use (CPU or MT_CPU_TIER) has no AVX512-BF16: skipped\n");
         CHECK(mt_set_gemm_bf16(1) != 0); /* refused, with a message */
         return failures ? 1 : 77;
     }

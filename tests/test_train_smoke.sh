@@ -15,7 +15,8 @@ export OMP_NUM_THREADS=2
 
 "$MT" data math --out "$T/data" --train 4000 --val 400 >/dev/null
 bf16=
-if grep -qw avx512_bf16 /proc/cpuinfo; then bf16=--bf16; fi
+# bf16 where the kernel tier in use has it (a CPU with AVX512-BF16, no lower MT_CPU_TIER)
+if grep -qw avx512_bf16 /proc/cpuinfo && [ "${MT_CPU_TIER:-avx512bf16}" = avx512bf16 ]; then bf16=--bf16; fi
 common=(--config demo --data "$T/data" --lr 1e-3 --warmup 1 --quiet --threads 2)
 
 "$MT" train "${common[@]}" --batch 8 --seq 128 --steps 3 --eval-every 2 --save-every 1 --keep 2 \

@@ -15,6 +15,7 @@
 #include "cli/cli.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
+#include "kernels/tier.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/moe.h"
 #include "kernels/ops.h"
@@ -385,10 +386,11 @@ static int bench_kernels(int argc, char **argv) {
     tb->budget = quick ? 0.25 : 1.0;
     tb->bf16 = mt_bf16_supported();
     double t0 = mt_now();
-    printf("bench kernels: BLAS kernel %s, %d threads (references: 1 thread, except the per-expert loops and the "
-           "fp32 references of the bf16 rows)\n",
-           mt_blas_corename(), mt_get_threads());
-    if (!tb->bf16) printf("bench kernels: no AVX512-BF16 on this CPU, the *_bf16 rows (mt_gemm_bf16) are skipped\n");
+    printf("bench kernels: kernels %s, BLAS kernel %s, %d threads (references: 1 thread, except the per-expert loops "
+           "and the fp32 references of the bf16 rows)\n",
+           mt_cpu_tier_name(mt_cpu_tier()), mt_blas_corename(), mt_get_threads());
+    if (!tb->bf16) printf("bench kernels: kernel tier %s has no AVX512-BF16, the *_bf16 rows (mt_gemm_bf16) are skipped\n",
+                          mt_cpu_tier_name(mt_cpu_tier()));
     fflush(stdout);
     kb_dense(tb);
     kb_attention(tb, quick);
@@ -476,10 +478,11 @@ int mt_cmd_bench(int argc, char **argv) {
     const char *gemm = bf16 ? "gemm bf16" : "sgemm";
     mt_set_threads(threads > 0 ? threads : mt_get_threads());
     if (bf16)
-        printf("GEMM kernel gemm bf16 (operands rounded to bf16, fp32 sums, AVX512-BF16), %d threads\n",
-               mt_get_threads());
+        printf("kernels %s, GEMM kernel gemm bf16 (operands rounded to bf16, fp32 sums, AVX512-BF16), %d threads\n",
+               mt_cpu_tier_name(mt_cpu_tier()), mt_get_threads());
     else
-        printf("BLAS kernel %s, %d threads\n", mt_blas_corename(), mt_get_threads());
+        printf("kernels %s, BLAS kernel %s, %d threads\n", mt_cpu_tier_name(mt_cpu_tier()), mt_blas_corename(),
+               mt_get_threads());
     double peak = 0;
     for (int n = 512; n <= 2048; n *= 2) {
         double g = mt_gemm_gflops(n, 0.5);

@@ -6,6 +6,7 @@
 #include "cli/cli.h"
 #include "dist/dist.h"
 #include "kernels/blas.h"
+#include "kernels/tier.h"
 
 static const struct {
     const char *name;
@@ -31,6 +32,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     mt_memory_policy();
+    if (mt_cpu_tier_check() != 0) return mt_cli_fail();
     mt_blas_init(argc, argv);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);

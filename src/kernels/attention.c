@@ -36,7 +36,8 @@
  *
  * Vectorisation: with AVX-512 the products are register-blocked FMA micro-kernels of
  * ATT_MR rows x 64 columns (24 zmm accumulators) and the exponential is mt_exp2_512
- * (kernels/vexp.h); otherwise plain loops over the same layouts. Contiguous copies matter:
+ * (kernels/vexp.h); with AVX2 (the avx2 tier, kernels/tier.h) tiles of ATT_MR rows x 16
+ * columns (12 ymm accumulators), four strips per 64-column block, and mt_exp2_256. Contiguous copies matter:
  * rows of q/k/v are 4*H*D or 4*G*D bytes apart, a stride that maps a 64-row block onto a
  * few L1 sets. Measured (one thread, T=4096, D=64, GFLOP/s fwd/bwd on AMD EPYC Zen 4, best
  * of repeats on a shared machine; SGEMM 1024^3 ~95): previous kernel 62/55, transposed
@@ -64,9 +65,8 @@
 #include "kernels/vdot.h"
 #include "kernels/vexp.h"
 
-#ifdef __AVX512F__
 #include <immintrin.h>
-
+#ifdef __AVX512F__
 #include "kernels/vtrans.h"
 #endif
 
@@ -355,66 +355,171 @@ static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const flo
     }
 }
 
-#else /* portable fallback: the same primitives as plain loops */
+#else /* AVX2 + FMA: the same primitives on 8-lane registers */
+
+/* A tile is MR rows x 16 columns (two ymm; 12 accumulators of 16 registers for 6 rows), so
+ * a 64-column block is four strips; the strips read the rows of A four times, from L1. */
+#define AW 16 /* columns of a tile */
+#define AU 2  /* ymm per tile row */
+
+/* integer lanes j0 + 0..7 */
+ALWAYS_INLINE __m256i lanes_from(int j0) {
+    return _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* all-ones lanes where lo <= lanes < hi (per lane bounds, or broadcast) */
+ALWAYS_INLINE __m256 in_range(__m256i lanes, __m256i lo, __m256i hi) {
+    __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(lo, lanes), _mm256_cmpgt_epi32(hi, lanes));
+    return _mm256_castsi256_ps(in);
+}
+
+/* St rows j0..j0+mr-1, columns q0..q0+15: K rows . Qt; masked: queries whose range excludes
+ * the key get -inf; folds the rows into the strip's column max mx[2]. */
+ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, int D, int j0, int q0, int mr,
+                           int masked, const __m256i *lo, const __m256i *hi, __m256 *mx) {
+    __m256 acc[ATT_MR][AU];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < AU; u++) acc[r][u] = _mm256_setzero_ps();
+    const float *kr = K + (size_t)j0 * ldk;
+    for (int c = 0; c < D; c++) {
+        __m256 b[AU];
+        for (int u = 0; u < AU; u++) b[u] = _mm256_load_ps(Qt + (size_t)c * ATT_BQ + q0 + 8 * u);
+        for (int r = 0; r < mr; r++) {
+            __m256 a = _mm256_broadcast_ss(kr + (size_t)r * ldk + c);
+            for (int u = 0; u < AU; u++) acc[r][u] = _mm256_fmadd_ps(a, b[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < AU; u++) {
+            __m256 x = acc[r][u];
+            if (masked) {
+                __m256i jj = _mm256_set1_epi32(j0 + r); /* key jj is in query i's range: lo_i <= jj < hi_i */
+                __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lo[u], jj),
+                                                                    _mm256_cmpgt_epi32(hi[u], jj)));
+                x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, in);
+            }
+            _mm256_store_ps(St + (size_t)(j0 + r) * ATT_BQ + q0 + 8 * u, x);
+            mx[u] = _mm256_max_ps(mx[u], x);
+        }
+}
 
 static void fwd_scores(float *St, float *bm, const float *K, int ldk, const float *Qt, int nk,
                        int D, const int32_t *lo, const int32_t *hi) {
-    for (int i = 0; i < ATT_BQ; i++) bm[i] = -INFINITY;
-    for (int j = 0; j < nk; j++) {
-        float *s = St + (size_t)j * ATT_BQ;
-        for (int i = 0; i < ATT_BQ; i++) s[i] = 0.0f;
-        for (int c = 0; c < D; c++) {
-            float a = K[(size_t)j * ldk + c];
-            const float *b = Qt + (size_t)c * ATT_BQ;
-            for (int i = 0; i < ATT_BQ; i++) s[i] += a * b[i];
+    for (int q0 = 0; q0 < ATT_BQ; q0 += AW) {
+        __m256 mx[AU];
+        __m256i lv[AU], hv[AU];
+        for (int u = 0; u < AU; u++) {
+            mx[u] = _mm256_set1_ps(-INFINITY);
+            if (lo) {
+                lv[u] = _mm256_loadu_si256((const __m256i *)(lo + q0 + 8 * u));
+                hv[u] = _mm256_loadu_si256((const __m256i *)(hi + q0 + 8 * u));
+            }
         }
-        for (int i = 0; i < ATT_BQ; i++) {
-            if (lo && !(lo[i] <= j && j < hi[i])) s[i] = -INFINITY;
-            bm[i] = s[i] > bm[i] ? s[i] : bm[i];
-        }
+        int j = 0;
+#define ST_CALL(M, MASKED) st_tile(St, K, ldk, Qt, D, j, q0, M, MASKED, lv, hv, mx)
+        FOR_MR_TILES_FLAG(lo != NULL, j, nk, ST_CALL);
+#undef ST_CALL
+        for (int u = 0; u < AU; u++) _mm256_store_ps(bm + q0 + 8 * u, mx[u]);
     }
 }
 
 static void fwd_softmax(float *St, float *m, float *l, float *alpha, const float *bm, int nk) {
-    for (int i = 0; i < ATT_BQ; i++) {
-        float mn = bm[i] > m[i] ? bm[i] : m[i], ms = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
-        alpha[i] = mt_exp2f(m[i] - ms);
+    for (int q = 0; q < ATT_BQ; q += 8) {
+        __m256 mo = _mm256_load_ps(m + q), mn = _mm256_max_ps(mo, _mm256_load_ps(bm + q));
+        __m256 none = _mm256_cmp_ps(mn, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+        __m256 ms = _mm256_blendv_ps(mn, _mm256_setzero_ps(), none);
+        __m256 al = mt_exp2_256(_mm256_sub_ps(mo, ms));
+        _mm256_store_ps(alpha + q, al);
+        _mm256_store_ps(m + q, mn);
+        __m256 sum = _mm256_setzero_ps();
         for (int j = 0; j < nk; j++) {
-            float *s = St + (size_t)j * ATT_BQ + i;
-            *s = mt_exp2f(*s - ms);
-            sum += *s;
+            float *sp = St + (size_t)j * ATT_BQ + q;
+            __m256 p = mt_exp2_256(_mm256_sub_ps(_mm256_load_ps(sp), ms));
+            _mm256_store_ps(sp, p);
+            sum = _mm256_add_ps(sum, p);
         }
-        l[i] = l[i] * alpha[i] + sum;
-        m[i] = mn;
+        _mm256_store_ps(l + q, _mm256_fmadd_ps(_mm256_load_ps(l + q), al, sum));
     }
+}
+
+/* Ot rows d0..d0+mr-1, columns q0..q0+15 = Ot alpha (or 0 when first) + V[:, d0..]^T St */
+ALWAYS_INLINE void ot_tile(float *Ot, const float *V, int ldv, const float *St, int nk, int d0, int q0, int mr,
+                           int first, const float *alpha) {
+    __m256 acc[ATT_MR][AU];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < AU; u++)
+            acc[r][u] = first ? _mm256_setzero_ps()
+                              : _mm256_mul_ps(_mm256_load_ps(Ot + (size_t)(d0 + r) * ATT_BQ + q0 + 8 * u),
+                                              _mm256_load_ps(alpha + q0 + 8 * u));
+    const float *vr = V + d0;
+    for (int j = 0; j < nk; j++) {
+        __m256 b[AU];
+        for (int u = 0; u < AU; u++) b[u] = _mm256_load_ps(St + (size_t)j * ATT_BQ + q0 + 8 * u);
+        for (int r = 0; r < mr; r++) {
+            __m256 a = _mm256_broadcast_ss(vr + (size_t)j * ldv + r);
+            for (int u = 0; u < AU; u++) acc[r][u] = _mm256_fmadd_ps(a, b[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < AU; u++) _mm256_store_ps(Ot + (size_t)(d0 + r) * ATT_BQ + q0 + 8 * u, acc[r][u]);
 }
 
 static void fwd_pv(float *Ot, const float *V, int ldv, const float *St, int nk, int D, int first,
                    const float *alpha) {
-    for (int d = 0; d < D; d++) {
-        float *o = Ot + (size_t)d * ATT_BQ;
-        for (int i = 0; i < ATT_BQ; i++) o[i] = first ? 0.0f : o[i] * alpha[i];
-        for (int j = 0; j < nk; j++) {
-            float a = V[(size_t)j * ldv + d];
-            const float *s = St + (size_t)j * ATT_BQ;
-            for (int i = 0; i < ATT_BQ; i++) o[i] += a * s[i];
+    for (int q0 = 0; q0 < ATT_BQ; q0 += AW) {
+        int d = 0;
+#define OT_CALL(M, FIRST) ot_tile(Ot, V, ldv, St, nk, d, q0, M, FIRST, alpha)
+        FOR_MR_TILES_FLAG(first, d, D, OT_CALL);
+#undef OT_CALL
+    }
+}
+
+/* rows i0..i0+mr-1, columns c0..c0+15 of X = A Bt (Bt[D][ATT_BK]) and the epilogue of the
+ * AVX-512 bt_epilogue: mode 0 P = 2^(X c - sub_i) on [lo_i, hi_i) (masked; else all), 0
+ * elsewhere; mode 1 dS = P (X - sub_i) scale */
+ALWAYS_INLINE void bt_tile(float *C, const float *A, int lda, const float *Bt, int D, int i0, int c0, int mr,
+                           int mode, int masked, const int *lo, const int *hi, const float *sub, float c,
+                           const float *P) {
+    __m256 acc[ATT_MR][AU];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < AU; u++) acc[r][u] = _mm256_setzero_ps();
+    const float *ar = A + (size_t)i0 * lda;
+    for (int k = 0; k < D; k++) {
+        __m256 b[AU];
+        for (int u = 0; u < AU; u++) b[u] = _mm256_load_ps(Bt + (size_t)k * ATT_BK + c0 + 8 * u);
+        for (int r = 0; r < mr; r++) {
+            __m256 a = _mm256_broadcast_ss(ar + (size_t)r * lda + k);
+            for (int u = 0; u < AU; u++) acc[r][u] = _mm256_fmadd_ps(a, b[u], acc[r][u]);
+        }
+    }
+    const __m256 cv = _mm256_set1_ps(c);
+    for (int r = 0; r < mr; r++) {
+        int i = i0 + r;
+        __m256 sv = _mm256_set1_ps(sub[i]);
+        for (int u = 0; u < AU; u++) {
+            float *dst = C + (size_t)i * ATT_BK + c0 + 8 * u;
+            __m256 x;
+            if (mode == 0) {
+                x = mt_exp2_256(_mm256_fmsub_ps(acc[r][u], cv, sv));
+                if (masked)
+                    x = _mm256_and_ps(x, in_range(lanes_from(c0 + 8 * u), _mm256_set1_epi32(lo[i]),
+                                                  _mm256_set1_epi32(hi[i])));
+            } else {
+                x = _mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(acc[r][u], sv), cv),
+                                  _mm256_load_ps(P + (size_t)i * ATT_BK + c0 + 8 * u));
+            }
+            _mm256_store_ps(dst, x);
         }
     }
 }
 
 static void bt_rows(float *C, const float *A, int lda, const float *Bt, int M, int D, int mode,
                     const int *lo, const int *hi, const float *sub, float c, const float *P) {
-    for (int i = 0; i < M; i++) {
-        float x[ATT_BK] = {0};
-        for (int k = 0; k < D; k++) {
-            float a = A[(size_t)i * lda + k];
-            for (int j = 0; j < ATT_BK; j++) x[j] += a * Bt[(size_t)k * ATT_BK + j];
-        }
-        float *dst = C + (size_t)i * ATT_BK;
-        for (int j = 0; j < ATT_BK; j++) {
-            if (mode == 0) dst[j] = lo && !(lo[i] <= j && j < hi[i]) ? 0.0f : mt_exp2f(x[j] * c - sub[i]);
-            else dst[j] = (x[j] - sub[i]) * c * P[(size_t)i * ATT_BK + j];
-        }
+    for (int c0 = 0; c0 < ATT_BK; c0 += AW) {
+        int i = 0;
+#define BT_CALL(MM, MASKED) bt_tile(C, A, lda, Bt, D, i, c0, MM, mode, MASKED, lo, hi, sub, c, P)
+        FOR_MR_TILES_FLAG(lo != NULL, i, M, BT_CALL);
+#undef BT_CALL
     }
 }
 
@@ -428,16 +533,40 @@ static void bwd_dscores(float *dS, const float *A, int lda, const float *Bt, int
     bt_rows(dS, A, lda, Bt, M, D, 1, NULL, NULL, Di, scale, P);
 }
 
+/* mr x (8 nv) tile of C (+)= A B over K, columns masked by mk; first: C not read */
+ALWAYS_INLINE void nn_tile(float *C, int ldc, const float *A, int ars, int acs, const float *B, int ldb, int K,
+                           const __m256i *mk, int mr, int nv, int first) {
+    __m256 acc[ATT_MR][AU];
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < nv; u++)
+            acc[r][u] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(C + (size_t)r * ldc + 8 * u, mk[u]);
+    for (int kk = 0; kk < K; kk++) {
+        __m256 b[AU];
+        for (int u = 0; u < nv; u++) b[u] = _mm256_maskload_ps(B + (size_t)kk * ldb + 8 * u, mk[u]);
+        for (int r = 0; r < mr; r++) {
+            __m256 a = _mm256_broadcast_ss(A + (size_t)r * ars + (size_t)kk * acs);
+            for (int u = 0; u < nv; u++) acc[r][u] = _mm256_fmadd_ps(a, b[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int u = 0; u < nv; u++) _mm256_maskstore_ps(C + (size_t)r * ldc + 8 * u, mk[u], acc[r][u]);
+}
+
+#define NN_TILE(MM, NVV, FIRST) \
+    nn_tile(C + (size_t)r_ * ldc + c0, ldc, A + (size_t)r_ * ars, ars, acs, B + c0, ldb, K, mk, MM, NVV, FIRST)
+#define NN_ROWS(NVV, FIRST) do { int r_ = 0; FOR_MR_TILES(r_, M, NN_TILE, NVV, FIRST); } while (0)
+
 static void mm_nn(float *C, int ldc, const float *A, int ars, int acs, const float *B, int ldb,
                   int M, int K, int D, int first) {
-    for (int r = 0; r < M; r++) {
-        float *c = C + (size_t)r * ldc;
-        if (first)
-            for (int d = 0; d < D; d++) c[d] = 0.0f;
-        for (int kk = 0; kk < K; kk++) {
-            float a = A[(size_t)r * ars + (size_t)kk * acs];
-            const float *b = B + (size_t)kk * ldb;
-            for (int d = 0; d < D; d++) c[d] += a * b[d];
+    for (int c0 = 0; c0 < D; c0 += AW) {
+        int w = D - c0 < AW ? D - c0 : AW, nv = (w + 7) / 8;
+        __m256i mk[AU];
+        for (int u = 0; u < AU; u++) mk[u] = _mm256_castps_si256(in_range(lanes_from(8 * u), _mm256_setzero_si256(),
+                                                                          _mm256_set1_epi32(w)));
+        if (first) {
+            if (nv == 2) NN_ROWS(2, 1); else NN_ROWS(1, 1);
+        } else {
+            if (nv == 2) NN_ROWS(2, 0); else NN_ROWS(1, 0);
         }
     }
 }
@@ -757,8 +886,35 @@ static void transpose_scale(float *dst, size_t ldd, const float *src, size_t lds
         }
     }
 #else
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < cols; c++) dst[c * ldd + i] = src[i * lds + c] * (cs ? cs[c] : s);
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+        int nr = rows - r0 < 8 ? rows - r0 : 8;
+        for (int c0 = 0; c0 < cols; c0 += 8) {
+            int nc = cols - c0 < 8 ? cols - c0 : 8;
+            if (nr < 8 || nc < 8) { /* an edge block */
+                for (int i = 0; i < nr; i++)
+                    for (int c = 0; c < nc; c++)
+                        dst[(c0 + c) * ldd + r0 + i] = src[(r0 + i) * lds + c0 + c] * (cs ? cs[c0 + c] : s);
+                continue;
+            }
+            __m256 sc = cs ? _mm256_loadu_ps(cs + c0) : _mm256_set1_ps(s), t[8], u[8];
+            for (int i = 0; i < 8; i++) t[i] = _mm256_mul_ps(_mm256_loadu_ps(src + (r0 + i) * lds + c0), sc);
+            for (int i = 0; i < 8; i += 2) {
+                u[i] = _mm256_unpacklo_ps(t[i], t[i + 1]);
+                u[i + 1] = _mm256_unpackhi_ps(t[i], t[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                t[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
+                t[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xee);
+                t[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+                t[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xee);
+            }
+            /* t[0..3] hold columns 0,1,2,3 (low lanes) and 4,5,6,7 (high) of rows 0-3; t[4..7] of rows 4-7 */
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(dst + (c0 + i) * ldd + r0, _mm256_permute2f128_ps(t[i], t[i + 4], 0x20));
+                _mm256_storeu_ps(dst + (c0 + i + 4) * ldd + r0, _mm256_permute2f128_ps(t[i], t[i + 4], 0x31));
+            }
+        }
+    }
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include "base/common.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/ops.h"
+#include "kernels/tier.h"
 
 char *openblas_get_corename(void);
 void openblas_set_num_threads(int n);
@@ -63,13 +64,13 @@ void mt_blas_init(int argc, char **argv) {
     }
     const char *core = openblas_get_corename();
     if (!getenv("OPENBLAS_CORETYPE")) {
-        __builtin_cpu_init();
+        /* the kernel tier decides (kernels/tier.h): MT_CPU_TIER=avx2 on an AVX-512 CPU runs
+         * OpenBLAS's AVX2 kernel too, as an AVX2 CPU would */
         const char *want = NULL;
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+        if (mt_cpu_tier() >= MT_TIER_AVX512) {
             if (!core_has_avx512(core)) want = "SkylakeX";
-        } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-            if (!core_has_avx2(core)) want = "Haswell";
+        } else if (!core_has_avx2(core) || core_has_avx512(core)) {
+            want = "Haswell";
         }
         if (want) { setenv("OPENBLAS_CORETYPE", want, 1); changed = 1; }
     }
@@ -118,8 +119,8 @@ static int g_bf16;
 
 int mt_set_gemm_bf16(int on) {
     if (on && !mt_bf16_supported())
-        return mt_error("bf16: this CPU has no AVX512-BF16 (VDPBF16PS), which mixed precision needs; "
-                        "run without --bf16");
+        return mt_error("bf16: mixed precision needs AVX512-BF16 (VDPBF16PS), which %s; run without --bf16",
+                        mt_cpu_tier_best() == MT_TIER_AVX512BF16 ? "MT_CPU_TIER turns off" : "this CPU has not");
     g_bf16 = on != 0;
     return 0;
 }

@@ -23,6 +23,7 @@
 #include "base/common.h"
 #include "kernels/bf16_pack.h"
 #include "kernels/blas.h"
+#include "kernels/tier.h"
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
@@ -32,12 +33,9 @@
 
 #define BF16_TARGET MT_BF16_TARGET
 
-int mt_bf16_supported(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16");
-}
+/* the kernel tier in use has AVX512-BF16 (kernels/tier.h: the CPU has it and MT_CPU_TIER
+ * does not force a lower tier) */
+int mt_bf16_supported(void) { return mt_cpu_tier() == MT_TIER_AVX512BF16; }
 
 /* fp32 -> bf16, round to nearest even (NaN kept quiet), the rule of VCVTNEPS2BF16 */
 static inline uint32_t bf16_bits(float f) {

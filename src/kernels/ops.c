@@ -149,7 +149,12 @@ static void swiglu_fwd_span(float *a, const float *g, const float *u, size_t n) 
         _mm512_mask_storeu_ps(a + i, k, swiglu_vec(g + i, u + i, k));
     }
 #else
-    for (size_t i = 0; i < n; i++) a[i] = g[i] * u[i] / (1.0f + mt_expf(-g[i]));
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = mt_tail_mask256(n - i);
+        __m256 z = _mm256_maskload_ps(g + i, k), uu = _mm256_maskload_ps(u + i, k);
+        __m256 e = mt_exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));
+        _mm256_maskstore_ps(a + i, k, _mm256_div_ps(_mm256_mul_ps(z, uu), _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    }
 #endif
 }
 
@@ -167,10 +172,15 @@ static void swiglu_bwd_span(float *dg, float *du, const float *da, const float *
         _mm512_mask_storeu_ps(dg + i, k, _mm512_mul_ps(_mm512_mul_ps(dsg, uu), t));
     }
 #else
-    for (size_t i = 0; i < n; i++) {
-        float z = g[i], sg = mt_sigmoidf(z), dd = da[i] * ws;
-        du[i] = dd * z * sg;
-        dg[i] = dd * u[i] * sg * (1.0f + z * (1.0f - sg));
+    const __m256 one = _mm256_set1_ps(1.0f), w = _mm256_set1_ps(ws);
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = mt_tail_mask256(n - i);
+        __m256 z = _mm256_maskload_ps(g + i, k), uu = _mm256_maskload_ps(u + i, k);
+        __m256 dd = _mm256_mul_ps(_mm256_maskload_ps(da + i, k), w), sg = mt_sigmoid256(z);
+        __m256 dsg = _mm256_mul_ps(dd, sg);
+        _mm256_maskstore_ps(du + i, k, _mm256_mul_ps(dsg, z));
+        __m256 t = _mm256_fmadd_ps(z, _mm256_sub_ps(one, sg), one); /* 1 + z (1 - sg) */
+        _mm256_maskstore_ps(dg + i, k, _mm256_mul_ps(_mm256_mul_ps(dsg, uu), t));
     }
 #endif
 }
@@ -285,9 +295,14 @@ static float head_row_max(const float *l, int V) {
     }
     return _mm512_reduce_max_ps(m);
 #else
-    float m = -INFINITY;
-    for (int j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
-    return m;
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= V; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(l + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float r = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    for (; j < V; j++) r = l[j] > r ? l[j] : r;
+    return r;
 #endif
 }
 
@@ -303,13 +318,14 @@ static float head_row_exp(float *out, const float *l, int V, float sub, float mu
     }
     return _mm512_reduce_add_ps(acc);
 #else
-    float sum = 0.0f;
-    for (int j = 0; j < V; j++) {
-        float e = mt_expf(l[j] - sub);
-        sum += e;
-        if (out) out[j] = e * mul;
+    __m256 acc = _mm256_setzero_ps(), sb = _mm256_set1_ps(sub), ml = _mm256_set1_ps(mul);
+    for (int j = 0; j < V; j += 8) {
+        __m256i k = mt_tail_mask256((size_t)(V - j));
+        __m256 e = _mm256_and_ps(mt_exp256(_mm256_sub_ps(_mm256_maskload_ps(l + j, k), sb)), _mm256_castsi256_ps(k));
+        acc = _mm256_add_ps(acc, e);
+        if (out) _mm256_maskstore_ps(out + j, k, _mm256_mul_ps(e, ml));
     }
-    return sum;
+    return mt_hsum256(acc);
 #endif
 }
 
@@ -450,6 +466,17 @@ static void zero_stream(float *dst, size_t n) {
         size_t i = head;
         __m512 z = _mm512_setzero_ps();
         for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, z);
+        memset(dst + i, 0, sizeof(float) * (n - i));
+        _mm_sfence();
+        return;
+    }
+#else
+    size_t head = (size_t)((32 - ((uintptr_t)dst & 31)) & 31) / sizeof(float);
+    if (n > head + 8) {
+        memset(dst, 0, sizeof(float) * head);
+        size_t i = head;
+        __m256 z = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, z);
         memset(dst + i, 0, sizeof(float) * (n - i));
         _mm_sfence();
         return;

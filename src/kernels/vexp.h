@@ -1,8 +1,8 @@
 /* kernels/vexp.h — vectorised exp, exp2 and sigmoid shared by the kernels (attention's
  * softmax, the SwiGLU gates, the LM head's softmax).
  *
- * With AVX-512 each function maps 16 floats; without it the scalar forms below are the
- * fallback (libm). Header-only and static inline so the polynomials inline into the
+ * With AVX-512 each function maps 16 floats, with AVX2 8 (the same polynomials; 2^n
+ * applied as two exact products instead of vscalefps); scalar forms (libm) below. Header-only and static inline so the polynomials inline into the
  * callers' loops.
  *
  * Accuracy (measured against double exp over [-104, 89] and exp2 over [-150, 128]): at
@@ -68,7 +68,67 @@ static inline __attribute__((always_inline)) __m512 mt_sigmoid512(__m512 z) {
 
 #endif /* __AVX512F__ */
 
-/* Scalar forms: the fallback without AVX-512 and for odd elements. */
+#ifdef __AVX2__
+#include <immintrin.h>
+
+/* p 2^n for n a whole number in [-254, 256] (as floats): two exact power-of-two products,
+ * each factor a normal float, so the result rounds once where it is normal (the
+ * value vscalefps gives), overflows to inf and underflows gradually to 0. */
+static inline __attribute__((always_inline)) __m256 mt_scale2_256(__m256 p, __m256 n) {
+    __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
+    __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    __m256 b = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, a), b);
+}
+
+/* e^x for 8 lanes: mt_exp512's method and constants (the same values where normal). */
+static inline __attribute__((always_inline)) __m256 mt_exp256(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-110.0f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    return mt_scale2_256(p, n);
+}
+
+/* 2^t for 8 lanes (mt_exp2_512's polynomial). */
+static inline __attribute__((always_inline)) __m256 mt_exp2_256(__m256 t) {
+    t = _mm256_max_ps(_mm256_set1_ps(-160.0f), t);
+    t = _mm256_min_ps(_mm256_set1_ps(129.0f), t);
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.535335614e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887735e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437849e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332367e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264774e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471825e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    return mt_scale2_256(p, n);
+}
+
+static inline __attribute__((always_inline)) __m256 mt_sigmoid256(__m256 z) {
+    __m256 e = mt_exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* lanes i < left (of 8) set: a mask for _mm256_maskload_ps / _mm256_maskstore_ps */
+static inline __attribute__((always_inline)) __m256i mt_tail_mask256(size_t left) {
+    int k = left >= 8 ? 8 : (int)left;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif /* __AVX2__ */
+
+/* Scalar forms, for odd elements. */
 static inline float mt_expf(float x) { return expf(x); }
 static inline float mt_exp2f(float x) { return exp2f(x); }
 static inline float mt_sigmoidf(float z) { return 1.0f / (1.0f + expf(-z)); }

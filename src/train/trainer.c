@@ -14,6 +14,7 @@
 #include "data/loader.h"
 #include "dist/dist.h"
 #include "kernels/blas.h"
+#include "kernels/tier.h"
 #include "kernels/ops.h"
 #include "dist/ep.h"
 #include "dist/reshard.h"
@@ -848,8 +849,8 @@ int mt_train(const mt_train_opts *opts) {
     const int W = d->size;
     if (root && !o.quiet) {
         char gemm[64];
-        if (o.bf16) snprintf(gemm, sizeof gemm, "GEMM bf16 x bf16 -> fp32 (AVX512-BF16)");
-        else snprintf(gemm, sizeof gemm, "BLAS kernel %s", mt_blas_corename());
+        if (o.bf16) snprintf(gemm, sizeof gemm, "kernels %s, GEMM bf16 x bf16 -> fp32", mt_cpu_tier_name(mt_cpu_tier()));
+        else snprintf(gemm, sizeof gemm, "kernels %s, BLAS kernel %s", mt_cpu_tier_name(mt_cpu_tier()), mt_blas_corename());
         printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
                "%d threads, %s (%.0f GFLOP/s peak %s)\n",
                r.nfull, act_params / 1e6, cfg.num_hidden_layers, n_moe, nthr, gemm, peak,
