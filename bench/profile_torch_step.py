@@ -5,7 +5,7 @@ Runs the benchmark peer (tests/oracle/moe_ref.py: the same model, data, optimize
 environment as `moe_ref.py train`, which bench/bench_small.sh times) for some warm-up steps,
 then profiles a few steps with torch.profiler and prints the operators by self CPU time,
 with the matrix products (aten::mm, bmm, baddbmm, addmm) summed per step. Compare with
-`moetrain train --profile` and `perf record` of moetrain (README, "Performance").
+`moetrain train --profile` and `perf record` of moetrain (docs/PERFORMANCE.md).
 
 Usage: /usr/bin/python3 bench/profile_torch_step.py --data DIR [--config small]
            [--batch 8 --seq 512 --threads 2 --warmup 6 --steps 3 --autocast bf16|none]
