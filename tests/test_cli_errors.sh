@@ -140,6 +140,7 @@ expect_ok control_accepted_config -- "$M" train --config cfg/accepted.json --dat
 # ---- flags and commands ----------------------------------------------------------------
 expect_fail unknown_flag_train '--bogus' -- "$M" train --config c.json --data D $TR --out R1 --bogus
 expect_fail unknown_flag_eval '--bogus' -- "$M" eval --ckpt RUN --data D --bogus
+expect_fail bad_cpu_tier 'MT_CPU_TIER=avx9: expected auto, avx2' -- env MT_CPU_TIER=avx9 "$M" info --config c.json
 # --no-NAME exists only for booleans a resumed run may set (--bf16, --doc-mode)
 expect_fail no_flag_not_resumable '--no-quiet' -- "$M" train --config c.json --data D $TR --out R1 --no-quiet
 expect_fail no_flag_value '--no-bf16 takes no value' -- "$M" train --config c.json --data D $TR --out R1 --no-bf16=1

@@ -2,7 +2,7 @@
  *   1. against the plain reference (ref.c, sums in double) over odd shapes, every transpose,
  *      alpha/beta and leading dimensions larger than the rows: normalised error 1e-5;
  *   2. the same bits for 1, 2 and 3 threads, at top level (C split into parts) and inside a
- *      parallel region of 1 thread (inactive) or 2 threads (active): OpenBLAS's own
+ *      parallel region of 1 or 2 threads, or an inactive one (if(0)) of 2: OpenBLAS's own
  *      threading of its Haswell/Zen kernels rounds by where it splits C, so a product must
  *      never be split by the thread count. (A product at top level and the same one inside a
  *      region may differ: the model makes each of its products in one of the two places.)
@@ -26,7 +26,8 @@ static const shape shapes[] = {
     {128, 256, 256}, {8, 128, 4096}, {16, 16, 4096}, {512, 1040, 128}, {1040, 96, 200}, {700, 500, 300},
 };
 
-/* C = alpha op(A) op(B) + beta C with nthr threads; inside: in a parallel region of nthr */
+/* C = alpha op(A) op(B) + beta C with nthr threads; inside: 1 in a parallel region of nthr,
+ * 2 in an inactive one (if(0)) of a process with nthr threads */
 static void run(int ta, int tb, const shape *s, float alpha, const float *A, int lda, const float *B, int ldb,
                 float beta, float *C, int ldc, int nthr, int inside) {
     mt_set_threads(nthr);
@@ -34,7 +35,7 @@ static void run(int ta, int tb, const shape *s, float alpha, const float *A, int
         mt_sgemm(ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-#pragma omp parallel num_threads(nthr)
+#pragma omp parallel num_threads(nthr) if (inside == 1)
 #pragma omp single
     mt_sgemm(ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -48,14 +49,14 @@ static void test_shape(const shape *s, int ta, int tb) {
     const float alpha = 0.75f, beta = 0.5f;
     mt_ref_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, ref, ldc);
     float *first[2] = {NULL, NULL}; /* per place: top level, inside a region */
-    const int cfg[][2] = {{1, 0}, {2, 0}, {3, 0}, {1, 1}, {2, 1}};
+    const int cfg[][2] = {{1, 0}, {2, 0}, {3, 0}, {1, 1}, {2, 1}, {2, 2}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         snprintf(where, sizeof where, "M=%d N=%d K=%d ta=%d tb=%d, %d threads%s", M, N, K, ta, tb, cfg[c][0],
-                 cfg[c][1] ? " inside a region" : "");
+                 cfg[c][1] == 2 ? " in an inactive region" : cfg[c][1] ? " inside a region" : "");
         memcpy(C, C0, sizeof(float) * nc);
         run(ta, tb, s, alpha, A, lda, B, ldb, beta, C, ldc, cfg[c][0], cfg[c][1]);
         RECORD(S_GEMM, "vs reference", nerr(C, ref, nc));
-        const int in = cfg[c][1];
+        const int in = cfg[c][1] != 0;
         if (!first[in]) first[in] = dup(C, nc);
         else CHECK_SAME_F(C, first[in], nc);
     }

@@ -392,12 +392,8 @@ ALWAYS_INLINE void st_tile(float *St, const float *K, int ldk, const float *Qt, 
     for (int r = 0; r < mr; r++)
         for (int u = 0; u < AU; u++) {
             __m256 x = acc[r][u];
-            if (masked) {
-                __m256i jj = _mm256_set1_epi32(j0 + r); /* key jj is in query i's range: lo_i <= jj < hi_i */
-                __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lo[u], jj),
-                                                                    _mm256_cmpgt_epi32(hi[u], jj)));
-                x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, in);
-            }
+            if (masked) /* key j0 + r is in query i's range: lo_i <= j0 + r < hi_i */
+                x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, in_range(_mm256_set1_epi32(j0 + r), lo[u], hi[u]));
             _mm256_store_ps(St + (size_t)(j0 + r) * ATT_BQ + q0 + 8 * u, x);
             mx[u] = _mm256_max_ps(mx[u], x);
         }

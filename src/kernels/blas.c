@@ -120,7 +120,7 @@ static int g_bf16;
 int mt_set_gemm_bf16(int on) {
     if (on && !mt_bf16_supported())
         return mt_error("bf16: mixed precision needs AVX512-BF16 (VDPBF16PS), which %s; run without --bf16",
-                        mt_cpu_tier_best() == MT_TIER_AVX512BF16 ? "MT_CPU_TIER turns off" : "this CPU has not");
+                        mt_cpu_tier_best() == MT_TIER_AVX512BF16 ? "MT_CPU_TIER turns off" : "this CPU lacks");
     g_bf16 = on != 0;
     return 0;
 }
@@ -132,11 +132,15 @@ void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc) {
         for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
 }
 
-/* One OpenBLAS call run on the calling thread. OpenBLAS threads a call made outside an
- * active parallel region (one of more than one thread) when it is large enough. */
+/* OpenBLAS 0.3.21 threads a call made outside an active parallel region (one of more than
+ * one thread) when M N K exceeds SMP_THRESHOLD_MIN (65536) x GEMM_MULTITHREAD_THRESHOLD (4). */
+#define OPENBLAS_THREADED_MNK 262144.0
+
+/* One OpenBLAS call run on the calling thread (inside a 2-thread region's single construct
+ * where OpenBLAS would otherwise thread it). */
 static void sgemm_1(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc) {
-    if (!omp_in_parallel() && omp_get_max_threads() > 1 && (double)M * N * K > 262144.0) {
+    if (!omp_in_parallel() && omp_get_max_threads() > 1 && (double)M * N * K > OPENBLAS_THREADED_MNK) {
 #pragma omp parallel num_threads(2)
 #pragma omp single
         sgemm_1(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

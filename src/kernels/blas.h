@@ -11,9 +11,11 @@
 
 /* Call first thing in main(), before any BLAS call. Debian's OpenBLAS 0.3.21 picks its
  * kernel from a CPU table that may not know this CPU and then falls back to a slow
- * generic one. If the CPU supports AVX-512 (AVX2) but OpenBLAS chose a kernel without it,
- * this re-executes the program with OPENBLAS_CORETYPE=SkylakeX (Haswell), which OpenBLAS
- * reads only at load time. It also sets OMP_WAIT_POLICY=passive when unset (spinning
+ * generic one. If the kernel tier in use (kernels/tier.h) is avx512 or above but OpenBLAS
+ * chose a kernel without AVX-512, this re-executes the program with
+ * OPENBLAS_CORETYPE=SkylakeX; in the avx2 tier, with Haswell when OpenBLAS chose a kernel
+ * without AVX2 or one with AVX-512 (as an AVX2 CPU would run). OpenBLAS reads it only at
+ * load time; a given OPENBLAS_CORETYPE is kept. It also sets OMP_WAIT_POLICY=passive when unset (spinning
  * OpenMP threads starve a shared machine), then with a short spin before sleeping
  * (GOMP_SPINCOUNT=5000) unless that is set or the threads of all ranks on the node do not
  * fit its CPUs. MT_NO_BLAS_FIX=1 disables all of it. argv must be main's argv. */
@@ -67,7 +69,7 @@ void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc);
 
 /* Mixed precision for every GEMM of the process (1) or fp32 (0, the default); flash
  * attention follows the same mode (kernels/attention.c). Returns -1
- * with mt_last_error() set if the CPU has no AVX512-BF16. Set before a step, not during. */
+ * with mt_last_error() set below the avx512bf16 kernel tier (kernels/tier.h). Set before a step, not during. */
 int mt_set_gemm_bf16(int on);
 int mt_gemm_bf16_enabled(void);
 

@@ -458,30 +458,24 @@ void mt_add(float *dst, const float *src, size_t n) {
 
 /* Zeroes n floats with stores that bypass the caches (no read of each line before it is
  * written); for buffers far larger than the caches, such as the gradients. */
-static void zero_stream(float *dst, size_t n) {
 #ifdef __AVX512F__
-    size_t head = (size_t)((64 - ((uintptr_t)dst & 63)) & 63) / sizeof(float);
-    if (n > head + 16) {
-        memset(dst, 0, sizeof(float) * head);
-        size_t i = head;
-        __m512 z = _mm512_setzero_ps();
-        for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, z);
-        memset(dst + i, 0, sizeof(float) * (n - i));
-        _mm_sfence();
-        return;
-    }
+enum { ZW = 16 }; /* floats per streamed store */
+#define STREAM_ZERO(p) _mm512_stream_ps(p, _mm512_setzero_ps())
 #else
-    size_t head = (size_t)((32 - ((uintptr_t)dst & 31)) & 31) / sizeof(float);
-    if (n > head + 8) {
+enum { ZW = 8 };
+#define STREAM_ZERO(p) _mm256_stream_ps(p, _mm256_setzero_ps())
+#endif
+static void zero_stream(float *dst, size_t n) {
+    const uintptr_t align = sizeof(float) * ZW;
+    size_t head = (size_t)((align - ((uintptr_t)dst & (align - 1))) & (align - 1)) / sizeof(float);
+    if (n > head + ZW) {
         memset(dst, 0, sizeof(float) * head);
         size_t i = head;
-        __m256 z = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, z);
+        for (; i + ZW <= n; i += ZW) STREAM_ZERO(dst + i);
         memset(dst + i, 0, sizeof(float) * (n - i));
         _mm_sfence();
         return;
     }
-#endif
     memset(dst, 0, sizeof(float) * n);
 }
 

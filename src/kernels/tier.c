@@ -59,7 +59,7 @@ int mt_cpu_tier_set(mt_tier t) {
 
 int mt_cpu_tier_check(void) {
     if (!g_bad_env) return 0;
-    return mt_error("MT_CPU_TIER=%s: expected avx2, avx512 or avx512bf16, at most this CPU's best (%s)", g_bad_env,
+    return mt_error("MT_CPU_TIER=%s: expected auto, avx2, avx512 or avx512bf16, at most this CPU's best (%s)", g_bad_env,
                     mt_cpu_tier_name(g_best));
 }
 

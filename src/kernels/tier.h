@@ -7,8 +7,9 @@
  *   avx512      x86-64-v4: AVX-512 F/BW/CD/DQ/VL (Skylake-SP, Ice Lake, Zen 4 and later)
  *   avx512bf16  x86-64-v4 + AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later):
  *               the only tier with train --bf16
- * The best tier the CPU supports is the default; MT_CPU_TIER=avx2|avx512|avx512bf16 forces
- * one (a lower one: for tests, and to compare tiers on one machine). Results are
+ * The best tier the CPU supports is the default (MT_CPU_TIER unset or auto);
+ * MT_CPU_TIER=avx2|avx512|avx512bf16 forces one (a lower one: for tests, and to compare
+ * tiers on one machine). Results are
  * bit-identical for any thread count within a tier; tiers may differ from each other in
  * the last bits (their sums split differently). */
 #ifndef MT_KERNELS_TIER_H

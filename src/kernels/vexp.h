@@ -22,23 +22,31 @@
 
 #include <math.h>
 
+/* The polynomials, shared by the 16- and 8-lane forms: e^r on |r| <= ln2/2 (Cephes expf),
+ * after x = n ln2 + r with ln2 = LN2_HI + LN2_LO; 2^f on |f| <= 1/2 (degree-6 minimax). */
+#define MT_EXP_LOG2E 1.44269504088896341f
+#define MT_EXP_LN2_HI 0.693359375f
+#define MT_EXP_LN2_LO (-2.12194440e-4f)
+#define MT_EXP_P(POLY, SET, x) POLY(POLY(POLY(POLY(POLY(SET(1.9875691500e-4f), x, 1.3981999507e-3f), x, 8.3334519073e-3f), \
+                                        x, 4.1665795894e-2f), x, 1.6666665459e-1f), x, 5.0000001201e-1f)
+#define MT_EXP2_P(POLY, SET, f) POLY(POLY(POLY(POLY(POLY(POLY(SET(1.535335614e-4f), f, 1.339887735e-3f), f, 9.618437849e-3f), \
+                                            f, 5.550332367e-2f), f, 2.402264774e-1f), f, 6.931471825e-1f), f, 1.0f)
+
 #ifdef __AVX512F__
 #include <immintrin.h>
+
+/* p x + c on 16 lanes, c a float */
+#define MT_POLY512(p, x, c) _mm512_fmadd_ps(p, x, _mm512_set1_ps(c))
 
 /* e^x for 16 lanes. */
 static inline __attribute__((always_inline)) __m512 mt_exp512(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-110.0f), x); /* below: 2^-159 * p rounds to 0 */
     x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);   /* above: 2^128 * p overflows to inf */
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(MT_EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(MT_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(MT_EXP_LN2_LO), r);
+    __m512 p = MT_EXP_P(MT_POLY512, _mm512_set1_ps, r);
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }
@@ -50,13 +58,7 @@ static inline __attribute__((always_inline)) __m512 mt_exp2_512(__m512 t) {
     t = _mm512_min_ps(_mm512_set1_ps(129.0f), t);
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n); /* exact, |f| <= 1/2 */
-    __m512 p = _mm512_set1_ps(1.535335614e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887735e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437849e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332367e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264774e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471825e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = MT_EXP2_P(MT_POLY512, _mm512_set1_ps, f);
     return _mm512_scalef_ps(p, n);
 }
 
@@ -70,6 +72,9 @@ static inline __attribute__((always_inline)) __m512 mt_sigmoid512(__m512 z) {
 
 #ifdef __AVX2__
 #include <immintrin.h>
+
+/* p x + c on 8 lanes, c a float */
+#define MT_POLY256(p, x, c) _mm256_fmadd_ps(p, x, _mm256_set1_ps(c))
 
 /* p 2^n for n a whole number in [-254, 256] (as floats): two exact power-of-two products,
  * each factor a normal float, so the result rounds once where it is normal (the
@@ -86,16 +91,11 @@ static inline __attribute__((always_inline)) __m256 mt_scale2_256(__m256 p, __m2
 static inline __attribute__((always_inline)) __m256 mt_exp256(__m256 x) {
     x = _mm256_max_ps(_mm256_set1_ps(-110.0f), x);
     x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(MT_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(MT_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(MT_EXP_LN2_LO), r);
+    __m256 p = MT_EXP_P(MT_POLY256, _mm256_set1_ps, r);
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     return mt_scale2_256(p, n);
 }
@@ -105,14 +105,8 @@ static inline __attribute__((always_inline)) __m256 mt_exp2_256(__m256 t) {
     t = _mm256_max_ps(_mm256_set1_ps(-160.0f), t);
     t = _mm256_min_ps(_mm256_set1_ps(129.0f), t);
     __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(1.535335614e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887735e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437849e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332367e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264774e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471825e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256 f = _mm256_sub_ps(t, n); /* exact, |f| <= 1/2 */
+    __m256 p = MT_EXP2_P(MT_POLY256, _mm256_set1_ps, f);
     return mt_scale2_256(p, n);
 }
 
