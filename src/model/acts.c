@@ -1,0 +1,244 @@
+/* model/acts.c — the activation arena of one micro-batch: one function lays out every buffer, dry to size it and for real (see model.h). */
+#include "model/model.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/trace.h"
+#include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
+#include "kernels/moe.h"
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+#include "model/internal.h"
+
+typedef struct { char *base; size_t off; int dry; } carver;
+
+static void *carve(carver *cv, size_t bytes) {
+    size_t a = (bytes + 63) & ~(size_t)63;
+    void *p = cv->dry ? NULL : cv->base + cv->off;
+    cv->off += a;
+    return p;
+}
+
+static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* One function lays out every activation buffer: run dry to size, then for real. */
+static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, carver *cv) {
+    /* with TP: attention and the dense FFN see all N tokens with the local heads / columns;
+     * the residual stream, norms, MoE and head hold Nl = N/tp tokens with SP (else N) */
+    const size_t tp = a->tp > 1 ? (size_t)a->tp : 1;
+    const size_t Nt = (size_t)B * T, N = a->sp ? Nt / tp : Nt, C = c->hidden_size;
+    const size_t H = c->num_attention_heads / tp, G = c->num_key_value_heads / tp, D = c->head_dim;
+    const size_t E = c->n_routed_experts;
+    const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
+    const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size / tp;
+    const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
+    /* [rows, F]-sized scratch (big1, big2; big3 twice it): sized by the MoE layers; the
+     * dense FFN (F wider than the experts' K*Fm) then runs over row chunks that fit */
+    size_t bigsz = 0;
+    int dense = 0;
+    for (int l = a->lo; l < a->hi; l++) {
+        if (mt_config_is_moe(c, l)) bigsz = maxz(bigsz, maxz(R * Fm, N * Fs));
+        else dense = 1;
+    }
+    a->ffn_rows = (int)Nt;
+    if (dense && F > 0 && bigsz > 0) {
+        const size_t floor_rows = Nt < MT_FFN_MIN_ROWS ? Nt : MT_FFN_MIN_ROWS;
+        size_t rows = maxz(bigsz / F / 16 * 16, floor_rows);
+        a->ffn_rows = (int)(rows < Nt ? rows : Nt);
+    }
+    bigsz = maxz(bigsz, (size_t)a->ffn_rows * F * dense);
+    const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
+    /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
+     * (SCRATCH_PAIR), and their scratch that only products read (below) */
+    const size_t hl = a->kv16 ? sizeof(uint16_t) : fl;
+    if (sel) {
+        a->hbuf = carve(cv, N * C * fl);
+        a->gubuf = E ? carve(cv, maxz(R * 2 * Fm, N * 2 * Fs) * hl) : NULL;
+    }
+    for (int l = a->lo; l < a->hi; l++) {
+        layer_acts *L = &a->L[l - a->lo];
+        L->x = carve(cv, N * C * fl);
+        L->rstd1 = carve(cv, N * fl);
+        L->q = carve(cv, Nt * H * D * fl);
+        if (a->kv16) {
+            L->k16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+            L->v16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+        } else {
+            L->k = carve(cv, Nt * G * D * fl);
+            L->v = carve(cv, Nt * G * D * fl);
+        }
+        L->att = carve(cv, Nt * H * D * fl);
+        L->lse = carve(cv, Nt * H * fl);
+        L->h = sel ? a->hbuf : carve(cv, N * C * fl);
+        L->rstd2 = carve(cv, N * fl);
+        if (!mt_config_is_moe(c, l)) {
+            L->gu = carve(cv, Nt * 2 * F * hl);
+        } else {
+            L->probs = carve(cv, N * E * fl);
+            L->sel = carve(cv, R * il);
+            L->wsel = carve(cv, R * fl);
+            L->slot_row = carve(cv, R * il);
+            L->perm_tok = carve(cv, R * il);
+            L->eoff = carve(cv, (E + 1) * il);
+            L->egu = sel ? a->gubuf : carve(cv, R * 2 * Fm * hl);
+            if (Fs) L->sgu = sel ? a->gubuf : carve(cv, N * 2 * Fs * hl);
+            L->f = carve(cv, (size_t)B * E * fl);
+        }
+    }
+    a->xf = carve(cv, N * C * fl);
+    if (a->last) a->rstdf = carve(cv, N * fl);
+    a->cos_t = carve(cv, (size_t)T * D / 2 * fl);
+    a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
+    a->ln = carve(cv, N * C * fl);
+    /* the final norm's output lives only while the head (whose backward runs with its
+     * forward) reads it: the blocks' normed-input buffer, free by then */
+    if (a->last) a->lnf = a->ln;
+    a->rstd_tmp = carve(cv, N * fl);
+    a->dres = carve(cv, N * C * fl);
+    a->dln = carve(cv, N * C * fl);
+    if (tp > 1) {
+        a->gat = carve(cv, Nt * C * fl);
+        a->part = carve(cv, Nt * C * fl);
+        a->dgat = carve(cv, Nt * C * fl);
+    }
+    /* Three groups of scratch share one region: the attention backward's gradients (only
+     * live from the output projection's backward to the QKV projections' backward), the
+     * FFN / MoE blocks' buffers (only live inside one block, forward or backward) and the
+     * head's logits chunk (only live in the head, after the last layer's forward). No
+     * function holds buffers of two groups. */
+    const size_t u0 = cv->off;
+    a->datt = carve(cv, Nt * H * D * fl);
+    a->dq = carve(cv, Nt * H * D * fl);
+    a->dk = carve(cv, Nt * G * D * fl);
+    a->dv = carve(cv, Nt * G * D * fl);
+    const size_t u1 = cv->off;
+    cv->off = u0;
+    /* the bf16 scratch: the SwiGLU output (big1), the gate|up gradient (big3) and the
+     * gathered expert rows (xe) (SCRATCH_PAIR): half the bytes (dact in big2 and the expert
+     * outputs in ye stay fp32) */
+    a->big1 = carve(cv, bigsz * hl);
+    a->big2 = carve(cv, bigsz * fl);
+    a->big3 = carve(cv, 2 * bigsz * hl);
+    if (E) {
+        a->xe = carve(cv, R * C * hl);
+        a->ye = carve(cv, R * C * fl);
+        a->ds = carve(cv, N * E * fl);
+        a->dw = carve(cv, R * fl);
+        a->wrow = carve(cv, R * fl);
+    }
+    const size_t u2 = cv->off;
+    cv->off = u0;
+    if (a->last) a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
+    cv->off = maxz(cv->off, maxz(u1, u2));
+    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
+}
+
+int mt_recompute_parse(const char *name) {
+    if (strcmp(name, "none") == 0) return MT_RECOMPUTE_NONE;
+    if (strcmp(name, "selective") == 0) return MT_RECOMPUTE_SELECTIVE;
+    return mt_error("--recompute: unknown policy '%s' (none or selective)", name);
+}
+
+size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
+                           int policy, int tp, int sp, int kv16) {
+    mt_acts a;
+    memset(&a, 0, sizeof a);
+    a.policy = policy;
+    a.kv16 = kv16;
+    a.tp = tp;
+    a.sp = sp && tp > 1;
+    a.lo = lo;
+    a.hi = hi;
+    a.first = first;
+    a.last = last;
+    a.L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
+    carver cv = {NULL, 0, 1};
+    acts_layout(&a, c, B, T, nthr, &cv);
+    free(a.L);
+    return cv.off;
+}
+
+size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+    return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0,
+                               mt_attention_bf16(c->head_dim));
+}
+
+size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
+    return mt_acts_bytes_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
+}
+
+mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
+                           int policy, int tp, int sp) {
+    MT_ASSERT(policy == MT_RECOMPUTE_NONE || policy == MT_RECOMPUTE_SELECTIVE);
+    MT_ASSERT(0 <= lo && lo <= hi && hi <= c->num_hidden_layers);
+    mt_acts *a = mt_xcalloc(1, sizeof *a);
+    a->B = B;
+    a->T = T;
+    a->nthr = nthr;
+    a->policy = policy;
+    a->lo = lo;
+    a->hi = hi;
+    a->first = first;
+    a->last = last;
+    a->tp = tp > 1 ? tp : 1;
+    a->sp = sp && tp > 1;
+    a->cap = (size_t)B * T;
+    a->kv16 = mt_attention_bf16(c->head_dim);
+    a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
+    a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, a->kv16);
+    a->arena = mt_alloc(a->arena_bytes);
+    carver cv = {a->arena, 0, 0};
+    acts_layout(a, c, B, T, nthr, &cv);
+    mt_rope_table(a->cos_t, a->sin_t, T, c->head_dim, c->rope_theta);
+    a->nlayers = c->num_hidden_layers;
+    a->nexperts = c->n_routed_experts;
+    a->load = mt_xcalloc((size_t)c->num_hidden_layers * (c->n_routed_experts + 1), sizeof(int64_t));
+    return a;
+}
+
+mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+    return mt_acts_new_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0);
+}
+
+mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
+    return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
+}
+
+size_t mt_acts_arena_bytes(const mt_acts *a) { return a->arena_bytes; }
+
+int mt_acts_rows(const mt_acts *a, int n) { return a->sp ? n / a->tp : n; }
+
+float *mt_acts_input(mt_acts *a) { return a->hi > a->lo ? a->L[0].x : a->xf; }
+float *mt_acts_output(mt_acts *a) { return a->xf; }
+float *mt_acts_grad(mt_acts *a) { return a->dres; }
+
+void mt_acts_free(mt_acts *a) {
+    if (!a) return;
+    mt_free(a->arena);
+    free(a->L);
+    free(a->load);
+    free(a);
+}
+
+const int64_t *mt_acts_load(const mt_acts *a) { return a->load; }
+
+void mt_acts_reset_load(mt_acts *a) {
+    memset(a->load, 0, sizeof(int64_t) * (size_t)a->nlayers * (size_t)a->nexperts);
+}
+
+uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *c) {
+    uint64_t h = 0;
+    for (int l = a->lo; l < a->hi; l++) {
+        if (!mt_config_is_moe(c, l)) continue;
+        for (size_t i = 0; i < (size_t)a->Nl * (size_t)c->num_experts_per_tok; i++)
+            h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[l - a->lo].sel[i]);
+    }
+    return h;
+}

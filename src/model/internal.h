@@ -1,0 +1,87 @@
+/* model/internal.h — what the model's own files share (not a public API): the activation
+ * arena's structure, the bf16 scratch convention, and the blocks model.c composes. */
+#ifndef MT_MODEL_INTERNAL_H
+#define MT_MODEL_INTERNAL_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays in routing) */
+
+/* What the backward of a layer needs from its forward (named, so a memory policy can later
+ * keep, recompute or swap each). The normed inputs of attention and FFN are not kept: the
+ * backward recomputes them from x / h and the saved 1/rms (cheap, element-wise). */
+typedef struct {
+    float *x;                     /* [N,C] layer input (residual stream) */
+    float *rstd1;                 /* [N] 1/rms of x */
+    float *q, *k, *v;             /* [N,H*D], [N,G*D] x2 (after RoPE); k, v NULL with kv16 */
+    uint16_t *k16, *v16;          /* kv16: K and V rounded to bf16, all attention reads of them */
+    float *att, *lse;             /* [N,H*D], [B,H,T] */
+    float *h;                     /* [N,C] residual after attention */
+    float *rstd2;                 /* [N] */
+    float *gu;                    /* dense: [N,2F] gate|up (bf16 mode: bf16, SCRATCH_PAIR) */
+    float *probs;                 /* MoE: [N,E] selection scores p */
+    int32_t *sel;                 /* [N,k] */
+    float *wsel;                  /* [N,k] final routing weights */
+    int32_t *slot_row;            /* [N*k] permuted row of (token, slot) */
+    int32_t *perm_tok;            /* [N*k] token of permuted row */
+    int32_t *eoff;                /* [E+1] */
+    float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order; bf16 mode: bf16) */
+    float *sgu;                   /* [N,2Fs] shared experts gate|up (bf16 mode: bf16) */
+    float *f;                     /* [B,E] per-sequence routed fraction f_e */
+    mt_ep_batch epb;              /* EP: the dispatch of this layer (owned by the exchange) */
+    float *ep_egu;                /* EP: [epb.R, 2Fm] expert gate|up (allocated per step; bf16 mode: bf16) */
+} layer_acts;
+
+struct mt_acts {
+    int B, T, nthr, nlayers, nexperts, policy, count_load;
+    int kv16;                     /* K, V kept as bf16 (bf16 attention: the same bits) */
+    int lo, hi, first, last;      /* the chunk: decoder layers [lo, hi), embedding, head */
+    int tp, sp;                   /* tensor parallel size, sequence parallelism */
+    int Nl, g0;                   /* last forward: rows of the residual stream, first token's index */
+    float *gat, *part, *dgat;     /* TP: [N,C] gathered input, row-parallel partial sums, gathered gradient */
+    size_t cap;                   /* capacity B*T */
+    layer_acts *L;
+    float *xf, *lnf, *rstdf;      /* chunk output (final residual), final norm out, rstd */
+    float *cos_t, *sin_t;
+    /* scratch shared by all layers */
+    float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
+    float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */
+    float *dres, *dln, *datt, *dq, *dk, *dv;
+    float *big1, *big2, *big3;    /* [max(ffn_rows*F, R*Fm, N*Fs)] x2, [twice that] */
+    int ffn_rows;                 /* rows of the dense FFN per pass over big1-3 (<= B*T) */
+    float *xe, *ye, *ds, *dw, *wrow;
+    float *att_scratch, *head_scratch;
+    int64_t *load;
+    char *arena;
+    size_t arena_bytes;
+};
+
+/* In bf16 mode the FFNs keep the activations and gradients that only products read (the
+ * gathered expert rows and output gradients, the SwiGLU output, the gate|up gradient) as
+ * bf16, in the scratch that holds them as fp32 otherwise: the products round them anyway, so
+ * the same bits in half the bytes (docs/DESIGN.md, Mixed precision). The gate|up outputs
+ * that the backward keeps (gu, egu, sgu) are bf16 too, rounded as the product writes them,
+ * as autocast keeps a product's output: the SwiGLU forward and backward both read the
+ * rounded values, in fp32 math. One pointer of each pair is set: bf16 (h16) or fp32. */
+#define SCRATCH_PAIR(h16, buf, f32, b16) \
+    float *f32 = (h16) ? NULL : (buf);  \
+    uint16_t *b16 = (h16) ? (uint16_t *)(buf) : NULL
+
+/* ffn.c: the SwiGLU FFN (dense layers and shared experts) */
+void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const float *x, const uint16_t *x16,
+                const float *wgu, const float *wd, int N, int C, int F, int rows);
+void mt_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
+                const uint16_t *x16, float *gubuf, const float *wgu, const float *wd, int N, int C, int F, int rows);
+
+/* moe_block.c: the MoE block of layer l on the normed input ln (or ln16) of a->Nl rows:
+ * out = res + shared(ln) + sum_j w_j E_j(ln), and its backward (dln overwritten) */
+void mt_moe_block_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l, int B, int T,
+                      const float *ln, const uint16_t *ln16, const float *res, float *out, int train);
+void mt_moe_block_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
+                      const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef);
+/* the balance loss of each sequence, summed into *sum_out */
+void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, int B, int T, double *sum_out);
+
+#endif

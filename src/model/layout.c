@@ -1,0 +1,330 @@
+/* model/layout.c — the parameter layout (tensor table of the whole model and of a shard), FLOP counts, and the model object: allocation, binding, seeded init (see model.h). */
+#include "model/model.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/trace.h"
+#include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
+#include "kernels/moe.h"
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+#include "model/internal.h"
+
+/* ---------------------------------------------------------------- layout */
+
+static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, int layer, int expert,
+                      int64_t d0, int64_t d1, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
+static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, int layer, int expert,
+                      int64_t d0, int64_t d1, const char *fmt, ...) {
+    /* saturating: absurd configs give SIZE_MAX (mt_model_check refuses them), not a wrapped size */
+    const size_t lim = SIZE_MAX / 8;
+    size_t a = (size_t)(d0 > 0 ? d0 : 0), b = (size_t)(d1 > 0 ? d1 : 1);
+    size_t numel = a != 0 && b > lim / a ? lim : a * b;
+    if (t) {
+        mt_tensor *x = &t[idx];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(x->name, sizeof x->name, fmt, ap);
+        va_end(ap);
+        x->ndim = d1 > 0 ? 2 : 1;
+        x->shape[0] = d0;
+        x->shape[1] = d1 > 0 ? d1 : 0;
+        x->offset = *off;
+        x->numel = numel;
+        x->decay = decay;
+        x->role = role;
+        x->layer = layer;
+        x->expert = expert;
+        x->full_index = idx;
+        x->replica = 0;
+        x->tp_dim = -1;
+        x->tp_off = 0;
+        x->tp_full = 0;
+    }
+    *off = *off >= lim || numel >= lim - *off ? SIZE_MAX : *off + numel;
+    return idx + 1;
+}
+
+int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
+    const int C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
+    const int D = c->head_dim, F = c->intermediate_size, E = c->n_routed_experts;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    size_t off = 0;
+    int n = 0;
+    n = add_tensor(t, n, &off, 1, MT_R_EMBED, -1, -1, c->vocab_size, C, "model.embed_tokens.weight");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const char *p = "model.layers";
+        n = add_tensor(t, n, &off, 0, MT_R_IN_NORM, l, -1, C, 0, "%s.%d.input_layernorm.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WQ, l, -1, (int64_t)H * D, C, "%s.%d.self_attn.q_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WK, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.k_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WV, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.v_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 1, MT_R_WO, l, -1, C, (int64_t)H * D, "%s.%d.self_attn.o_proj.weight", p, l);
+        n = add_tensor(t, n, &off, 0, MT_R_POST_NORM, l, -1, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+        if (!mt_config_is_moe(c, l)) {
+            n = add_tensor(t, n, &off, 1, MT_R_GATE, l, -1, F, C, "%s.%d.mlp.gate_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_UP, l, -1, F, C, "%s.%d.mlp.up_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_DOWN, l, -1, C, F, "%s.%d.mlp.down_proj.weight", p, l);
+        } else {
+            n = add_tensor(t, n, &off, 1, MT_R_ROUTER, l, -1, E, C, "%s.%d.mlp.gate.weight", p, l);
+            /* expert e's gate_proj and up_proj adjacent ([2Fm, C]: one GEMM computes both),
+             * then every expert's down_proj */
+            for (int e = 0; e < E; e++) {
+                n = add_tensor(t, n, &off, 1, MT_R_EGATE, l, e, Fm, C, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+                n = add_tensor(t, n, &off, 1, MT_R_EUP, l, e, Fm, C, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+            }
+            for (int e = 0; e < E; e++)
+                n = add_tensor(t, n, &off, 1, MT_R_EDOWN, l, e, C, Fm, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+            if (Fs > 0) {
+                n = add_tensor(t, n, &off, 1, MT_R_SGATE, l, -1, Fs, C, "%s.%d.mlp.shared_experts.gate_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, MT_R_SUP, l, -1, Fs, C, "%s.%d.mlp.shared_experts.up_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 1, MT_R_SDOWN, l, -1, C, Fs, "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
+            }
+        }
+    }
+    n = add_tensor(t, n, &off, 0, MT_R_NORM, -1, -1, C, 0, "model.norm.weight");
+    if (!c->tie_word_embeddings) n = add_tensor(t, n, &off, 1, MT_R_HEAD, -1, -1, c->vocab_size, C, "lm_head.weight");
+    if (nparams) *nparams = off;
+    return n;
+}
+
+void mt_shard_full(mt_shard *s, const mt_config *c) {
+    memset(s, 0, sizeof *s);
+    s->ep_rank = 0;
+    s->ep_size = 1;
+    for (int l = 0; l < c->num_hidden_layers && l < 256; l++) s->layer[l] = 1;
+    s->embed = s->head = 1;
+    s->tp_rank = 0;
+    s->tp_size = 1;
+    s->sp = 0;
+}
+
+/* the dimension a tensor is split along under tensor parallelism, -1 if replicated:
+ * column-parallel (rows of the weight) q, k, v, gate, up; row-parallel (columns) o, down */
+static int tp_split_dim(int role) {
+    switch (role) {
+    case MT_R_WQ: case MT_R_WK: case MT_R_WV: case MT_R_GATE: case MT_R_UP: return 0;
+    case MT_R_WO: case MT_R_DOWN: return 1;
+    default: return -1;
+    }
+}
+
+/* does the shard hold full tensor t? 2 = as a replica (the tied embedding used as head) */
+static int shard_holds(const mt_config *c, const mt_shard *sh, const mt_tensor *t) {
+    if (t->layer >= 0) {
+        if (!sh->layer[t->layer]) return 0;
+        if (t->expert < 0) return 1;
+        int le = c->n_routed_experts / sh->ep_size;
+        return t->expert / le == sh->ep_rank;
+    }
+    if (t->role == MT_R_EMBED) return sh->embed ? 1 : (sh->head && c->tie_word_embeddings) ? 2 : 0;
+    return sh->head;
+}
+
+int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, size_t *nparams,
+                          size_t *n_tp, size_t *n_dense) {
+    mt_shard full;
+    if (!sh) {
+        mt_shard_full(&full, c);
+        sh = &full;
+    }
+    int nf = mt_model_layout(c, NULL, NULL);
+    mt_tensor *all = mt_xcalloc((size_t)nf, sizeof *all);
+    mt_model_layout(c, all, NULL);
+    /* pass 0: TP slices; pass 1: the other tensors but the routed experts under EP; pass 2:
+     * those experts */
+    const int tp = sh->tp_size > 1 ? sh->tp_size : 1;
+    size_t off = 0, ntp = 0, nd = 0;
+    int n = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < nf; i++) {
+            int h = shard_holds(c, sh, &all[i]);
+            int dim = tp > 1 ? tp_split_dim(all[i].role) : -1;
+            int p = dim >= 0 ? 0 : (all[i].expert >= 0 && sh->ep_size > 1) ? 2 : 1;
+            if (!h || p != pass) continue;
+            mt_tensor x = all[i];
+            if (dim >= 0) {
+                MT_ASSERT(x.shape[dim] % tp == 0);
+                x.tp_dim = dim;
+                x.tp_full = x.shape[dim];
+                x.shape[dim] /= tp;
+                x.tp_off = x.shape[dim] * sh->tp_rank;
+                x.numel /= (size_t)tp;
+            }
+            if (t) {
+                t[n] = x;
+                t[n].offset = off;
+                t[n].replica = h == 2;
+            }
+            off += x.numel;
+            n++;
+        }
+        if (pass == 0) ntp = off;
+        if (pass == 1) nd = off;
+    }
+    free(all);
+    if (nparams) *nparams = off;
+    if (n_tp) *n_tp = ntp;
+    if (n_dense) *n_dense = nd;
+    return n;
+}
+
+double mt_model_active_params(const mt_config *c) {
+    const double C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
+    const double D = c->head_dim;
+    double total = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        total += C * H * D * 2 + C * G * D * 2;
+        if (!mt_config_is_moe(c, l))
+            total += 3.0 * C * c->intermediate_size;
+        else
+            total += C * c->n_routed_experts +
+                     3.0 * C * c->moe_intermediate_size * (c->num_experts_per_tok + c->n_shared_experts);
+    }
+    total += (double)c->vocab_size * C;
+    return total;
+}
+
+double mt_model_flops_per_token(const mt_config *c, int T) {
+    /* causal attention: a token at position t attends to t+1 keys; QK^T and PV each
+     * 2*D FLOPs per (head, key); averaged over the sequence: (T+1)/2 keys */
+    double att = 2.0 * 2.0 * c->num_attention_heads * c->head_dim * ((double)T + 1) / 2.0;
+    return 6.0 * mt_model_active_params(c) + 3.0 * att * c->num_hidden_layers;
+}
+
+/* ---------------------------------------------------------------- model */
+
+static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, float **norm,
+                 float **head) {
+    const mt_config *c = &m->cfg;
+    const int e0 = m->shard.ep_rank * (c->n_routed_experts / m->shard.ep_size);
+    memset(w, 0, sizeof *w * (size_t)c->num_hidden_layers);
+    *embed = *norm = *head = NULL;
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        float *p = base + t->offset;
+        mt_layer_w *L = t->layer >= 0 ? &w[t->layer] : NULL;
+        switch (t->role) {
+        case MT_R_EMBED: *embed = p; break;
+        case MT_R_NORM: *norm = p; break;
+        case MT_R_HEAD: *head = p; break;
+        case MT_R_IN_NORM: L->in_norm = p; break;
+        case MT_R_WQ: L->wq = p; break;
+        case MT_R_WK: L->wk = p; break;
+        case MT_R_WV: L->wv = p; break;
+        case MT_R_WO: L->wo = p; break;
+        case MT_R_POST_NORM: L->post_norm = p; break;
+        case MT_R_GATE: L->gate = p; break;
+        case MT_R_UP: L->up = p; break;
+        case MT_R_DOWN: L->down = p; break;
+        case MT_R_ROUTER: L->router = p; break;
+        case MT_R_EGATE: if (t->expert == e0) L->egate = p; break;
+        case MT_R_EUP: if (t->expert == e0) L->eup = p; break;
+        case MT_R_EDOWN: if (t->expert == e0) L->edown = p; break;
+        case MT_R_SGATE: L->sgate = p; break;
+        case MT_R_SUP: L->sup = p; break;
+        case MT_R_SDOWN: L->sdown = p; break;
+        default: MT_ASSERT(0);
+        }
+    }
+    if (c->tie_word_embeddings) *head = *embed;
+}
+
+int mt_model_check(const mt_config *cfg) {
+    if (cfg->num_hidden_layers > 256)
+        return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
+                        cfg->num_hidden_layers);
+    if (cfg->n_routed_experts > MAX_E || cfg->num_experts_per_tok > 512)
+        return mt_error("config: n_routed_experts %d / num_experts_per_tok %d exceed the trainer's limits "
+                        "(4096 / 512)", cfg->n_routed_experts, cfg->num_experts_per_tok);
+    if (strcmp(cfg->attention_type, "gqa") != 0)
+        return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
+                        "(only \"gqa\")", cfg->attention_type);
+    if (cfg->num_nextn_predict_layers > 0)
+        return mt_error("config: num_nextn_predict_layers %d: multi-token prediction is not implemented by the "
+                        "trainer (moetrain plan models it)", cfg->num_nextn_predict_layers);
+    size_t n;
+    mt_model_layout(cfg, NULL, &n);
+    if (n == SIZE_MAX) return mt_error("config: the parameter count overflows (the sizes are absurd)");
+    return 0;
+}
+
+int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
+                        const mt_tp_ops *tp) {
+    memset(m, 0, sizeof *m);
+    if (mt_model_check(cfg) != 0) return -1;
+    m->cfg = *cfg;
+    if (sh) m->shard = *sh;
+    else mt_shard_full(&m->shard, cfg);
+    MT_ASSERT(m->shard.ep_size >= 1 && (cfg->n_routed_experts == 0 || cfg->n_routed_experts % m->shard.ep_size == 0));
+    MT_ASSERT(m->shard.ep_size == 1 || ep != NULL);
+    m->ep = m->shard.ep_size > 1 ? ep : NULL;
+    if (m->shard.tp_size < 1) m->shard.tp_size = 1;
+    MT_ASSERT(m->shard.tp_size == 1 || tp != NULL);
+    m->tp = m->shard.tp_size > 1 ? tp : NULL;
+    m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL, NULL);
+    m->tensors = mt_xcalloc((size_t)m->ntensors + 1, sizeof(mt_tensor));
+    mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
+    const size_t bytes = (m->nparams + 1) * sizeof(float); /* nparams < SIZE_MAX / 8: mt_model_check */
+    m->params = mt_try_alloc(bytes);
+    m->grads = m->params ? mt_try_alloc(bytes) : NULL;
+    if (!m->grads) {
+        mt_free(m->params);
+        free(m->tensors);
+        memset(m, 0, sizeof *m);
+        return mt_error("config: %zu parameters: %.1f GiB of weights and as much of gradients cannot be allocated",
+                        (size_t)(bytes / sizeof(float) - 1), (double)bytes / 1073741824.0);
+    }
+    m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
+    m->g = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
+    bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
+    bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
+    return 0;
+}
+
+int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_shard(m, cfg, NULL, NULL, NULL); }
+
+void mt_model_free(mt_model *m) {
+    mt_free(m->params);
+    mt_free(m->grads);
+    free(m->tensors);
+    free(m->w);
+    free(m->g);
+    memset(m, 0, sizeof *m);
+}
+
+void mt_model_init_weights(mt_model *m, uint64_t seed, float std) {
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        if (t->ndim == 1) {
+            for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+            continue;
+        }
+        /* stream = index in the whole model, counter = element index in the whole tensor:
+         * the same draw whatever the thread count or layout (a TP slice draws its part) */
+        const uint64_t stream = (uint64_t)t->full_index;
+        const size_t cols = (size_t)t->shape[1];
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < t->numel; j++) {
+            size_t fj = j;
+            if (t->tp_dim == 0) fj = (size_t)t->tp_off * cols + j;
+            else if (t->tp_dim == 1) fj = (j / cols) * (size_t)t->tp_full + (size_t)t->tp_off + j % cols;
+            p[j] = std * mt_normal(seed, stream, fj);
+        }
+    }
+}
+
+const mt_tensor *mt_model_find(const mt_model *m, const char *name) {
+    for (int i = 0; i < m->ntensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+void mt_model_zero_grads(mt_model *m) { mt_zero(m->grads, m->nparams); }
