@@ -8,6 +8,7 @@
 #include "base/common.h"
 #include "base/trace.h"
 #include "dist/dist.h"
+#include "kernels/ops.h"
 
 void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, mt_ep_count *c) {
     const int P = a->size, LE = E / P;
@@ -40,9 +41,15 @@ void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, 
     free(nd);
 }
 
+/* The exchange's state of one batch. The a2a collectives are blocking, so each operation
+ * moves its rows inside the call that begins it; what it accumulates into the caller's
+ * buffer waits for wait(), as the interface promises. */
 typedef struct {
     mt_a2a_plan plan;
     mt_ep_count rows;      /* rows of one exchange along this plan */
+    float *sum;            /* [N, C] combine / dispatch_bwd result before it reaches the caller */
+    float *dst;            /* pending: the caller's buffer and how it receives sum */
+    int accumulate;
 } ep_plan;
 
 static void add_count(mt_ep *e, const ep_plan *p) {
@@ -52,9 +59,10 @@ static void add_count(mt_ep *e, const ep_plan *p) {
     }
 }
 
-static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const int32_t *sel, const float *w, int N,
-                        int K, int C, int E) {
+static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16, const int32_t *sel,
+                        const float *w, int N, int K, int C, int E) {
     mt_ep *e = ctx;
+    MT_ASSERT(x && !x16); /* rows travel as fp32 (bf16_rows = 0) */
     ep_plan *pp = mt_xcalloc(1, sizeof *pp);
     mt_a2a_plan *p = &pp->plan;
     float *xe = NULL;
@@ -76,38 +84,56 @@ static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const int32_t
     b->R = p->R;
     b->off = p->off;
     b->xe = xe;
+    b->xe16 = NULL;
     b->w = p->w;
     b->plan = pp;
 }
 
-static void ep_combine(void *ctx, const mt_ep_batch *b, float *out, const float *y) {
-    mt_ep *e = ctx;
-    const ep_plan *pp = b->plan;
-    add_count(e, pp);
-    mt_trace_begin("comm.a2a");
-    mt_a2a_combine(&e->a2a, &pp->plan, out, y, pp->plan.w);
-    mt_trace_end();
+/* the [N, C] buffer a combine or dispatch_bwd sums into, kept for the batch's next one */
+static float *plan_sum(ep_plan *pp) {
+    if (!pp->sum) pp->sum = mt_alloc(sizeof(float) * ((size_t)pp->plan.N * pp->plan.C + 1));
+    return pp->sum;
 }
 
-static void ep_gather(void *ctx, const mt_ep_batch *b, float *xr, const float *x) {
+static void ep_combine(void *ctx, mt_ep_batch *b, float *out, const float *y) {
+    mt_ep *e = ctx;
+    ep_plan *pp = b->plan;
+    MT_ASSERT(!pp->dst);
+    add_count(e, pp);
+    mt_trace_begin("comm.a2a");
+    mt_a2a_combine(&e->a2a, &pp->plan, plan_sum(pp), y, pp->plan.w);
+    mt_trace_end();
+    pp->dst = out;
+    pp->accumulate = 1;
+}
+
+static void ep_gather(void *ctx, mt_ep_batch *b, float *xr, uint16_t *xr16, const float *x) {
     mt_ep *e = ctx;
     const ep_plan *pp = b->plan;
+    MT_ASSERT(xr && !xr16);
     add_count(e, pp);
     mt_trace_begin("comm.a2a");
     mt_a2a_gather(&e->a2a, &pp->plan, xr, x);
     mt_trace_end();
 }
 
-static void ep_dispatch_bwd(void *ctx, const mt_ep_batch *b, float *dx, const float *dxe) {
-    mt_ep *e = ctx;
-    const ep_plan *pp = b->plan;
-    add_count(e, pp);
-    mt_trace_begin("comm.a2a");
-    mt_a2a_dispatch_bwd(&e->a2a, &pp->plan, dx, dxe);
-    mt_trace_end();
+static void ep_redispatch(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16) {
+    (void)ctx, (void)b, (void)x, (void)x16; /* the dispatched rows are kept until release */
 }
 
-static void ep_to_source(void *ctx, const mt_ep_batch *b, float *vs, const float *v) {
+static void ep_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate) {
+    mt_ep *e = ctx;
+    ep_plan *pp = b->plan;
+    MT_ASSERT(!pp->dst);
+    add_count(e, pp);
+    mt_trace_begin("comm.a2a");
+    mt_a2a_dispatch_bwd(&e->a2a, &pp->plan, plan_sum(pp), dxe);
+    mt_trace_end();
+    pp->dst = dx;
+    pp->accumulate = accumulate;
+}
+
+static void ep_to_source(void *ctx, mt_ep_batch *b, float *vs, const float *v) {
     mt_ep *e = ctx;
     const ep_plan *pp = b->plan;
     mt_trace_begin("comm.a2a");
@@ -115,11 +141,28 @@ static void ep_to_source(void *ctx, const mt_ep_batch *b, float *vs, const float
     mt_trace_end();
 }
 
+static int ep_test(void *ctx, mt_ep_batch *b) {
+    (void)ctx, (void)b;
+    return 1; /* the rows moved when the operation began */
+}
+
+static void ep_wait(void *ctx, mt_ep_batch *b) {
+    (void)ctx;
+    ep_plan *pp = b->plan;
+    if (!pp || !pp->dst) return;
+    const size_t n = (size_t)pp->plan.N * pp->plan.C;
+    if (pp->accumulate) mt_add(pp->dst, pp->sum, n);
+    else mt_copy(pp->dst, pp->sum, n);
+    pp->dst = NULL;
+}
+
 static void ep_release(void *ctx, mt_ep_batch *b) {
     (void)ctx;
     if (b->plan) {
         ep_plan *pp = b->plan;
+        MT_ASSERT(!pp->dst);
         mt_a2a_plan_free(&pp->plan);
+        mt_free(pp->sum);
         free(pp);
     }
     mt_free((float *)b->xe);
@@ -131,8 +174,9 @@ int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode) {
     if (mt_a2a_init(&e->a2a, ep, ranks_per_node) != 0) return -1;
     e->mode = mode;
     e->ops = (mt_ep_ops){.ctx = e, .rank = e->a2a.rank, .size = e->a2a.size, .dispatch = ep_dispatch,
-                         .combine = ep_combine, .gather = ep_gather, .dispatch_bwd = ep_dispatch_bwd,
-                         .to_source = ep_to_source, .release = ep_release};
+                         .combine = ep_combine, .gather = ep_gather, .redispatch = ep_redispatch,
+                         .dispatch_bwd = ep_dispatch_bwd, .to_source = ep_to_source, .test = ep_test,
+                         .wait = ep_wait, .release = ep_release};
     return 0;
 }
 

@@ -221,6 +221,7 @@ float *mt_acts_grad(mt_acts *a) { return a->dres; }
 
 void mt_acts_free(mt_acts *a) {
     if (!a) return;
+    mt_moe_scratch_free(a);
     mt_free(a->arena);
     free(a->L);
     free(a->load);

@@ -9,6 +9,20 @@
 
 enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays in routing) */
 
+/* The state of the local (size-1) expert exchange of one layer (moe_block.c) */
+typedef struct {
+    int N, K, C, E;
+    int32_t *off, *slot_row, *perm_tok; /* the layer's routing tables */
+    float *xe;                    /* the arena's rows: one of the two is set */
+    uint16_t *xe16;
+    const float *wsel;            /* [N*K] routing weights in slot order */
+    float *wrow;                  /* [R] the same in row order (the backward's b->w) */
+    int pending;                  /* 1: combine, 2: dispatch_bwd, done at the wait */
+    float *dst;
+    const float *src;
+    int accumulate;
+} mt_local_plan;
+
 /* What the backward of a layer needs from its forward (named, so a memory policy can later
  * keep, recompute or swap each). The normed inputs of attention and FFN are not kept: the
  * backward recomputes them from x / h and the saved 1/rms (cheap, element-wise). */
@@ -30,9 +44,17 @@ typedef struct {
     float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order; bf16 mode: bf16) */
     float *sgu;                   /* [N,2Fs] shared experts gate|up (bf16 mode: bf16) */
     float *f;                     /* [B,E] per-sequence routed fraction f_e */
-    mt_ep_batch epb;              /* EP: the dispatch of this layer (owned by the exchange) */
-    float *ep_egu;                /* EP: [epb.R, 2Fm] expert gate|up (allocated per step; bf16 mode: bf16) */
+    mt_ep_batch epb;              /* the dispatch of this layer (its plan: the exchange's) */
+    mt_local_plan local;          /* the local exchange's plan (moe_block.c) */
+    float *ep_egu;                /* EP: [>= epb.R, 2Fm] expert gate|up (grown, kept; bf16 mode: bf16) */
+    size_t ep_egu_cap;
 } layer_acts;
+
+/* EP: the routed experts' scratch for the rows one dispatch brings (grown to the largest) */
+typedef struct {
+    float *act, *ye, *dact, *dgu, *dwr;
+    size_t cap[5];
+} mt_ep_scratch;
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts, policy, count_load;
@@ -53,6 +75,7 @@ struct mt_acts {
     int ffn_rows;                 /* rows of the dense FFN per pass over big1-3 (<= B*T) */
     float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
+    mt_ep_scratch ep;
     int64_t *load;
     char *arena;
     size_t arena_bytes;
@@ -81,6 +104,8 @@ void mt_moe_block_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_lay
                       const float *ln, const uint16_t *ln16, const float *res, float *out, int train);
 void mt_moe_block_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
                       const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef);
+/* frees the EP scratch (mt_acts_free) */
+void mt_moe_scratch_free(mt_acts *a);
 /* the balance loss of each sequence, summed into *sum_out */
 void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, int B, int T, double *sum_out);
 

@@ -80,32 +80,49 @@ typedef struct mt_tp_ops {
     void (*sum_f64)(void *ctx, double *x, size_t n);
 } mt_tp_ops;
 
-/* Expert-parallel token exchange, supplied by dist/ (the model does not know MPI). A batch
- * is one dispatch: the rows of the (token, expert) pairs this rank's experts must process,
- * grouped by local expert. Errors inside an exchange end the job (they are broken
+/* The expert exchange of a MoE layer: the (token, expert) rows go to the ranks that own the
+ * experts (dispatch), the expert outputs come back weighted (combine), and the backward
+ * runs both ways again. Experts are addressed by physical slot: slot s lives on rank
+ * s / (E / size) (the model maps logical experts to slots, mt_expert_map). The local case
+ * (no expert parallelism) is an exchange of size 1 (model/moe_block.c); dist/ep.c supplies
+ * the MPI one. The model does not know MPI.
+ *
+ * Split-phase: every operation begins a transfer; test() progresses the pending one and
+ * returns 1 once it is complete; wait() completes it. One transfer is pending per batch at a
+ * time, and what an operation writes is defined only after its wait: the caller computes
+ * something else in between (the overlap seam). An operation that accumulates into a caller
+ * buffer (combine, dispatch_bwd) does so at the wait, so the caller may write that buffer
+ * until then. A batch is one dispatch; errors inside an exchange end the job (they are broken
  * invariants: every rank routed with the same model). */
 typedef struct {
-    int R;                 /* rows received */
+    int R;                 /* rows received (after the dispatch's wait) */
     const int32_t *off;    /* [local experts + 1] rows of local expert le: off[le]..off[le+1] */
-    const float *xe;       /* [R, C] the token rows */
-    const float *w;        /* [R] routing weight of each row */
+    const float *xe;       /* [R, C] the token rows, fp32, or */
+    const uint16_t *xe16;  /* [R, C] as bf16 (an exchange with bf16_rows, in bf16 mode); one is set */
+    const float *w;        /* [R] routing weight of each row (after the gather's wait: the backward's) */
     void *plan;            /* the exchange's own state */
 } mt_ep_batch;
 
 typedef struct mt_ep_ops {
     void *ctx;
     int rank, size;        /* in the expert-parallel group */
-    /* x[N,C], sel[N*K] global expert ids, w[N*K] -> b */
-    void (*dispatch)(void *ctx, mt_ep_batch *b, const float *x, const int32_t *sel, const float *w,
-                     int N, int K, int C, int E);
-    /* out[N,C] = per token sum_j w_j y_j, y[R,C] in the batch's layout */
-    void (*combine)(void *ctx, const mt_ep_batch *b, float *out, const float *y);
-    /* xr[R,C] = x[token of row r] (unweighted; x is [N,C] on the source ranks) */
-    void (*gather)(void *ctx, const mt_ep_batch *b, float *xr, const float *x);
-    /* dx[N,C] = per token sum over its rows of dxe[R,C] */
-    void (*dispatch_bwd)(void *ctx, const mt_ep_batch *b, float *dx, const float *dxe);
+    int bf16_rows;         /* moves rows as bf16 when given them (x16, xr16): the local exchange */
+    /* x[N,C] (or x16), sel[N*K] physical slots, w[N*K] -> b's rows */
+    void (*dispatch)(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16, const int32_t *sel,
+                     const float *w, int N, int K, int C, int E);
+    /* at the wait: out[N,C] += per token sum_j w_j y_j, y[R,C] in the batch's layout */
+    void (*combine)(void *ctx, mt_ep_batch *b, float *out, const float *y);
+    /* xr[R,C] (or xr16) = x[token of row r], unweighted (x is [N,C] on the source ranks) */
+    void (*gather)(void *ctx, mt_ep_batch *b, float *xr, uint16_t *xr16, const float *x);
+    /* b->xe again from x / x16 along the same routing, for an exchange that does not keep the
+     * dispatched rows until the backward (the local one: its rows live in shared scratch) */
+    void (*redispatch)(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16);
+    /* at the wait: dx[N,C] (+= when accumulate) per token the sum over its rows of dxe[R,C] */
+    void (*dispatch_bwd)(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate);
     /* vs[N*K] (slot order of the source tokens) = v[R] of the rows */
-    void (*to_source)(void *ctx, const mt_ep_batch *b, float *vs, const float *v);
+    void (*to_source)(void *ctx, mt_ep_batch *b, float *vs, const float *v);
+    int (*test)(void *ctx, mt_ep_batch *b);
+    void (*wait)(void *ctx, mt_ep_batch *b);
     void (*release)(void *ctx, mt_ep_batch *b);
 } mt_ep_ops;
 

@@ -113,32 +113,190 @@ static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, 
     for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
 }
 
-/* MoE block forward on the normed input ln[N,C]: out[N,C] = res + shared(ln) + sum_j w_j E_j(ln). */
-static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                    int B, int T, const float *ln, const uint16_t *ln16, const float *res, float *out) {
+/* ---------------------------------------------------------------- the local exchange */
+
+/* The size-1 expert exchange: the fused permute groups the rows by expert in the layer's
+ * tables (L->eoff, slot_row, perm_tok) and the arena's scratch (a->xe); combine and the
+ * input gradient are the unpermute and its transpose. Its rows live in scratch that every
+ * layer shares, so the backward forms them again (redispatch). The state is attached to the
+ * batch by local_attach before the dispatch. */
+typedef mt_local_plan local_plan;
+
+static void local_attach(mt_acts *a, layer_acts *L, int h16) {
+    local_plan *lp = &L->local;
+    memset(lp, 0, sizeof *lp);
+    lp->off = L->eoff;
+    lp->slot_row = L->slot_row;
+    lp->perm_tok = L->perm_tok;
+    lp->xe = h16 ? NULL : a->xe;
+    lp->xe16 = h16 ? (uint16_t *)a->xe : NULL;
+    lp->wrow = a->wrow;
+    L->epb.plan = lp;
+}
+
+static void local_dispatch(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16, const int32_t *sel,
+                           const float *w, int N, int K, int C, int E) {
+    (void)ctx;
+    local_plan *lp = b->plan;
+    lp->N = N, lp->K = K, lp->C = C, lp->E = E;
+    lp->wsel = w;
+    const int R = N * K;
+    /* bf16 rows: the tables first, then the gather */
+    mt_moe_permute(lp->xe, lp->off, lp->slot_row, lp->perm_tok, x, sel, N, K, E, C);
+    if (lp->xe16) mt_moe_gather_x(NULL, lp->xe16, x, x16, lp->perm_tok, R, C);
+    b->R = R;
+    b->off = lp->off;
+    b->xe = lp->xe;
+    b->xe16 = lp->xe16;
+    b->w = NULL;
+}
+
+static void local_combine(void *ctx, mt_ep_batch *b, float *out, const float *y) {
+    (void)ctx;
+    local_plan *lp = b->plan;
+    lp->pending = 1, lp->dst = out, lp->src = y;
+}
+
+static void local_gather(void *ctx, mt_ep_batch *b, float *xr, uint16_t *xr16, const float *x) {
+    (void)ctx;
+    local_plan *lp = b->plan;
+    const int R = lp->N * lp->K;
+    mt_moe_gather_x(xr, xr16, x, NULL, lp->perm_tok, R, lp->C);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < R; i++) lp->wrow[lp->slot_row[i]] = lp->wsel[i];
+    b->w = lp->wrow;
+}
+
+static void local_redispatch(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16) {
+    (void)ctx;
+    local_plan *lp = b->plan;
+    mt_moe_gather_x(lp->xe, lp->xe16, x, x16, lp->perm_tok, lp->N * lp->K, lp->C);
+}
+
+static void local_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate) {
+    (void)ctx;
+    local_plan *lp = b->plan;
+    lp->pending = 2, lp->dst = dx, lp->src = dxe, lp->accumulate = accumulate;
+}
+
+static void local_to_source(void *ctx, mt_ep_batch *b, float *vs, const float *v) {
+    (void)ctx;
+    const local_plan *lp = b->plan;
+    for (int i = 0; i < lp->N * lp->K; i++) vs[i] = v[lp->slot_row[i]];
+}
+
+static int local_test(void *ctx, mt_ep_batch *b) {
+    (void)ctx, (void)b;
+    return 1;
+}
+
+static void local_wait(void *ctx, mt_ep_batch *b) {
+    (void)ctx;
+    local_plan *lp = b->plan;
+    if (lp->pending == 1) mt_moe_unpermute(lp->dst, lp->src, lp->wsel, lp->slot_row, lp->N, lp->K, lp->C, 1);
+    else if (lp->pending == 2) mt_moe_permute_bwd(lp->dst, lp->src, lp->slot_row, lp->N, lp->K, lp->C, lp->accumulate);
+    lp->pending = 0;
+}
+
+static void local_release(void *ctx, mt_ep_batch *b) {
+    (void)ctx;
+    memset(b, 0, sizeof *b);
+}
+
+static const mt_ep_ops local_ops = {.ctx = NULL, .rank = 0, .size = 1, .bf16_rows = 1, .dispatch = local_dispatch,
+                                    .combine = local_combine, .gather = local_gather,
+                                    .redispatch = local_redispatch, .dispatch_bwd = local_dispatch_bwd,
+                                    .to_source = local_to_source, .test = local_test, .wait = local_wait,
+                                    .release = local_release};
+
+static const mt_ep_ops *xchg_of(const mt_model *m) { return m->ep ? m->ep : &local_ops; }
+
+/* ---------------------------------------------------------------- expert scratch */
+
+/* The buffers the routed experts compute in for a batch of R rows. The local exchange's
+ * R = N*K fits the arena; over EP, R depends on the routing of the whole group, so the
+ * buffers grow to the largest batch seen and stay (gate|up per layer: the backward reads
+ * it). */
+typedef struct {
+    float *egu, *act, *ye, *dact, *dgu, *dwr;
+} expert_ws;
+
+static void *grow(void *p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return p;
+    mt_free(p);
+    *cap = bytes + bytes / 4;
+    return mt_alloc(*cap);
+}
+
+static expert_ws expert_scratch(const mt_model *m, mt_acts *a, layer_acts *L, int R) {
     const mt_config *c = &m->cfg;
+    const size_t Fm = (size_t)c->moe_intermediate_size, C = (size_t)c->hidden_size, r = (size_t)R + 1;
+    expert_ws ws;
+    if (!m->ep) {
+        ws = (expert_ws){L->egu, a->big1, a->ye, a->big2, a->big3, a->ds};
+        return ws;
+    }
+    L->ep_egu = grow(L->ep_egu, &L->ep_egu_cap, sizeof(float) * r * 2 * Fm);
+    mt_ep_scratch *x = &a->ep;
+    x->act = grow(x->act, &x->cap[0], sizeof(float) * r * Fm);
+    x->ye = grow(x->ye, &x->cap[1], sizeof(float) * r * C);
+    x->dact = grow(x->dact, &x->cap[2], sizeof(float) * r * Fm);
+    x->dgu = grow(x->dgu, &x->cap[3], sizeof(float) * r * 2 * Fm);
+    x->dwr = grow(x->dwr, &x->cap[4], sizeof(float) * r);
+    ws = (expert_ws){L->ep_egu, x->act, x->ye, x->dact, x->dgu, x->dwr};
+    return ws;
+}
+
+void mt_moe_scratch_free(mt_acts *a) {
+    mt_ep_scratch *x = &a->ep;
+    mt_free(x->act);
+    mt_free(x->ye);
+    mt_free(x->dact);
+    mt_free(x->dgu);
+    mt_free(x->dwr);
+    memset(x, 0, sizeof *x);
+    for (int l = 0; l < a->hi - a->lo; l++) {
+        mt_free(a->L[l].ep_egu);
+        a->L[l].ep_egu = NULL;
+        a->L[l].ep_egu_cap = 0;
+    }
+}
+
+/* ---------------------------------------------------------------- the MoE block */
+
+/* MoE block forward on the normed input ln[N,C] (or ln16): out[N,C] = res + shared(ln) +
+ * sum_j w_j E_j(ln), in phases: route; dispatch; the local experts as one grouped GEMM on
+ * the rows that arrived; combine, with the shared experts computed while it is pending
+ * (they write out = res + shared, which the combine's wait adds into). */
+static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l, int B, int T,
+                    const float *ln, const uint16_t *ln16, const float *res, float *out, int train) {
+    const mt_config *c = &m->cfg;
+    const mt_ep_ops *xo = xchg_of(m);
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / xo->size;
+    const int h16 = mt_gemm_bf16_enabled();
+    mt_ep_batch *b = &L->epb;
     mt_trace_begin("moe.route");
     route_fwd(c, L, w, ln, ln16, N);
-    /* fused permute: rows grouped by expert, gathered into xe (bf16: the tables first, then
-     * the gather) */
-    const int h16 = mt_gemm_bf16_enabled();
-    SCRATCH_PAIR(h16, a->xe, xe, xe16);
-    SCRATCH_PAIR(h16, a->big1, act, act16);
-    SCRATCH_PAIR(h16, L->egu, egu, egu16);
-    mt_moe_permute(xe, L->eoff, L->slot_row, L->perm_tok, ln, L->sel, N, K, E, C);
-    if (xe16) mt_moe_gather_x(NULL, xe16, ln, ln16, L->perm_tok, R, C);
-    const int32_t *off = L->eoff;
     if (a->count_load) /* training tokens only, not evaluation */
-        for (int e = 0; e < E; e++) a->load[(size_t)l * E + e] += off[e + 1] - off[e];
+        for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
+    if (!m->ep) local_attach(a, L, h16);
+    xo->dispatch(xo->ctx, b, ln, xo->bf16_rows ? ln16 : NULL, L->sel, L->wsel, N, K, C, E);
+    xo->wait(xo->ctx, b);
     mt_trace_end();
     /* grouped expert GEMMs: gate|up, SwiGLU, down */
     mt_trace_begin("moe.experts");
-    mt_grouped_linear_fwd_x(egu, egu16, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
+    const int R = b->R;
+    expert_ws ws = expert_scratch(m, a, L, R);
+    SCRATCH_PAIR(h16, ws.egu, egu, egu16);
+    SCRATCH_PAIR(h16, ws.act, act, act16);
+    mt_grouped_linear_fwd_x(egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, b->off, LE, C, 2 * Fm, 0.0f);
     mt_swiglu_rows_fwd_x(act, act16, egu, egu16, R, Fm);
-    mt_grouped_linear_fwd_x(a->ye, NULL, act, act16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
+    mt_grouped_linear_fwd_x(ws.ye, NULL, act, act16, w->edown, (size_t)C * Fm, b->off, LE, Fm, C, 0.0f);
+    mt_trace_end();
+    mt_trace_begin("moe.combine");
+    xo->combine(xo->ctx, b, out, ws.ye);
     mt_trace_end();
     /* the shared experts' product adds the residual stream in its output pass and the
      * weighted combine accumulates: the residual add costs no pass of its own */
@@ -147,53 +305,9 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     else mt_copy(out, res, (size_t)N * C);
     mt_trace_end();
     mt_trace_begin("moe.combine");
-    mt_moe_unpermute(out, a->ye, L->wsel, L->slot_row, N, K, C, 1);
+    xo->wait(xo->ctx, b);
     mt_trace_end();
-}
-
-/* The same with the routed experts spread over an EP group: the (token, expert) rows travel
- * to the experts' ranks (dispatch), the local experts run as one grouped GEMM on what arrived
- * from every rank, and the outputs travel back weighted (combine). Sizes depend on the
- * routing of the whole group, so the expert buffers are allocated per step. */
-static void moe_fwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l,
-                       int B, int T, const float *ln, const float *res, float *out, int train) {
-    const mt_config *c = &m->cfg;
-    const mt_ep_ops *ep = m->ep;
-    const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
-    mt_trace_begin("moe.route");
-    route_fwd(c, L, w, ln, NULL, N);
-    if (a->count_load)
-        for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
-    route_fractions(m, a, L, B, T);
-    ep->dispatch(ep->ctx, &L->epb, ln, L->sel, L->wsel, N, K, C, E);
-    mt_trace_end();
-    mt_trace_begin("moe.experts");
-    const int R = L->epb.R, h16 = mt_gemm_bf16_enabled();
-    L->ep_egu = mt_alloc((h16 ? sizeof(uint16_t) : sizeof(float)) * ((size_t)R * 2 * Fm + 1));
-    SCRATCH_PAIR(h16, L->ep_egu, egu, egu16);
-    float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
-    float *ye = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
-    mt_grouped_linear_fwd_x(egu, egu16, L->epb.xe, NULL, w->egate, (size_t)2 * Fm * C, L->epb.off, LE, C, 2 * Fm,
-                            0.0f);
-    mt_swiglu_rows_fwd_x(act, NULL, egu, egu16, R, Fm);
-    mt_grouped_linear_fwd(ye, act, w->edown, (size_t)C * Fm, L->epb.off, LE, Fm, C, 0.0f);
-    mt_trace_end();
-    mt_trace_begin("moe.combine");
-    ep->combine(ep->ctx, &L->epb, a->ye, ye); /* a->ye: [N*K, C] scratch, >= [N, C] */
-    mt_trace_end();
-    mt_free(act);
-    mt_free(ye);
-    mt_trace_begin("moe.shared");
-    if (Fs > 0) mt_ffn_fwd(a, out, res, L->sgu, ln, NULL, w->sgate, w->sdown, N, C, Fs, N);
-    else mt_copy(out, res, (size_t)N * C);
-    mt_trace_end();
-    mt_add(out, a->ye, (size_t)N * C);
-    if (!train) { /* no backward will come for this dispatch */
-        ep->release(ep->ctx, &L->epb);
-        mt_free(L->ep_egu);
-        L->ep_egu = NULL;
-    }
+    if (!train) xo->release(xo->ctx, b); /* no backward will come for this dispatch */
 }
 
 /* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] (with SP the
@@ -221,64 +335,6 @@ void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, in
     }
     free(P);
     *sum_out += total;
-}
-
-static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
-                      const float *ln, const uint16_t *ln16, float *dln, int N, int T, float bal_coef);
-
-/* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. */
-static void moe_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
-                    const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef) {
-    const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, R = N * K;
-    const int32_t *off = L->eoff;
-    const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE;
-    /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
-    mt_trace_begin("moe.shared");
-    const int h16 = mt_gemm_bf16_enabled();
-    if (Fs > 0 && recompute) {
-        SCRATCH_PAIR(h16, L->sgu, sgu, sgu16);
-        mt_linear_fwd_x(sgu, sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
-    }
-    if (Fs > 0)
-        mt_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
-    mt_trace_end();
-    /* Routed experts. With y = sum_j w_j E_j(x): the unweighted dout rows go through the down
-     * projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r (so the expert
-     * outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). */
-    mt_trace_begin("moe.experts");
-    /* bf16 mode: xe, act, the gathered output gradients ye, dgu and egu as bf16 (see
-     * SCRATCH_PAIR); ye is the last product's fp32 output, after its bf16 rows are read */
-    SCRATCH_PAIR(h16, L->egu, egu, egu16);
-    SCRATCH_PAIR(h16, a->xe, xe, xe16);
-    SCRATCH_PAIR(h16, a->ye, ye, ye16);
-    SCRATCH_PAIR(h16, a->big1, act, act16);
-    SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
-    float *dact = a->big2;
-    mt_moe_gather_x(xe, xe16, ln, ln16, L->perm_tok, R, C);
-    mt_moe_gather_x(ye, ye16, dout, NULL, L->perm_tok, R, C);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < R; i++) a->wrow[L->slot_row[i]] = L->wsel[i];
-    if (recompute)
-        mt_grouped_linear_fwd_x(egu, egu16, xe, xe16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-    mt_grouped_linear_bwd_data_x(dact, ye, ye16, w->edown, (size_t)C * Fm, off, E, Fm, C, 0.0f);
-    /* per pair i (row r): the activation again, dw_i = act_r . dact_r, act_r *= w_i */
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < R; i++) {
-        size_t r = (size_t)L->slot_row[i];
-        a->dw[i] = mt_swiglu_row_wgrad_x(act ? act + r * Fm : NULL, act16 ? act16 + r * Fm : NULL,
-                                         egu ? egu + r * 2 * Fm : NULL, egu16 ? egu16 + r * 2 * Fm : NULL,
-                                         dact + r * Fm, L->wsel[i], Fm);
-    }
-    mt_grouped_linear_bwd_weight_x(dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, E, Fm, C);
-    mt_swiglu_rows_bwd_x(dgu, dgu16, dact, egu, egu16, a->wrow, R, Fm);
-    mt_grouped_linear_bwd_weight_x(dw->egate, (size_t)2 * Fm * C, dgu, dgu16, xe, xe16, off, E, C, 2 * Fm);
-    mt_grouped_linear_bwd_data_x(a->ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, E, C, 2 * Fm, 0.0f);
-    mt_trace_end();
-    mt_trace_begin("moe.route");
-    mt_moe_permute_bwd(dln, a->ye, L->slot_row, N, K, C, Fs > 0);
-    route_bwd(c, a, L, w, dw, ln, ln16, dln, N, T, bal_coef);
-    mt_trace_end();
 }
 
 /* Router backward: a->dw[N*K] (gradient of the routing weights, slot order) and the
@@ -327,70 +383,76 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
     mt_linear_bwd_x(dln, dw->router, a->ds, NULL, ln, ln16, w->router, N, C, E, 1.0f);
 }
 
-/* MoE block backward with the experts over an EP group (see moe_fwd_ep): the unweighted
- * output gradients travel to the experts (gather), the input gradients come back (the
- * dispatch's backward) and so do the routing-weight gradients (to_source). */
-static void moe_bwd_ep(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
-                       int T, const float *ln, const float *dout, float *dln, float bal_coef) {
+/* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. With
+ * y = sum_j w_j E_j(x): the unweighted output-gradient rows travel to the experts (gather),
+ * go through the down projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r
+ * (so the expert outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). The
+ * input-gradient rows travel back (dispatch_bwd) and so do the routing-weight gradients
+ * (to_source). The shared experts run while the gather is pending. */
+static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
+                    const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef) {
     const mt_config *c = &m->cfg;
-    const mt_ep_ops *ep = m->ep;
+    const mt_ep_ops *xo = xchg_of(m);
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / ep->size;
-    const mt_ep_batch *b = &L->epb;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / xo->size;
+    const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE, h16 = mt_gemm_bf16_enabled();
+    mt_ep_batch *b = &L->epb;
     const int R = b->R;
-    const int32_t *off = b->off;
+    expert_ws ws = expert_scratch(m, a, L, R);
+    /* bf16 mode: the rows only products read as bf16 (see SCRATCH_PAIR); ye is the last
+     * product's fp32 output, after its bf16 rows are read */
+    SCRATCH_PAIR(h16 && xo->bf16_rows, ws.ye, ye, ye16);
+    mt_trace_begin("moe.experts");
+    xo->gather(xo->ctx, b, ye, ye16, dout);
+    mt_trace_end();
+    /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
     mt_trace_begin("moe.shared");
-    const int h16 = mt_gemm_bf16_enabled();
-    if (Fs > 0 && a->policy == MT_RECOMPUTE_SELECTIVE) {
+    if (Fs > 0 && recompute) {
         SCRATCH_PAIR(h16, L->sgu, sgu, sgu16);
-        mt_linear_fwd_x(sgu, sgu16, ln, NULL, w->sgate, N, C, 2 * Fs, 0.0f);
+        mt_linear_fwd_x(sgu, sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
     }
-    if (Fs > 0)
-        mt_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, NULL, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
+    if (Fs > 0) mt_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
     mt_trace_begin("moe.experts");
-    float *yeu = mt_alloc(sizeof(float) * ((size_t)R * C + 1));
-    float *act = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
-    float *dact = mt_alloc(sizeof(float) * ((size_t)R * Fm + 1));
-    float *dgu = mt_alloc(sizeof(float) * ((size_t)R * 2 * Fm + 1));
-    float *dwv = mt_alloc(sizeof(float) * ((size_t)R + 1));
-    SCRATCH_PAIR(h16, L->ep_egu, egu, egu16);
-    ep->gather(ep->ctx, b, yeu, dout);
-    mt_grouped_linear_bwd_data(dact, yeu, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
+    xo->wait(xo->ctx, b);
+    xo->redispatch(xo->ctx, b, ln, xo->bf16_rows ? ln16 : NULL);
+    SCRATCH_PAIR(h16, ws.egu, egu, egu16);
+    SCRATCH_PAIR(h16, ws.act, act, act16);
+    SCRATCH_PAIR(h16, ws.dgu, dgu, dgu16);
+    const int32_t *off = b->off;
+    /* the gate|up outputs: kept over EP (the exchange's rows persist), recomputed locally
+     * under SELECTIVE */
+    if (recompute && !m->ep)
+        mt_grouped_linear_fwd_x(egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
+    mt_grouped_linear_bwd_data_x(ws.dact, ye, ye16, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
+    /* per row: the activation again, dw_r = act_r . dact_r, act_r *= w_r */
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++)
-        dwv[r] = mt_swiglu_row_wgrad_x(act + (size_t)r * Fm, NULL, egu ? egu + (size_t)r * 2 * Fm : NULL,
-                                       egu16 ? egu16 + (size_t)r * 2 * Fm : NULL, dact + (size_t)r * Fm, b->w[r], Fm);
-    mt_grouped_linear_bwd_weight(dw->edown, (size_t)C * Fm, yeu, act, off, LE, Fm, C);
-    mt_swiglu_rows_bwd_x(dgu, NULL, dact, egu, egu16, b->w, R, Fm);
-    mt_grouped_linear_bwd_weight(dw->egate, (size_t)2 * Fm * C, dgu, b->xe, off, LE, C, 2 * Fm);
-    mt_grouped_linear_bwd_data(yeu, dgu, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
+        ws.dwr[r] = mt_swiglu_row_wgrad_x(act ? act + (size_t)r * Fm : NULL, act16 ? act16 + (size_t)r * Fm : NULL,
+                                          egu ? egu + (size_t)r * 2 * Fm : NULL,
+                                          egu16 ? egu16 + (size_t)r * 2 * Fm : NULL, ws.dact + (size_t)r * Fm, b->w[r],
+                                          Fm);
+    mt_grouped_linear_bwd_weight_x(dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, LE, Fm, C);
+    mt_swiglu_rows_bwd_x(dgu, dgu16, ws.dact, egu, egu16, b->w, R, Fm);
+    mt_grouped_linear_bwd_weight_x(dw->egate, (size_t)2 * Fm * C, dgu, dgu16, b->xe, b->xe16, off, LE, C, 2 * Fm);
+    mt_grouped_linear_bwd_data_x(ws.ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
     mt_trace_end();
     mt_trace_begin("moe.route");
-    ep->dispatch_bwd(ep->ctx, b, a->ye, yeu);
-    if (Fs > 0) mt_add(dln, a->ye, (size_t)N * C);
-    else mt_copy(dln, a->ye, (size_t)N * C);
-    ep->to_source(ep->ctx, b, a->dw, dwv);
-    mt_free(yeu);
-    mt_free(act);
-    mt_free(dact);
-    mt_free(dgu);
-    mt_free(dwv);
-    ep->release(ep->ctx, &L->epb);
-    mt_free(L->ep_egu);
-    L->ep_egu = NULL;
-    route_bwd(c, a, L, w, dw, ln, NULL, dln, N, T, bal_coef);
+    xo->dispatch_bwd(xo->ctx, b, dln, ws.ye, Fs > 0);
+    xo->wait(xo->ctx, b);
+    xo->to_source(xo->ctx, b, a->dw, ws.dwr);
+    xo->wait(xo->ctx, b);
+    xo->release(xo->ctx, b);
+    route_bwd(c, a, L, w, dw, ln, ln16, dln, N, T, bal_coef);
     mt_trace_end();
 }
 
 void mt_moe_block_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l, int B, int T,
                       const float *ln, const uint16_t *ln16, const float *res, float *out, int train) {
-    if (m->ep) moe_fwd_ep(m, a, L, w, l, B, T, a->ln, res, out, train);
-    else moe_fwd(m, a, L, w, l, B, T, ln, ln16, res, out);
+    moe_fwd(m, a, L, w, l, B, T, ln, ln16, res, out, train);
 }
 
 void mt_moe_block_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
                       const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef) {
-    if (m->ep) moe_bwd_ep(m, a, L, w, dw, T, a->ln, dout, dln, bal_coef);
-    else moe_bwd(&m->cfg, a, L, w, dw, T, ln, ln16, dout, dln, bal_coef);
+    moe_bwd(m, a, L, w, dw, T, ln, ln16, dout, dln, bal_coef);
 }
