@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CLI error handling (issue item 8, docs MODEL.md "config.json" / "Token data" / checkpoints):
+# CLI error handling (issue item 8, docs/FORMATS.md "config.json" / "Token data" / checkpoints):
 # every bad input must give ONE clear "moetrain: error: ..." line naming the file, flag or
 # key, a non-zero exit that is not a signal, and never a crash, a hang or a silent success.
 # Positive controls (a good train, eval and --resume) keep the test from passing vacuously.

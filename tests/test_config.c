@@ -1,5 +1,5 @@
 /* tests/test_config.c — config.json parsing, validation and writing: defaults, integral
- * floats, strict types, unsupported-architecture keys, every consistency rule of MODEL.md
+ * floats, strict types, unsupported-architecture keys, every consistency rule of docs/FORMATS.md
  * (each message must name the source and the key), MLA keys, and save -> load equality. */
 #include "base/common.h"
 #include "model/config.h"

@@ -11,6 +11,7 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
 #include "model/model.h"
 
 static int failures = 0;
@@ -226,6 +227,60 @@ static void check_recompute(void) {
     mt_model_free(&m);
 }
 
+/* A shuffled expert placement: the same weights by name (init keyed by the tensor's index
+ * in the whole model), the experts in another order in the buffer; the loss and every
+ * tensor's gradient have the same bits (one process: the combine sums a token's slots in
+ * routing order whatever the placement). bf16 too when the CPU has it. */
+static void check_placement(void) {
+    mt_config c;
+    base_config(&c);
+    c.n_routed_experts = 8;
+    mt_expert_map map;
+    CHECK(mt_expert_map_parse(&map, &c, "shuffled:3") == 0, "parse: %s", mt_last_error());
+    int moved = 0;
+    for (int i = 0; i < c.num_hidden_layers * c.n_routed_experts; i++) moved += map.slot_of[i] != i % c.n_routed_experts;
+    CHECK(moved > 0, "shuffled:3 left every expert in place");
+    mt_expert_map bad;
+    CHECK(mt_expert_map_parse(&bad, &c, "shuffled:x") != 0 && mt_expert_map_parse(&bad, &c, "striped") != 0,
+          "bad placements accepted");
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)(mt_hash4(41, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
+        tg[i] = (int32_t)(mt_hash4(42, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
+    }
+    for (int bf = 0; bf < 1 + mt_bf16_supported(); bf++) {
+        MT_ASSERT(mt_set_gemm_bf16(bf) == 0);
+        mt_model m[2];
+        double loss[2];
+        for (int v = 0; v < 2; v++) {
+            mt_shard sh;
+            mt_shard_full(&sh, &c);
+            sh.slot_of = v ? map.slot_of : NULL;
+            MT_ASSERT(mt_model_init_shard(&m[v], &c, &sh, NULL, NULL) == 0);
+            mt_model_init_weights(&m[v], 13, 0.3f);
+            mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads());
+            mt_model_zero_grads(&m[v]);
+            loss[v] = loss_of(&m[v], a, in, tg, 1.0f / (B * T), 1);
+            mt_acts_free(a);
+        }
+        int moved_t = 0, differ = 0;
+        for (int i = 0; i < m[0].ntensors; i++) {
+            const mt_tensor *t0 = &m[0].tensors[i], *t1 = mt_model_find(&m[1], t0->name);
+            MT_ASSERT(t1);
+            moved_t += t1->offset != t0->offset;
+            differ += memcmp(m[0].params + t0->offset, m[1].params + t1->offset, t0->numel * sizeof(float)) != 0 ||
+                      memcmp(m[0].grads + t0->offset, m[1].grads + t1->offset, t0->numel * sizeof(float)) != 0;
+        }
+        printf("%-28s loss %.9f vs %.9f, %d tensors moved, %d differ (%s)\n", "shuffled expert placement",
+               loss[0], loss[1], moved_t, differ, bf ? "bf16" : "fp32");
+        CHECK(loss[0] == loss[1] && differ == 0 && moved_t > 0, "the placement changed the results");
+        mt_model_free(&m[0]);
+        mt_model_free(&m[1]);
+    }
+    MT_ASSERT(mt_set_gemm_bf16(0) == 0);
+    mt_expert_map_free(&map);
+}
+
 /* Document mode: a packed row gives the same logits and gradients as its documents run
  * one by one as separate rows (balance loss off: it is defined per row). */
 static void check_doc_mode(void) {
@@ -302,6 +357,7 @@ int main(void) {
     check_accumulation();
     check_doc_mode();
     check_recompute();
+    check_placement();
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all model gradient checks passed\n");
     return 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # PyTorch oracle test: moetrain's forward/backward against tests/oracle/moe_ref.py, an
-# independent PyTorch implementation of docs MODEL.md, and the reverse direction (a
+# independent PyTorch implementation of docs/FORMATS.md, and the reverse direction (a
 # checkpoint written by PyTorch trains and evaluates in moetrain with the same loss).
 #
 # Usage: bash tests/test_oracle.sh /path/to/moetrain

@@ -1,4 +1,4 @@
-/* base/safetensors.c — safetensors reader and writer (see safetensors.h, spec/MODEL.md).
+/* base/safetensors.c — safetensors reader and writer (see safetensors.h, docs/FORMATS.md).
  *
  * Reader: parses and validates every header up front (dtype, shape, byte size, offsets,
  * contiguity), keeps the files open and reads tensor data on demand with pread, so a

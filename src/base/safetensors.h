@@ -1,4 +1,4 @@
-/* base/safetensors.h — reading and writing safetensors files (spec/MODEL.md).
+/* base/safetensors.h — reading and writing safetensors files (docs/FORMATS.md).
  *
  * Format: 8-byte little-endian header length N, N bytes of JSON header
  * {"__metadata__": {...}, name: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}},

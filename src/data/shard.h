@@ -1,4 +1,4 @@
-/* data/shard.h — llm.c-style token shards (spec/MODEL.md "Token data").
+/* data/shard.h — llm.c-style token shards (docs/FORMATS.md "Token data").
  *
  * Header: 256 little-endian int32; [0] magic, [1] version, [2] token count.
  * 20240520/1 = uint16 tokens, 20240801/7 = uint32 tokens. The writer picks uint16 when

@@ -1,4 +1,4 @@
-/* data/tokenizer.h — the byte tokenizer (spec/MODEL.md "Tokenizers").
+/* data/tokenizer.h — the byte tokenizer (docs/FORMATS.md "Tokenizers").
  *
  * Token = byte value 0..255; MT_BYTE_EOT = 256 is end of text and precedes every
  * document in a shard; vocabulary size 257. */

@@ -1,7 +1,7 @@
 /* dist/reshard.h — moving a model between parallel layouts in memory.
  *
  * Every layout (pipeline stages, expert-parallel blocks, tensor-parallel slices) holds whole
- * MODEL.md tensors or row / column slices of them, each knowing its index in the whole model
+ * docs/FORMATS.md tensors or row / column slices of them, each knowing its index in the whole model
  * (mt_tensor.full_index) and its slice (tp_dim, tp_off). Gathering assembles the whole
  * model's flat buffer (checkpoint order) on the group's rank 0 from the tensors the ranks
  * own; scattering gives every rank its part of a whole buffer held by rank 0. A gather from

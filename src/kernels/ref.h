@@ -35,7 +35,7 @@ void mt_ref_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w,
 void mt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x,
                         const float *w, const float *rstd, int N, int C);
 
-/* In place on x[N, nh, D], row n at position t = n % T, "rotate half" (MODEL.md):
+/* In place on x[N, nh, D], row n at position t = n % T, "rotate half" (docs/FORMATS.md):
  *   out[i]     = x[i] cos a - x[i+D/2] sin a
  *   out[i+D/2] = x[i+D/2] cos a + x[i] sin a,    a = t * theta^(-2i/D), i < D/2,
  * with a, cos a, sin a computed in double (no tables). inverse=1 rotates by -a. */

@@ -1,9 +1,9 @@
 /* model/config.c — config.json parsing, validation and writing (see config.h and the
- * "config.json" section of spec/MODEL.md).
+ * "config.json" section of docs/FORMATS.md).
  *
  * Parsing is strict about types (integers may be written 8 or 8.0, never 8.5; booleans
  * are JSON booleans; strings are strings) and about keys that would change the
- * architecture in ways MODEL.md does not cover (rope_scaling, moe_layer_freq, biases,
+ * architecture in ways docs/FORMATS.md does not cover (rope_scaling, moe_layer_freq, biases,
  * hidden_act, ...): those are errors rather than silently wrong models. Other unknown
  * keys are ignored. Every message is one line "<file>: key <name>: <problem>".
  * Range and consistency rules live in mt_config_validate only, so a config built in code
@@ -121,7 +121,7 @@ static int read_string(const cJSON *root, const char *what, const char *key, cha
     return 0;
 }
 
-/* Keys that change the architecture beyond MODEL.md: accepted only at their neutral value. */
+/* Keys that change the architecture beyond docs/FORMATS.md: accepted only at their neutral value. */
 static int check_unsupported(const cJSON *root, const char *what) {
     const cJSON *v = get(root, "rope_scaling");
     if (v) {

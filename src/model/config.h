@@ -1,6 +1,6 @@
-/* model/config.h — the model configuration of spec/MODEL.md (HF-style config.json).
+/* model/config.h — the model configuration of docs/FORMATS.md (HF-style config.json).
  *
- * mt_config_load parses and validates a config.json; every rule of MODEL.md ("config.json")
+ * mt_config_load parses and validates a config.json; every rule of docs/FORMATS.md ("config.json")
  * is checked there and reported as one line naming the file and the key. */
 #ifndef MT_MODEL_CONFIG_H
 #define MT_MODEL_CONFIG_H
@@ -47,13 +47,13 @@ typedef struct {
     int num_nextn_predict_layers; /* multi-token-prediction modules, default 0 */
 } mt_config;
 
-/* Fills the defaults of MODEL.md (all required keys 0). */
+/* Fills the defaults of docs/FORMATS.md (all required keys 0). */
 void mt_config_defaults(mt_config *c);
 /* Parses and validates a config.json. On error: -1, message names the file and key. */
 int mt_config_load(mt_config *c, const char *path);
 /* Parses from a JSON string; `what` names the source in error messages. */
 int mt_config_parse(mt_config *c, const char *json, const char *what);
-/* Validates the invariants of MODEL.md; `what` names the source in messages. */
+/* Validates the invariants of docs/FORMATS.md; `what` names the source in messages. */
 int mt_config_validate(const mt_config *c, const char *what);
 /* Writes config.json (all keys, HF style, atomically). */
 int mt_config_save(const mt_config *c, const char *path);

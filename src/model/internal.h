@@ -50,11 +50,14 @@ typedef struct {
     size_t ep_egu_cap;
 } layer_acts;
 
-/* EP: the routed experts' scratch for the rows one dispatch brings (grown to the largest) */
+/* The MoE blocks' scratch outside the arena, grown to the largest need and kept: over EP the
+ * routed experts' buffers for the rows one dispatch brings; with a non-contiguous expert
+ * placement the selection in slots */
 typedef struct {
     float *act, *ye, *dact, *dgu, *dwr;
-    size_t cap[5];
-} mt_ep_scratch;
+    int32_t *slot_sel;
+    size_t cap[6];
+} mt_moe_scratch;
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts, policy, count_load;
@@ -75,7 +78,7 @@ struct mt_acts {
     int ffn_rows;                 /* rows of the dense FFN per pass over big1-3 (<= B*T) */
     float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
-    mt_ep_scratch ep;
+    mt_moe_scratch moe;
     int64_t *load;
     char *arena;
     size_t arena_bytes;
@@ -104,7 +107,7 @@ void mt_moe_block_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_lay
                       const float *ln, const uint16_t *ln16, const float *res, float *out, int train);
 void mt_moe_block_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
                       const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef);
-/* frees the EP scratch (mt_acts_free) */
+/* frees the MoE blocks' scratch outside the arena (mt_acts_free) */
 void mt_moe_scratch_free(mt_acts *a);
 /* the balance loss of each sequence, summed into *sum_out */
 void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, int B, int T, double *sum_out);

@@ -105,6 +105,47 @@ void mt_shard_full(mt_shard *s, const mt_config *c) {
     s->sp = 0;
 }
 
+void mt_expert_map_contiguous(mt_expert_map *m, const mt_config *c) {
+    m->L = c->num_hidden_layers;
+    m->E = c->n_routed_experts;
+    const size_t n = (size_t)m->L * m->E;
+    m->slot_of = mt_xmalloc(sizeof(int32_t) * (n + 1));
+    m->expert_of = mt_xmalloc(sizeof(int32_t) * (n + 1));
+    for (size_t i = 0; i < n; i++) m->slot_of[i] = m->expert_of[i] = (int32_t)(i % (size_t)m->E);
+}
+
+int mt_expert_map_parse(mt_expert_map *m, const mt_config *c, const char *spec) {
+    memset(m, 0, sizeof *m);
+    if (strcmp(spec, "contiguous") == 0) {
+        mt_expert_map_contiguous(m, c);
+        return 0;
+    }
+    char *end = NULL;
+    unsigned long long seed = 0;
+    if (strncmp(spec, "shuffled:", 9) == 0 && spec[9] >= '0' && spec[9] <= '9') seed = strtoull(spec + 9, &end, 10);
+    if (!end || *end)
+        return mt_error("--expert-placement '%s': contiguous or shuffled:SEED (SEED a non-negative integer)", spec);
+    mt_expert_map_contiguous(m, c);
+    /* Fisher-Yates per layer, each draw a pure function of (seed, layer, index) */
+    for (int l = 0; l < m->L; l++) {
+        int32_t *eo = m->expert_of + (size_t)l * m->E;
+        for (int i = m->E - 1; i > 0; i--) {
+            int j = (int)(mt_hash4(seed, 0x657870u, (uint64_t)l, (uint64_t)i) % (uint64_t)(i + 1));
+            int32_t t = eo[i];
+            eo[i] = eo[j];
+            eo[j] = t;
+        }
+        for (int s = 0; s < m->E; s++) m->slot_of[(size_t)l * m->E + eo[s]] = s;
+    }
+    return 0;
+}
+
+void mt_expert_map_free(mt_expert_map *m) {
+    free(m->slot_of);
+    free(m->expert_of);
+    memset(m, 0, sizeof *m);
+}
+
 /* the dimension a tensor is split along under tensor parallelism, -1 if replicated:
  * column-parallel (rows of the weight) q, k, v, gate, up; row-parallel (columns) o, down */
 static int tp_split_dim(int role) {
@@ -121,10 +162,30 @@ static int shard_holds(const mt_config *c, const mt_shard *sh, const mt_tensor *
         if (!sh->layer[t->layer]) return 0;
         if (t->expert < 0) return 1;
         int le = c->n_routed_experts / sh->ep_size;
-        return t->expert / le == sh->ep_rank;
+        int slot = sh->slot_of ? sh->slot_of[(size_t)t->layer * c->n_routed_experts + t->expert] : t->expert;
+        return slot / le == sh->ep_rank;
     }
     if (t->role == MT_R_EMBED) return sh->embed ? 1 : (sh->head && c->tie_word_embeddings) ? 2 : 0;
     return sh->head;
+}
+
+/* The whole table's order with each MoE layer's routed experts in slot order (gate|up pairs
+ * kept together, then the down projections): a rank's experts are then consecutive, as the
+ * grouped GEMMs index them. The identity for the contiguous placement. */
+static int *placement_order(const mt_config *c, const mt_shard *sh, const mt_tensor *all, int nf) {
+    int *order = mt_xmalloc(sizeof(int) * ((size_t)nf + 1));
+    for (int i = 0; i < nf; i++) order[i] = i;
+    if (!sh->slot_of) return order;
+    const int E = c->n_routed_experts;
+    for (int i = 0; i < nf;) {
+        if (all[i].expert < 0) { i++; continue; }
+        /* a run: [gate e, up e] for every e, or down e for every e, of one layer */
+        const int l = all[i].layer, per = all[i].role == MT_R_EDOWN ? 1 : 2;
+        const int32_t *so = sh->slot_of + (size_t)l * E;
+        for (int k = 0; k < E * per; k++) order[i + per * so[all[i + k].expert] + k % per] = i + k;
+        i += E * per;
+    }
+    return order;
 }
 
 int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, size_t *nparams,
@@ -137,13 +198,15 @@ int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, 
     int nf = mt_model_layout(c, NULL, NULL);
     mt_tensor *all = mt_xcalloc((size_t)nf, sizeof *all);
     mt_model_layout(c, all, NULL);
+    int *order = placement_order(c, sh, all, nf);
     /* pass 0: TP slices; pass 1: the other tensors but the routed experts under EP; pass 2:
      * those experts */
     const int tp = sh->tp_size > 1 ? sh->tp_size : 1;
     size_t off = 0, ntp = 0, nd = 0;
     int n = 0;
     for (int pass = 0; pass < 3; pass++) {
-        for (int i = 0; i < nf; i++) {
+        for (int oi = 0; oi < nf; oi++) {
+            const int i = order[oi];
             int h = shard_holds(c, sh, &all[i]);
             int dim = tp > 1 ? tp_split_dim(all[i].role) : -1;
             int p = dim >= 0 ? 0 : (all[i].expert >= 0 && sh->ep_size > 1) ? 2 : 1;
@@ -169,6 +232,7 @@ int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, 
         if (pass == 1) nd = off;
     }
     free(all);
+    free(order);
     if (nparams) *nparams = off;
     if (n_tp) *n_tp = ntp;
     if (n_dense) *n_dense = nd;
@@ -200,6 +264,12 @@ double mt_model_flops_per_token(const mt_config *c, int T) {
 
 /* ---------------------------------------------------------------- model */
 
+static int slot_of(const mt_model *m, const mt_tensor *t) {
+    return m->slot_of ? m->slot_of[(size_t)t->layer * m->cfg.n_routed_experts + t->expert] : t->expert;
+}
+
+/* points the per-layer views at a buffer laid out by the model's table (the first local
+ * expert of each layer: the one in the rank's first slot) */
 static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, float **norm,
                  float **head) {
     const mt_config *c = &m->cfg;
@@ -224,9 +294,9 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
         case MT_R_UP: L->up = p; break;
         case MT_R_DOWN: L->down = p; break;
         case MT_R_ROUTER: L->router = p; break;
-        case MT_R_EGATE: if (t->expert == e0) L->egate = p; break;
-        case MT_R_EUP: if (t->expert == e0) L->eup = p; break;
-        case MT_R_EDOWN: if (t->expert == e0) L->edown = p; break;
+        case MT_R_EGATE: if (slot_of(m, t) == e0) L->egate = p; break;
+        case MT_R_EUP: if (slot_of(m, t) == e0) L->eup = p; break;
+        case MT_R_EDOWN: if (slot_of(m, t) == e0) L->edown = p; break;
         case MT_R_SGATE: L->sgate = p; break;
         case MT_R_SUP: L->sup = p; break;
         case MT_R_SDOWN: L->sdown = p; break;
@@ -268,6 +338,12 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     if (m->shard.tp_size < 1) m->shard.tp_size = 1;
     MT_ASSERT(m->shard.tp_size == 1 || tp != NULL);
     m->tp = m->shard.tp_size > 1 ? tp : NULL;
+    if (m->shard.slot_of && cfg->n_routed_experts > 0) { /* the model's own copy */
+        const size_t n = (size_t)cfg->num_hidden_layers * cfg->n_routed_experts;
+        m->slot_of = mt_xmalloc(sizeof(int32_t) * n);
+        memcpy(m->slot_of, m->shard.slot_of, sizeof(int32_t) * n);
+    }
+    m->shard.slot_of = m->slot_of;
     m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL, NULL);
     m->tensors = mt_xcalloc((size_t)m->ntensors + 1, sizeof(mt_tensor));
     mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
@@ -277,6 +353,7 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     if (!m->grads) {
         mt_free(m->params);
         free(m->tensors);
+        free(m->slot_of);
         memset(m, 0, sizeof *m);
         return mt_error("config: %zu parameters: %.1f GiB of weights and as much of gradients cannot be allocated",
                         (size_t)(bytes / sizeof(float) - 1), (double)bytes / 1073741824.0);
@@ -291,6 +368,7 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
 int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_shard(m, cfg, NULL, NULL, NULL); }
 
 void mt_model_free(mt_model *m) {
+    free(m->slot_of);
     mt_free(m->params);
     mt_free(m->grads);
     free(m->tensors);

@@ -1,4 +1,4 @@
-/* model/model.c — the explicit forward and backward of the MODEL.md transformer for one
+/* model/model.c — the explicit forward and backward of the docs/FORMATS.md transformer for one
  * micro-batch: attention, FFN and MoE layers, the head (see model.h). */
 #include "model/model.h"
 

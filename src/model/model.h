@@ -1,9 +1,9 @@
 /* model/model.h — parameters, activations and the explicit forward/backward of the
- * MODEL.md transformer (GQA attention + dense SwiGLU / MoE layers).
+ * docs/FORMATS.md transformer (GQA attention + dense SwiGLU / MoE layers).
  *
  * One flat float buffer holds every parameter, another every gradient, laid out by
  * mt_model_layout() (a pure size function the planner can call for any config). Tensor
- * names are the safetensors names of MODEL.md, so checkpoints are a walk over the table.
+ * names are the safetensors names of docs/FORMATS.md, so checkpoints are a walk over the table.
  * Activations of one micro-batch live in one allocation sized by mt_acts_bytes(). */
 #ifndef MT_MODEL_MODEL_H
 #define MT_MODEL_MODEL_H
@@ -39,7 +39,7 @@ typedef struct {
 } mt_tensor;
 
 /* Which part of the model a rank holds (pipeline and expert parallelism). Tensor names
- * stay the global MODEL.md names; a sharded model is a subset of the whole model's tensors.
+ * stay the global docs/FORMATS.md names; a sharded model is a subset of the whole model's tensors.
  * Routed experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) of every held MoE layer are
  * kept; with ep_size > 1 they are placed after every other tensor. With tp_size > 1 the
  * attention projections (q/k/v rows and o columns, by heads) and the dense FFN (gate/up
@@ -48,6 +48,8 @@ typedef struct {
  * reduced over its own group. */
 typedef struct {
     int ep_rank, ep_size;
+    const int32_t *slot_of;     /* [L*E] expert placement (mt_expert_map), NULL = contiguous;
+                                 * the model keeps its own copy */
     unsigned char layer[256];   /* 1 = decoder layer held here */
     int embed, head;            /* holds the token embedding / the final norm and head */
     int tp_rank, tp_size;       /* tensor parallelism: heads and dense FFN columns split */
@@ -55,6 +57,24 @@ typedef struct {
 } mt_shard;
 /* The whole model (one process). */
 void mt_shard_full(mt_shard *s, const mt_config *c);
+
+/* Expert placement: physical slot s of MoE layer l holds logical expert expert_of[l*E + s],
+ * and slot s lives on EP rank s / (E / ep_size). Routing, load counts and checkpoints name
+ * logical experts; the parameter buffer (experts in slot order) and the exchange name slots,
+ * so moving an expert is a change of this map plus a move of its weights and moments.
+ * Contiguous (the identity) by default. */
+typedef struct {
+    int L, E;
+    int32_t *slot_of;           /* [L*E] logical expert -> slot */
+    int32_t *expert_of;         /* [L*E] slot -> logical expert */
+} mt_expert_map;
+/* "contiguous" or "shuffled:SEED" (every layer's experts placed by a seeded permutation: the
+ * results are those of the contiguous placement, up to the order of the combine's sums over
+ * EP ranks); -1 with an error naming the value. */
+int mt_expert_map_parse(mt_expert_map *m, const mt_config *c, const char *spec);
+/* the identity */
+void mt_expert_map_contiguous(mt_expert_map *m, const mt_config *c);
+void mt_expert_map_free(mt_expert_map *m);
 
 typedef struct {
     float *in_norm, *wq, *wk, *wv, *wo, *post_norm;
@@ -131,6 +151,7 @@ typedef struct {
     mt_shard shard;
     const mt_ep_ops *ep;            /* NULL: every expert is local */
     const mt_tp_ops *tp;            /* NULL: no tensor parallelism */
+    int32_t *slot_of;               /* [L*E] the expert placement (mt_expert_map); NULL: contiguous */
     size_t n_tp;                    /* floats of the TP-sliced part (0 without TP) */
     size_t n_dense;                 /* floats before the expert part (== nparams without EP) */
     int ntensors;
@@ -222,7 +243,7 @@ typedef struct {
 void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                    int B, int T, int train, float ce_scale, float bal_scale, float *logits,
                    mt_step_stats *st);
-/* The same with document mode (MODEL.md): pos[B*T] is each token's position inside its
+/* The same with document mode (docs/FORMATS.md): pos[B*T] is each token's position inside its
  * document (mt_doc_positions); attention and RoPE restart at every document. pos == NULL
  * is the normal mode (a row is one sequence). */
 void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,

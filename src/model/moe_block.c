@@ -237,7 +237,7 @@ static expert_ws expert_scratch(const mt_model *m, mt_acts *a, layer_acts *L, in
         return ws;
     }
     L->ep_egu = grow(L->ep_egu, &L->ep_egu_cap, sizeof(float) * r * 2 * Fm);
-    mt_ep_scratch *x = &a->ep;
+    mt_moe_scratch *x = &a->moe;
     x->act = grow(x->act, &x->cap[0], sizeof(float) * r * Fm);
     x->ye = grow(x->ye, &x->cap[1], sizeof(float) * r * C);
     x->dact = grow(x->dact, &x->cap[2], sizeof(float) * r * Fm);
@@ -248,12 +248,13 @@ static expert_ws expert_scratch(const mt_model *m, mt_acts *a, layer_acts *L, in
 }
 
 void mt_moe_scratch_free(mt_acts *a) {
-    mt_ep_scratch *x = &a->ep;
+    mt_moe_scratch *x = &a->moe;
     mt_free(x->act);
     mt_free(x->ye);
     mt_free(x->dact);
     mt_free(x->dgu);
     mt_free(x->dwr);
+    mt_free(x->slot_sel);
     memset(x, 0, sizeof *x);
     for (int l = 0; l < a->hi - a->lo; l++) {
         mt_free(a->L[l].ep_egu);
@@ -282,7 +283,16 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
     if (!m->ep) local_attach(a, L, h16);
-    xo->dispatch(xo->ctx, b, ln, xo->bf16_rows ? ln16 : NULL, L->sel, L->wsel, N, K, C, E);
+    /* the exchange addresses experts by placement slot */
+    const int32_t *sel = L->sel;
+    if (m->slot_of) {
+        mt_moe_scratch *x = &a->moe;
+        x->slot_sel = grow(x->slot_sel, &x->cap[5], sizeof(int32_t) * ((size_t)N * K + 1));
+        const int32_t *so = m->slot_of + (size_t)l * E;
+        for (int i = 0; i < N * K; i++) x->slot_sel[i] = so[L->sel[i]];
+        sel = x->slot_sel;
+    }
+    xo->dispatch(xo->ctx, b, ln, xo->bf16_rows ? ln16 : NULL, sel, L->wsel, N, K, C, E);
     xo->wait(xo->ctx, b);
     mt_trace_end();
     /* grouped expert GEMMs: gate|up, SwiGLU, down */

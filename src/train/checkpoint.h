@@ -1,4 +1,4 @@
-/* train/checkpoint.h — checkpoint folders (spec/MODEL.md): config.json, model.safetensors,
+/* train/checkpoint.h — checkpoint folders (docs/FORMATS.md): config.json, model.safetensors,
  * plus what an exact resume needs: optimizer.safetensors (AdamW moments named
  * exp_avg.<param> / exp_avg_sq.<param>) and trainer_state.json (step, data position,
  * seed, hyper-parameters). checksums.json (XXH64 of every file) is written last; a folder

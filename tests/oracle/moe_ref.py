@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """moe_ref.py - independent PyTorch implementation of moetrain's model contract
-(docs: /work/shared/spec/MODEL.md).  Test oracle and benchmark peer.
+(docs: docs/FORMATS.md).  Test oracle and benchmark peer.
 
 Run with Debian's PyTorch:  /usr/bin/python3 tests/oracle/moe_ref.py <command> ...
 
@@ -292,7 +292,7 @@ def is_moe(c, l):
 
 
 def param_shapes(c):
-    """Ordered list of (name, shape) exactly as MODEL.md names them."""
+    """Ordered list of (name, shape) exactly as docs/FORMATS.md names them."""
     s = [("model.embed_tokens.weight", (c.V, c.d))]
     for l in range(c.L):
         p = f"model.layers.{l}."
