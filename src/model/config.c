@@ -33,6 +33,7 @@ void mt_config_defaults(mt_config *c) {
     c->rope_theta = 10000.0;
     c->rms_norm_eps = 1e-6;
     c->tie_word_embeddings = 0;
+    c->mtp_loss_weight = 0.3;
     snprintf(c->attention_type, sizeof c->attention_type, "%s", "gqa");
     snprintf(c->model_type, sizeof c->model_type, "%s", "moetrain");
 }
@@ -144,6 +145,16 @@ static int check_unsupported(const cJSON *root, const char *what) {
         if (b)
             return mt_error("%s: key %s: linear-layer biases are not supported (must be false)",
                             what, bias_keys[i]);
+    }
+    v = get(root, "rope_parameters");
+    if (v && !cJSON_IsNull(v)) {
+        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "rope_type") : NULL;
+        if (!cJSON_IsObject(v) || (t && !(cJSON_IsString(t) && strcmp(t->valuestring, "default") == 0))) {
+            char s[64];
+            show_value(t ? t : v, s, sizeof s);
+            return mt_error("%s: key rope_parameters: only the default RoPE (rope_type \"default\" or absent) is "
+                            "supported, got %s", what, s);
+        }
     }
     char act[32];
     int found = 0;
@@ -257,8 +268,13 @@ static int parse_object(mt_config *c, const cJSON *root, const char *what) {
         read_double(root, what, "aux_loss_alpha", &c->aux_loss_alpha) != 0 ||
         read_double(root, what, "rope_theta", &c->rope_theta) != 0 ||
         read_double(root, what, "rms_norm_eps", &c->rms_norm_eps) != 0 ||
-        read_string(root, what, "model_type", c->model_type, sizeof c->model_type, NULL) != 0)
+        read_string(root, what, "model_type", c->model_type, sizeof c->model_type, NULL) != 0 ||
+        read_bool(root, what, "sandwich_norm", &c->sandwich_norm) != 0 ||
+        read_double(root, what, "mtp_loss_weight", &c->mtp_loss_weight) != 0)
         return -1;
+    /* absent: the convention of the attention type (a DeepSeek-V3 config has no such key) */
+    c->rope_interleave = mla;
+    if (read_bool(root, what, "rope_interleave", &c->rope_interleave) != 0) return -1;
     return 0;
 }
 
@@ -342,6 +358,8 @@ int mt_config_validate(const mt_config *c, const char *what) {
     if (!isfinite(c->aux_loss_alpha) || c->aux_loss_alpha < 0)
         return mt_error("%s: key aux_loss_alpha: must be non-negative (got %g)", what,
                         c->aux_loss_alpha);
+    if (!isfinite(c->mtp_loss_weight) || c->mtp_loss_weight < 0)
+        return mt_error("%s: key mtp_loss_weight: must be non-negative (got %g)", what, c->mtp_loss_weight);
 
     const int H = c->num_attention_heads, Hkv = c->num_key_value_heads;
     if (H % Hkv != 0)
@@ -473,6 +491,9 @@ char *mt_config_to_json(const mt_config *c) {
     cJSON_AddStringToObject(o, "topk_method", topk_name(c->topk_method));
     cJSON_AddItemToObject(o, "aux_loss_alpha", json_float(c->aux_loss_alpha));
     cJSON_AddNumberToObject(o, "num_nextn_predict_layers", c->num_nextn_predict_layers);
+    cJSON_AddItemToObject(o, "mtp_loss_weight", json_float(c->mtp_loss_weight));
+    cJSON_AddBoolToObject(o, "rope_interleave", c->rope_interleave != 0);
+    cJSON_AddBoolToObject(o, "sandwich_norm", c->sandwich_norm != 0);
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     MT_ASSERT(s);

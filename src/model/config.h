@@ -45,6 +45,9 @@ typedef struct {
     int qk_rope_head_dim;
     int v_head_dim;
     int num_nextn_predict_layers; /* multi-token-prediction modules, default 0 */
+    double mtp_loss_weight;       /* weight of the MTP losses, default 0.3 */
+    int rope_interleave;          /* RoPE pairs neighbouring dims; default 0 for gqa, 1 for mla */
+    int sandwich_norm;            /* each sublayer's output normed before the residual add, default 0 */
 } mt_config;
 
 /* Fills the defaults of docs/FORMATS.md (all required keys 0). */

@@ -319,6 +319,11 @@ int mt_model_check(const mt_config *cfg) {
     if (cfg->num_nextn_predict_layers > 0)
         return mt_error("config: num_nextn_predict_layers %d: multi-token prediction is not implemented by the "
                         "trainer (moetrain plan models it)", cfg->num_nextn_predict_layers);
+    if (cfg->rope_interleave)
+        return mt_error("config: rope_interleave true (RoPE on neighbouring pairs) is not implemented by the trainer "
+                        "yet (rotate-half only)");
+    if (cfg->sandwich_norm)
+        return mt_error("config: sandwich_norm true is not implemented by the trainer yet (moetrain plan models it)");
     size_t n;
     mt_model_layout(cfg, NULL, &n);
     if (n == SIZE_MAX) return mt_error("config: the parameter count overflows (the sizes are absurd)");
