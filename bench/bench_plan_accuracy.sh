@@ -46,31 +46,30 @@ fi
 # ---- the layouts --------------------------------------------------------------------------
 # name | ranks | threads per rank | flags of `moetrain train` | `moetrain plan --layout`
 # The plan's global batch is batch x accum x DP (DP = ranks / (pp x tp)), its --no-dist-opt
-# follows the absence of --dist-opt. Note on names (docs/PLAN.md): the trainer's
-# `--recompute none` is the planner's rc=selective, `--recompute selective` is
-# rc=selective-gemm. A row runs only when `moetrain train --help` lists every flag it uses
+# follows the absence of --dist-opt. The planner's rc= names are the trainer's --recompute
+# names (docs/PLAN.md). A row runs only when `moetrain train --help` lists every flag it uses
 # (the EP / PP rows wait for those flags). Rows with --bf16 (every GEMM in bf16 with fp32
 # sums) are planned with `plan --bf16` (the calibrated bf16 GEMM) and need AVX512-BF16.
 LAYOUTS=(
-  "dp1-t2|1|2|--batch 4|mb=4,rc=selective"
-  "dp1-t1|1|1|--batch 4|mb=4,rc=selective"
-  "dp1-t2-b8|1|2|--batch 8|mb=8,rc=selective"
-  "dp1-t2-rcsel|1|2|--batch 4 --recompute selective|mb=4,rc=selective-gemm"
-  "dp2-t1|2|1|--batch 4|mb=4,rc=selective"
-  "dp2-t1-distopt|2|1|--batch 4 --dist-opt|mb=4,rc=selective"
-  "dp2-t1-rcsel|2|1|--batch 4 --recompute selective|mb=4,rc=selective-gemm"
-  "dp2-t1-accum2|2|1|--batch 2 --accum 2|mb=2,rc=selective"
-  "dp4-t1|4|1|--batch 2|mb=2,rc=selective"
-  "dp4-t1-distopt|4|1|--batch 2 --dist-opt|mb=2,rc=selective"
-  "ep2-t1|2|1|--batch 4 --ep 2|ep=2,mb=4,rc=selective"
-  "ep4-t1|4|1|--batch 2 --ep 4|ep=4,mb=2,rc=selective"
-  "pp2-t1|2|1|--batch 2 --accum 4 --pp 2|pp=2,mb=2,rc=selective"
-  "pp2-vpp2-t1|2|1|--batch 2 --accum 4 --pp 2 --vpp 2|pp=2,vpp=2,mb=2,rc=selective"
-  "dp2-ep2-hier|4|1|--batch 2 --ep 2 --ranks-per-node 2 --a2a hier|ep=2,mb=2,rc=selective,a2a=hier"
-  "tp2-sp-t1|2|1|--batch 4 --tp 2 --sp|tp=2,mb=4,rc=selective"
-  "dp1-t2-bf16|1|2|--batch 4 --bf16|mb=4,rc=selective"
-  "dp2-t1-bf16|2|1|--batch 4 --bf16|mb=4,rc=selective"
-  "ep2-t1-bf16|2|1|--batch 4 --ep 2 --bf16|ep=2,mb=4,rc=selective"
+  "dp1-t2|1|2|--batch 4|mb=4,rc=none"
+  "dp1-t1|1|1|--batch 4|mb=4,rc=none"
+  "dp1-t2-b8|1|2|--batch 8|mb=8,rc=none"
+  "dp1-t2-rcsel|1|2|--batch 4 --recompute selective|mb=4,rc=selective"
+  "dp2-t1|2|1|--batch 4|mb=4,rc=none"
+  "dp2-t1-distopt|2|1|--batch 4 --dist-opt|mb=4,rc=none"
+  "dp2-t1-rcsel|2|1|--batch 4 --recompute selective|mb=4,rc=selective"
+  "dp2-t1-accum2|2|1|--batch 2 --accum 2|mb=2,rc=none"
+  "dp4-t1|4|1|--batch 2|mb=2,rc=none"
+  "dp4-t1-distopt|4|1|--batch 2 --dist-opt|mb=2,rc=none"
+  "ep2-t1|2|1|--batch 4 --ep 2|ep=2,mb=4,rc=none"
+  "ep4-t1|4|1|--batch 2 --ep 4|ep=4,mb=2,rc=none"
+  "pp2-t1|2|1|--batch 2 --accum 4 --pp 2|pp=2,mb=2,rc=none"
+  "pp2-vpp2-t1|2|1|--batch 2 --accum 4 --pp 2 --vpp 2|pp=2,vpp=2,mb=2,rc=none"
+  "dp2-ep2-hier|4|1|--batch 2 --ep 2 --ranks-per-node 2 --a2a hier|ep=2,mb=2,rc=none,a2a=hier"
+  "tp2-sp-t1|2|1|--batch 4 --tp 2 --sp|tp=2,mb=4,rc=none"
+  "dp1-t2-bf16|1|2|--batch 4 --bf16|mb=4,rc=none"
+  "dp2-t1-bf16|2|1|--batch 4 --bf16|mb=4,rc=none"
+  "ep2-t1-bf16|2|1|--batch 4 --ep 2 --bf16|ep=2,mb=4,rc=none"
 )
 
 echo "bench_plan_accuracy: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg), scratch $TMP"

@@ -107,7 +107,7 @@ fi
 # 2b. plan --bf16 (the trainer's train --bf16): runs with the bf16 GEMM in the file and puts
 # --bf16 in the train flags; refused (an error naming the bf16 GEMM) without it
 "$M" plan --model small --cluster "$OUT" --devices 1 --seq 256 --global-batch 4 --bf16 \
-    --layout mb=4,rc=selective > "$TMP/planb.log" 2>&1
+    --layout mb=4,rc=none > "$TMP/planb.log" 2>&1
 rcb=$?
 if [ "$BF16" = 1 ]; then
     if [ "$rcb" = 0 ] && grep -q "^train flags .* --bf16" "$TMP/planb.log"; then ok "plan --bf16: train flags --bf16"
@@ -144,7 +144,7 @@ fi
 # 5. predicted vs measured (informational): small config, B=8 T=512, one process
 if [ -s "$OUT" ]; then
     pred=$("$M" plan --model small --cluster "$OUT" --devices 1 --seq 512 --global-batch 8 --dtype fp32 \
-        --layout tp=1,pp=1,vpp=1,ep=1,mb=8,rc=selective 2>/dev/null | awk '$1 == "step" {print $2}')
+        --layout tp=1,pp=1,vpp=1,ep=1,mb=8,rc=none 2>/dev/null | awk '$1 == "step" {print $2}')
     meas=$("$M" bench --config small --batch 8 --seq 512 --steps 1 2>/dev/null |
         awk '/^train / {for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s,") print 4096 / $i}')
     if [ -n "$pred" ] && [ -n "$meas" ]; then
@@ -154,7 +154,7 @@ if [ -s "$OUT" ]; then
     fi
     if [ "$BF16" = 1 ]; then  # the same with --bf16 on both sides
         pred=$("$M" plan --model small --cluster "$OUT" --devices 1 --seq 512 --global-batch 8 --bf16 \
-            --layout tp=1,pp=1,vpp=1,ep=1,mb=8,rc=selective 2>/dev/null | awk '$1 == "step" {print $2}')
+            --layout tp=1,pp=1,vpp=1,ep=1,mb=8,rc=none 2>/dev/null | awk '$1 == "step" {print $2}')
         meas=$("$M" bench --bf16 --config small --batch 8 --seq 512 --steps 1 2>/dev/null |
             awk '/^train / {for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s,") print 4096 / $i}')
         if [ -n "$pred" ] && [ -n "$meas" ]; then

@@ -151,6 +151,9 @@ expect_fail missing_ckpt_flag '--ckpt' -- "$M" eval --data D
 expect_fail flag_missing_value '--steps' -- "$M" train --config c.json --data D --batch 2 --seq 32 --out R1 --steps
 expect_fail non_numeric_steps "--steps.*'?abc" -- "$M" train --config c.json --data D --batch 2 --seq 32 --out R1 --steps abc
 expect_fail trailing_garbage_lr '--lr' -- "$M" train --config c.json --data D $TR --out R1 --lr 1e-3x
+# the planner's policies beyond the trainer's two are refused by name; an unknown one too
+expect_fail recompute_planner_only "--recompute: 'full' is a policy of the planner only" -- "$M" train --config c.json --data D $TR --out R1 --recompute full
+expect_fail recompute_unknown "--recompute: unknown policy 'selective-gemm'" -- "$M" train --config c.json --data D $TR --out R1 --recompute selective-gemm
 # bench: the default sequence fits the config (demo's maximum is 256); a longer --seq is refused
 expect_ok control_bench_demo_default_seq -- "$M" bench --config demo --batch 1 --steps 1
 expect_fail bench_seq_too_long 'max_position_embeddings' -- "$M" bench --config demo --batch 1 --steps 1 --seq 300

@@ -67,7 +67,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
         {"top", MT_ARG_INT, &top, "layouts in the table (default 10)", NULL},
-        {"layout", MT_ARG_STR, &layout, "evaluate one layout: tp=8,pp=16,vpp=2,ep=32,mb=1,rc=selective,a2a=hier,split=balanced", NULL},
+        {"layout", MT_ARG_STR, &layout, "evaluate one layout: tp=8,pp=16,vpp=2,ep=32,mb=1,rc=none,a2a=hier,split=balanced (rc: keep-all, none, selective, full)", NULL},
         {"explain", MT_ARG_BOOL, &explain, "say what separates the best layout from the next ones", NULL},
         {"json", MT_ARG_BOOL, &json, "print JSON instead of tables", NULL},
         {"quiet", MT_ARG_BOOL, &quiet, "no progress line", NULL},
@@ -167,8 +167,9 @@ int mt_cmd_plan(int argc, char **argv) {
         mt_warn("--explain compares the best layouts of a search: it has no effect with --%s", layout ? "layout" : "json");
     if (layout) {
         mt_layout l;
-        /* without rc=, the trainer's default (it keeps what the planner's "selective" keeps) */
-        if (mt_layout_parse(&l, layout, st.trainer ? MT_RC_SELECTIVE : MT_RC_NONE) != 0) return mt_cli_fail();
+        /* without rc=: the trainer's default (none) on a calibrated CPU file, else keep-all */
+        if (mt_layout_parse(&l, layout, st.trainer ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_KEEP_ALL) != 0)
+            return mt_cli_fail();
         if (l.dp > 0 && l.dp * l.tp * l.pp != st.devices) {
             mt_error("moetrain plan: --layout dp=%d: DP is the devices over TP x PP, %d / (%d x %d)", l.dp,
                      st.devices, l.tp, l.pp);

@@ -45,7 +45,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"profile", MT_ARG_BOOL, &o.profile, "print a per-step time breakdown and write OUT/trace_rank<R>.json (Perfetto)", NULL},
         {"plot", MT_ARG_BOOL, &o.plot, "draw OUT/loss.png with gnuplot at the end", NULL},
         {"bf16", MT_ARG_BOOL, &o.bf16, "mixed precision: matrix products in bfloat16 with fp32 sums (AVX512-BF16); weights, gradients and optimizer stay fp32", &o.set_bf16},
-        {"recompute", MT_ARG_STR, &o.recompute, "memory policy: none (keep all activations) or selective (recompute the cheap ones)", NULL},
+        {"recompute", MT_ARG_STR, &o.recompute, "memory policy: none (recompute only element-wise results) or selective (also the output projection and gate|up GEMMs)", NULL},
         {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", &o.set_doc_mode},
         {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default 256, the byte tokenizer's)", &o.set_eot},
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},

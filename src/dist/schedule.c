@@ -169,3 +169,17 @@ int mt_schedule_peak_inflight(const mt_schedule *s, int r) {
     }
     return peak;
 }
+
+int mt_schedule_slots(const mt_schedule *s, int r, int *slots) {
+    int *cur = mt_xcalloc((size_t)s->vpp, sizeof *cur), most = 1;
+    for (int c = 0; c < s->vpp; c++) slots[c] = 1;
+    for (int i = 0; i < s->len[r]; i++) {
+        const mt_action *a = &s->act[r][i];
+        if (a->kind == MT_ACT_FWD && ++cur[a->chunk] > slots[a->chunk]) slots[a->chunk] = cur[a->chunk];
+        if (a->kind == MT_ACT_BWD) cur[a->chunk]--;
+    }
+    for (int c = 0; c < s->vpp; c++)
+        if (slots[c] > most) most = slots[c];
+    free(cur);
+    return most;
+}

@@ -58,5 +58,9 @@ int mt_schedule_check(const mt_schedule *s);
  * forwards not yet matched by their backward), in units of one chunk's activations. Gives
  * the activation memory of a schedule without running it. */
 int mt_schedule_peak_inflight(const mt_schedule *s, int r);
+/* The same per chunk: slots[c] = the peak of chunk c's forwards on rank r not yet matched
+ * by their backward (at least 1), i.e. the activation arenas the chunk needs; returns the
+ * largest. The pipeline executor allocates this many, the planner counts them. */
+int mt_schedule_slots(const mt_schedule *s, int r, int *slots);
 
 #endif

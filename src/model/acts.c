@@ -1,4 +1,5 @@
-/* model/acts.c — the activation arena of one micro-batch: one function lays out every buffer, dry to size it and for real (see model.h). */
+/* model/acts.c — the activation arena of one micro-batch: one function lays out every buffer, dry to size it and
+ * for real (see model.h), and the arena's size by part and the recompute policies' names (sizes.h). */
 #include "model/model.h"
 
 #include <math.h>
@@ -28,23 +29,113 @@ static void *carve(carver *cv, size_t bytes) {
 
 static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* One function lays out every activation buffer: run dry to size, then for real. */
-static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, carver *cv) {
-    /* with TP: attention and the dense FFN see all N tokens with the local heads / columns;
-     * the residual stream, norms, MoE and head hold Nl = N/tp tokens with SP (else N) */
-    const size_t tp = a->tp > 1 ? (size_t)a->tp : 1;
-    const size_t Nt = (size_t)B * T, N = a->sp ? Nt / tp : Nt, C = c->hidden_size;
-    const size_t H = c->num_attention_heads / tp, G = c->num_key_value_heads / tp, D = c->head_dim;
-    const size_t E = c->n_routed_experts;
-    const size_t K = c->num_experts_per_tok, Fm = c->moe_intermediate_size;
-    const size_t Fs = (size_t)c->n_shared_experts * Fm, F = c->intermediate_size / tp;
-    const size_t R = N * K, fl = sizeof(float), il = sizeof(int32_t);
+/* The arena's dimensions. With TP, attention and the dense FFN see all Nt tokens with the
+ * local heads / columns; the residual stream, norms, MoE and head hold N = Nt/tp tokens with
+ * SP (else Nt). hl: bytes of a value the FFNs keep or write to bf16-able scratch. */
+typedef struct {
+    size_t tp, B, T, Nt, N, C, H, G, D, E, K, Fm, Fs, F, R, hl, nthr;
+    int sel, kv16;
+} geom;
+
+static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
+    g->tp = d->tp > 1 ? (size_t)d->tp : 1;
+    g->B = (size_t)d->B;
+    g->Nt = (size_t)d->B * d->T;
+    g->N = d->sp && d->tp > 1 ? g->Nt / g->tp : g->Nt;
+    g->T = (size_t)d->T;
+    g->C = c->hidden_size;
+    g->H = c->num_attention_heads / g->tp;
+    g->G = c->num_key_value_heads / g->tp;
+    g->D = c->head_dim;
+    g->E = c->n_routed_experts;
+    g->K = c->num_experts_per_tok;
+    g->Fm = c->moe_intermediate_size;
+    g->Fs = (size_t)c->n_shared_experts * g->Fm;
+    g->F = c->intermediate_size / g->tp;
+    g->R = g->N * g->K;
+    g->nthr = (size_t)d->nthr;
+    g->sel = d->policy == MT_RECOMPUTE_SELECTIVE;
+    g->kv16 = d->kv16;
+    /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
+     * (SCRATCH_PAIR), and their scratch that only products read (carve_scratch) */
+    g->hl = d->kv16 ? sizeof(uint16_t) : sizeof(float);
+}
+
+/* The arena is carved in this order, by parts (model/sizes.h sizes each part with the same
+ * functions run dry; every carve is a multiple of 64 B, so a part's size does not depend on
+ * where it starts). */
+
+/* SELECTIVE: the h and gate|up buffers every layer shares. */
+static void carve_shared(carver *cv, mt_acts *a, const geom *g) {
+    if (!g->sel) return;
+    a->hbuf = carve(cv, g->N * g->C * sizeof(float));
+    a->gubuf = g->E ? carve(cv, maxz(g->R * 2 * g->Fm, g->N * 2 * g->Fs) * g->hl) : NULL;
+}
+
+/* What decoder layer l keeps. */
+static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_config *c, int l, const geom *g) {
+    const size_t N = g->N, Nt = g->Nt, C = g->C, H = g->H, G = g->G, D = g->D, E = g->E, R = g->R;
+    const size_t fl = sizeof(float), il = sizeof(int32_t), hl = g->hl;
+    L->x = carve(cv, N * C * fl);
+    L->rstd1 = carve(cv, N * fl);
+    L->q = carve(cv, Nt * H * D * fl);
+    if (g->kv16) {
+        L->k16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+        L->v16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+    } else {
+        L->k = carve(cv, Nt * G * D * fl);
+        L->v = carve(cv, Nt * G * D * fl);
+    }
+    L->att = carve(cv, Nt * H * D * fl);
+    L->lse = carve(cv, Nt * H * fl);
+    L->h = g->sel ? a->hbuf : carve(cv, N * C * fl);
+    L->rstd2 = carve(cv, N * fl);
+    if (!mt_config_is_moe(c, l)) {
+        L->gu = carve(cv, Nt * 2 * g->F * hl);
+    } else {
+        L->probs = carve(cv, N * E * fl);
+        L->sel = carve(cv, R * il);
+        L->wsel = carve(cv, R * fl);
+        L->slot_row = carve(cv, R * il);
+        L->perm_tok = carve(cv, R * il);
+        L->eoff = carve(cv, (E + 1) * il);
+        L->egu = g->sel ? a->gubuf : carve(cv, R * 2 * g->Fm * hl);
+        if (g->Fs) L->sgu = g->sel ? a->gubuf : carve(cv, N * 2 * g->Fs * hl);
+        L->f = carve(cv, g->B * E * fl);
+    }
+}
+
+/* The residual stream, its gradients, the norms' buffers, the RoPE tables, TP's buffers. */
+static void carve_stream(carver *cv, mt_acts *a, const geom *g) {
+    const size_t N = g->N, Nt = g->Nt, C = g->C, fl = sizeof(float);
+    a->xf = carve(cv, N * C * fl);
+    if (a->last) a->rstdf = carve(cv, N * fl);
+    a->cos_t = carve(cv, g->T * g->D / 2 * fl);
+    a->sin_t = carve(cv, g->T * g->D / 2 * fl);
+    a->ln = carve(cv, N * C * fl);
+    /* the final norm's output lives only while the head (whose backward runs with its
+     * forward) reads it: the blocks' normed-input buffer, free by then */
+    if (a->last) a->lnf = a->ln;
+    a->rstd_tmp = carve(cv, N * fl);
+    a->dres = carve(cv, N * C * fl);
+    a->dln = carve(cv, N * C * fl);
+    if (g->tp > 1) {
+        a->gat = carve(cv, Nt * C * fl);
+        a->part = carve(cv, Nt * C * fl);
+        a->dgat = carve(cv, Nt * C * fl);
+    }
+}
+
+/* The backward's scratch region of the chunk's layers [a->lo, a->hi); sets a->ffn_rows. */
+static void carve_scratch(carver *cv, mt_acts *a, const mt_config *c, const geom *g) {
+    const size_t N = g->N, Nt = g->Nt, C = g->C, H = g->H, G = g->G, D = g->D, E = g->E, R = g->R;
+    const size_t F = g->F, fl = sizeof(float), hl = g->hl;
     /* [rows, F]-sized scratch (big1, big2; big3 twice it): sized by the MoE layers; the
      * dense FFN (F wider than the experts' K*Fm) then runs over row chunks that fit */
     size_t bigsz = 0;
     int dense = 0;
     for (int l = a->lo; l < a->hi; l++) {
-        if (mt_config_is_moe(c, l)) bigsz = maxz(bigsz, maxz(R * Fm, N * Fs));
+        if (mt_config_is_moe(c, l)) bigsz = maxz(bigsz, maxz(R * g->Fm, N * g->Fs));
         else dense = 1;
     }
     a->ffn_rows = (int)Nt;
@@ -54,60 +145,6 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
         a->ffn_rows = (int)(rows < Nt ? rows : Nt);
     }
     bigsz = maxz(bigsz, (size_t)a->ffn_rows * F * dense);
-    const int sel = a->policy == MT_RECOMPUTE_SELECTIVE;
-    /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
-     * (SCRATCH_PAIR), and their scratch that only products read (below) */
-    const size_t hl = a->kv16 ? sizeof(uint16_t) : fl;
-    if (sel) {
-        a->hbuf = carve(cv, N * C * fl);
-        a->gubuf = E ? carve(cv, maxz(R * 2 * Fm, N * 2 * Fs) * hl) : NULL;
-    }
-    for (int l = a->lo; l < a->hi; l++) {
-        layer_acts *L = &a->L[l - a->lo];
-        L->x = carve(cv, N * C * fl);
-        L->rstd1 = carve(cv, N * fl);
-        L->q = carve(cv, Nt * H * D * fl);
-        if (a->kv16) {
-            L->k16 = carve(cv, Nt * G * D * sizeof(uint16_t));
-            L->v16 = carve(cv, Nt * G * D * sizeof(uint16_t));
-        } else {
-            L->k = carve(cv, Nt * G * D * fl);
-            L->v = carve(cv, Nt * G * D * fl);
-        }
-        L->att = carve(cv, Nt * H * D * fl);
-        L->lse = carve(cv, Nt * H * fl);
-        L->h = sel ? a->hbuf : carve(cv, N * C * fl);
-        L->rstd2 = carve(cv, N * fl);
-        if (!mt_config_is_moe(c, l)) {
-            L->gu = carve(cv, Nt * 2 * F * hl);
-        } else {
-            L->probs = carve(cv, N * E * fl);
-            L->sel = carve(cv, R * il);
-            L->wsel = carve(cv, R * fl);
-            L->slot_row = carve(cv, R * il);
-            L->perm_tok = carve(cv, R * il);
-            L->eoff = carve(cv, (E + 1) * il);
-            L->egu = sel ? a->gubuf : carve(cv, R * 2 * Fm * hl);
-            if (Fs) L->sgu = sel ? a->gubuf : carve(cv, N * 2 * Fs * hl);
-            L->f = carve(cv, (size_t)B * E * fl);
-        }
-    }
-    a->xf = carve(cv, N * C * fl);
-    if (a->last) a->rstdf = carve(cv, N * fl);
-    a->cos_t = carve(cv, (size_t)T * D / 2 * fl);
-    a->sin_t = carve(cv, (size_t)T * D / 2 * fl);
-    a->ln = carve(cv, N * C * fl);
-    /* the final norm's output lives only while the head (whose backward runs with its
-     * forward) reads it: the blocks' normed-input buffer, free by then */
-    if (a->last) a->lnf = a->ln;
-    a->rstd_tmp = carve(cv, N * fl);
-    a->dres = carve(cv, N * C * fl);
-    a->dln = carve(cv, N * C * fl);
-    if (tp > 1) {
-        a->gat = carve(cv, Nt * C * fl);
-        a->part = carve(cv, Nt * C * fl);
-        a->dgat = carve(cv, Nt * C * fl);
-    }
     /* Three groups of scratch share one region: the attention backward's gradients (only
      * live from the output projection's backward to the QKV projections' backward), the
      * FFN / MoE blocks' buffers (only live inside one block, forward or backward) and the
@@ -137,13 +174,85 @@ static void acts_layout(mt_acts *a, const mt_config *c, int B, int T, int nthr, 
     cv->off = u0;
     if (a->last) a->head_scratch = carve(cv, mt_head_scratch_floats(c->vocab_size) * fl);
     cv->off = maxz(cv->off, maxz(u1, u2));
-    a->att_scratch = carve(cv, (size_t)nthr * mt_attention_scratch_floats(T, (int)D) * fl);
 }
 
+static void carve_att_scratch(carver *cv, mt_acts *a, const geom *g) {
+    a->att_scratch = carve(cv, g->nthr * mt_attention_scratch_floats((int)g->T, (int)g->D) * sizeof(float));
+}
+
+/* One function lays out every activation buffer: run dry to size, then for real. */
+static void acts_layout(mt_acts *a, const mt_config *c, const mt_acts_dims *d, carver *cv) {
+    geom g;
+    geom_of(&g, c, d);
+    carve_shared(cv, a, &g);
+    for (int l = a->lo; l < a->hi; l++) carve_layer(cv, a, &a->L[l - a->lo], c, l, &g);
+    carve_stream(cv, a, &g);
+    carve_scratch(cv, a, c, &g);
+    carve_att_scratch(cv, a, &g);
+}
+
+/* ---------------------------------------------------------------- sizes by part (sizes.h) */
+
+size_t mt_acts_layer_bytes(const mt_config *c, int l, const mt_acts_dims *d) {
+    geom g;
+    geom_of(&g, c, d);
+    mt_acts a;
+    layer_acts L;
+    memset(&a, 0, sizeof a);
+    memset(&L, 0, sizeof L);
+    carver cv = {NULL, 0, 1};
+    carve_layer(&cv, &a, &L, c, l, &g);
+    return cv.off;
+}
+
+size_t mt_acts_base_bytes(const mt_config *c, int last, const mt_acts_dims *d) {
+    geom g;
+    geom_of(&g, c, d);
+    mt_acts a;
+    memset(&a, 0, sizeof a);
+    a.last = last;
+    carver cv = {NULL, 0, 1};
+    carve_shared(&cv, &a, &g);
+    carve_stream(&cv, &a, &g);
+    carve_att_scratch(&cv, &a, &g);
+    return cv.off;
+}
+
+size_t mt_acts_scratch_bytes(const mt_config *c, int lo, int hi, int last, const mt_acts_dims *d) {
+    geom g;
+    geom_of(&g, c, d);
+    mt_acts a;
+    memset(&a, 0, sizeof a);
+    a.lo = lo;
+    a.hi = hi;
+    a.last = last;
+    carver cv = {NULL, 0, 1};
+    carve_scratch(&cv, &a, c, &g);
+    return cv.off;
+}
+
+/* ---------------------------------------------------------------- recompute policies */
+
+static const char *const rc_names[MT_RECOMPUTE_N] = {"none", "selective", "keep-all", "full"};
+
+const char *mt_recompute_name(int policy) {
+    return policy >= 0 && policy < MT_RECOMPUTE_N ? rc_names[policy] : "?";
+}
+
+int mt_recompute_lookup(const char *name) {
+    for (int i = 0; i < MT_RECOMPUTE_N; i++)
+        if (strcmp(name, rc_names[i]) == 0) return i;
+    return -1;
+}
+
+int mt_recompute_trainer(int policy) { return policy == MT_RECOMPUTE_NONE || policy == MT_RECOMPUTE_SELECTIVE; }
+
 int mt_recompute_parse(const char *name) {
-    if (strcmp(name, "none") == 0) return MT_RECOMPUTE_NONE;
-    if (strcmp(name, "selective") == 0) return MT_RECOMPUTE_SELECTIVE;
-    return mt_error("--recompute: unknown policy '%s' (none or selective)", name);
+    int p = mt_recompute_lookup(name);
+    if (p >= 0 && !mt_recompute_trainer(p))
+        return mt_error("--recompute: '%s' is a policy of the planner only; the trainer has none or selective", name);
+    if (p < 0) return mt_error("--recompute: unknown policy '%s' (none or selective)", name);
+    return p;
 }
 
 size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
@@ -159,8 +268,9 @@ size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int la
     a.first = first;
     a.last = last;
     a.L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
+    const mt_acts_dims d = {B, T, nthr, policy, tp, sp, kv16};
     carver cv = {NULL, 0, 1};
-    acts_layout(&a, c, B, T, nthr, &cv);
+    acts_layout(&a, c, &d, &cv);
     free(a.L);
     return cv.off;
 }
@@ -176,7 +286,7 @@ size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
 
 mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp) {
-    MT_ASSERT(policy == MT_RECOMPUTE_NONE || policy == MT_RECOMPUTE_SELECTIVE);
+    MT_ASSERT(mt_recompute_trainer(policy));
     MT_ASSERT(0 <= lo && lo <= hi && hi <= c->num_hidden_layers);
     mt_acts *a = mt_xcalloc(1, sizeof *a);
     a->B = B;
@@ -194,8 +304,9 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
     a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, a->kv16);
     a->arena = mt_alloc(a->arena_bytes);
+    const mt_acts_dims d = {B, T, nthr, policy, tp, sp, a->kv16};
     carver cv = {a->arena, 0, 0};
-    acts_layout(a, c, B, T, nthr, &cv);
+    acts_layout(a, c, &d, &cv);
     mt_rope_table(a->cos_t, a->sin_t, T, c->head_dim, c->rope_theta);
     a->nlayers = c->num_hidden_layers;
     a->nexperts = c->n_routed_experts;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "model/sizes.h"
 
 /* What a tensor is (bind() finds the pointers by role, not by position). */
 enum mt_role {
@@ -197,14 +198,8 @@ void mt_model_zero_grads(mt_model *m);
 typedef struct mt_acts mt_acts;
 size_t mt_acts_bytes(const mt_config *cfg, int B, int T, int nthr);
 mt_acts *mt_acts_new(const mt_config *cfg, int B, int T, int nthr);
-/* Memory policy: what the backward recomputes instead of keeping.
- * SELECTIVE: the residual after attention (one GEMM: x + att Wo^T) and the gate|up outputs
- * of the routed and shared experts (one GEMM each); every layer then shares one buffer for
- * each of them. Bit-identical results, ~12% more FLOPs on an MoE layer, and the activations
- * that grow with the number of layers shrink by about a third. */
-enum mt_recompute { MT_RECOMPUTE_NONE = 0, MT_RECOMPUTE_SELECTIVE = 1 };
-/* "none" / "selective" -> the policy, or -1 with an error naming the value. */
-int mt_recompute_parse(const char *name);
+/* policy: MT_RECOMPUTE_NONE or MT_RECOMPUTE_SELECTIVE (model/sizes.h, with the arena's size
+ * by part) */
 size_t mt_acts_bytes_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
 mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
 /* Activations of one pipeline chunk: decoder layers [lo, hi), with the embedding when

@@ -10,9 +10,6 @@
 #include <string.h>
 
 #include "base/common.h"
-#include "kernels/attention.h"
-#include "kernels/ops.h"
-#include "model/model.h" /* MT_FFN_MIN_ROWS: the trainer arena this file mirrors */
 
 static int is_mla(const mt_config *c) { return strcmp(c->attention_type, "mla") == 0; }
 
@@ -62,12 +59,12 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     u->f_att += (double)c->num_attention_heads * (qkdim + vdim) * ((double)T + 1);
     /* layer input x, its 1/rms; the attention's log-sum-exp per head; h and its 1/rms */
     const double base = C * elt + f4 + H * f4 + C * elt + f4;
-    u->act_tok[MT_RC_NONE] += base + saved;
-    u->act_tok[MT_RC_SELECTIVE] += base + saved;
-    u->act_tok[MT_RC_SELECTIVE_GEMM] += base + saved - C * elt; /* h recomputed from the attention output */
+    u->act_tok[MT_RECOMPUTE_KEEP_ALL] += base + saved;
+    u->act_tok[MT_RECOMPUTE_NONE] += base + saved;
+    u->act_tok[MT_RECOMPUTE_SELECTIVE] += base + saved - C * elt; /* h recomputed from the attention output */
     u->f_rc_gemm += 2 * C * H * (is_mla(c) ? c->v_head_dim : c->head_dim);
     u->work_rc_tok += C * elt;                         /* ... into one buffer shared by the layers */
-    u->act_tok[MT_RC_FULL] += C * elt;                /* only the layer input */
+    u->act_tok[MT_RECOMPUTE_FULL] += C * elt;          /* only the layer input */
     /* both blocks: normed input, residual grad, its grad; the attention's: datt, dq, dk, dv */
     u->work_tok += common_work_tok(C, elt);
     u->work_att_tok += common_work_tok(C, elt) + work;
@@ -76,16 +73,16 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     u->tp_colls += 2;                                  /* all-gather in, reduce-scatter out */
 }
 
-/* SwiGLU of hidden size F on every token (dense FFN or shared experts; selective-gemm
+/* SwiGLU of hidden size F on every token (dense FFN or shared experts; selective
  * recomputes the shared experts' gate|up outputs into one buffer shared by the layers). */
 static void swiglu(double C, double F, int elt, int shared, mt_unit_cost *u) {
     u->p_tp += 3 * C * F;
     if (!shared) u->p_tp_trainer += 3 * C * F;
     u->p_active += 3 * C * F;
     u->f_gemm += 6 * C * F;
-    u->act_tok[MT_RC_NONE] += 3 * F * elt;             /* gate|up outputs, silu(g)*u */
-    u->act_tok[MT_RC_SELECTIVE] += 2 * F * elt;        /* silu(g)*u recomputed */
-    u->act_tok[MT_RC_SELECTIVE_GEMM] += shared ? 0 : 2 * F * elt;
+    u->act_tok[MT_RECOMPUTE_KEEP_ALL] += 3 * F * elt;  /* gate|up outputs, silu(g)*u */
+    u->act_tok[MT_RECOMPUTE_NONE] += 2 * F * elt;      /* silu(g)*u recomputed */
+    u->act_tok[MT_RECOMPUTE_SELECTIVE] += shared ? 0 : 2 * F * elt;
     if (shared) {
         u->f_rc_gemm += 4 * C * F;
         u->work_rc_tok += 2 * F * elt;
@@ -118,15 +115,15 @@ static void layer(const mt_config *c, int l, int T, int elt, mt_unit_cost *u) {
     /* kept per token: router probabilities (fp32); selected experts, their weights, slot
      * and permutation indices (4 x k int32/fp32); per (token, slot): expert gate|up */
     const double route = E * f4 + 4 * K * f4;
-    u->act_tok[MT_RC_NONE] += route;
-    u->act_tok[MT_RC_SELECTIVE] += route;
-    u->act_tok[MT_RC_SELECTIVE_GEMM] += route;
-    u->act_expert_tok[MT_RC_NONE] += K * (3 * Fm + C) * elt;  /* + silu(g)*u, gathered input */
-    u->act_expert_tok[MT_RC_SELECTIVE] += K * 2 * Fm * elt;
-    u->f_rc_expert += 4 * C * Fm * K;                         /* selective-gemm: gate|up again */
+    u->act_tok[MT_RECOMPUTE_KEEP_ALL] += route;
+    u->act_tok[MT_RECOMPUTE_NONE] += route;
+    u->act_tok[MT_RECOMPUTE_SELECTIVE] += route;
+    u->act_expert_tok[MT_RECOMPUTE_KEEP_ALL] += K * (3 * Fm + C) * elt; /* + silu(g)*u, gathered input */
+    u->act_expert_tok[MT_RECOMPUTE_NONE] += K * 2 * Fm * elt;
+    u->f_rc_expert += 4 * C * Fm * K;                         /* selective: gate|up again */
     u->work_tok += E * f4;
     u->work_expert_tok += K * (2 * C + 4 * Fm) * elt + 2 * K * f4;
-    u->work_rc_expert_tok += K * 2 * Fm * elt;                /* selective-gemm's shared gate|up buffer */
+    u->work_rc_expert_tok += K * 2 * Fm * elt;                /* selective's shared gate|up buffer */
     u->mem_tok += E * f4 * 2;
     u->mem_expert_tok += K * (4 * C + 3 * Fm) * elt;          /* permute, unpermute, SwiGLU */
     if (Fs > 0) swiglu(C, Fs, elt, 1, u);
@@ -154,7 +151,7 @@ int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u) {
         m->p_rep += 3 * C;
         m->p_active += 2 * C * C + V * C;
         m->f_gemm += 4 * C * C + 2 * V * C;
-        for (int r = 0; r < MT_RC_N; r++) m->act_tok[r] += 2 * C * elt + 2 * f4 + C * elt + f4;
+        for (int r = 0; r < MT_RECOMPUTE_N; r++) m->act_tok[r] += 2 * C * elt + 2 * f4 + C * elt + f4;
         m->work_tok += V * f4;                 /* fp32 logits of its head */
         m->mem_tok += 6 * C * elt;
         m->tp_colls += 3;
@@ -166,7 +163,7 @@ int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     h->p_active = V * C;
     h->f_gemm = 2 * V * C;
     h->gemm_width = 2 * V * C;
-    for (int r = 0; r < MT_RC_N; r++) h->act_tok[r] = 2 * C * elt + f4;  /* final x, its norm, 1/rms */
+    for (int r = 0; r < MT_RECOMPUTE_N; r++) h->act_tok[r] = 2 * C * elt + f4; /* final x, its norm, 1/rms */
     h->work_tok = V * f4;                      /* fp32 logits (vocab-parallel cross-entropy) */
     h->mem_tok = 2 * C * elt + 3 * V * f4;     /* norm; softmax over the logits */
     h->tp_colls = 1;
@@ -195,37 +192,8 @@ double mt_cost_active_params(const mt_config *c) { return sum_units(c, 1, 0, 1);
 double mt_cost_flops_per_token(const mt_config *c, int T) { return sum_units(c, T, 0, 2); }
 double mt_cost_model_flops_per_token(const mt_config *c, int T) { return sum_units(c, T, 1, 2); }
 
-double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T) {
-    const int L = c->num_hidden_layers;
-    const double N = (double)B * T, C = c->hidden_size, f4 = 4;
-    int n = mt_cost_units(c, T, 4, NULL);
-    mt_unit_cost *u = mt_xcalloc((size_t)n, sizeof *u);
-    mt_cost_units(c, T, 4, u);
-    /* kept per layer (the trainer's layer_acts), routed part at exactly k slots a token */
-    double kept = 0;
-    for (int l = 0; l < L; l++)
-        kept += N * (u[1 + l].act_tok[MT_RC_SELECTIVE] + u[1 + l].act_expert_tok[MT_RC_SELECTIVE]);
-    /* the head's: final x and its 1/rms (the trainer's final norm output borrows the blocks'
-     * normed-input buffer, counted in `common` below) */
-    kept += N * (u[n - 1].act_tok[MT_RC_SELECTIVE] - C * f4);
-    /* backward scratch: the largest layer's working set (the trainer sizes its [rows, F]
-     * buffers for the largest MoE block and runs a wider dense FFN over row chunks that fit,
-     * of at least MT_FFN_MIN_ROWS rows), plus the RoPE tables */
-    double work = 0, moe_ffn = 0;
-    const double common = common_work_tok(C, 4);
-    for (int l = 0; l < L; l++)
-        if (u[1 + l].moe) moe_ffn = fmax(moe_ffn, N * (u[1 + l].work_tok + u[1 + l].work_expert_tok - common));
-    for (int l = 0; l < L; l++) {
-        double ffn = N * (u[1 + l].work_tok + u[1 + l].work_expert_tok - common);
-        if (!u[1 + l].moe && moe_ffn > 0) /* big1-3: 4 F floats a row */
-            ffn = fmin(ffn, fmax(moe_ffn, fmin(N, MT_FFN_MIN_ROWS) * 4 * f4 * (double)c->intermediate_size));
-        double w = fmax(N * common + ffn, N * u[1 + l].work_att_tok);
-        if (w > work) work = w;
-    }
-    free(u);
-    /* the head's logits chunk shares the blocks' scratch region too */
-    work = fmax(work, N * common + (double)mt_head_scratch_floats(c->vocab_size) * f4);
-    /* fixed-size kernel scratch, from the kernels' own size functions (one thread) */
-    double fixed = (double)mt_attention_scratch_floats(T, c->head_dim) * f4;
-    return kept + work + fixed + (double)T * c->head_dim * f4;
+double mt_cost_trainer_acts_bytes(const mt_config *c, int lo, int hi, int last, const mt_acts_dims *d) {
+    double b = (double)mt_acts_base_bytes(c, last, d) + (double)mt_acts_scratch_bytes(c, lo, hi, last, d);
+    for (int l = lo; l < hi; l++) b += (double)mt_acts_layer_bytes(c, l, d);
+    return b;
 }

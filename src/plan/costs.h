@@ -10,24 +10,22 @@
  * routed experts are spread over EP with ETP = 1 (each expert whole on one device).
  *
  * For GQA models the totals agree with the trainer's own size functions
- * (mt_model_layout, mt_model_active_params, mt_model_flops_per_token exactly;
- * mt_acts_bytes within a tolerance, tests/test_plan.c). The trainer does not yet expose
- * per-layer size functions, so mt_cost_trainer_acts_bytes mirrors acts_layout() in
- * src/model/model.c and the test holds the two together. */
+ * (mt_model_layout, mt_model_active_params, mt_model_flops_per_token exactly). The
+ * trainer's activation arena is not modelled per token: mt_cost_trainer_acts_bytes sums the
+ * trainer's own size functions by part (model/sizes.h). */
 #ifndef MT_PLAN_COSTS_H
 #define MT_PLAN_COSTS_H
 
 #include "model/config.h"
+#include "model/sizes.h"
 
 enum mt_unit_kind { MT_UNIT_EMBED = 0, MT_UNIT_DENSE, MT_UNIT_MOE, MT_UNIT_MTP, MT_UNIT_HEAD };
 
-/* What the backward keeps: everything the forward produced (none), the trainer's default
- * of recomputing cheap element-wise results and the gathered expert inputs (selective =
- * the trainer's `--recompute none`), that plus recomputing the residual after attention
- * (the output projection) and the gate|up outputs of the routed and shared experts
- * (selective-gemm = the trainer's `--recompute selective`), or only each layer's input,
- * re-running the layer's forward in the backward (full). */
-enum mt_plan_recompute { MT_RC_NONE = 0, MT_RC_SELECTIVE, MT_RC_FULL, MT_RC_SELECTIVE_GEMM, MT_RC_N };
+/* Recompute policies: enum mt_recompute (model/sizes.h), the trainer's names: keep-all
+ * (everything the forward produced), none (the trainer's default: cheap element-wise
+ * results and the gathered expert inputs recomputed), selective (also the output projection
+ * and the routed and shared experts' gate|up GEMMs, into buffers the layers share), full
+ * (only each layer's input kept; the backward re-runs the layer's forward). */
 
 typedef struct {
     int kind;            /* enum mt_unit_kind */
@@ -46,15 +44,15 @@ typedef struct {
     /* forward element-wise memory traffic per token (norms, RoPE, SwiGLU, residuals,
      * permute/unpermute), bytes; dense part and routed part */
     double mem_tok, mem_expert_tok;
-    /* bytes per token kept for the backward, per enum mt_plan_recompute; dense / routed part */
-    double act_tok[MT_RC_N], act_expert_tok[MT_RC_N];
-    /* forward GEMM FLOPs per token re-done by selective-gemm: dense part, routed part */
+    /* bytes per token kept for the backward, per enum mt_recompute; dense / routed part */
+    double act_tok[MT_RECOMPUTE_N], act_expert_tok[MT_RECOMPUTE_N];
+    /* forward GEMM FLOPs per token re-done by selective: dense part, routed part */
     double f_rc_gemm, f_rc_expert;
     /* bytes per token of the backward's working tensors (not kept between micro-batches):
      * the FFN / MoE block's (dense part, routed part), and the attention block's, which
      * shares that memory (the two blocks never run at once): a layer needs the larger */
     double work_tok, work_expert_tok, work_att_tok;
-    double work_rc_tok, work_rc_expert_tok; /* more under selective-gemm (its shared buffers) */
+    double work_rc_tok, work_rc_expert_tok; /* more under selective (its shared buffers) */
     int tp_colls;        /* TP all-gather or reduce-scatter of a [tokens, d] tensor per forward */
     int moe;             /* has a routed-expert block (two all-to-alls per forward) */
 } mt_unit_cost;
@@ -74,9 +72,9 @@ double mt_cost_flops_per_token(const mt_config *c, int T);
 /* Model FLOPs per token including the MTP modules (the planner's MFU numerator). */
 double mt_cost_model_flops_per_token(const mt_config *c, int T);
 
-/* The trainer's activation arena for a micro-batch of B x T tokens (fp32, selective
- * recompute, fused head), modelled from the units; excludes the per-thread attention
- * scratch and the head's chunk scratch, which depend on the kernels. */
-double mt_cost_trainer_acts_bytes(const mt_config *c, int B, int T);
+/* The trainer's activation arena of one pipeline chunk (decoder layers [lo, hi), the final
+ * norm and head when last): the trainer's size functions of its parts (model/sizes.h)
+ * summed over the chunk's units; equal to mt_acts_bytes_chunk. */
+double mt_cost_trainer_acts_bytes(const mt_config *c, int lo, int hi, int last, const mt_acts_dims *d);
 
 #endif

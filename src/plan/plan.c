@@ -40,7 +40,6 @@ const char *const mt_plan_reason_name[MT_PLAN_NREASONS] = {
     "fewer layers than virtual stages, or VPP without PP", "recompute policy the trainer lacks",
     "out of device memory"};
 
-static const char *const rc_name[] = {"none", "selective", "full", "selective-gemm"};
 static const char *const a2a_name[] = {"flat", "hier"};
 static const char *const split_name[] = {"even", "balanced"};
 
@@ -155,9 +154,9 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     double cf = tg + ta + te + tm, cb = 2 * (tg + ta + te + tm);
     int layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
     double rf = 0, rtp = 0, ra = 0;
-    if (layer && l->rc == MT_RC_FULL) { rf = cf; rtp = tpc; ra = a2a; }
-    if (layer && l->rc == MT_RC_SELECTIVE) rf = 0.25 * tm; /* SwiGLU / gather re-done */
-    if (layer && l->rc == MT_RC_SELECTIVE_GEMM) {
+    if (layer && l->rc == MT_RECOMPUTE_FULL) { rf = cf; rtp = tpc; ra = a2a; }
+    if (layer && l->rc == MT_RECOMPUTE_NONE) rf = 0.25 * tm; /* SwiGLU / gather re-done */
+    if (layer && l->rc == MT_RECOMPUTE_SELECTIVE) {
         /* and the output projection and the experts' gate|up GEMMs */
         rf = 0.25 * tm + gemm_time(x, u->f_rc_gemm * n, n * u->gemm_width);
         if (u->moe) {
@@ -254,9 +253,7 @@ static int check_layout(const ctx *x, mt_layout *l, int *m) {
     if (l->pp * l->vpp > c->num_hidden_layers || l->pp * l->vpp > MT_PLAN_MAX_STAGES || (l->vpp > 1 && l->pp < 2) ||
         l->vpp > 255)
         return MT_PLAN_BAD_SPLIT;
-    /* the trainer's policies: none (the planner's selective: flash attention keeps no scores)
-     * and selective (the planner's selective-gemm) */
-    if (x->st->trainer && (l->rc == MT_RC_NONE || l->rc == MT_RC_FULL)) return MT_PLAN_BAD_RC;
+    if (x->st->trainer && !mt_recompute_trainer(l->rc)) return MT_PLAN_BAD_RC;
     return MT_PLAN_OK;
 }
 
@@ -313,11 +310,13 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             pdense[s] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
                                      : u->p_tp / l->tp + u->p_rep;
             pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
-            int rc = (u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP) ? l->rc : MT_RC_SELECTIVE;
+            const int is_layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
+            const int rc = is_layer ? l->rc : MT_RECOMPUTE_NONE;
             acts[s] += (u->act_tok[rc] + u->act_expert_tok[rc] * imb) * n;
             double wk = fmax(u->work_tok + u->work_expert_tok * imb, u->work_att_tok) * n;
-            if (rc == MT_RC_SELECTIVE_GEMM) wk += (u->work_rc_tok + u->work_rc_expert_tok * imb) * n;
-            if (rc == MT_RC_FULL) wk += (u->act_tok[MT_RC_NONE] + u->act_expert_tok[MT_RC_NONE] * imb) * n;
+            if (rc == MT_RECOMPUTE_SELECTIVE) wk += (u->work_rc_tok + u->work_rc_expert_tok * imb) * n;
+            if (rc == MT_RECOMPUTE_FULL)
+                wk += (u->act_tok[MT_RECOMPUTE_KEEP_ALL] + u->act_expert_tok[MT_RECOMPUTE_KEEP_ALL] * imb) * n;
             if (wk > work[r]) work[r] = wk;
             if (u->moe) moe_on[r] = 1;
         }
@@ -382,23 +381,17 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
              * model.c itself (train/pipeline.c: one per micro-batch a chunk holds at once,
              * from the same schedule) */
             mo = 8 * (pd / sd + pe / se);
-            if (l->rc == MT_RC_SELECTIVE || l->rc == MT_RC_SELECTIVE_GEMM) {
-                const int policy = l->rc == MT_RC_SELECTIVE ? MT_RECOMPUTE_NONE : MT_RECOMPUTE_SELECTIVE;
-                int nslot[MT_PLAN_MAX_STAGES] = {0}, cnt[MT_PLAN_MAX_STAGES] = {0};
-                for (int i = 0; i < sched->len[r]; i++) {
-                    const mt_action *a = &sched->act[r][i];
-                    if (a->kind == MT_ACT_FWD && ++cnt[a->chunk] > nslot[a->chunk]) nslot[a->chunk] = cnt[a->chunk];
-                    if (a->kind == MT_ACT_BWD) cnt[a->chunk]--;
-                }
+            if (mt_recompute_trainer(l->rc)) {
+                const mt_acts_dims d = {l->mb, st->seq, st->threads, l->rc, l->tp, l->tp > 1,
+                                        mt_attention_bf16_for(st->gemm_bf16, c->head_dim)};
+                int nslot[MT_PLAN_MAX_STAGES];
+                mt_schedule_slots(sched, r, nslot);
                 peak = 0;
                 for (int v = 0; v < V; v++) {
                     const int sv = v * P + r;
                     int lo = 0;
                     for (int k = 0; k < sv; k++) lo += res->layers[k];
-                    peak += (nslot[v] > 1 ? nslot[v] : 1) *
-                            (double)mt_acts_bytes_chunk(c, lo, lo + res->layers[sv], sv == 0, sv == S - 1, l->mb,
-                                                        st->seq, st->threads, policy, l->tp, l->tp > 1,
-                                                        mt_attention_bf16_for(st->gemm_bf16, c->head_dim));
+                    peak += nslot[v] * mt_cost_trainer_acts_bytes(c, lo, lo + res->layers[sv], sv == S - 1, &d);
                 }
                 wk = 0;
                 /* the head's packed weight (bf16), on the rank of the last stage */
@@ -537,6 +530,9 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
     int have = 0;
     static const int mbs[] = {1, 2, 4};
     static const int vpps[] = {1, 2, 3, 4, 6, 8};
+    /* from the most memory kept to the least (ties in the ranking keep this order) */
+    static const int rc_order[MT_RECOMPUTE_N] = {MT_RECOMPUTE_KEEP_ALL, MT_RECOMPUTE_NONE, MT_RECOMPUTE_SELECTIVE,
+                                                 MT_RECOMPUTE_FULL};
     mt_plan_result *r = mt_xmalloc(sizeof *r);
     for (int tp = 1; tp <= cl->per_node; tp *= 2) {
         for (int pp = 1; pp <= L && pp <= st->devices / tp; pp++) {
@@ -551,13 +547,13 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
                     for (int ep = 1; ep <= (E > 0 ? E : 1); ep++) {
                         if (E > 0 && (E % ep || (dp * tp) % ep)) continue;
                         const int nn = (ep + cl->per_node - 1) / cl->per_node;
-                        for (int rc = 0; rc < MT_RC_N; rc++)
+                        for (int ir = 0; ir < MT_RECOMPUTE_N; ir++)
                             for (int a2a = 0; a2a < (nn > 1 ? 2 : 1); a2a++)
                                 for (int split = 0; split < 2; split++) {
                                     /* the trainer's two policies on a calibrated CPU file; else
-                                     * none, selective and full (Megatron's) */
-                                    if (st->trainer ? rc == MT_RC_NONE || rc == MT_RC_FULL
-                                                    : rc == MT_RC_SELECTIVE_GEMM)
+                                     * keep-all, none and full (Megatron's) */
+                                    const int rc = rc_order[ir];
+                                    if (st->trainer ? !mt_recompute_trainer(rc) : rc == MT_RECOMPUTE_SELECTIVE)
                                         continue;
                                     mt_layout l = {tp, pp, vpp, ep, dp, mbs[im], rc, a2a, split};
                                     stats->layouts++;
@@ -625,10 +621,15 @@ int mt_layout_parse(mt_layout *l, const char *s, int rc_default) {
             *dst = (int)x;
             continue;
         }
-        const char *const *names = !strcmp(k, "rc") || !strcmp(k, "recompute") ? rc_name
-                                 : !strcmp(k, "a2a") ? a2a_name : !strcmp(k, "split") ? split_name : NULL;
-        int *d2 = names == rc_name ? &l->rc : names == a2a_name ? &l->a2a : &l->split;
-        int cnt = names == rc_name ? MT_RC_N : 2, found = 0;
+        if (!strcmp(k, "rc") || !strcmp(k, "recompute")) {
+            l->rc = mt_recompute_lookup(v);
+            if (l->rc < 0)
+                return mt_error("--layout: %s: unknown value '%s' (keep-all, none, selective, full)", k, v);
+            continue;
+        }
+        const char *const *names = !strcmp(k, "a2a") ? a2a_name : !strcmp(k, "split") ? split_name : NULL;
+        int *d2 = names == a2a_name ? &l->a2a : &l->split;
+        int cnt = 2, found = 0;
         if (!names) return mt_error("--layout: unknown key '%s' (tp, pp, vpp, ep, dp, mb, rc, a2a, split)", k);
         for (int i = 0; i < cnt; i++)
             if (!strcmp(v, names[i]) || (names == a2a_name && i == 1 && !strcmp(v, "hierarchical"))) {
@@ -642,7 +643,7 @@ int mt_layout_parse(mt_layout *l, const char *s, int rc_default) {
 
 void mt_layout_format(const mt_layout *l, char *buf, size_t n) {
     snprintf(buf, n, "tp=%d,pp=%d,vpp=%d,ep=%d,dp=%d,mb=%d,rc=%s,a2a=%s,split=%s", l->tp, l->pp, l->vpp, l->ep,
-             l->dp, l->mb, rc_name[l->rc], a2a_name[l->a2a], split_name[l->split]);
+             l->dp, l->mb, mt_recompute_name(l->rc), a2a_name[l->a2a], split_name[l->split]);
 }
 
 /* ---------------------------------------------------------------- reports */
@@ -656,7 +657,7 @@ void mt_plan_print_table(FILE *f, const mt_plan_result *r, int n) {
         const mt_layout *l = &x->l;
         double other = x->mem_work + x->mem_comm + x->mem_reserved;
         fprintf(f, "%3d %2d %2d %3d %3d %4d %2d %-9s %-4s %-8s %9.3f %8.3gM %5.1f%%  %5.1f (%4.1f+%4.1f+%4.1f+%4.1f+%4.1f)  %5.1f%% %8.3f\n",
-                i + 1, l->tp, l->pp, l->vpp, l->ep, l->dp, l->mb, rc_name[l->rc], a2a_name[l->a2a],
+                i + 1, l->tp, l->pp, l->vpp, l->ep, l->dp, l->mb, mt_recompute_name(l->rc), a2a_name[l->a2a],
                 split_name[l->split], x->step, x->tok_s / 1e6, 100 * x->mfu, x->mem_total / GB,
                 x->mem_weights / GB, x->mem_grads / GB, x->mem_opt / GB, x->mem_acts / GB, other / GB,
                 100 * x->bubble, x->exposed_comm);
@@ -671,8 +672,7 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
     if (x->reason == MT_PLAN_OK || x->reason == MT_PLAN_MEMORY) {
         fprintf(f, "micro-batches %d per step, %d virtual stages, layers per stage:", x->m, x->nstages);
         for (int s = 0; s < x->nstages; s++) fprintf(f, " %d", x->layers[s]);
-        /* the same layout as `moetrain train` flags (the planner's "selective" is what the
-         * trainer keeps by default; its "selective-gemm" is the trainer's --recompute selective) */
+        /* the same layout as `moetrain train` flags */
         const mt_layout *l = &x->l;
         fprintf(f, "\ntrain flags   --tp %d%s --pp %d --vpp %d --ep %d --batch %d --accum %d --a2a %s", l->tp,
                 l->tp > 1 ? " --sp" : "", l->pp, l->vpp, l->ep, l->mb, x->m, l->a2a == MT_A2A_HIER ? "hier" : "flat");
@@ -681,8 +681,8 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
             for (int s = 0; s < x->nstages; s++) fprintf(f, "%s%d", s ? "," : "", x->layers[s]);
         }
         fprintf(f, "%s%s", x->gemm_bf16 ? " --bf16" : "",
-                l->rc == MT_RC_SELECTIVE_GEMM ? " --recompute selective"
-                : l->rc == MT_RC_FULL ? "  (full recompute: not in the trainer yet)" : "");
+                l->rc == MT_RECOMPUTE_SELECTIVE ? " --recompute selective"
+                : l->rc == MT_RECOMPUTE_FULL ? "  (full recompute: not in the trainer yet)" : "");
         fprintf(f, "\nstep          %.3f s   %.4gM tokens/s   MFU %.1f%%   bubble %.1f%%\n", x->step,
                 x->tok_s / 1e6, 100 * x->mfu, 100 * x->bubble);
         fprintf(f, "busiest rank  compute %.3f s, TP %.3f s, all-to-all %.3f s, exposed p2p %.3f s, exposed DP %.3f s, optimizer %.3f s\n",
@@ -712,7 +712,7 @@ void mt_plan_print_explain(FILE *f, const mt_plan_result *r, int n) {
         if (x->vpp != y->vpp) fprintf(f, " vpp %d->%d", x->vpp, y->vpp);
         if (x->ep != y->ep) fprintf(f, " ep %d->%d", x->ep, y->ep);
         if (x->mb != y->mb) fprintf(f, " mb %d->%d", x->mb, y->mb);
-        if (x->rc != y->rc) fprintf(f, " recompute %s->%s", rc_name[x->rc], rc_name[y->rc]);
+        if (x->rc != y->rc) fprintf(f, " recompute %s->%s", mt_recompute_name(x->rc), mt_recompute_name(y->rc));
         if (x->a2a != y->a2a) fprintf(f, " a2a %s->%s", a2a_name[x->a2a], a2a_name[y->a2a]);
         if (x->split != y->split) fprintf(f, " split %s->%s", split_name[x->split], split_name[y->split]);
         fprintf(f, "\n    its deltas: compute %+.3f s, TP %+.3f s, all-to-all %+.3f s, p2p %+.3f s, DP %+.3f s, bubble %+.1f pt, memory %+.1f GB\n",
@@ -733,7 +733,7 @@ static cJSON *result_json(const mt_plan_result *x) {
     cJSON_AddNumberToObject(o, "ep", l->ep);
     cJSON_AddNumberToObject(o, "dp", l->dp);
     cJSON_AddNumberToObject(o, "mb", l->mb);
-    cJSON_AddStringToObject(o, "recompute", rc_name[l->rc]);
+    cJSON_AddStringToObject(o, "recompute", mt_recompute_name(l->rc));
     cJSON_AddStringToObject(o, "a2a", a2a_name[l->a2a]);
     cJSON_AddStringToObject(o, "split", split_name[l->split]);
     cJSON_AddStringToObject(o, "status", mt_plan_reason_name[x->reason]);

@@ -23,19 +23,7 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
         return mt_error("pipeline: %d micro-batches x %d virtual stages exceed the MPI tag space (%ld)", m, p->S,
                         tag_ub);
     }
-    /* slots per chunk: the schedule's peak of forwards not yet matched by their backward */
-    int cur[256] = {0};
-    const mt_action *act = p->sched.act[rank];
-    for (int i = 0; i < p->sched.len[rank]; i++) {
-        if (act[i].kind == MT_ACT_FWD && ++cur[act[i].chunk] > p->nslot[act[i].chunk])
-            p->nslot[act[i].chunk] = cur[act[i].chunk];
-        if (act[i].kind == MT_ACT_BWD) cur[act[i].chunk]--;
-    }
-    p->maxslot = 1;
-    for (int ch = 0; ch < vpp; ch++) {
-        if (p->nslot[ch] < 1) p->nslot[ch] = 1;
-        if (p->nslot[ch] > p->maxslot) p->maxslot = p->nslot[ch];
-    }
+    p->maxslot = mt_schedule_slots(&p->sched, rank, p->nslot);
     p->slot = mt_xcalloc((size_t)vpp * p->maxslot, sizeof *p->slot);
     p->slot_mb = mt_xmalloc(sizeof(int) * (size_t)vpp * p->maxslot);
     p->req = mt_xmalloc(sizeof(MPI_Request) * (size_t)vpp * p->maxslot * 2);
