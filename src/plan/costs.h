@@ -1,4 +1,4 @@
-/* plan/costs.h — parameters, FLOPs and activation bytes of every module of a MODEL.md model
+/* plan/costs.h — parameters, FLOPs and activation bytes of every module of a docs/FORMATS.md model
  * (GQA or MLA attention, dense SwiGLU or MoE FFN, multi-token-prediction modules,
  * embedding, head), as pure functions of the config.
  *
