@@ -165,6 +165,18 @@ size_t mt_peak_rss(void) {
     return kb * 1024;
 }
 
+double mt_proc_status_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0) { kb = strtod(line + n, NULL); break; }
+    fclose(f);
+    return kb;
+}
+
 static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;

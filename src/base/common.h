@@ -67,6 +67,8 @@ double mt_cpu_time(void);
 size_t mt_peak_rss(void);
 /* Resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0, /proc/self/clear_refs); 0 on success. */
 int mt_reset_peak_rss(void);
+/* A "Key:   123 kB" line of /proc/self/status (e.g. "VmRSS:"), in kB (0 if missing). */
+double mt_proc_status_kb(const char *key);
 
 /* Counter-based RNG: a pure function of its inputs, so any thread count or parallel
  * layout draws the same numbers. mt_hash4 mixes four 64-bit words (splitmix/murmur

@@ -22,6 +22,7 @@
 #include "kernels/ref.h"
 #include "kernels/ref_moe.h"
 #include "dist/dist.h"
+#include "dist/launch.h"
 #include "model/model.h"
 #include "plan/calibrate.h"
 
@@ -460,7 +461,7 @@ int mt_cmd_bench(int argc, char **argv) {
         /* under mpirun the calibration also measures the links between ranks; MPI first,
          * so that the threads are placed as the trainer places them (dist.c turns the
          * pinning off when ranks share a node) */
-        const int mpi = mt_calibrate_under_mpi();
+        const int mpi = mt_launch_under_mpi();
         if (mpi && mt_dist_init(&argc, &argv) != 0) return mt_cli_fail();
         mt_set_threads(threads > 0 ? threads : mt_get_threads());
         rc = mt_calibrate(calibrate, quick);

@@ -265,6 +265,86 @@ void mt_dist_barrier(mt_dist *d) {
     if (d->size > 1) MPI_Barrier(d->world);
 }
 
+double mt_dist_wtime(void) { return MPI_Wtime(); }
+
+/* small collectives (counts fit an int): timed like the others */
+static void bcast(mt_group *g, void *x, size_t n, MPI_Datatype t) {
+    if (!active(g) || n == 0) return;
+    double t0 = MPI_Wtime();
+    MPI_Bcast(x, (int)n, t, 0, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+static void reduce_op(mt_group *g, void *x, size_t n, MPI_Datatype t, MPI_Op op) {
+    if (!active(g) || n == 0) return;
+    double t0 = MPI_Wtime();
+    MPI_Allreduce(MPI_IN_PLACE, x, (int)n, t, op, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_bcast_i32(mt_group *g, int *x, size_t n) { bcast(g, x, n, MPI_INT); }
+void mt_group_bcast_f64(mt_group *g, double *x, size_t n) { bcast(g, x, n, MPI_DOUBLE); }
+void mt_group_min_i32(mt_group *g, int *x, size_t n) { reduce_op(g, x, n, MPI_INT, MPI_MIN); }
+void mt_group_min_f64(mt_group *g, double *x, size_t n) { reduce_op(g, x, n, MPI_DOUBLE, MPI_MIN); }
+void mt_group_max_f64(mt_group *g, double *x, size_t n) { reduce_op(g, x, n, MPI_DOUBLE, MPI_MAX); }
+void mt_group_max_u64(mt_group *g, uint64_t *x, size_t n) { reduce_op(g, x, n, MPI_UINT64_T, MPI_MAX); }
+
+void mt_group_gather_f64(mt_group *g, const double *x, size_t n, double *all) {
+    if (!active(g)) {
+        memcpy(all, x, n * sizeof *x);
+        return;
+    }
+    double t0 = MPI_Wtime();
+    MPI_Gather(x, (int)n, MPI_DOUBLE, all, (int)n, MPI_DOUBLE, 0, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_allgather_u64(mt_group *g, uint64_t x, uint64_t *all) {
+    if (!active(g)) {
+        all[0] = x;
+        return;
+    }
+    double t0 = MPI_Wtime();
+    MPI_Allgather(&x, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_barrier(mt_group *g) {
+    if (active(g)) MPI_Barrier(g->comm);
+}
+
+void mt_group_split(const mt_group *g, int color, int key, mt_group *sub) {
+    MPI_Comm_split(g->comm, color, key, &sub->comm);
+    sub->rank = 0;
+    sub->size = 1;
+    if (sub->comm == MPI_COMM_NULL) return;
+    MPI_Comm_rank(sub->comm, &sub->rank);
+    MPI_Comm_size(sub->comm, &sub->size);
+}
+
+void mt_group_free(mt_group *g) {
+    if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+}
+
+void mt_group_isend_f32(mt_group *g, const float *x, size_t n, int peer, int tag, mt_request *req) {
+    MPI_Isend(x, (int)n, MPI_FLOAT, peer, tag, g->comm, req);
+}
+
+void mt_group_recv_f32(mt_group *g, float *x, size_t n, int peer, int tag) {
+    double t0 = MPI_Wtime();
+    MPI_Recv(x, (int)n, MPI_FLOAT, peer, tag, g->comm, MPI_STATUS_IGNORE);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_request_waitall(mt_request *req, int n) { MPI_Waitall(n, req, MPI_STATUSES_IGNORE); }
+
+long mt_dist_tag_ub(void) {
+    int *ub = NULL, flag = 0, init = 0;
+    MPI_Initialized(&init);
+    if (init && MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag) return *ub;
+    return 32767;
+}
+
 int mt_dist_check_same(mt_dist *d, const char *what, uint64_t h) {
     if (d->size == 1) return 0;
     uint64_t *all = d->rank == 0 ? mt_xmalloc(sizeof(uint64_t) * (size_t)d->size) : NULL;

@@ -1,4 +1,6 @@
-/* dist/dist.h — the process layout and the collectives the trainer uses, over MPI.
+/* dist/dist.h — the process layout and the collectives the trainer uses, over MPI. No
+ * MPI call is made outside src/dist/: other layers use these wrappers (and dist/commbench.h
+ * for the calibration's measurements), so a change of transport stays in one place.
  *
  * The world is cut into pipeline stages, each stage's ranks are data parallel, and the
  * experts of each stage are spread over expert-parallel (EP) groups carved out of its DP
@@ -80,8 +82,38 @@ void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *fu
 void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard);
 /* Broadcast of x[n] from the group's rank 0. */
 void mt_group_bcast_f32(mt_group *g, float *x, size_t n);
+/* Broadcast of x[n] from the group's rank 0. */
+void mt_group_bcast_i32(mt_group *g, int *x, size_t n);
+void mt_group_bcast_f64(mt_group *g, double *x, size_t n);
+/* In-place minimum / maximum over a group (the slowest or the fullest rank's figure). */
+void mt_group_min_i32(mt_group *g, int *x, size_t n);
+void mt_group_min_f64(mt_group *g, double *x, size_t n);
+void mt_group_max_f64(mt_group *g, double *x, size_t n);
+void mt_group_max_u64(mt_group *g, uint64_t *x, size_t n);
+/* all[size*n] on the group's rank 0 (unused elsewhere) = every rank's x[n] in rank order. */
+void mt_group_gather_f64(mt_group *g, const double *x, size_t n, double *all);
+/* all[size] on every rank = every rank's x, in rank order. */
+void mt_group_allgather_u64(mt_group *g, uint64_t x, uint64_t *all);
+/* Barrier over a group (no time accounted). */
+void mt_group_barrier(mt_group *g);
+/* The ranks of g with the same color form *sub, ordered by key (collective over g; like
+ * MPI_Comm_split). mt_group_free releases it. */
+void mt_group_split(const mt_group *g, int color, int key, mt_group *sub);
+void mt_group_free(mt_group *g);
 /* Barrier over the world (no time accounted). */
 void mt_dist_barrier(mt_dist *d);
+/* Wall-clock seconds (MPI_Wtime). */
+double mt_dist_wtime(void);
+
+/* Point to point inside a group (the pipeline's activations and gradients): a non-blocking
+ * send, completed by mt_request_waitall, and a blocking receive (its wait added to comm_s). */
+typedef MPI_Request mt_request;
+#define MT_REQUEST_NULL MPI_REQUEST_NULL
+void mt_group_isend_f32(mt_group *g, const float *x, size_t n, int peer, int tag, mt_request *req);
+void mt_group_recv_f32(mt_group *g, float *x, size_t n, int peer, int tag);
+void mt_request_waitall(mt_request *req, int n);
+/* The largest message tag (MPI_TAG_UB; 32767, the least MPI guarantees, without MPI). */
+long mt_dist_tag_ub(void);
 
 /* Consistency check (collective over the world): every rank passes its hash of `what`
  * (e.g. "binary"); rank 0 compares them. Returns 0 on every rank when all agree;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
+#include "dist/launch.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/ops.h"
 #include "kernels/tier.h"
@@ -38,10 +39,7 @@ static int threads_fit_cpus(void) {
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     const char *e = getenv("OMP_NUM_THREADS");
     int threads = e && atoi(e) > 0 ? atoi(e) : cpus;
-    const char *ranks_env[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", NULL};
-    long ranks = 1;
-    for (int i = 0; ranks_env[i]; i++)
-        if (getenv(ranks_env[i]) && atol(getenv(ranks_env[i])) > 0) { ranks = atol(getenv(ranks_env[i])); break; }
+    const long ranks = mt_launch_local_size();
     return threads <= cpus && ranks * threads <= online;
 }
 

@@ -13,6 +13,7 @@
 
 #include "base/common.h"
 #include "dist/a2a.h"
+#include "dist/commbench.h"
 #include "dist/dist.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
@@ -47,7 +48,6 @@ static float *cal_fill(size_t n, uint64_t seed) {
     return a;
 }
 
-static double cal_status_kb(const char *key);
 
 /* rate[i * CAL_NNK + j] = GFLOP/s of the forward GEMM of shape (CAL_M[i], CAL_NK[j]), i < nm,
  * in the current precision mode */
@@ -82,7 +82,7 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve, int bf16) {
         /* memory freed by the calibration's earlier phases stays in the heap (mt_memory_policy):
          * hand it back first, so only what a process really keeps is counted */
         malloc_trim(0);
-        *reserve = cal_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
+        *reserve = mt_proc_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
     }
     if (bf16 && mt_set_gemm_bf16(1) == 0) {
         time_grid(m->gemm_bf16, nm, bud, x, W, y);
@@ -140,20 +140,6 @@ static void cal_memory(cal_meas *m, int quick) {
     mt_free(a); mt_free(b); mt_free(g); mt_free(v);
 }
 
-/* A "Key:   123 kB" line of /proc/self/status, in kB (0 if missing). */
-static double cal_status_kb(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    double kb = 0;
-    size_t n = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, key, n) == 0) { kb = strtod(line + n, NULL); break; }
-    fclose(f);
-    return kb;
-}
-
-
 /* MemTotal and MemAvailable in bytes; -1 if /proc/meminfo cannot be read. */
 static int cal_meminfo(double *total, double *avail) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -171,178 +157,8 @@ static int cal_meminfo(double *total, double *avail) {
 
 static double r4(double x);
 
-/* ---- MPI -------------------------------------------------------------------------- */
-
-typedef struct {
-    double lat_s, bw;      /* one-way latency (s) and bandwidth (bytes/s) of a ping-pong */
-} cal_link;
-
-/* Ping-pong between world ranks 0 and `peer` (every rank calls; only the two take part). */
-static cal_link cal_pingpong(mt_dist *d, int peer, int quick) {
-    cal_link r = {0, 0};
-    const int iters = quick ? 200 : 1000, big_iters = quick ? 5 : 20;
-    const size_t big = quick ? (size_t)4 << 20 : (size_t)16 << 20;
-    char *buf = mt_xcalloc(big, 1);
-    double res[2] = {0, 0};
-    mt_dist_barrier(d);
-    if (d->rank == 0 || d->rank == peer) {
-        const int other = d->rank == 0 ? peer : 0;
-        for (int pass = 0; pass < 2; pass++) {
-            const size_t bytes = pass ? big : 8;
-            const int n = pass ? big_iters : iters;
-            for (int w = 0; w < 2; w++) { /* warm-up round trips, then the timed ones */
-                int reps = w ? n : 3;
-                double t0 = MPI_Wtime();
-                for (int i = 0; i < reps; i++) {
-                    if (d->rank == 0) {
-                        MPI_Send(buf, (int)bytes, MPI_BYTE, other, 7, d->world);
-                        MPI_Recv(buf, (int)bytes, MPI_BYTE, other, 7, d->world, MPI_STATUS_IGNORE);
-                    } else {
-                        MPI_Recv(buf, (int)bytes, MPI_BYTE, other, 7, d->world, MPI_STATUS_IGNORE);
-                        MPI_Send(buf, (int)bytes, MPI_BYTE, other, 7, d->world);
-                    }
-                }
-                if (w) res[pass] = (MPI_Wtime() - t0) / (2.0 * reps); /* one way */
-            }
-        }
-    }
-    MPI_Bcast(res, 2, MPI_DOUBLE, 0, d->world);
-    free(buf);
-    r.lat_s = res[0];
-    double t = res[1] - res[0];
-    r.bw = (double)big / (t > 0 ? t : res[1]);
-    return r;
-}
-
-/* MPI_Alltoall over the world with `block` bytes per pair: seconds of the slowest rank. */
-static double cal_alltoall(mt_dist *d, size_t block, int reps) {
-    char *s = mt_xcalloc(block * (size_t)d->size, 1), *r = mt_xcalloc(block * (size_t)d->size, 1);
-    double best = INFINITY;
-    for (int i = 0; i < reps + 1; i++) {
-        mt_dist_barrier(d);
-        double t0 = MPI_Wtime();
-        MPI_Alltoall(s, (int)block, MPI_BYTE, r, (int)block, MPI_BYTE, d->world);
-        double t = MPI_Wtime() - t0;
-        MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, d->world);
-        if (i > 0 && t < best) best = t; /* the first one is a warm-up */
-    }
-    free(s);
-    free(r);
-    return best;
-}
-
-/* The ranks other than 0 wait without spinning (a blocking MPI call polls and would take
- * a core from the rank that measures alone). */
-static void cal_quiet_barrier(mt_dist *d) {
-    MPI_Request req;
-    MPI_Ibarrier(d->world, &req);
-    int done = 0;
-    while (!done) {
-        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (!done) {
-            struct timespec ts = {0, 2000000};
-            nanosleep(&ts, NULL);
-        }
-    }
-}
-
-/* One collective as the trainer calls it: time of the slowest rank (best of reps after a
- * warm-up) and its temporary memory (VmHWM over VmRSS before the call, max over ranks). */
-enum { COLL_ALLREDUCE = 0, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_N };
-static const char *const coll_name[COLL_N] = {"allreduce", "reduce_scatter", "allgather"};
-
-static void cal_collective(MPI_Comm comm, int which, size_t bytes, int reps, double *secs, double *scratch) {
-    int crank, csize;
-    MPI_Comm_rank(comm, &crank);
-    MPI_Comm_size(comm, &csize);
-    const size_t n = bytes / sizeof(float), g = (size_t)csize;
-    float *x = mt_alloc(n * sizeof(float)), *shard = mt_alloc((n / g + 1) * sizeof(float));
-    int *cnt = mt_xmalloc(sizeof(int) * g * 2), *dis = cnt + g;
-    for (size_t r = 0; r < g; r++) {
-        size_t lo = n * r / g, hi = n * (r + 1) / g;
-        cnt[r] = (int)(hi - lo);
-        dis[r] = (int)lo;
-    }
-    double best = INFINITY, extra = 0;
-    for (int i = 0; i < reps + 1; i++) {
-        double rss = cal_status_kb("VmRSS:");
-        int hwm_ok = mt_reset_peak_rss() == 0;
-        MPI_Barrier(comm);
-        double t0 = MPI_Wtime();
-        if (which == COLL_ALLREDUCE) MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, comm);
-        else if (which == COLL_REDUCE_SCATTER) MPI_Reduce_scatter(x, shard, cnt, MPI_FLOAT, MPI_SUM, comm);
-        else MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, cnt, dis, MPI_FLOAT, comm);
-        double t = MPI_Wtime() - t0;
-        double hwm = cal_status_kb("VmHWM:");
-        double e = hwm_ok && hwm > rss ? (hwm - rss) * 1024.0 : 0;
-        if (e > extra) extra = e;
-        if (i > 0 && t < best) best = t; /* the first one is a warm-up */
-    }
-    double v[2] = {best, extra};
-    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, comm);
-    *secs = v[0];
-    *scratch = v[1] / (double)bytes;
-    mt_free(x);
-    mt_free(shard);
-    free(cnt);
-}
-
-/* The trainer's expert exchange of one MoE layer (dist/ep.c: dispatch and combine forward;
- * gather, dispatch backward and the routing weights' return backward) over comm, the
- * slowest rank's best time, at two token counts per rank (C = 512, top-2 of 8 experts per
- * rank, uniform random routing, so no rank waits for a busier one): fitted as
- * layer_s + byte_s x bytes of the rows a rank sends (n x k x C x 4). */
-static void cal_ep_exchange(MPI_Comm comm, int quick, double *layer_s, double *byte_s) {
-    int rank, size;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    const int C = 512, K = 2, E = 8 * size, ns[2] = {256, quick ? 1024 : 2048}, reps = quick ? 3 : 6;
-    mt_a2a a;
-    *layer_s = *byte_s = 0;
-    if (mt_a2a_init(&a, comm, 0) != 0) return;
-    double t[2];
-    for (int q = 0; q < 2; q++) {
-        const int N = ns[q];
-        float *x = mt_alloc(sizeof(float) * (size_t)N * C), *w = mt_alloc(sizeof(float) * (size_t)N * K);
-        float *out = mt_alloc(sizeof(float) * (size_t)N * C), *vs = mt_alloc(sizeof(float) * (size_t)N * K);
-        int32_t *sel = mt_xmalloc(sizeof(int32_t) * (size_t)N * K);
-        for (int i = 0; i < N * C; i++) x[i] = (float)(i % 97) * 0.01f;
-        for (int i = 0; i < N; i++) {
-            int e0 = (int)(mt_hash4(7, (uint64_t)rank, (uint64_t)i, 0) % (uint64_t)E);
-            int e1 = (int)((e0 + 1 + mt_hash4(7, (uint64_t)rank, (uint64_t)i, 1) % (uint64_t)(E - 1)) % (uint64_t)E);
-            sel[i * K] = e0, sel[i * K + 1] = e1;
-            w[i * K] = 0.6f, w[i * K + 1] = 0.4f;
-        }
-        double best = INFINITY;
-        for (int r = 0; r < reps + 1; r++) {
-            MPI_Barrier(comm);
-            double t0 = MPI_Wtime();
-            mt_a2a_plan p;
-            float *xe = NULL;
-            if (mt_a2a_dispatch(&a, MT_A2A_FLAT, &p, &xe, x, sel, w, N, K, C, E) != 0) break;
-            float *ye = mt_alloc(sizeof(float) * ((size_t)p.R * C + 1)), *v = mt_alloc(sizeof(float) * ((size_t)p.R + 1));
-            mt_a2a_combine(&a, &p, out, xe, p.w);
-            mt_a2a_gather(&a, &p, ye, out);
-            mt_a2a_dispatch_bwd(&a, &p, out, ye);
-            mt_a2a_to_source(&a, &p, vs, v);
-            double dt = MPI_Wtime() - t0;
-            MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, comm);
-            if (r > 0 && dt < best) best = dt; /* the first one is a warm-up */
-            mt_free(ye);
-            mt_free(v);
-            mt_free(xe);
-            mt_a2a_plan_free(&p);
-        }
-        t[q] = best;
-        mt_free(x), mt_free(w), mt_free(out), mt_free(vs);
-        free(sel);
-    }
-    mt_a2a_free(&a);
-    const double b1 = (double)ns[0] * K * C * 4, b2 = (double)ns[1] * K * C * 4;
-    if (!isfinite(t[0]) || !isfinite(t[1])) return;
-    *byte_s = fmax(0, (t[1] - t[0]) / (b2 - b1));
-    *layer_s = fmax(0, t[0] - *byte_s * b1);
-}
+/* the cluster file's names of the collectives timed by mt_bench_collective */
+static const char *const coll_name[MT_COLL_N] = {"allreduce", "reduce_scatter", "allgather"};
 
 /* ---- curve ------------------------------------------------------------------------ */
 
@@ -461,13 +277,6 @@ static int cal_cpus_allowed(int cores) {
     return n > 0 ? n : 1;
 }
 
-int mt_calibrate_under_mpi(void) {
-    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_NUM_TASKS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i])) return 1;
-    return 0;
-}
-
 int mt_calibrate(const char *path, int quick) {
     mt_dist *d = mt_dist_get();
     const int mpi = d->initialized && d->size > 1, root = !mpi || d->rank == 0;
@@ -483,7 +292,7 @@ int mt_calibrate(const char *path, int quick) {
     const int cal_threads = mt_get_threads();
     /* the bf16 GEMM of train --bf16, when every rank's CPU has AVX512-BF16 */
     int bf16 = mt_bf16_supported();
-    if (mpi) MPI_Allreduce(MPI_IN_PLACE, &bf16, 1, MPI_INT, MPI_MIN, d->world);
+    if (mpi) mt_group_min_i32(&d->all, &bf16, 1);
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     const int aff = cal_cpus_allowed(cores);
@@ -500,7 +309,7 @@ int mt_calibrate(const char *path, int quick) {
             cal_attention(&solo[i], 1, bf16); /* T = 512 only */
             cal_memory(&solo[i], quick);
         }
-        if (mpi) cal_quiet_barrier(d);
+        if (mpi) mt_bench_quiet_barrier(d);
     }
     mt_set_threads(cal_threads);
 
@@ -512,31 +321,27 @@ int mt_calibrate(const char *path, int quick) {
     cal_attention(&m, quick, bf16);
     cal_memory(&m, quick);
     /* the slowest rank's figures (-1 = skipped stays -1: every rank skips the same) */
-    if (mpi) MPI_Allreduce(MPI_IN_PLACE, &m, (int)(sizeof m / sizeof(double)), MPI_DOUBLE, MPI_MIN, d->world);
+    if (mpi) mt_group_min_f64(&d->all, (double *)&m, sizeof m / sizeof(double));
 
     /* links: partners of rank 0 on the same node and on another node (host name hash) */
-    const double rss_mpi0 = cal_status_kb("RssShmem:"); /* MPI's shared-memory segments */
-    cal_link intra = {0, 0}, inter = {0, 0};
+    const double rss_mpi0 = mt_proc_status_kb("RssShmem:"); /* MPI's shared-memory segments */
+    mt_bench_link intra = {0, 0}, inter = {0, 0};
     double a2a_s = 0, a2a_small_s = 0;
     const size_t a2a_block = quick ? (size_t)256 << 10 : (size_t)1 << 20;
     int have_intra = 0, have_inter = 0;
     if (mpi) {
-        char host[MPI_MAX_PROCESSOR_NAME];
-        int len = 0;
-        MPI_Get_processor_name(host, &len);
-        unsigned long long h = 1469598103934665603ULL, *all = mt_xmalloc(sizeof *all * (size_t)d->size);
-        for (int i = 0; i < len; i++) h = (h ^ (unsigned char)host[i]) * 1099511628211ULL;
-        MPI_Allgather(&h, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, d->world);
+        uint64_t *all = mt_xmalloc(sizeof *all * (size_t)d->size);
+        mt_bench_host_hashes(d, all);
         int pin = -1, pout = -1;
         for (int r = 1; r < d->size; r++) {
             if (all[r] == all[0] && pin < 0) pin = r;
             if (all[r] != all[0] && pout < 0) pout = r;
         }
         free(all);
-        if (pin > 0) { intra = cal_pingpong(d, pin, quick); have_intra = 1; }
-        if (pout > 0) { inter = cal_pingpong(d, pout, quick); have_inter = 1; }
-        a2a_s = cal_alltoall(d, a2a_block, quick ? 3 : 10);
-        a2a_small_s = cal_alltoall(d, 8, quick ? 20 : 100);
+        if (pin > 0) { intra = mt_bench_pingpong(d, pin, quick); have_intra = 1; }
+        if (pout > 0) { inter = mt_bench_pingpong(d, pout, quick); have_inter = 1; }
+        a2a_s = mt_bench_alltoall(d, a2a_block, quick ? 3 : 10);
+        a2a_small_s = mt_bench_alltoall(d, 8, quick ? 20 : 100);
     }
     /* 3. the trainer's collectives on a large message (its gradients are 100s of MB):
      * ring-equivalent bandwidth and temporary memory; the resident shared memory MPI adds
@@ -547,7 +352,7 @@ int mt_calibrate(const char *path, int quick) {
      * with more ranks than cores the collectives share them, as the trainer's ranks do */
     enum { NG = 8 };
     int ngs = 0, gs[NG];
-    double coll_s[NG][COLL_N], coll_scr[NG][COLL_N], per_peer = 0, ep_s[NG][2];
+    double coll_s[NG][MT_COLL_N], coll_scr[NG][MT_COLL_N], per_peer = 0, ep_s[NG][2];
     memset(ep_s, 0, sizeof ep_s);
     memset(coll_s, 0, sizeof coll_s);
     memset(coll_scr, 0, sizeof coll_scr);
@@ -555,20 +360,20 @@ int mt_calibrate(const char *path, int quick) {
         for (int g = 2; g < d->size && ngs < NG - 1; g *= 2) gs[ngs++] = g;
         gs[ngs++] = d->size;
         for (int i = 0; i < ngs; i++) {
-            MPI_Comm sub;
-            MPI_Comm_split(d->world, d->rank < gs[i], d->rank, &sub);
+            mt_group sub;
+            mt_group_split(&d->all, d->rank < gs[i], d->rank, &sub);
             /* the all-reduce on the trainer's default bucket (25 MiB), the others on the message */
             if (d->rank < gs[i]) {
-                for (int k = 0; k < COLL_N; k++)
-                    cal_collective(sub, k, k == COLL_ALLREDUCE ? ar_bytes : coll_bytes,
-                                   k == COLL_ALLREDUCE ? 6 : quick ? 3 : 4, &coll_s[i][k], &coll_scr[i][k]);
-                cal_ep_exchange(sub, quick, &ep_s[i][0], &ep_s[i][1]);
+                for (int k = 0; k < MT_COLL_N; k++)
+                    mt_bench_collective(&sub, k, k == MT_COLL_ALLREDUCE ? ar_bytes : coll_bytes,
+                                        k == MT_COLL_ALLREDUCE ? 6 : quick ? 3 : 4, &coll_s[i][k], &coll_scr[i][k]);
+                mt_bench_ep_exchange(&sub, quick, &ep_s[i][0], &ep_s[i][1]);
             }
-            MPI_Comm_free(&sub);
-            cal_quiet_barrier(d);
+            mt_group_free(&sub);
+            mt_bench_quiet_barrier(d);
         }
-        double grow = (cal_status_kb("RssShmem:") - rss_mpi0) * 1024.0;
-        MPI_Allreduce(MPI_IN_PLACE, &grow, 1, MPI_DOUBLE, MPI_MAX, d->world);
+        double grow = (mt_proc_status_kb("RssShmem:") - rss_mpi0) * 1024.0;
+        mt_group_max_f64(&d->all, &grow, 1);
         per_peer = d->local_size > 1 ? fmax(0, grow) / (d->local_size - 1) : 0;
     }
     if (!root) return 0;
@@ -673,11 +478,11 @@ int mt_calibrate(const char *path, int quick) {
             cJSON *e = i == ngs - 1 ? mo : cJSON_CreateObject();
             const double g = gs[i];
             if (i < ngs - 1) cJSON_AddNumberToObject(e, "ranks", gs[i]);
-            for (int k = 0; k < COLL_N; k++) {
-                const double f = (g - 1) / g * (double)(k == COLL_ALLREDUCE ? ar_bytes : coll_bytes);
+            for (int k = 0; k < MT_COLL_N; k++) {
+                const double f = (g - 1) / g * (double)(k == MT_COLL_ALLREDUCE ? ar_bytes : coll_bytes);
                 char key[64];
                 snprintf(key, sizeof key, "%s_bw_gbs", coll_name[k]);
-                cJSON_AddNumberToObject(e, key, r4((k == COLL_ALLREDUCE ? 2 : 1) * f / coll_s[i][k] * 1e-9));
+                cJSON_AddNumberToObject(e, key, r4((k == MT_COLL_ALLREDUCE ? 2 : 1) * f / coll_s[i][k] * 1e-9));
                 snprintf(key, sizeof key, "%s_scratch", coll_name[k]);
                 cJSON_AddNumberToObject(e, key, r4(coll_scr[i][k]));
             }

@@ -11,8 +11,6 @@
 #ifndef MT_PLAN_CALIBRATE_H
 #define MT_PLAN_CALIBRATE_H
 
-/* 1 when this process was started by mpirun/srun (Open MPI, MPICH/PMI, PMIx env). */
-int mt_calibrate_under_mpi(void);
 /* Runs the measurements (collective when MPI is initialised with several ranks) and
  * writes `path` on rank 0. quick: shorter timings and smaller buffers (< 10 s), no
  * T = 4096 attention. Returns 0, or -1 with a message. */

@@ -407,7 +407,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             if (l->dp > 1 || edp > 1)
                 scratch = st->dist_opt ? fmax(cl->rs_scratch, cl->ag_scratch) * gbytes
                                        : cl->ar_scratch * fmin(gbytes, st->bucket_bytes);
-            /* the checkpoint at the end (trainer.c save_checkpoint), the step's buffers still
+            /* the checkpoint at the end (saveload.c mt_ckpt_save_dist), the step's buffers still
              * allocated. A rank holding the whole model (no TP, PP, EP) writes from its own
              * buffers; with ZeRO-1 world rank 0 first gathers the moments (8 B a parameter).
              * A sharded layout sends its tensors to world rank 0 point to point

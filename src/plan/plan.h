@@ -51,7 +51,7 @@ typedef struct {
      * measured scratch and per-peer memory and the rank's measured reserve; the DP
      * reduction after the backward and the parameter all-gather after the optimizer, not
      * overlapped; the checkpoint at the end (every rank gathers the whole model's parameters
-     * and moments in memory, trainer.c save_checkpoint). */
+     * and moments in memory, train/saveload.c mt_ckpt_save_dist). */
     int trainer;
     int threads;             /* trainer: threads per rank (sizes the arena's per-thread scratch) */
     double bucket_bytes;     /* trainer: gradient all-reduce bucket (--bucket-mb, default 25 MiB) */

@@ -13,11 +13,7 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
     if (vpp > 256) return mt_error("--vpp %d: at most 256 chunks per rank", vpp);
     if (mt_schedule_make(&p->sched, pp, vpp, m) != 0) return -1;
     p->P = pp, p->V = vpp, p->M = m, p->rank = rank, p->S = pp * vpp;
-    int *ub = NULL, flag = 0;
-    long tag_ub = 32767;
-    int init = 0;
-    MPI_Initialized(&init);
-    if (init && MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag) tag_ub = *ub;
+    const long tag_ub = mt_dist_tag_ub();
     if ((long)m * p->S * 2 + 2 > tag_ub) {
         mt_schedule_free(&p->sched);
         return mt_error("pipeline: %d micro-batches x %d virtual stages exceed the MPI tag space (%ld)", m, p->S,
@@ -26,7 +22,7 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
     p->maxslot = mt_schedule_slots(&p->sched, rank, p->nslot);
     p->slot = mt_xcalloc((size_t)vpp * p->maxslot, sizeof *p->slot);
     p->slot_mb = mt_xmalloc(sizeof(int) * (size_t)vpp * p->maxslot);
-    p->req = mt_xmalloc(sizeof(MPI_Request) * (size_t)vpp * p->maxslot * 2);
+    p->req = mt_xmalloc(sizeof(mt_request) * (size_t)vpp * p->maxslot * 2);
     for (int ch = 0; ch < vpp; ch++) {
         int s = ch * pp + rank;
         p->lo[ch] = bounds[s];
@@ -34,7 +30,7 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
         for (int k = 0; k < p->maxslot; k++) {
             size_t i = (size_t)ch * p->maxslot + k;
             p->slot_mb[i] = -1;
-            p->req[2 * i] = p->req[2 * i + 1] = MPI_REQUEST_NULL;
+            p->req[2 * i] = p->req[2 * i + 1] = MT_REQUEST_NULL;
             if (k >= p->nslot[ch]) continue;
             p->slot[i] = mt_acts_new_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp, sp);
             p->acts_bytes += mt_acts_arena_bytes(p->slot[i]);
@@ -54,9 +50,9 @@ void mt_pipe_free(mt_pipe *p) {
 }
 
 static void wait_slot(mt_pipe *p, size_t i) {
-    if (p->req[2 * i] == MPI_REQUEST_NULL && p->req[2 * i + 1] == MPI_REQUEST_NULL) return;
+    if (p->req[2 * i] == MT_REQUEST_NULL && p->req[2 * i + 1] == MT_REQUEST_NULL) return;
     mt_trace_begin("comm.pipeline");
-    MPI_Waitall(2, &p->req[2 * i], MPI_STATUSES_IGNORE);
+    mt_request_waitall(&p->req[2 * i], 2);
     mt_trace_end();
 }
 
@@ -79,9 +75,7 @@ static int tag_of(const mt_pipe *p, int mb, int sender_stage, int grad) {
 
 static void recv_rows(float *buf, size_t n, int peer, int tag, mt_group *g) {
     mt_trace_begin("comm.pipeline");
-    double t0 = MPI_Wtime();
-    MPI_Recv(buf, (int)n, MPI_FLOAT, peer, tag, g->comm, MPI_STATUS_IGNORE);
-    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    mt_group_recv_f32(g, buf, n, peer, tag);
     mt_trace_end();
 }
 
@@ -103,11 +97,10 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
         case MT_ACT_RECV_ACT: recv_rows(mt_acts_input(x), NC, a->peer, tag_of(p, mb, s - 1, 0), pp); break;
         case MT_ACT_RECV_GRAD: recv_rows(mt_acts_grad(x), NC, a->peer, tag_of(p, mb, s + 1, 1), pp); break;
         case MT_ACT_SEND_ACT:
-            MPI_Isend(mt_acts_output(x), (int)NC, MPI_FLOAT, a->peer, tag_of(p, mb, s, 0), pp->comm, &p->req[2 * k]);
+            mt_group_isend_f32(pp, mt_acts_output(x), NC, a->peer, tag_of(p, mb, s, 0), &p->req[2 * k]);
             break;
         case MT_ACT_SEND_GRAD:
-            MPI_Isend(mt_acts_grad(x), (int)NC, MPI_FLOAT, a->peer, tag_of(p, mb, s, 1), pp->comm,
-                      &p->req[2 * k + 1]);
+            mt_group_isend_f32(pp, mt_acts_grad(x), NC, a->peer, tag_of(p, mb, s, 1), &p->req[2 * k + 1]);
             break;
         case MT_ACT_FWD: mt_model_forward(m, x, in, tg, ps, B, T, 1, ce_scale, NULL, st); break;
         case MT_ACT_BWD:
@@ -133,8 +126,7 @@ void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, 
         if (s > 0) recv_rows(mt_acts_input(x), NC, (p->rank + p->P - 1) % p->P, tag_of(p, 0, s - 1, 0), pp);
         mt_model_forward(m, x, inputs, targets, pos, nb, T, 0, 0.0f, NULL, st);
         if (s < p->S - 1)
-            MPI_Isend(mt_acts_output(x), (int)NC, MPI_FLOAT, (p->rank + 1) % p->P, tag_of(p, 0, s, 0), pp->comm,
-                      &p->req[2 * k]);
+            mt_group_isend_f32(pp, mt_acts_output(x), NC, (p->rank + 1) % p->P, tag_of(p, 0, s, 0), &p->req[2 * k]);
     }
     for (int ch = 0; ch < p->V; ch++) wait_slot(p, (size_t)ch * p->maxslot);
 }

@@ -12,7 +12,6 @@
 #ifndef MT_TRAIN_PIPELINE_H
 #define MT_TRAIN_PIPELINE_H
 
-#include <mpi.h>
 #include <stdint.h>
 
 #include "dist/dist.h"
@@ -26,14 +25,14 @@ typedef struct {
     int nslot[256];            /* activation slots per chunk */
     mt_acts **slot;            /* [V][max slots] */
     int *slot_mb;              /* micro-batch held by each slot, -1 = free */
-    MPI_Request *req;          /* [V][max slots][2]: pending sends from the slot (act, grad) */
+    mt_request *req;           /* [V][max slots][2]: pending sends from the slot (act, grad) */
     int maxslot;
     size_t acts_bytes;         /* activation memory of all slots */
 } mt_pipe;
 
 /* The layers of virtual stage s are [bounds[s], bounds[s+1]) (bounds has P*V+1 entries).
  * Errors (-1) when the schedule cannot be built (e.g. M not a multiple of P with V > 1) or
- * the message tags would not fit MPI_TAG_UB. */
+ * the message tags would not fit the MPI tag space (mt_dist_tag_ub). */
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
                  int T, int nthr, int policy, int tp, int sp);
 void mt_pipe_free(mt_pipe *p);

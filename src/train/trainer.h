@@ -1,18 +1,23 @@
-/* train/trainer.h — the training loop: micro-batches with gradient accumulation,
- * global-norm clipping, AdamW with warmup + cosine LR, non-finite step skipping, periodic
- * checkpoints, progress line, JSONL metrics, expert-load reports.
+/* train/trainer.h — training of a Mixture-of-Experts model: a trainer object that takes
+ * optimizer steps on batches it is given, and the run driver `moetrain train` uses.
+ *
+ * The trainer (mt_trainer_*) owns the layout, the model's part on this rank, its optimizer
+ * state, the pipeline and the data; mt_trainer_step runs one optimizer step on a batch its
+ * caller chose (the run driver samples the data; reinforcement learning will pass its own).
+ * A step is forward + backward of every micro-batch through the pipeline schedule
+ * (train/pipeline.h), gradient reduction, the global norm, clipping and AdamW
+ * (train/optimizer.h), skipped when the loss or the norm is not finite. Checkpoints are
+ * written in the single-process format from any layout (train/saveload.h).
+ *
+ * mt_train is the run driver: it samples each step's micro-batches, keeps the cadence of
+ * evaluation, checkpoints and progress lines, and reports (train/report.h).
  *
  * Under mpirun the world is PP stages x DP ranks (dist/dist.h), with the experts of each
  * stage spread over EP groups carved out of its DP ranks. A step's global batch is
  * batch x accum x DP sequences, DP rank r running micro-batch mb on samples
  * samples + (r*accum + mb)*batch, so the ranks see exactly what one process sees with
- * accum*DP micro-batches. Each stage runs its part of the pipeline schedule
- * (train/pipeline.h; accum = micro-batches). Gradients of the dense part are summed over
- * DP, those of the experts over the expert-DP group, in buckets, or, with dist_opt (ZeRO-1),
- * reduce-scattered so each rank keeps AdamW moments and does the update for its shard only,
- * then the parameters are all-gathered. Rank 0 prints, writes metrics and writes
- * checkpoints in the single-process format (every rank's tensors and moments gathered
- * first), so a run resumes under any layout. */
+ * accum*DP micro-batches. Every mt_trainer_* call is collective over the world unless said
+ * otherwise; rank 0 prints, writes metrics and writes checkpoints. */
 #ifndef MT_TRAIN_TRAINER_H
 #define MT_TRAIN_TRAINER_H
 
@@ -57,12 +62,78 @@ void mt_train_defaults(mt_train_opts *o);
 /* Runs training; returns 0 on success, -1 with mt_last_error() set. */
 int mt_train(const mt_train_opts *o);
 
+typedef struct mt_trainer mt_trainer;
+
+/* Where training stands: what trainer_state.json keeps besides the options. */
+typedef struct {
+    int step;                /* optimizer steps taken (skipped ones included); the next is step + 1 */
+    int opt_step;            /* AdamW updates applied: the bias-correction step */
+    uint64_t samples;        /* sequences stepped on: the run driver's position in the data */
+    int bad;                 /* non-finite steps in a row */
+} mt_trainer_state;
+
+/* This DP rank's micro-batches of one step, micro-batch mb at offset mb*B*T of each array:
+ * tokens, targets (< 0: ignored) and document positions (NULL unless doc mode; with
+ * o->doc_mode they must be given). Every pipeline stage needs the whole batch. Its shape is
+ * the one the trainer was built for (o->accum x o->batch x o->seq). Per-token loss weights
+ * would join as one more array of the same shape. */
+typedef struct {
+    int n_micro, B, T;
+    const int32_t *in, *tg, *pos;
+} mt_batch;
+
+/* One step's figures, the same on every rank (global batch). */
+typedef struct {
+    int step;                /* the step just taken (mt_trainer_state.step) */
+    double loss;             /* ce + aux_loss_alpha x balance */
+    double ce, balance;      /* mean CE over the valid targets; balance loss summed over MoE layers */
+    double grad_norm;        /* global gradient norm, before clipping */
+    double lr;               /* learning rate of the update (the schedule's at this step) */
+    int finite;              /* loss and norm finite; 0: the update was skipped */
+    int64_t n_valid;         /* valid targets (the CE normaliser) */
+    size_t tokens;           /* tokens of the global batch */
+} mt_step_result;
+
+/* Builds a trainer from options (collective): the layout, the config (resume > init >
+ * --config, a resume restoring the run's settings and position), the data, the model's part
+ * on this rank with its weights (initialised or loaded), the optimizer and the pipeline.
+ * Checks the options and that every rank agrees. Returns 0, or -1 with mt_last_error() set
+ * and *t NULL. */
+int mt_trainer_init(mt_trainer **t, const mt_train_opts *o);
+void mt_trainer_free(mt_trainer *t);
+/* The options in force (a resume's settings, defaults resolved), the model config and
+ * where training stands (local, no communication). */
+const mt_train_opts *mt_trainer_opts(const mt_trainer *t);
+const mt_config *mt_trainer_config(const mt_trainer *t);
+const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t);
+
+/* One optimizer step on batch b: forward and backward of every micro-batch through the
+ * pipeline schedule, gradient reduction, global norm, clipping and AdamW at the learning
+ * rate of the schedule (mt_lr_at); the update is skipped (state.bad counts it) when the
+ * loss or the norm is not finite. Fills *r. -1 (before any collective) when b does not have
+ * the trainer's shape. */
+int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r);
+/* Mean validation CE over the first `windows` windows of val (all when <= 0), in
+ * micro-batches of o->batch (document mode with o->doc_mode), split over the DP ranks,
+ * under any layout. */
+struct mt_loader;
+double mt_trainer_eval(mt_trainer *t, const struct mt_loader *val, int64_t windows);
+/* Writes checkpoint OUT/step_NNNNNNNN of the current step (rank 0 writes the whole model,
+ * moments and trainer_state.json), points OUT/latest at it and prunes older ones (--keep).
+ * dir gets its path. Returns -1 on rank 0 when writing failed. */
+int mt_trainer_save(mt_trainer *t, char *dir, size_t cap);
+/* Expert load since the last call (tokens per expert, layer-major [L*E], over the global
+ * batch; on every rank); resets the counters. */
+void mt_trainer_expert_load(mt_trainer *t, int64_t *load);
+/* The experts' load imbalance over the EP ranks (1 without EP). */
+double mt_trainer_ep_imbalance(mt_trainer *t);
+
 /* Learning rate at step s (1-based) of total: linear warmup then cosine to min_ratio*lr. */
 double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio);
 
 /* Mean validation CE over the first `windows` windows (file order) of the val split
- * (all when windows <= 0), micro-batches of B; doc_eot >= 0 evaluates in document mode. */
-struct mt_loader;
+ * (all when windows <= 0), micro-batches of B; doc_eot >= 0 evaluates in document mode.
+ * One process, the whole model (moetrain eval). */
 double mt_eval_loss(mt_model *m, mt_acts *a, const struct mt_loader *val, int B, int T, int64_t windows,
                     int32_t doc_eot);
 

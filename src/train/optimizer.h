@@ -1,0 +1,70 @@
+/* train/optimizer.h — the trainer's optimizer over this rank's part of the model: gradient
+ * reduction, the global gradient norm, clipping and AdamW.
+ *
+ * The flat parameter buffer (model/model.h: [TP slices | replicated | routed experts]) is cut
+ * into three regions, each reduced over its own group: the TP slices over DP, the replicated
+ * tensors over DP (x TP with sequence parallelism, where every TP rank saw other tokens), the
+ * routed experts held here over the expert-DP group. Without dist_opt each region is summed
+ * in buckets and every rank updates all of it; with dist_opt (ZeRO-1) it is reduce-scattered,
+ * each rank keeps the AdamW moments of its shard only and updates that, then the parameters
+ * are all-gathered. */
+#ifndef MT_TRAIN_OPTIMIZER_H
+#define MT_TRAIN_OPTIMIZER_H
+
+#include <stddef.h>
+
+#include "dist/dist.h"
+#include "model/model.h"
+
+/* One region of the flat buffer with the group its gradients are reduced over. */
+typedef struct {
+    size_t lo, n;                 /* range of the flat buffer */
+    size_t olo, on;               /* the optimizer's range: all of it, or this rank's shard (dist_opt) */
+    mt_group *g;
+    float *m, *v;                 /* AdamW moments [on] */
+    float *gshard;                /* dist_opt: this rank's shard of the summed gradient */
+    int nt;                       /* tensor table for the optimizer, clipped to [olo, olo+on) and */
+    size_t *t_off, *t_len;        /* relative to olo */
+    int *t_decay;
+    int nn;                       /* what the gradient norm counts: contiguous runs of the table */
+    size_t *n_off, *n_len;        /* without replicas (the tied embedding's copy), relative to olo */
+} mt_opt_region;
+
+enum { MT_OPT_REGIONS = 3 };      /* TP slices, replicated, routed experts */
+
+typedef struct {
+    mt_opt_region reg[MT_OPT_REGIONS];
+    float *mom_m, *mom_v;         /* without dist_opt: every region's moments, laid out like the parameters */
+    int dist_opt;
+    int tp_dup[MT_OPT_REGIONS];   /* the region is the same on every TP rank (TP without SP) */
+    int tp_rank;
+    size_t bytes;                 /* this rank's moments */
+} mt_optim;
+
+/* AdamW's hyper-parameters (the learning rate is given per step). */
+typedef struct {
+    double beta1, beta2, eps, wd;
+    double clip;                  /* global gradient-norm clip, 0 = off */
+} mt_adamw_hp;
+
+/* Sets up the regions of model m (this rank's part) in layout d, the moments zeroed. */
+void mt_optim_init(mt_optim *op, const mt_model *m, mt_dist *d, int dist_opt);
+void mt_optim_free(mt_optim *op);
+
+/* Sums the gradients of the whole backward (collective): the tied embedding's two copies
+ * (first and last pipeline stage), then every region over its group (dist_opt: this rank's
+ * shard of the sum only), all-reduces in buckets of bucket_bytes. */
+void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes);
+/* The global gradient norm after mt_optim_reduce (collective over the world): every
+ * parameter counted once. */
+double mt_optim_grad_norm(const mt_optim *op, const mt_model *m, mt_dist *d);
+/* One AdamW update at bias-correction step `step` with the gradients scaled by the clip
+ * (grad_norm above hp->clip), then (dist_opt) the updated shards all-gathered. */
+void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr, double grad_norm, int step);
+
+/* dist_opt: this rank's moments laid out like its parameters (fm, fv of m->nparams), the
+ * regions' shards all-gathered over their groups (collective); and back. */
+void mt_optim_moments_full(mt_optim *op, float *fm, float *fv);
+void mt_optim_moments_take(mt_optim *op, const float *fm, const float *fv);
+
+#endif

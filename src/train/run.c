@@ -1,0 +1,171 @@
+/* train/run.c — the run driver of `moetrain train` (mt_train, see trainer.h): a trainer,
+ * each step's micro-batches sampled from the training data, the cadence of evaluation,
+ * progress lines, expert-load reports and checkpoints, and the report at the end. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/trace.h"
+#include "kernels/blas.h"
+#include "kernels/tier.h"
+#include "train/report.h"
+#include "train/trainer.h"
+#include "train/trainer_impl.h"
+
+/* The start-up lines: model, threads and kernels, batch, layout, resume (rank 0). */
+static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, size_t step_tokens) {
+    const mt_train_opts *o = &t->o;
+    const mt_config *cfg = &t->cfg;
+    const mt_dist *d = t->d;
+    const int D = d->dp_size, W = d->size, S = o->pp * o->vpp;
+    char gemm[64];
+    if (o->bf16) snprintf(gemm, sizeof gemm, "kernels %s, GEMM bf16 x bf16 -> fp32", mt_cpu_tier_name(mt_cpu_tier()));
+    else snprintf(gemm, sizeof gemm, "kernels %s, BLAS kernel %s", mt_cpu_tier_name(mt_cpu_tier()), mt_blas_corename());
+    printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
+           "%d threads, %s (%.0f GFLOP/s peak %s)\n",
+           t->nfull, mt_model_active_params(cfg) / 1e6, cfg->num_hidden_layers, n_moe, t->nthr, gemm, rp->peak,
+           o->peak_gflops > 0 ? "given" : "measured");
+    char dp[64] = "";
+    if (D > 1) snprintf(dp, sizeof dp, " x DP %d", D);
+    printf("  batch %d x seq %d x accum %d%s = %zu tokens/step, %d steps, lr %.2e warmup %d, "
+           "activations %.1f MiB, data %llu train tokens%s\n",
+           o->batch, o->seq, o->accum, dp, step_tokens, o->steps, o->lr, o->warmup,
+           (double)t->pipe.acts_bytes / 1048576.0,
+           (unsigned long long)mt_loader_tokens(t->train), t->val || o->eval_every == 0 ? "" : " (no val split)");
+    if (W > 1) {
+        printf("  layout: %d ranks = PP %d x DP %d x TP %d%s", W, o->pp, D, o->tp, d->sp ? " (sequence parallel)" : "");
+        if (o->vpp > 1) printf(", %d chunks per stage (interleaved schedule)", o->vpp);
+        else if (o->pp > 1) printf(" (1F1B schedule)");
+        if (o->ep > 1)
+            printf(", EP %d (%d experts per rank, %s all-to-all over %d node%s)", o->ep, cfg->n_routed_experts / o->ep,
+                   t->a2a_mode == MT_A2A_HIER ? "hierarchical" : "flat", t->ep.a2a.nnodes,
+                   t->ep.a2a.nnodes > 1 ? "s" : "");
+        printf("\n");
+        if (o->pp > 1) {
+            printf("  layers per virtual stage:");
+            for (int st = 0; st < S; st++) printf(" %d", t->bounds[st + 1] - t->bounds[st]);
+            printf("\n");
+        }
+    }
+    if (D > 1)
+        printf("  data parallel over %d ranks: %s\n", D,
+               o->dist_opt ? "distributed optimizer (gradients reduce-scattered, AdamW sharded, "
+                             "parameters all-gathered)"
+                           : "gradients all-reduced");
+    if (t->start_step) printf("  resumed from %s at step %d\n", t->ckdir, t->start_step);
+    printf("  optimizer state per rank: %.2f MiB (AdamW moments%s; the fullest rank)\n",
+           (double)t->opt_bytes / 1048576.0, o->dist_opt && W > 1 ? ", sharded" : "");
+    fflush(stdout);
+}
+
+/* The expert all-to-all bytes since the last call, summed over the ranks: inter-node,
+ * intra-node, and the inter-node rows a flat and a hierarchical exchange would send. */
+static void a2a_step_bytes(mt_trainer *t, mt_a2a_bytes *prev, int64_t ab[4]) {
+    memset(ab, 0, 4 * sizeof *ab);
+    if (t->have_ep) {
+        ab[0] = t->ep.a2a.bytes.inter - prev->inter;
+        ab[1] = t->ep.a2a.bytes.intra - prev->intra;
+        ab[2] = t->ep.count.inter_rows[0], ab[3] = t->ep.count.inter_rows[1];
+        *prev = t->ep.a2a.bytes;
+        memset(&t->ep.count, 0, sizeof t->ep.count);
+    }
+    if (t->o.ep > 1) mt_group_sum_i64(&t->d->all, ab, 4);
+}
+
+int mt_train(const mt_train_opts *opts) {
+    mt_trainer *t;
+    if (mt_trainer_init(&t, opts) != 0) return -1;
+    const mt_train_opts *o = mt_trainer_opts(t);
+    const mt_config *cfg = mt_trainer_config(t);
+    mt_dist *d = t->d;
+    const int root = d->rank == 0;
+    const size_t BT = (size_t)o->batch * o->seq;
+    int32_t *in = mt_xmalloc(sizeof(int32_t) * BT * o->accum);
+    int32_t *tg = mt_xmalloc(sizeof(int32_t) * BT * o->accum);
+    int32_t *pos = o->doc_mode ? mt_xmalloc(sizeof(int32_t) * BT * o->accum) : NULL;
+    const int L = cfg->num_hidden_layers;
+    const int n_moe = L - (cfg->n_routed_experts > 0 ? cfg->first_k_dense_replace : L);
+    int64_t *load = n_moe > 0 ? mt_xmalloc(sizeof(int64_t) * (size_t)L * cfg->n_routed_experts) : NULL;
+    mt_report rp;
+    int rc = mt_report_open(&rp, o, d, cfg, t->start_step, t->nthr);
+    if (rc != 0) goto done;
+    if (root && !o->quiet) print_banner(t, &rp, n_moe, BT * o->accum * d->dp_size);
+
+    char last_good[4096] = "(none)";
+    if (o->resume) snprintf(last_good, sizeof last_good, "%s", t->ckdir);
+    rp.t_begin = mt_now();
+    mt_a2a_bytes a2a_prev = {0};
+    for (int step = t->start_step + 1; step <= o->steps; step++) {
+        double t0 = mt_now(), c0 = mt_busy_time();
+        d->comm_s = 0;
+        mt_trace_reset_totals();
+        mt_trace_begin("step");
+        mt_trace_begin("data");
+        /* micro-batch mb of DP rank r is micro-batch r*accum + mb of the global batch; every
+         * pipeline stage reads it (the first needs the tokens, the last the targets, all the
+         * document positions) */
+        const uint64_t samples = mt_trainer_get_state(t)->samples;
+        for (int mb = 0; mb < o->accum; mb++)
+            mt_loader_batch(t->train, samples + ((uint64_t)d->dp_rank * o->accum + mb) * o->batch, o->batch,
+                            in + mb * BT, tg + mb * BT);
+        if (o->doc_mode)
+            for (int mb = 0; mb < o->accum; mb++)
+                mt_doc_positions(in + mb * BT, o->batch, o->seq, o->eot, pos + mb * BT);
+        mt_trace_end();
+        const mt_batch b = {o->accum, o->batch, o->seq, in, tg, pos};
+        mt_report_step s;
+        memset(&s, 0, sizeof s);
+        if (mt_trainer_step(t, &b, &s.r) != 0) { rc = -1; break; }
+        const int bad = mt_trainer_get_state(t)->bad;
+        if (!s.r.finite) {
+            mt_report_skip(&rp, &s.r, bad);
+            if (bad >= o->max_bad) {
+                rc = mt_error("train: stopping after %d non-finite steps in a row (step %d); last good checkpoint: %s",
+                              bad, step, last_good);
+                break;
+            }
+        }
+        mt_trace_end(); /* step */
+        mt_report_time(&rp, &s, t0, c0, d->comm_s);
+        s.val_loss = NAN;
+        if (t->val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps))
+            s.val_loss = mt_trainer_eval(t, t->val, o->eval_windows);
+        a2a_step_bytes(t, &a2a_prev, s.a2a);
+        mt_report_step_done(&rp, &s, cfg->hidden_size);
+        if (o->load_every > 0 && n_moe > 0 && (step % o->load_every == 0 || step == o->steps)) {
+            mt_trainer_expert_load(t, load);
+            mt_report_expert_load(&rp, step, cfg, load);
+        }
+        /* a checkpoint is written only after a finite step: it must be one to go back to */
+        if (o->save_every > 0 && step % o->save_every == 0 && step != o->steps && bad == 0) {
+            mt_rss_mark(&rp.rss);
+            if (mt_trainer_save(t, last_good, sizeof last_good) != 0) { rc = -1; break; }
+            mt_rss_after_save(&rp.rss);
+        }
+    }
+    mt_rss_mark(&rp.rss); /* training's peak, before the final checkpoint */
+    if (rc == 0 && mt_trainer_get_state(t)->bad > 0) {
+        if (root) mt_warn("the last step was non-finite: no final checkpoint; last good checkpoint: %s", last_good);
+    } else if (rc == 0) {
+        if (mt_trainer_save(t, last_good, sizeof last_good) != 0) rc = -1;
+    }
+    mt_rss_after_save(&rp.rss);
+    if (rc == 0 && o->profile) mt_report_profile_summary(&rp);
+    /* the experts' load imbalance over the EP ranks (the planner's --imbalance) */
+    const double ep_imb = rc == 0 ? mt_trainer_ep_imbalance(t) : 1.0;
+    if (rc == 0) {
+        const mt_report_run run = {t->opt_bytes, t->pipe.acts_bytes, ep_imb, last_good};
+        mt_report_summary(&rp, &run);
+    }
+    mt_report_trace(&rp);
+done:
+    mt_report_close(&rp);
+    free(load);
+    free(in);
+    free(tg);
+    free(pos);
+    mt_trainer_free(t);
+    return rc;
+}

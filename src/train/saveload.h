@@ -1,0 +1,45 @@
+/* train/saveload.h — checkpoints of a training run under any parallel layout: the whole
+ * model (and its AdamW moments) gathered to world rank 0, which writes the single-process
+ * format (train/checkpoint.h), and scattered back on load, so a run resumes under any
+ * layout; trainer_state.json to and from the options; pruning of old checkpoints. */
+#ifndef MT_TRAIN_SAVELOAD_H
+#define MT_TRAIN_SAVELOAD_H
+
+#include <stddef.h>
+
+#include "dist/dist.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+/* This rank's part of the model next to the whole model's table. */
+typedef struct {
+    mt_model *m;               /* this rank's part (parameters) */
+    mt_optim *opt;             /* its AdamW moments */
+    mt_tensor *full_t;         /* the whole model's tensor table (checkpoint order) */
+    int nfull_t;
+    size_t nfull;              /* floats of the whole model */
+    int whole;                 /* this rank holds the whole model (no TP, PP or EP) */
+} mt_ckpt_layout;
+
+/* Writes checkpoint folder dir of the whole model with state_json (used on world rank 0
+ * only) from world rank 0 (collective). Returns -1 on rank 0 when writing failed. */
+int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const char *state_json);
+/* Loads the weights (and, when resume, the AdamW moments) of checkpoint dir into this
+ * rank's part (collective); cfg is the checkpoint's config. An error on rank 0 is an error
+ * on every rank. */
+int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const mt_config *cfg, int resume);
+
+/* trainer_state.json of a run at state s with options o over dp data-parallel ranks
+ * (malloc'd string). */
+char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, int dp);
+/* Restores s (step, opt_step, samples) and the options not given on the command line from
+ * the trainer_state.json text of checkpoint dir; the global batch (batch x accum x DP) is
+ * kept under any DP unless --accum is given. */
+int mt_train_state_from_json(const char *dir, const char *txt, mt_train_opts *o, mt_trainer_state *s, int dp);
+
+/* After saving checkpoint `saved` (a step_NNNNNNNN name in run folder out): keeps it and the
+ * newest keep - 1 checkpoints of earlier steps, removes the earlier others. */
+void mt_ckpt_prune(const char *out, int keep, const char *saved);
+
+#endif

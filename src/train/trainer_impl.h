@@ -1,0 +1,42 @@
+/* train/trainer_impl.h — the trainer object's fields, for the units of train/ that work on
+ * it (trainer.c, run.c); everyone else goes through train/trainer.h. */
+#ifndef MT_TRAIN_TRAINER_IMPL_H
+#define MT_TRAIN_TRAINER_IMPL_H
+
+#include "data/loader.h"
+#include "dist/a2a.h"
+#include "dist/dist.h"
+#include "dist/ep.h"
+#include "dist/tp.h"
+#include "train/optimizer.h"
+#include "train/pipeline.h"
+#include "train/trainer.h"
+
+struct mt_trainer {
+    mt_train_opts o;              /* in force: resumed settings, defaults resolved */
+    char out[4096];               /* o.out when it defaults to the resumed run's folder */
+    char ckdir[4096];             /* checkpoint resumed or initialised from ("" = none) */
+    mt_config cfg;
+    mt_dist *d;
+    mt_trainer_state st;
+    int start_step;               /* st.step at start-up (a resume's step) */
+    int nthr;
+    mt_a2a_mode a2a_mode;
+    int *bounds;                  /* layers of virtual stage s: [bounds[s], bounds[s+1]) */
+    mt_model m;                   /* this rank's part */
+    mt_pipe pipe;
+    mt_ep ep;
+    int have_ep;
+    mt_tp tp;
+    mt_tensor *full_t;            /* the whole model's tensor table (checkpoints, resharding) */
+    size_t nfull;
+    int nfull_t;
+    int whole;                    /* this rank holds the whole model (no TP, PP or EP) */
+    mt_optim opt;
+    size_t opt_bytes;             /* AdamW moments of the fullest rank */
+    size_t bucket_bytes;          /* gradient all-reduce bucket */
+    mt_loader *train, *val;       /* val: NULL without a val split or --eval-every */
+    double *red;                  /* the loss terms' reduction [1 + layers] */
+};
+
+#endif
