@@ -30,7 +30,9 @@ static int data_math(int argc, char **argv) {
         {"terms", MT_ARG_INT, &terms, "terms of a multi-step expression (--mix multi=W; default 3)", &terms_given},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("data math", "--out DIR [flags]\n\nWrites a seeded corpus of arithmetic problems "
-                           "(one per document, byte tokens) as math_train_*.bin and math_val_*.bin; "
+                           "(one per document, byte tokens) as math_train_*.bin and math_val_*.bin, "
+                           "and the same problems as RL prompt files math_prompts_train.tsv and "
+                           "math_prompts_val.tsv (one \"PROMPT<TAB>ANSWER\" per line); "
                            "validation problems never occur in train.", specs, argc, argv, 3, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!out) { mt_error("moetrain data math: --out DIR is required"); return mt_cli_fail(); }

@@ -8,6 +8,7 @@
 #include "data/math.h"
 
 #include "base/common.h"
+#include "data/prompts.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
 
@@ -120,6 +121,15 @@ int mt_math_eval(const char *expr, long long *value) {
     if (*p) return -1;
     *value = sum;
     return 0;
+}
+
+int mt_math_canonical(const char *s, size_t n) {
+    size_t i = n > 0 && s[0] == '-';
+    if (i == n) return 0;
+    if (s[i] == '0') return n == 1; /* "0" alone; "-0" and leading zeros are not canonical */
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
 }
 
 /* ---- problem parsing ---- */
@@ -290,7 +300,11 @@ static int write_readme(const mt_math_opts *o, const char *out_dir, const mt_sha
         "\n"
         "Byte tokens (0..255), end of text = 256 before every document. One problem per\n"
         "document, \"EXPR=ANSWER\", e.g. 12+34=46, 57-81=-24, 7*13=91, 3+4*5-2=21 (usual\n"
-        "precedence). Validation texts are distinct and never appear in train.\n",
+        "precedence). Validation texts are distinct and never appear in train.\n"
+        "\n"
+        "math_prompts_train.tsv and math_prompts_val.tsv hold the same problems for RL, one\n"
+        "per line in shard order: the prompt up to and including '=', a TAB, the answer\n"
+        "(e.g. \"12+34=<TAB>46\"). The model is fed end of text, then the prompt bytes.\n",
         o->seed, o->n_train, train->ntokens, train->nshards, o->n_val, val->ntokens, val->nshards,
         o->min_digits, o->max_digits, o->w_add, o->w_sub, o->w_mul, o->w_multi, o->multi_terms);
     MT_ASSERT(len > 0 && (size_t)len < sizeof text);
@@ -324,6 +338,18 @@ int mt_math_generate(const mt_math_opts *o, const char *out_dir) {
     if (rc == 0) rc = mt_shard_set_init(&train, out_dir, "math_train", 0);
     else memset(&train, 0, sizeof train);
 
+    /* the prompt files, written from the same draws as the shards */
+    mt_prompt_writer pw[2];
+    memset(pw, 0, sizeof pw);
+    static const char *const pw_names[2] = {"math_prompts_val.tsv", "math_prompts_train.tsv"};
+    size_t plen = strlen(out_dir) + 32;
+    char *ppath = mt_xmalloc(plen);
+    for (int s = 0; s < 2 && rc == 0; s++) {
+        snprintf(ppath, plen, "%s/%s", out_dir, pw_names[s]);
+        rc = mt_prompt_writer_open(&pw[s], ppath);
+    }
+    free(ppath);
+
     char text[TEXT_CAP];
     for (int pass = 0; pass < 2 && rc == 0; pass++) {
         int is_val = pass == 0;
@@ -341,11 +367,18 @@ int mt_math_generate(const mt_math_opts *o, const char *out_dir) {
                               out_dir, is_val ? "new validation" : "training", i, MAX_ATTEMPTS, space, o->n_val);
             else
                 rc = mt_shard_set_add_bytes(is_val ? &val : &train, text, len);
+            if (rc == 0) {
+                const char *eq = strchr(text, '='); /* the only '=': "EXPR=ANSWER" */
+                size_t pl = (size_t)(eq - text) + 1;
+                rc = mt_prompt_writer_add(&pw[pass], text, pl, eq + 1, len - pl);
+            }
         }
     }
     free(seen.slot);
     if (rc == 0) rc = mt_shard_set_finish(&val);
     if (rc == 0) rc = mt_shard_set_finish(&train);
+    for (int s = 0; s < 2 && rc == 0; s++) rc = mt_prompt_writer_finish(&pw[s]);
+    for (int s = 0; s < 2; s++) mt_prompt_writer_abort(&pw[s]);
     if (rc == 0) rc = write_readme(o, out_dir, &train, &val);
     mt_shard_set_free(&val);
     mt_shard_set_free(&train);

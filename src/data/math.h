@@ -28,7 +28,9 @@ void mt_math_defaults(mt_math_opts *o);
  * a finite number >= 0, or all weights zero. */
 int mt_math_parse_mix(mt_math_opts *o, const char *spec);
 /* Writes out_dir/math_train_000000.bin (more shards of <= 100M tokens if needed) and
- * out_dir/math_val_000000.bin, plus out_dir/README.txt describing the options used.
+ * out_dir/math_val_000000.bin, plus out_dir/README.txt describing the options used, and
+ * the same problems as RL prompt files (data/prompts.h) math_prompts_train.tsv and
+ * math_prompts_val.tsv, line i = document i of the split ("12+34=<TAB>46").
  * Errors: bad options (digits outside 1..9, multi_terms outside 2..16 or a multi-step
  * product that could exceed 18 digits, no positive weight, n_train or n_val of 0), more
  * validation problems requested than distinct problems exist (or none left for train),
@@ -45,5 +47,8 @@ int mt_math_parse_problems(const uint32_t *tok, size_t n, mt_math_problem **out,
  * one trailing '=' allowed, no spaces) into *value; -1 if malformed or on 64-bit
  * overflow. Does not set mt_error: a malformed model output is an expected outcome. */
 int mt_math_eval(const char *expr, long long *value);
+/* 1 if the n bytes of s are an integer in canonical form -?(0|[1-9][0-9]*), "-0" excluded
+ * (how the corpus writes answers), else 0. */
+int mt_math_canonical(const char *s, size_t n);
 
 #endif
