@@ -1,5 +1,5 @@
 /* cli/cmd_eval.c — `moetrain eval` (validation loss, math exact-match accuracy) and
- * `moetrain generate` (sampling). Both decode through mt_model_step's logits. */
+ * `moetrain generate` (sampling). Both decode with the rollout engine (rl/rollout.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,89 +10,67 @@
 #include "cli/cli.h"
 #include "data/loader.h"
 #include "data/math.h"
+#include "data/prompts.h"
 #include "data/tokenizer.h"
 #include "kernels/blas.h"
+#include "rl/rollout.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
-static int argmax(const float *l, int V) {
-    int b = 0;
-    for (int j = 1; j < V; j++) if (l[j] > l[b]) b = j;
-    return b;
-}
-
-/* Greedy-decodes the answers of probs[0..n) in batches; returns the number correct. */
-static size_t math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, int max_new, int show) {
-    const int V = m->cfg.vocab_size, Bg = 64;
-    int Tmax = 0;
+/* Greedy-decodes the answers of probs[0..n) with the rollout engine into *correct (the
+ * completion's bytes before its end-of-text equal the answer); -1 with an error. */
+static int math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, int max_new, int show, size_t *correct_out) {
+    const int maxpos = m->cfg.max_position_embeddings;
+    mt_rollout_req *req = mt_xcalloc(n + 1, sizeof *req);
+    int32_t *toks = mt_xmalloc(sizeof(int32_t) * (n * 66 + 1));
+    size_t *which = mt_xmalloc(sizeof(size_t) * (n + 1)), nr = 0, too_long = 0, correct = 0;
     for (size_t i = 0; i < n; i++) {
-        int len = (int)strlen(probs[i].prompt) + 1;
-        if (len > Tmax) Tmax = len;
+        int32_t *t = toks + i * 66;
+        const int len = (int)mt_prompt_ntokens(probs[i].prompt);
+        if (len > 66 || len + max_new > maxpos) { /* no room for an answer: counted as wrong */
+            too_long++;
+            continue;
+        }
+        mt_prompt_encode(probs[i].prompt, t);
+        req[nr] = (mt_rollout_req){t, len, i, 0};
+        which[nr++] = i;
     }
-    Tmax += max_new;
-    if (Tmax > m->cfg.max_position_embeddings) Tmax = m->cfg.max_position_embeddings;
-    mt_acts *a = mt_acts_new(&m->cfg, Bg, Tmax, mt_get_threads());
-    int32_t *tok = mt_xcalloc((size_t)Bg * Tmax, sizeof(int32_t));
-    int32_t *tgt = mt_xmalloc(sizeof(int32_t) * (size_t)Bg * Tmax);
-    for (size_t i = 0; i < (size_t)Bg * Tmax; i++) tgt[i] = -1;
-    float *logits = mt_alloc(sizeof(float) * (size_t)Bg * Tmax * V);
-    int len[64], plen[64], done[64];
-    size_t correct = 0, too_long = 0;
-    mt_step_stats st;
-    for (size_t p0 = 0; p0 < n; p0 += Bg) {
-        int nb = (int)(n - p0 < (size_t)Bg ? n - p0 : (size_t)Bg);
-        memset(tok, 0, sizeof(int32_t) * (size_t)Bg * Tmax);
-        for (int b = 0; b < nb; b++) {
-            const char *pr = probs[p0 + b].prompt;
-            int32_t *row = tok + (size_t)b * Tmax;
-            int need = 1 + (int)strlen(pr);
-            done[b] = need >= Tmax; /* no room for an answer: counted as wrong */
-            if (done[b]) {
-                plen[b] = len[b] = 0;
-                too_long++;
-                continue;
-            }
-            row[0] = MT_BYTE_EOT;
-            plen[b] = len[b] = need;
-            for (int j = 1; j < len[b]; j++) row[j] = (unsigned char)pr[j - 1];
+    mt_rollout_opts o;
+    mt_rollout_defaults(&o);
+    o.temperature = 0;
+    o.max_new = max_new;
+    mt_completion *out = mt_xcalloc(nr + 1, sizeof *out);
+    mt_rollout_stats st;
+    if (mt_rollout(m, &o, req, (int)nr, out, &st) != 0) {
+        free(out), free(which), free(toks), free(req);
+        return -1;
+    }
+    for (size_t r = 0; r < nr; r++) {
+        const mt_completion *co = &out[r];
+        char ans[256];
+        int k = 0, bytes = 1;
+        for (int j = 0; j < co->n - co->stopped_eot && k < 255; j++) {
+            bytes &= co->tokens[j] < 256;
+            ans[k++] = (char)co->tokens[j];
         }
-        for (;;) {
-            int T = 0, active = 0;
-            for (int b = 0; b < nb; b++) if (!done[b]) { active = 1; if (len[b] > T) T = len[b]; }
-            if (!active) break;
-            /* rows are left-aligned: tokens after a row's end do not affect its last position */
-            int32_t *packed = mt_xmalloc(sizeof(int32_t) * (size_t)nb * T);
-            for (int b = 0; b < nb; b++) memcpy(packed + (size_t)b * T, tok + (size_t)b * Tmax, sizeof(int32_t) * T);
-            mt_model_step(m, a, packed, tgt, nb, T, 0, 0, 0, logits, &st);
-            free(packed);
-            for (int b = 0; b < nb; b++) {
-                if (done[b]) continue;
-                int next = argmax(logits + ((size_t)b * T + len[b] - 1) * V, V);
-                if (next == MT_BYTE_EOT || next > 255 || len[b] >= Tmax || len[b] - plen[b] >= max_new) { done[b] = 1; continue; }
-                tok[(size_t)b * Tmax + len[b]++] = next;
-                if (len[b] >= Tmax) done[b] = 1;
-            }
-        }
-        for (int b = 0; b < nb; b++) {
-            char out[256];
-            int k = 0;
-            for (int j = plen[b]; j < len[b] && k < 255; j++) out[k++] = (char)tok[(size_t)b * Tmax + j];
-            out[k] = 0;
-            int ok = strcmp(out, probs[p0 + b].answer) == 0;
-            correct += ok;
-            if (show > 0 && p0 + b < (size_t)show)
-                printf("  %-16s -> %-10s %s%s%s\n", probs[p0 + b].prompt, out, ok ? "ok" : "WRONG (want ",
-                       ok ? "" : probs[p0 + b].answer, ok ? "" : ")");
-        }
+        ans[k] = 0;
+        const mt_math_problem *p = &probs[which[r]];
+        int ok = co->stopped_eot && bytes && strcmp(ans, p->answer) == 0;
+        correct += ok;
+        if (show > 0 && which[r] < (size_t)show)
+            printf("  %-16s -> %-10s %s%s%s\n", p->prompt, ans, ok ? "ok" : "WRONG (want ", ok ? "" : p->answer,
+                   ok ? "" : ")");
+        mt_completion_free(&out[r]);
     }
     if (too_long)
         mt_warn("%zu problems are longer than max_position_embeddings allows for an answer; counted as wrong",
                 too_long);
-    mt_free(logits);
-    free(tok);
-    free(tgt);
-    mt_acts_free(a);
-    return correct;
+    free(out);
+    free(which);
+    free(toks);
+    free(req);
+    *correct_out = correct;
+    return 0;
 }
 
 int mt_cmd_eval(int argc, char **argv) {
@@ -164,7 +142,13 @@ int mt_cmd_eval(int argc, char **argv) {
                    m.cfg.vocab_size);
         } else {
             if ((size_t)nprob < count) count = (size_t)nprob;
-            size_t ok = math_accuracy(&m, probs, count, max_new, show);
+            size_t ok = 0;
+            if (math_accuracy(&m, probs, count, max_new, show, &ok) != 0) {
+                free(probs);
+                mt_loader_free(val);
+                mt_model_free(&m);
+                return mt_cli_fail();
+            }
             printf("accuracy=%.4f (%zu/%zu held-out problems exactly right, greedy decoding)\n",
                    (double)ok / (double)count, ok, count);
         }
@@ -175,44 +159,16 @@ int mt_cmd_eval(int argc, char **argv) {
     return 0;
 }
 
-/* Samples from softmax(l / temp) restricted to the top_k most likely tokens (0 = all) and to
- * the smallest set of them whose mass reaches top_p; u is a uniform draw in [0,1). Plain
- * sampling needs no ordering; otherwise a partial selection sort stops at k tokens or mass p. */
-static int sample_token(const float *l, int V, double temp, int top_k, double top_p, double u, float *prob,
-                        int *idx) {
-    float mx = l[argmax(l, V)];
-    double sum = 0;
-    for (int j = 0; j < V; j++) { prob[j] = expf((float)((l[j] - mx) / temp)); sum += prob[j]; idx[j] = j; }
-    for (int j = 0; j < V; j++) prob[j] /= (float)sum;
-    int keep = top_k > 0 && top_k < V ? top_k : V;
-    double mass = 0, acc = 0;
-    int kept = 0;
-    if (keep == V && top_p >= 1.0) {
-        kept = V;
-        mass = 1.0;
-    } else {
-        for (int i = 0; i < keep; i++) {
-            int b = i;
-            for (int j = i + 1; j < V; j++) if (prob[idx[j]] > prob[idx[b]]) b = j;
-            int t = idx[i]; idx[i] = idx[b]; idx[b] = t;
-            mass += prob[idx[i]];
-            kept = i + 1;
-            if (mass >= top_p) break;
-        }
-    }
-    u *= mass;
-    for (int i = 0; i < kept; i++) { acc += prob[idx[i]]; if (u < acc) return idx[i]; }
-    return idx[kept - 1];
-}
-
 int mt_cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = "";
-    int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0;
+    const char *ckpt = NULL, *prompt = "", *prompts = NULL;
+    int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0, batch = 64;
     double temp = 1.0, top_p = 1.0;
     uint64_t seed = 1;
     mt_arg specs[] = {
         {"ckpt", MT_ARG_STR, &ckpt, "checkpoint or run folder (required)", NULL},
         {"prompt", MT_ARG_STR, &prompt, "text to continue (a document start is implied)", NULL},
+        {"prompts", MT_ARG_STR, &prompts, "file of prompts, one per line: prints prompt<TAB>completion per line and the decode speed", NULL},
+        {"batch", MT_ARG_INT, &batch, "sequences decoded together (KV cache slots, default 64)", NULL},
         {"max-new", MT_ARG_INT, &max_new, "tokens to generate (default 64)", NULL},
         {"temperature", MT_ARG_DBL, &temp, "sampling temperature, 0 = greedy (default 1.0)", NULL},
         {"top-k", MT_ARG_INT, &top_k, "sample from the k most likely tokens, 0 = all (default 0)", NULL},
@@ -230,51 +186,91 @@ int mt_cmd_generate(int argc, char **argv) {
     }
     stop_eot = !no_stop;
     if (threads > 0) mt_set_threads(threads);
+    if (batch < 1) { mt_error("moetrain generate: --batch must be >= 1"); return mt_cli_fail(); }
+    /* the prompts: --prompt, or one per line of --prompts */
+    char *text = NULL;
+    size_t tlen = 0;
+    if (prompts) {
+        if (mt_read_file(prompts, &text, &tlen) != 0) return mt_cli_fail();
+    } else {
+        text = mt_xstrdup(prompt);
+        tlen = strlen(text);
+    }
+    int np = 0, capp = 16;
+    char **lines = mt_xmalloc(sizeof(char *) * (size_t)capp);
+    for (char *p = text, *e; p < text + tlen || (!prompts && np == 0); p = e + 1) {
+        e = memchr(p, '\n', (size_t)(text + tlen - p));
+        if (!e) e = text + tlen;
+        *e = 0;
+        if (prompts && e > p && e[-1] == '\r') e[-1] = 0;
+        if (np == capp) lines = mt_xrealloc(lines, sizeof(char *) * (size_t)(capp *= 2));
+        lines[np++] = p;
+        if (e >= text + tlen) break;
+    }
+    if (prompts && np > 0 && lines[np - 1][0] == 0) np--; /* a final newline */
+    if (np == 0) {
+        mt_error("moetrain generate: %s holds no prompts", prompts);
+        free(lines);
+        free(text);
+        return mt_cli_fail();
+    }
     mt_model m;
-    if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) return mt_cli_fail();
+    if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) { free(lines); free(text); return mt_cli_fail(); }
     const int V = m.cfg.vocab_size;
     if (V <= MT_BYTE_EOT) { /* prompts are bytes after an end-of-text token */
         mt_error("moetrain generate: the prompt is byte tokens after end-of-text %d: vocab_size %d is too small",
                  MT_BYTE_EOT, V);
         mt_model_free(&m);
+        free(lines);
+        free(text);
         return mt_cli_fail();
     }
-    int plen = 1 + (int)strlen(prompt);
-    int Tmax = max_new < m.cfg.max_position_embeddings - plen ? plen + max_new : m.cfg.max_position_embeddings;
-    if (plen > Tmax) {
-        mt_error("moetrain generate: prompt of %d tokens exceeds max_position_embeddings %d", plen, m.cfg.max_position_embeddings);
-        mt_model_free(&m);
-        return mt_cli_fail();
+    size_t tcap = 0;
+    for (int i = 0; i < np; i++) tcap += strlen(lines[i]) + 1;
+    int32_t *toks = mt_xmalloc(sizeof(int32_t) * (tcap + 1));
+    mt_rollout_req *req = mt_xcalloc((size_t)np, sizeof *req);
+    for (int i = 0, at = 0; i < np; i++) {
+        const int len = (int)mt_prompt_encode(lines[i], toks + at);
+        req[i] = (mt_rollout_req){toks + at, len, (uint64_t)i, 0};
+        at += len;
     }
-    int32_t *tok = mt_xcalloc((size_t)Tmax, sizeof(int32_t)), *tgt = mt_xmalloc(sizeof(int32_t) * Tmax);
-    for (int i = 0; i < Tmax; i++) tgt[i] = -1;
-    tok[0] = MT_BYTE_EOT;
-    for (int i = 1; i < plen; i++) tok[i] = (unsigned char)prompt[i - 1];
-    float *logits = mt_alloc(sizeof(float) * (size_t)Tmax * V);
-    float *prob = mt_alloc(sizeof(float) * V);
-    int *idx = mt_xmalloc(sizeof(int) * V);
-    mt_acts *a = mt_acts_new(&m.cfg, 1, Tmax, mt_get_threads());
-    mt_step_stats st;
-    fputs(prompt, stdout);
-    int len = plen;
-    for (int s = 0; s < max_new && len < Tmax; s++) {
-        mt_model_step(&m, a, tok, tgt, 1, len, 0, 0, 0, logits, &st);
-        const float *l = logits + (size_t)(len - 1) * V;
-        double u = mt_u01(mt_hash4(seed, 0x67656e, (uint64_t)s, 0));
-        int next = temp == 0 ? argmax(l, V) : sample_token(l, V, temp, top_k, top_p, u, prob, idx);
-        if (stop_eot && next == MT_BYTE_EOT) break;
-        tok[len++] = next;
-        if (next < 256) putchar(next);
-        else printf("<%d>", next);
-        fflush(stdout);
+    mt_rollout_opts o;
+    mt_rollout_defaults(&o);
+    o.temperature = temp, o.top_k = top_k, o.top_p = top_p, o.seed = seed, o.slots = batch;
+    o.eot = stop_eot ? MT_BYTE_EOT : -1;
+    /* without --max-new given, a long prompt still gets what fits */
+    int longest = 0;
+    for (int i = 0; i < np; i++) longest = req[i].len > longest ? req[i].len : longest;
+    o.max_new = max_new;
+    if (longest + o.max_new > m.cfg.max_position_embeddings) o.max_new = m.cfg.max_position_embeddings - longest;
+    if (o.max_new < 1) {
+        mt_error("moetrain generate: a prompt of %d tokens leaves no room under max_position_embeddings %d", longest,
+                 m.cfg.max_position_embeddings);
+        rc = -1;
     }
-    putchar('\n');
-    mt_acts_free(a);
-    free(idx);
-    mt_free(prob);
-    mt_free(logits);
-    free(tok);
-    free(tgt);
+    mt_completion *out = mt_xcalloc((size_t)np, sizeof *out);
+    mt_rollout_stats st;
+    if (rc == 0 && mt_rollout(&m, &o, req, np, out, &st) != 0) rc = -1;
+    for (int i = 0; rc == 0 && i < np; i++) {
+        if (prompts) printf("%s\t", lines[i]);
+        else fputs(lines[i], stdout);
+        const mt_completion *co = &out[i];
+        for (int j = 0; j < co->n - co->stopped_eot; j++) {
+            if (co->tokens[j] < 256) putchar(co->tokens[j]);
+            else printf("<%d>", co->tokens[j]);
+        }
+        putchar('\n');
+    }
+    if (rc == 0 && prompts)
+        printf("decode: %lld tokens in %.3f s = %.1f tokens/s (batch %d, %d forwards, %.1f MiB KV cache and scratch)\n",
+               (long long)st.completion_tokens, st.seconds, st.seconds > 0 ? st.completion_tokens / st.seconds : 0.0,
+               o.slots < np ? o.slots : np, st.forwards, (double)st.bytes / 1048576.0);
+    for (int i = 0; i < np; i++) mt_completion_free(&out[i]);
+    free(out);
+    free(req);
+    free(toks);
+    free(lines);
+    free(text);
     mt_model_free(&m);
-    return 0;
+    return rc == 0 ? 0 : mt_cli_fail();
 }

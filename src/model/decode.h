@@ -1,0 +1,40 @@
+/* model/decode.h — the inference forward with a KV cache: the model half of the rollout
+ * engine (rl/rollout.h).
+ *
+ * A cache holds up to `slots` sequences of up to `tmax` positions; each layer keeps every
+ * slot's keys (after RoPE) and values in fp32. One call feeds any mix of tokens: a prompt
+ * being prefilled (several consecutive positions of one slot) and sequences being decoded
+ * (one token each), so finished sequences can be replaced while others continue
+ * (continuous batching). A token attends to the positions 0..pos of its own slot, which
+ * the call writes before reading. The layers are those of the training forward
+ * (model/model.c), run on the fed tokens only; no tensor or pipeline parallelism. */
+#ifndef MT_MODEL_DECODE_H
+#define MT_MODEL_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct mt_decoder mt_decoder;
+
+/* A decoder for m with `slots` sequences of up to tmax positions and up to cap fed tokens
+ * per call; NULL with an error when tmax exceeds max_position_embeddings or the model is
+ * split (TP, PP, EP) or the memory cannot be had. */
+mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr);
+void mt_decoder_free(mt_decoder *d);
+/* Bytes the decoder holds (cache, activations, scratch). */
+size_t mt_decoder_bytes(const mt_decoder *d);
+int mt_decoder_cap(const mt_decoder *d);
+
+/* Forward of n <= cap tokens: token i is tokens[i] at position pos[i] of cache slot
+ * slot[i] (pos[i] < tmax; the tokens of a slot in one call consecutive, in increasing
+ * positions; positions before a slot's first fed one must have been fed by earlier
+ * calls). logits[j, V] receives the logits of fed token rows[j], j < no. */
+void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const int32_t *slot, const int32_t *pos,
+                        int n, const int32_t *rows, int no, float *logits);
+/* The experts each fed token of the last call was routed to in MoE layer l (logical ids,
+ * [n * num_experts_per_tok], the training forward's order), NULL for a dense layer. */
+const int32_t *mt_decoder_routing(const mt_decoder *d, int l);
+
+#endif

@@ -1,0 +1,200 @@
+/* rl/rollout.c — the rollout engine (see rollout.h). */
+#include "rl/rollout.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "base/trace.h"
+#include "kernels/blas.h"
+#include "model/decode.h"
+
+void mt_rollout_defaults(mt_rollout_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->temperature = 1.0;
+    o->top_p = 1.0;
+    o->max_new = 64;
+    o->eot = 256;
+    o->seed = 1;
+    o->slots = 64;
+}
+
+void mt_completion_free(mt_completion *c) {
+    free(c->tokens);
+    free(c->logp);
+    free(c->routing);
+    memset(c, 0, sizeof *c);
+}
+
+typedef struct { float l; int32_t id; } cand;
+
+/* most probable first: the higher logit, ties to the lower id */
+static int cand_cmp(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    if (a->l != b->l) return a->l > b->l ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, double u, double *logp,
+                    float *scratch) {
+    const double t = tau > 0 ? tau : 1.0;
+    int best = 0;
+    for (int j = 1; j < V; j++) best = l[j] > l[best] ? j : best; /* the lowest id on ties */
+    const float mx = l[best];
+    double sum = 0;
+    for (int j = 0; j < V; j++) sum += exp((double)(l[j] - mx) / t);
+    const double lse = log(sum);
+    int tok = best;
+    if (tau > 0) {
+        const int k = top_k > 0 && top_k < V ? top_k : V;
+        if (k == V && top_p >= 1.0) { /* untruncated: the inverse CDF in id order */
+            const double target = u * sum;
+            double acc = 0;
+            tok = -1;
+            for (int j = 0; j < V && tok < 0; j++) {
+                acc += exp((double)(l[j] - mx) / t);
+                if (target < acc) tok = j;
+            }
+            if (tok < 0) tok = best; /* u * sum rounded past the total */
+        } else {
+            cand *cd = (cand *)scratch;
+            for (int j = 0; j < V; j++) cd[j] = (cand){l[j], j};
+            if (k < 64) { /* partial selection of the k best */
+                for (int i = 0; i < k; i++) {
+                    int b = i;
+                    for (int j = i + 1; j < V; j++) if (cand_cmp(&cd[j], &cd[b]) < 0) b = j;
+                    cand x = cd[i];
+                    cd[i] = cd[b];
+                    cd[b] = x;
+                }
+            } else {
+                qsort(cd, (size_t)V, sizeof *cd, cand_cmp);
+            }
+            double mass_k = 0;
+            for (int i = 0; i < k; i++) mass_k += exp((double)(cd[i].l - mx) / t);
+            /* top-p over the renormalised top-k distribution */
+            int kept = k;
+            if (top_p < 1.0) {
+                double acc = 0;
+                for (int i = 0; i < k; i++) {
+                    acc += exp((double)(cd[i].l - mx) / t);
+                    if (acc >= top_p * mass_k) { kept = i + 1; break; }
+                }
+            }
+            double mass = 0;
+            for (int i = 0; i < kept; i++) mass += exp((double)(cd[i].l - mx) / t);
+            const double target = u * mass;
+            double acc = 0;
+            tok = cd[kept - 1].id;
+            for (int i = 0; i < kept; i++) {
+                acc += exp((double)(cd[i].l - mx) / t);
+                if (target < acc) { tok = cd[i].id; break; }
+            }
+        }
+    }
+    *logp = (double)(l[tok] - mx) / t - lse;
+    return tok;
+}
+
+int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req, int n, mt_completion *out,
+               mt_rollout_stats *st) {
+    const mt_config *c = &m->cfg;
+    const int V = c->vocab_size, maxpos = c->max_position_embeddings;
+    memset(st, 0, sizeof *st);
+    if (n <= 0) return 0;
+    if (o->max_new < 1 || o->slots < 1 || !(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) ||
+        o->top_k < 0)
+        return mt_error("rollout: need max_new >= 1, slots >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0");
+    int tmax = 0, maxlen = 0;
+    for (int i = 0; i < n; i++) {
+        if (req[i].len < 1) return mt_error("rollout: request %d has an empty prompt", i);
+        if ((int64_t)req[i].len + o->max_new > maxpos)
+            return mt_error("rollout: request %d: a prompt of %d tokens + max_new %d exceeds max_position_embeddings %d",
+                            i, req[i].len, o->max_new, maxpos);
+        for (int j = 0; j < req[i].len; j++)
+            if (req[i].prompt[j] < 0 || req[i].prompt[j] >= V)
+                return mt_error("rollout: request %d: token %d is not in the vocabulary (%d)", i, req[i].prompt[j], V);
+        if (req[i].len + o->max_new > tmax) tmax = req[i].len + o->max_new;
+        if (req[i].len > maxlen) maxlen = req[i].len;
+    }
+    const int S = o->slots < n ? o->slots : n;
+    const int budget = o->prefill_tokens > 0 ? o->prefill_tokens : 4 * S;
+    const int cap = S + (budget > maxlen ? budget : maxlen);
+    mt_decoder *d = mt_decoder_new(m, S, tmax, cap, mt_get_threads());
+    if (!d) return -1;
+    int nmoe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);
+    const int K = c->num_experts_per_tok, rw = nmoe * K; /* routing ints per position */
+    const double t0 = mt_now();
+    int32_t *tok = mt_xmalloc(sizeof(int32_t) * (size_t)cap), *slot = mt_xmalloc(sizeof(int32_t) * (size_t)cap);
+    int32_t *pos = mt_xmalloc(sizeof(int32_t) * (size_t)cap), *rows = mt_xmalloc(sizeof(int32_t) * (size_t)S);
+    int *row_slot = mt_xmalloc(sizeof(int) * (size_t)S);
+    int *sreq = mt_xmalloc(sizeof(int) * (size_t)S), *sfed = mt_xcalloc((size_t)S, sizeof(int));
+    int32_t *spend = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* a running slot's token to feed next */
+    float *logits = mt_alloc(sizeof(float) * (size_t)S * V), *scratch = mt_alloc(sizeof(float) * 2 * (size_t)V);
+    for (int s = 0; s < S; s++) sreq[s] = -1;
+    memset(out, 0, sizeof *out * (size_t)n);
+    int next = 0, done = 0;
+    while (done < n) {
+        int nt = 0, no = 0;
+        for (int s = 0; s < S; s++) { /* running sequences: their last sampled token */
+            if (sreq[s] < 0) continue;
+            tok[nt] = spend[s], slot[nt] = s, pos[nt] = sfed[s]++;
+            rows[no] = nt++, row_slot[no++] = s;
+        }
+        int pre = 0;
+        for (int s = 0; s < S && next < n; s++) { /* free slots take pending requests */
+            if (sreq[s] >= 0) continue;
+            const mt_rollout_req *q = &req[next];
+            if (pre > 0 && (pre + q->len > budget || nt + q->len > cap)) break;
+            mt_completion *co = &out[next];
+            co->tokens = mt_xmalloc(sizeof(int32_t) * (size_t)o->max_new);
+            co->logp = mt_xmalloc(sizeof(float) * (size_t)o->max_new);
+            if (o->record_routing && rw > 0)
+                co->routing = mt_xcalloc((size_t)(q->len + o->max_new) * rw, sizeof(int32_t));
+            for (int j = 0; j < q->len; j++) tok[nt + j] = q->prompt[j], slot[nt + j] = s, pos[nt + j] = j;
+            nt += q->len;
+            pre += q->len;
+            rows[no] = nt - 1, row_slot[no++] = s;
+            sreq[s] = next++;
+            sfed[s] = q->len;
+            st->prompt_tokens += q->len;
+        }
+        mt_decoder_forward(d, m, tok, slot, pos, nt, rows, no, logits);
+        st->forwards++;
+        if (o->record_routing && rw > 0)
+            for (int i = 0; i < nt; i++) {
+                int32_t *dst = out[sreq[slot[i]]].routing + (size_t)pos[i] * rw;
+                for (int l = 0, q = 0; l < c->num_hidden_layers; l++)
+                    if (mt_config_is_moe(c, l)) memcpy(dst + (size_t)(q++) * K, mt_decoder_routing(d, l) + (size_t)i * K,
+                                                       sizeof(int32_t) * K);
+            }
+        for (int j = 0; j < no; j++) {
+            const int s = row_slot[j], r = sreq[s];
+            mt_completion *co = &out[r];
+            const uint64_t key = mt_hash4(o->seed, o->step, req[r].prompt_index, req[r].sample_index);
+            const double u = mt_u01(mt_hash4(key, (uint64_t)co->n, 0x726f6c6cu, 0));
+            double lp;
+            const int t = mt_sample_token(logits + (size_t)j * V, V, o->temperature, o->top_k, o->top_p, u, &lp,
+                                          scratch);
+            co->tokens[co->n] = t;
+            co->logp[co->n++] = (float)lp;
+            if (t == o->eot || co->n == o->max_new) {
+                co->stopped_eot = t == o->eot;
+                st->completion_tokens += co->n;
+                sreq[s] = -1;
+                done++;
+            } else {
+                spend[s] = t;
+            }
+        }
+    }
+    st->seconds = mt_now() - t0;
+    st->bytes = mt_decoder_bytes(d);
+    mt_decoder_free(d);
+    free(tok), free(slot), free(pos), free(rows), free(row_slot), free(sreq), free(sfed), free(spend);
+    mt_free(logits);
+    mt_free(scratch);
+    return 0;
+}

@@ -1,0 +1,260 @@
+/* tests/test_rollout.c — the rollout engine against the training forward: greedy
+ * completions equal those of re-running the whole prefix (mt_model_step) for any slot
+ * count; behaviour log-probs equal the log-softmax of the training forward's logits
+ * (<= 1e-5); sampled completions do not depend on the slot count or the prefill budget;
+ * the routing record equals the training forward's routing; the sampling rules
+ * (greedy ties, top-k, top-p over the renormalised top-k, the inverse CDF) on crafted
+ * logits; bad requests are refused. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "kernels/blas.h"
+#include "model/model.h"
+#include "rl/rollout.h"
+
+static int failures = 0;
+#define CHECK(c, ...) do { if (!(c)) { printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); failures++; } } while (0)
+
+enum { NREQ = 7, MAXNEW = 9, EOT = 3 };
+
+static void config(mt_config *c) {
+    mt_config_defaults(c);
+    c->vocab_size = 41;
+    c->hidden_size = 32;
+    c->num_hidden_layers = 3;
+    c->num_attention_heads = 4;
+    c->num_key_value_heads = 2;
+    c->head_dim = 8;
+    c->intermediate_size = 48;
+    c->max_position_embeddings = 64;
+    c->first_k_dense_replace = 1;
+    c->n_routed_experts = 8;
+    c->num_experts_per_tok = 2;
+    c->n_shared_experts = 1;
+    c->moe_intermediate_size = 16;
+    c->aux_loss_alpha = 0.01;
+}
+
+static int32_t prompts[NREQ][12];
+static mt_rollout_req reqs[NREQ];
+
+static void make_requests(const mt_config *c) {
+    for (int i = 0; i < NREQ; i++) {
+        int len = 1 + (int)(mt_hash4(7, (uint64_t)i, 0, 0) % 11);
+        for (int j = 0; j < len; j++) prompts[i][j] = (int32_t)(mt_hash4(8, (uint64_t)i, (uint64_t)j, 0) % (uint64_t)c->vocab_size);
+        reqs[i] = (mt_rollout_req){prompts[i], len, (uint64_t)(100 + i), (uint64_t)(i % 3)};
+    }
+}
+
+/* logits of every position of one sequence from the training forward */
+static float *full_logits(mt_model *m, const int32_t *seq, int T) {
+    const int V = m->cfg.vocab_size;
+    mt_acts *a = mt_acts_new(&m->cfg, 1, T, mt_get_threads());
+    int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) tg[t] = -1;
+    float *lg = mt_alloc(sizeof(float) * (size_t)T * V);
+    mt_step_stats st;
+    mt_model_step(m, a, seq, tg, 1, T, 0, 0, 0, lg, &st);
+    free(tg);
+    mt_acts_free(a);
+    return lg;
+}
+
+static int run(mt_model *m, const mt_rollout_opts *o, mt_completion *out) {
+    mt_rollout_stats st;
+    int rc = mt_rollout(m, o, reqs, NREQ, out, &st);
+    CHECK(rc == 0, "rollout failed: %s", mt_last_error());
+    return rc;
+}
+
+/* the same tokens and stops; log-probs within tol (the batch composition changes the
+ * products' rounding: a row's sums do not depend on the other rows only up to rounding) */
+static int same_completions(const mt_completion *a, const mt_completion *b, double tol) {
+    for (int i = 0; i < NREQ; i++) {
+        if (a[i].n != b[i].n || a[i].stopped_eot != b[i].stopped_eot) return 0;
+        if (memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].n)) return 0;
+        for (int k = 0; k < a[i].n; k++)
+            if (fabs(a[i].logp[k] - b[i].logp[k]) > tol) return 0;
+    }
+    return 1;
+}
+
+static void free_all(mt_completion *c) {
+    for (int i = 0; i < NREQ; i++) mt_completion_free(&c[i]);
+}
+
+/* greedy and sampled rollouts against the training forward */
+static void check_engine(mt_model *m) {
+    const mt_config *c = &m->cfg;
+    const int V = c->vocab_size;
+    mt_rollout_opts o;
+    mt_rollout_defaults(&o);
+    o.max_new = MAXNEW;
+    o.eot = EOT;
+    o.record_routing = 1;
+    mt_completion ref[NREQ], got[NREQ];
+    /* greedy, 1 slot: each completion against re-running its whole prefix */
+    o.temperature = 0;
+    o.slots = 1;
+    if (run(m, &o, ref)) return;
+    double worst = 0;
+    int nmoe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);
+    for (int i = 0; i < NREQ; i++) {
+        const mt_completion *co = &ref[i];
+        const int T = reqs[i].len + co->n;
+        int32_t *seq = mt_xmalloc(sizeof(int32_t) * (size_t)T);
+        memcpy(seq, reqs[i].prompt, sizeof(int32_t) * (size_t)reqs[i].len);
+        memcpy(seq + reqs[i].len, co->tokens, sizeof(int32_t) * (size_t)co->n);
+        float *lg = full_logits(m, seq, T - 1);
+        for (int k = 0; k < co->n; k++) {
+            const float *l = lg + (size_t)(reqs[i].len - 1 + k) * V;
+            int best = 0;
+            double mx = l[0], s = 0;
+            for (int j = 1; j < V; j++) if (l[j] > l[best]) best = j;
+            mx = l[best];
+            for (int j = 0; j < V; j++) s += exp(l[j] - mx);
+            CHECK(co->tokens[k] == best, "request %d token %d: engine %d, full forward's argmax %d", i, k,
+                  co->tokens[k], best);
+            double lp = l[co->tokens[k]] - mx - log(s), e = fabs(lp - co->logp[k]);
+            worst = e > worst ? e : worst;
+        }
+        CHECK(co->stopped_eot == (co->tokens[co->n - 1] == EOT) && (co->stopped_eot || co->n == MAXNEW),
+              "request %d: stop rule (n %d, eot %d)", i, co->n, co->stopped_eot);
+        /* the routing record: the training forward's routing of the same fed positions */
+        mt_acts *a = mt_acts_new(c, 1, T - 1, mt_get_threads());
+        int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
+        for (int t = 0; t < T; t++) tg[t] = -1;
+        mt_step_stats st;
+        mt_model_step(m, a, seq, tg, 1, T - 1, 0, 0, 0, NULL, &st);
+        uint64_t h = 0;
+        const int K = c->num_experts_per_tok;
+        for (int l = 0, q = 0; l < c->num_hidden_layers; l++) {
+            if (!mt_config_is_moe(c, l)) continue;
+            for (int t = 0; t < T - 1; t++)
+                for (int j = 0; j < K; j++)
+                    h = mt_hash4(h, (uint64_t)l, (uint64_t)(t * K + j),
+                                 (uint64_t)co->routing[((size_t)t * nmoe + q) * K + j]);
+            q++;
+        }
+        CHECK(h == mt_acts_routing_hash(a, c), "request %d: the routing record differs from the training forward's", i);
+        mt_acts_free(a);
+        free(tg);
+        mt_free(lg);
+        free(seq);
+    }
+    printf("greedy: completions = full-prefix argmax, worst |logp - training logp| %.2e\n", worst);
+    CHECK(worst <= 1e-5, "behaviour log-probs differ from the training forward's by %.2e", worst);
+    for (int slots = 2; slots <= 64; slots *= 4) {
+        o.slots = slots;
+        if (run(m, &o, got)) return;
+        CHECK(same_completions(ref, got, 1e-5), "greedy with %d slots differs from 1 slot", slots);
+        free_all(got);
+    }
+    free_all(ref);
+    /* the same slots again: the same bits */
+    o.slots = 3;
+    if (run(m, &o, ref)) return;
+    if (run(m, &o, got)) return;
+    CHECK(same_completions(ref, got, 0), "two rollouts with the same settings differ");
+    free_all(got);
+    free_all(ref);
+    /* sampled: the draws are keyed by request and position, not by slot or schedule */
+    o.temperature = 0.9;
+    o.top_k = 6;
+    o.top_p = 0.8;
+    o.seed = 5;
+    o.slots = 1;
+    if (run(m, &o, ref)) return;
+    o.slots = 3;
+    o.prefill_tokens = 2; /* a prompt at a time */
+    if (run(m, &o, got)) return;
+    CHECK(same_completions(ref, got, 1e-5), "sampled rollout depends on the slots / prefill budget");
+    free_all(got);
+    o.seed = 6;
+    if (run(m, &o, got)) return;
+    CHECK(!same_completions(ref, got, 1e-5), "another seed gave the same samples");
+    free_all(got);
+    free_all(ref);
+    printf("sampled: the same completions for 1 and 3 slots, others for another seed\n");
+}
+
+static void check_sampling(void) {
+    float scratch[64];
+    double lp;
+    const float tie[5] = {1.0f, 3.0f, 0.5f, 3.0f, -1.0f};
+    CHECK(mt_sample_token(tie, 5, 0, 0, 1, 0.7, &lp, scratch) == 1, "greedy: ties go to the lower id");
+    double s = 0;
+    for (int j = 0; j < 5; j++) s += exp(tie[j] - 3.0);
+    CHECK(fabs(lp - (0 - log(s))) < 1e-12, "greedy logp is the tau = 1 log-softmax");
+    /* the inverse CDF: draws on a grid reproduce the tempered probabilities */
+    const float l[5] = {0.3f, -0.2f, 1.1f, 0.0f, 0.7f};
+    const double tau = 0.7;
+    double p[5], z = 0;
+    for (int j = 0; j < 5; j++) z += p[j] = exp(l[j] / tau);
+    int cnt[5] = {0};
+    const int ND = 100000;
+    for (int d = 0; d < ND; d++) {
+        int t = mt_sample_token(l, 5, tau, 0, 1, (d + 0.5) / ND, &lp, scratch);
+        cnt[t]++;
+        double want = log(p[t] / z);
+        CHECK(fabs(lp - want) < 1e-6, "logp of token %d: %.9f vs %.9f", t, lp, want);
+        if (fabs(lp - want) >= 1e-6) break;
+    }
+    for (int j = 0; j < 5; j++)
+        CHECK(fabs(cnt[j] / (double)ND - p[j] / z) < 2e-4, "token %d drawn %.5f of the time, p = %.5f", j,
+              cnt[j] / (double)ND, p[j] / z);
+    /* top-k = 2 keeps tokens 2 and 4; top-p 0.5 over those keeps token 2 only when its
+     * renormalised probability reaches 0.5 */
+    int seen[5] = {0};
+    for (int d = 0; d < 1000; d++) seen[mt_sample_token(l, 5, tau, 2, 1, (d + 0.5) / 1000, &lp, scratch)]++;
+    CHECK(seen[0] + seen[1] + seen[3] == 0 && seen[2] > 0 && seen[4] > 0, "top-k 2 kept other tokens");
+    const double p2 = p[2] / (p[2] + p[4]);
+    for (int d = 0; d < 1000; d++) seen[mt_sample_token(l, 5, tau, 2, p2 - 1e-3, (d + 0.5) / 1000, &lp, scratch)] += 10000;
+    CHECK(seen[4] < 10000, "top-p below token 2's renormalised mass still kept token 4");
+    int any4 = 0;
+    for (int d = 0; d < 1000; d++) any4 |= mt_sample_token(l, 5, tau, 2, p2 + 1e-3, (d + 0.5) / 1000, &lp, scratch) == 4;
+    CHECK(any4, "top-p above token 2's renormalised mass dropped token 4");
+    /* the untruncated logp whatever the truncation */
+    mt_sample_token(l, 5, tau, 1, 1, 0.3, &lp, scratch);
+    CHECK(fabs(lp - log(p[2] / z)) < 1e-6, "top-k changed the behaviour logp");
+    printf("sampling rules: ties, inverse CDF over %d draws, top-k, top-p, untruncated logp\n", ND);
+}
+
+static void check_errors(mt_model *m) {
+    mt_rollout_opts o;
+    mt_rollout_defaults(&o);
+    o.max_new = m->cfg.max_position_embeddings;
+    mt_completion out[1];
+    mt_rollout_stats st;
+    int32_t t[2] = {1, 2};
+    mt_rollout_req r = {t, 2, 0, 0};
+    CHECK(mt_rollout(m, &o, &r, 1, out, &st) != 0 && strstr(mt_last_error(), "max_position_embeddings"),
+          "a prompt + max_new past max_position_embeddings was accepted");
+    o.max_new = 4;
+    t[1] = m->cfg.vocab_size;
+    CHECK(mt_rollout(m, &o, &r, 1, out, &st) != 0 && strstr(mt_last_error(), "vocabulary"),
+          "a token outside the vocabulary was accepted");
+    r.len = 0;
+    CHECK(mt_rollout(m, &o, &r, 1, out, &st) != 0, "an empty prompt was accepted");
+}
+
+int main(void) {
+    mt_set_threads(2);
+    mt_config c;
+    config(&c);
+    mt_model m;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 3, 0.4f);
+    make_requests(&c);
+    check_sampling();
+    check_engine(&m);
+    check_errors(&m);
+    mt_model_free(&m);
+    if (failures) { printf("%d check(s) failed\n", failures); return 1; }
+    printf("all rollout checks passed\n");
+    return 0;
+}
