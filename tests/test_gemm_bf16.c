@@ -661,16 +661,16 @@ static void test_head_packed(void) {
     for (size_t i = 0; i < (size_t)V * C; i++) { W[i] = rnd(16, i); dW1[i] = dW2[i] = 0.0f; }
     for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 37) % V);
     CHECK(mt_set_gemm_bf16(1) == 0);
-    double l1 = mt_head_ce(dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, scratch), l2 = 0;
+    double l1 = mt_head_ce(dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch), l2 = 0;
     for (int n0 = 0; n0 < N; n0 += MT_HEAD_ROWS) {
         int nr = N - n0 < MT_HEAD_ROWS ? N - n0 : MT_HEAD_ROWS;
-        l2 += mt_head_ce(dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, scratch);
+        l2 += mt_head_ce(dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, NULL, scratch);
     }
-    double l3 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, scratch); /* loss only */
+    double l3 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch); /* loss only */
     /* evaluation: the logits of all rows through the packed weight, against the bf16-rounded
      * reference product */
     float *lg = mt_alloc((size_t)N * V * 4);
-    double l4 = mt_head_ce(NULL, NULL, lg, x, W, tg, N, C, V, 1.0f / N, scratch);
+    double l4 = mt_head_ce(NULL, NULL, lg, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
     mt_set_gemm_bf16(0);
     CHECK(fabs(l1 - l2) <= 1e-9 * fabs(l2) && l1 == l3 && l1 == l4);
     CHECK_SAME_F(dx1, dx2, (size_t)N * C);
@@ -679,7 +679,7 @@ static void test_head_packed(void) {
     /* against the fp32 head: the loss and gradients of bf16 products within bf16's precision */
     float *dx3 = mt_alloc((size_t)N * C * 4), *dW3 = mt_alloc((size_t)V * C * 4);
     memset(dW3, 0, (size_t)V * C * 4);
-    double l5 = mt_head_ce(dx3, dW3, NULL, x, W, tg, N, C, V, 1.0f / N, scratch);
+    double l5 = mt_head_ce(dx3, dW3, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
     RECORD(S_HEAD, "loss", fabs(l1 - l5) / fabs(l5));
     double ex = rel_err(dx1, dx3, (size_t)N * C), ew = rel_err(dW1, dW3, (size_t)V * C);
     RECORD(S_HEAD, "dx,dW", ex > ew ? ex : ew);

@@ -426,7 +426,7 @@ static void head_case(int N, int C, int V, int ignore_all) {
     fill_nan(dx1, nx); fill_nan(lg1, nl); fill_nan(lg3, nl);
     fill_nan(scratch, mt_head_scratch_floats(V));
     snprintf(where, sizeof where, "N=%d C=%d V=%d valid=%d", N, C, V, valid);
-    double L1 = mt_head_ce(dx1, dW1, lg1, x, W, tg, N, C, V, gs, scratch);
+    double L1 = mt_head_ce(dx1, dW1, lg1, x, W, tg, N, C, V, gs, NULL, scratch);
     double L2 = mt_ref_head_ce(dx2, dW2, lg2, x, W, tg, N, C, V, gs);
     CHECK(isfinite(L1));
     RECORD(S_HEAD_LOSS, "loss", L2 != 0 ? fabs(L1 - L2) / fabs(L2) : fabs(L1));
@@ -442,10 +442,10 @@ static void head_case(int N, int C, int V, int ignore_all) {
     }
     /* evaluation path (no gradients) returns the same loss bits */
     fill_nan(scratch, mt_head_scratch_floats(V));
-    double L3 = mt_head_ce(NULL, NULL, lg3, x, W, tg, N, C, V, gs, scratch);
+    double L3 = mt_head_ce(NULL, NULL, lg3, x, W, tg, N, C, V, gs, NULL, scratch);
     CHECK_SAME_D(L3, L1);
     CHECK_SAME_F(lg3, lg1, nl);
-    double L4 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, gs, scratch);
+    double L4 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, gs, NULL, scratch);
     CHECK_SAME_D(L4, L1);
     free(x); free(W); free(tg); free(dx1); free(dx2); free(lg1); free(lg2); free(dW1);
     free(dW2); free(lg3); free(scratch);
@@ -782,7 +782,7 @@ static void fd_head(void) {
     float *scratch = falloc(mt_head_scratch_floats(c.V));
     memset(dW, 0, sizeof(float) * nw); memset(dW2, 0, sizeof(float) * nw);
     mt_ref_head_ce(dx, dW, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs);
-    mt_head_ce(dx2, dW2, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs, scratch);
+    mt_head_ce(dx2, dW2, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs, NULL, scratch);
     snprintf(where, sizeof where, "N=%d C=%d V=%d", c.N, c.C, c.V);
     fd_check(S_FD_HEAD, "dx", c.x, nx, dx, dx2, fd_head_loss, &c, 162, 20, 1e-3);
     fd_check(S_FD_HEAD, "dW", c.W, nw, dW, dW2, fd_head_loss, &c, 163, 20, 1e-3);

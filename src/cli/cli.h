@@ -11,6 +11,7 @@ int mt_cmd_info(int argc, char **argv);
 int mt_cmd_bench(int argc, char **argv);
 int mt_cmd_dump(int argc, char **argv);
 int mt_cmd_plan(int argc, char **argv);
+int mt_cmd_rl(int argc, char **argv);
 
 /* prints "moetrain: error: <mt_last_error()>" and returns 1 */
 int mt_cli_fail(void);

@@ -224,11 +224,11 @@ static void kb_head(kb_table *tb) {
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * N);
     for (int i = 0; i < N; i++) tg[i] = (int32_t)(mt_hash4(34, (uint64_t)i, 0, 0) % V);
     kb_row *r = kb_add(tb, "head_ce_fwd_bwd", 1, 6.0 * N * C * V, "naive", N / nr, "N=%d C=%d V=%d", N, C, V);
-    MT_BEST_TIME(r->t, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, scratch));
+    MT_BEST_TIME(r->t, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch));
     KB_TIME_REF(r, bud, mt_ref_head_ce(dx, dW, NULL, x, W, tg, nr, C, V, 1.0f / N));
     if (tb->bf16) { /* mixed precision (the weight packed once for all chunks) against fp32 */
         r = kb_add(tb, "head_ce_fwd_bwd_bf16", 1, 6.0 * N * C * V, "fp32 head", 1, "N=%d C=%d V=%d", N, C, V);
-        KB_TIME_BF16(r, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, scratch));
+        KB_TIME_BF16(r, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch));
     }
     mt_free(x); mt_free(W); mt_free(dx); mt_free(dW); mt_free(scratch); free(tg);
 }

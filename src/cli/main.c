@@ -15,6 +15,7 @@ static const struct {
 } commands[] = {
     {"data", mt_cmd_data, "make token shards: `data math` (synthetic arithmetic) or `data text FILE...`"},
     {"train", mt_cmd_train, "train a model (new, --resume DIR or --init DIR)"},
+    {"rl", mt_cmd_rl, "RL post-training (GRPO with verifiable rewards) from a checkpoint"},
     {"eval", mt_cmd_eval, "validation loss and math exact-match accuracy of a checkpoint"},
     {"generate", mt_cmd_generate, "sample text from a checkpoint given a prompt"},
     {"info", mt_cmd_info, "parameters, active parameters, FLOPs per token, memory for a batch shape"},
@@ -40,9 +41,9 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name) != 0) continue;
-        /* MPI only for the commands that use it (train): after mt_blas_init, which may
+        /* MPI only for the commands that use it (train, rl): after mt_blas_init, which may
          * re-execute the binary, and as a singleton (world size 1) without mpirun */
-        const int mpi = strcmp(argv[1], "train") == 0;
+        const int mpi = strcmp(argv[1], "train") == 0 || strcmp(argv[1], "rl") == 0;
         if (mpi && mt_dist_init(&argc, &argv) != 0) return mt_cli_fail();
         int rc = commands[i].fn(argc, argv);
         if (mpi) mt_dist_finalize();

@@ -370,7 +370,7 @@ static uint32_t *head_packed(size_t words) {
 }
 
 double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
-                  const int32_t *targets, int N, int C, int V, float grad_scale, float *scratch) {
+                  const int32_t *targets, int N, int C, int V, float grad_scale, const mt_head_obj *obj, float *scratch) {
     double total = 0.0;
     const int ldl = head_ld(V);
     float *L = scratch, *rowloss = scratch + (size_t)MT_HEAD_ROWS * ldl;
@@ -399,14 +399,19 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
         for (int i = 0; i < nr; i++) {
             float *l = L + (size_t)i * ldl;
             int tgt = targets[n0 + i];
+            /* an objective's temperature: the row scaled in place, its gradient by inv_tau */
+            if (obj && obj->inv_tau != 1.0)
+                for (int j = 0; j < V; j++) l[j] *= (float)obj->inv_tau;
             float m = head_row_max(l, V);
             float lse = m + logf(head_row_exp(NULL, l, V, m, 1.0f));
             rowloss[i] = tgt >= 0 ? lse - l[tgt] : 0.0f;
+            float gs = grad_scale;
+            if (obj && tgt >= 0) gs = (float)(-obj->fn(obj->ctx, obj->base + n0 + i, (double)(l[tgt] - lse)) * obj->inv_tau);
             if (dx) {
                 if (tgt < 0) memset(l, 0, sizeof(float) * V);
                 else {
-                    head_row_exp(l, l, V, lse, grad_scale);
-                    l[tgt] -= grad_scale;
+                    head_row_exp(l, l, V, lse, gs);
+                    l[tgt] -= gs;
                 }
                 if (l16) mt_bf16_store_row((uint16_t *)l, l, (size_t)V); /* in place: writes trail reads */
             }

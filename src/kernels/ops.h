@@ -78,8 +78,19 @@ size_t mt_head_scratch_floats(int V);
  * one chunk (MT_HEAD_ROWS), its weight packed in bf16 for the chunks' products (kernels/gemm_bf16.h),
  * one layout for the logits and, when training, one for dx: about 2 V C bytes each. */
 size_t mt_head_packed_bytes(int N, int C, int V, int bf16, int train);
+/* A per-token objective in place of cross-entropy (RL): for a row with a target, fn gets
+ * logp = log softmax(logits * inv_tau)[target] and returns dL/dlogp (the head then writes
+ * dL/dlogits = dL/dlogp * inv_tau * (onehot - softmax)); it may record logp by row. Called
+ * from several threads at once, once per row; row = base + the row's index. With an
+ * objective the return value is the sum of -logp and grad_scale is unused. */
+typedef struct mt_head_obj {
+    double inv_tau;
+    double (*fn)(void *ctx, int64_t row, double logp);
+    void *ctx;
+    int64_t base;
+} mt_head_obj;
 double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
-                  const int32_t *targets, int N, int C, int V, float grad_scale, float *scratch);
+                  const int32_t *targets, int N, int C, int V, float grad_scale, const mt_head_obj *obj, float *scratch);
 
 /* Parallel copy / zero of n floats (large buffers: a serial memcpy would leave the other
  * threads waiting). */

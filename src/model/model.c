@@ -38,7 +38,8 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                        const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
                        float *logits, mt_step_stats *st) {
     memset(st, 0, sizeof *st);
-    mt_model_forward(m, a, inputs, targets, pos, B, T, train, ce_scale, logits, st);
+    const mt_loss loss = {ce_scale, NULL, NULL};
+    mt_model_forward(m, a, inputs, targets, pos, B, T, train, &loss, logits, st);
     if (train) mt_model_backward(m, a, inputs, pos, B, T, bal_scale);
 }
 
@@ -71,7 +72,7 @@ static void norm_in(const mt_model *m, mt_acts *a, int moe_layer, float *rstd, c
 }
 
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
-                      const int32_t *pos, int B, int T, int train, float ce_scale, float *logits,
+                      const int32_t *pos, int B, int T, int train, const mt_loss *loss, float *logits,
                       mt_step_stats *st) {
     const mt_config *c = &m->cfg;
     const int tp = m->tp ? m->tp->size : 1;
@@ -86,6 +87,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     MT_ASSERT(!a->sp || N % tp == 0);
     const int Nl = a->Nl;
     a->count_load = train;
+    a->fed = loss ? loss->fed : NULL;
 
     float *x0 = mt_acts_input(a);
     if (a->first) { /* embedding of this rank's tokens */
@@ -154,8 +156,13 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     int64_t nv = 0;
     for (int n = 0; n < Nl; n++) nv += tg[n] >= 0;
     st->n_valid += nv;
-    st->ce_sum += mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf,
-                             m->head, tg, Nl, C, V, ce_scale, a->head_scratch);
+    mt_head_obj obj;
+    if (loss && loss->obj) {
+        obj = *loss->obj;
+        obj.base += a->g0;
+    }
+    st->ce_sum += mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf, m->head, tg, Nl, C, V,
+                             loss ? loss->ce_scale : 0.0f, loss && loss->obj ? &obj : NULL, a->head_scratch);
     mt_trace_end();
 }
 

@@ -224,6 +224,17 @@ float *mt_acts_output(mt_acts *a);
 float *mt_acts_grad(mt_acts *a);
 void mt_acts_free(mt_acts *a);
 
+/* The head's loss for a micro-batch: cross-entropy, its gradient scaled by ce_scale (the
+ * default), or a per-token objective (RL, kernels/ops.h; row b, position t of the
+ * micro-batch is token obj->base + b*T + t); fed[b] (NULL: all T) is how many leading
+ * positions of row b are real: the balance loss counts only those (padding after a short
+ * row carries neither loss). */
+typedef struct {
+    float ce_scale;
+    const struct mt_head_obj *obj;
+    const int32_t *fed;
+} mt_loss;
+
 typedef struct {
     double ce_sum;           /* sum of CE over valid targets of the micro-batch */
     int64_t n_valid;         /* valid targets */
@@ -250,7 +261,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
  * backward). backward accumulates the weight gradients of the chunk; a non-last chunk
  * starts from mt_acts_grad(a), which it overwrites with the gradient of its input. */
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
-                      const int32_t *pos, int B, int T, int train, float ce_scale, float *logits,
+                      const int32_t *pos, int B, int T, int train, const mt_loss *loss, float *logits,
                       mt_step_stats *st);
 void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
                        float bal_scale);

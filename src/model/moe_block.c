@@ -108,9 +108,18 @@ static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, 
     const mt_config *c = &m->cfg;
     const int E = c->n_routed_experts, K = c->num_experts_per_tok, R = a->Nl * K;
     memset(L->f, 0, sizeof(float) * (size_t)B * E);
-    for (int i = 0; i < R; i++) L->f[(size_t)((a->g0 + i / K) / T) * E + L->sel[i]] += 1.0f;
+    for (int i = 0; i < R; i++) {
+        const int tok = a->g0 + i / K;
+        if (a->fed && tok % T >= a->fed[tok / T]) continue; /* padding after a short row */
+        L->f[(size_t)(tok / T) * E + L->sel[i]] += 1.0f;
+    }
     if (m->tp && m->tp->sp) m->tp->sum_f32(m->tp->ctx, L->f, (size_t)B * E);
-    for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
+    if (!a->fed) {
+        for (size_t i = 0; i < (size_t)B * E; i++) L->f[i] /= (float)(T * K);
+    } else {
+        for (int b = 0; b < B; b++)
+            for (int e = 0; e < E && a->fed[b] > 0; e++) L->f[(size_t)b * E + e] /= (float)(a->fed[b] * K);
+    }
 }
 
 /* ---------------------------------------------------------------- the local exchange */
@@ -328,7 +337,9 @@ void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, in
     double *P = mt_xcalloc((size_t)B * E, sizeof(double));
     for (int t = 0; t < a->Nl; t++) {
         const float *p = L->probs + (size_t)t * E;
-        double *Pb = P + (size_t)((a->g0 + t) / T) * E;
+        const int tok = a->g0 + t;
+        if (a->fed && tok % T >= a->fed[tok / T]) continue;
+        double *Pb = P + (size_t)(tok / T) * E;
         float norm = 1.0f;
         if (c->scoring_func == MT_SCORING_SIGMOID) {
             norm = 0.0f;
@@ -339,8 +350,10 @@ void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, in
     if (m->tp && m->tp->sp) m->tp->sum_f64(m->tp->ctx, P, (size_t)B * E);
     double total = 0.0;
     for (int b = 0; b < B; b++) {
+        const int Tb = a->fed ? a->fed[b] : T; /* the row's real positions */
+        if (Tb <= 0) continue;
         double bl = 0.0;
-        for (int e = 0; e < E; e++) bl += L->f[(size_t)b * E + e] * (P[(size_t)b * E + e] / T);
+        for (int e = 0; e < E; e++) bl += L->f[(size_t)b * E + e] * (P[(size_t)b * E + e] / Tb);
         total += E * bl;
     }
     free(P);
@@ -370,16 +383,17 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
         } else {
             for (int j = 0; j < K; j++) dp[sel[j]] += scale * dwt[j];
         }
-        if (bal_coef != 0.0f) {
-            /* d/dptilde[t,e] = bal_coef * E * f_e / T */
-            const float *f = L->f + (size_t)((a->g0 + t) / T) * E;
+        const int tok = a->g0 + t, Tb = a->fed ? a->fed[tok / T] : T;
+        if (bal_coef != 0.0f && tok % T < Tb) {
+            /* d/dptilde[t,e] = bal_coef * E * f_e / T (T: the row's real positions) */
+            const float *f = L->f + (size_t)(tok / T) * E;
             if (!sigmoid) {
-                for (int e = 0; e < E; e++) dp[e] += bal_coef * E * f[e] / T;
+                for (int e = 0; e < E; e++) dp[e] += bal_coef * E * f[e] / Tb;
             } else {
                 float S = 0.0f, dot = 0.0f;
                 for (int e = 0; e < E; e++) S += p[e];
-                for (int e = 0; e < E; e++) dot += (bal_coef * E * f[e] / T) * p[e] / S;
-                for (int e = 0; e < E; e++) dp[e] += (bal_coef * E * f[e] / T - dot) / S;
+                for (int e = 0; e < E; e++) dot += (bal_coef * E * f[e] / Tb) * p[e] / S;
+                for (int e = 0; e < E; e++) dp[e] += (bal_coef * E * f[e] / Tb - dot) / S;
             }
         }
         if (!sigmoid) {

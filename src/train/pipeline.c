@@ -1,6 +1,8 @@
 /* train/pipeline.c — the pipeline executor (see pipeline.h). */
 #include "train/pipeline.h"
 
+#include "kernels/ops.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,7 +82,7 @@ static void recv_rows(float *buf, size_t n, int peer, int tag, mt_group *g) {
 }
 
 void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
-                   const int32_t *pos, int B, int T, float ce_scale, float bal_scale, mt_step_stats *st) {
+                   const int32_t *pos, int B, int T, const mt_loss *loss, float bal_scale, mt_step_stats *st) {
     const size_t BT = (size_t)B * T;
     const size_t NC = (size_t)mt_acts_rows(p->slot[0], (int)BT) * (size_t)m->cfg.hidden_size;
     MT_ASSERT(NC <= (size_t)INT32_MAX);
@@ -102,7 +104,18 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
         case MT_ACT_SEND_GRAD:
             mt_group_isend_f32(pp, mt_acts_grad(x), NC, a->peer, tag_of(p, mb, s, 1), &p->req[2 * k + 1]);
             break;
-        case MT_ACT_FWD: mt_model_forward(m, x, in, tg, ps, B, T, 1, ce_scale, NULL, st); break;
+        case MT_ACT_FWD: {
+            mt_loss lm = *loss; /* the micro-batch's part: its tokens and rows */
+            mt_head_obj obj;
+            if (loss->obj) {
+                obj = *loss->obj;
+                obj.base += (int64_t)mb * (int64_t)BT;
+                lm.obj = &obj;
+            }
+            if (loss->fed) lm.fed = loss->fed + (size_t)mb * B;
+            mt_model_forward(m, x, in, tg, ps, B, T, 1, &lm, NULL, st);
+            break;
+        }
         case MT_ACT_BWD:
             mt_model_backward(m, x, in, ps, B, T, bal_scale);
             break;
@@ -116,7 +129,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
 }
 
 void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
-                  const int32_t *pos, int nb, int T, mt_step_stats *st) {
+                  const int32_t *pos, int nb, int T, const mt_loss *loss, mt_step_stats *st) {
     const size_t NC = (size_t)mt_acts_rows(p->slot[0], nb * T) * (size_t)m->cfg.hidden_size;
     for (int ch = 0; ch < p->V; ch++) {
         const int s = ch * p->P + p->rank;
@@ -124,7 +137,7 @@ void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, 
         mt_acts *x = p->slot[k];
         wait_slot(p, k);
         if (s > 0) recv_rows(mt_acts_input(x), NC, (p->rank + p->P - 1) % p->P, tag_of(p, 0, s - 1, 0), pp);
-        mt_model_forward(m, x, inputs, targets, pos, nb, T, 0, 0.0f, NULL, st);
+        mt_model_forward(m, x, inputs, targets, pos, nb, T, 0, loss, NULL, st);
         if (s < p->S - 1)
             mt_group_isend_f32(pp, mt_acts_output(x), NC, (p->rank + 1) % p->P, tag_of(p, 0, s, 0), &p->req[2 * k]);
     }

@@ -38,14 +38,16 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
 void mt_pipe_free(mt_pipe *p);
 
 /* One training step's forward and backward of M micro-batches: inputs/targets/pos hold
- * micro-batch mb at offset mb*B*T (pos may be NULL). Adds the loss terms of the forwards it
- * ran to *st (ce on the last stage, balance of the layers held here). */
+ * micro-batch mb at offset mb*B*T (pos may be NULL), loss the whole step's (an objective's
+ * tokens and the fed counts numbered over all M micro-batches). Adds the loss terms of the
+ * forwards it ran to *st (ce on the last stage, balance of the layers held here). */
 void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
-                   const int32_t *pos, int B, int T, float ce_scale, float bal_scale, mt_step_stats *st);
+                   const int32_t *pos, int B, int T, const mt_loss *loss, float bal_scale, mt_step_stats *st);
 /* Forward only of one micro-batch of nb <= B rows (evaluation) through every chunk, in
- * virtual-stage order: adds ce_sum / n_valid on the last stage. */
+ * virtual-stage order: adds ce_sum / n_valid on the last stage; loss NULL or an objective
+ * (its fn sees the log-probs; nothing is trained). */
 void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
-                  const int32_t *pos, int nb, int T, mt_step_stats *st);
+                  const int32_t *pos, int nb, int T, const mt_loss *loss, mt_step_stats *st);
 /* Expert load counted by every slot's forwards (layer-major [L*E], summed into out). */
 void mt_pipe_load(const mt_pipe *p, const mt_config *c, int64_t *out);
 void mt_pipe_reset_load(mt_pipe *p);

@@ -96,7 +96,7 @@ typedef struct { mt_model *m; mt_acts *a; } eval_one;
 static void eval_one_fwd(void *ctx, const int32_t *in, const int32_t *tg, const int32_t *pos, int nb, int T,
                          mt_step_stats *st) {
     eval_one *e = ctx;
-    mt_model_forward(e->m, e->a, in, tg, pos, nb, T, 0, 0.0f, NULL, st);
+    mt_model_forward(e->m, e->a, in, tg, pos, nb, T, 0, NULL, NULL, st);
 }
 
 double mt_eval_loss(mt_model *m, mt_acts *a, const mt_loader *val, int B, int T, int64_t windows,
@@ -111,7 +111,7 @@ typedef struct { mt_dist *d; mt_pipe *p; mt_model *m; } eval_pipe;
 static void eval_pipe_fwd(void *ctx, const int32_t *in, const int32_t *tg, const int32_t *pos, int nb, int T,
                           mt_step_stats *st) {
     eval_pipe *e = ctx;
-    mt_pipe_eval(e->p, e->m, &e->d->pp, in, tg, pos, nb, T, st);
+    mt_pipe_eval(e->p, e->m, &e->d->pp, in, tg, pos, nb, T, NULL, st);
     if (!e->d->sp && e->d->tp_rank != 0) memset(st, 0, sizeof *st); /* without SP every TP rank has the same loss */
 }
 
@@ -341,6 +341,7 @@ static int init_config(mt_trainer *t) {
 static int init_data(mt_trainer *t) {
     const mt_train_opts *o = &t->o;
     const mt_config *cfg = &t->cfg;
+    if (o->external_batches) return 0;
     if (!o->data) return mt_error("train: --data DIR is required");
     if (mt_loader_open(&t->train, o->data, "train", o->seq, o->seed) != 0) return -1;
     uint32_t maxtok = mt_loader_max_token(t->train);
@@ -430,6 +431,7 @@ int mt_trainer_init(mt_trainer **out, const mt_train_opts *o) {
 const mt_train_opts *mt_trainer_opts(const mt_trainer *t) { return &t->o; }
 const mt_config *mt_trainer_config(const mt_trainer *t) { return &t->cfg; }
 const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t) { return &t->st; }
+mt_model *mt_trainer_model(mt_trainer *t) { return &t->m; }
 
 int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     const mt_train_opts *o = &t->o;
@@ -451,8 +453,15 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     mt_step_stats st;
     memset(&st, 0, sizeof st);
     const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
-    const float bal_scale = 1.0f / (float)(b->B * b->n_micro * D);
-    mt_pipe_train(&t->pipe, &t->m, &d->pp, b->in, b->tg, b->pos, b->B, b->T, ce_scale, bal_scale, &st);
+    int64_t rows = (int64_t)b->B * b->n_micro * D;
+    if (b->fed) { /* the rows that hold a sequence, over the global batch */
+        rows = 0;
+        for (int i = 0; i < b->B * b->n_micro; i++) rows += b->fed[i] > 0;
+        mt_group_sum_i64(&d->dp, &rows, 1);
+    }
+    const float bal_scale = rows > 0 ? 1.0f / (float)rows : 0.0f;
+    const mt_loss spec = {ce_scale, b->obj, b->fed};
+    mt_pipe_train(&t->pipe, &t->m, &d->pp, b->in, b->tg, b->pos, b->B, b->T, &spec, bal_scale, &st);
     /* counted once: the balance terms are the same on every TP rank, and without SP so is CE */
     double ce_sum = d->sp || d->tp_rank == 0 ? st.ce_sum : 0.0, bal[256];
     for (int l = 0; l < L; l++) bal[l] = d->tp_rank == 0 ? st.bal_sum[l] : 0.0;
@@ -486,6 +495,24 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     }
     *r = (mt_step_result){.step = step, .loss = loss, .ce = ce, .balance = bal_total, .grad_norm = gnorm, .lr = lr,
                           .finite = finite, .n_valid = nvalid, .tokens = BT * b->n_micro * D};
+    return 0;
+}
+
+int mt_trainer_logprobs(mt_trainer *t, const mt_batch *b) {
+    const mt_train_opts *o = &t->o;
+    if (!b->obj || b->n_micro != o->accum || b->B != o->batch || b->T != o->seq)
+        return mt_error("train: log-probs take an objective and %d micro-batches of %d x %d tokens", o->accum, o->batch,
+                        o->seq);
+    const size_t BT = (size_t)b->B * b->T;
+    for (int mb = 0; mb < b->n_micro; mb++) {
+        mt_head_obj obj = *b->obj;
+        obj.base += (int64_t)mb * (int64_t)BT;
+        const mt_loss loss = {0.0f, &obj, b->fed ? b->fed + (size_t)mb * b->B : NULL};
+        mt_step_stats st;
+        memset(&st, 0, sizeof st);
+        mt_pipe_eval(&t->pipe, &t->m, &t->d->pp, b->in + mb * BT, b->tg + mb * BT, b->pos ? b->pos + mb * BT : NULL,
+                     b->B, b->T, &loss, &st);
+    }
     return 0;
 }
 

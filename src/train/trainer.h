@@ -53,6 +53,7 @@ typedef struct {
     const char *a2a;         /* "hier" (default) or "flat" */
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
+    int external_batches;    /* the caller makes every batch (RL): no token shards are read */
     /* given on the command line: with --resume these override the checkpoint's settings */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;
     int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot, set_bf16;
@@ -75,11 +76,16 @@ typedef struct {
 /* This DP rank's micro-batches of one step, micro-batch mb at offset mb*B*T of each array:
  * tokens, targets (< 0: ignored) and document positions (NULL unless doc mode; with
  * o->doc_mode they must be given). Every pipeline stage needs the whole batch. Its shape is
- * the one the trainer was built for (o->accum x o->batch x o->seq). Per-token loss weights
- * would join as one more array of the same shape. */
+ * the one the trainer was built for (o->accum x o->batch x o->seq). The loss is
+ * cross-entropy over the valid targets, or with obj a per-token objective of the targets'
+ * log-probs (RL, kernels/ops.h: token mb*B*T + b*T + t of this rank's batch); fed (NULL:
+ * every position) gives the real positions of each row [n_micro*B]: the balance loss counts
+ * only those, averaged over the rows with any (the global batch's). */
 typedef struct {
     int n_micro, B, T;
     const int32_t *in, *tg, *pos;
+    const struct mt_head_obj *obj;
+    const int32_t *fed;
 } mt_batch;
 
 /* One step's figures, the same on every rank (global batch). */
@@ -106,6 +112,9 @@ void mt_trainer_free(mt_trainer *t);
 const mt_train_opts *mt_trainer_opts(const mt_trainer *t);
 const mt_config *mt_trainer_config(const mt_trainer *t);
 const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t);
+/* This rank's part of the model (the whole model under pure data parallelism): what a
+ * rollout on the same ranks samples from. */
+mt_model *mt_trainer_model(mt_trainer *t);
 
 /* One optimizer step on batch b: forward and backward of every micro-batch through the
  * pipeline schedule, gradient reduction, global norm, clipping and AdamW at the learning
@@ -113,6 +122,9 @@ const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t);
  * loss or the norm is not finite. Fills *r. -1 (before any collective) when b does not have
  * the trainer's shape. */
 int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r);
+/* Forward only of batch b (its shape as for a step, obj required): the objective's fn sees
+ * every target's log-prob under the current weights; nothing changes (collective). */
+int mt_trainer_logprobs(mt_trainer *t, const mt_batch *b);
 /* Mean validation CE over the first `windows` windows of val (all when <= 0), in
  * micro-batches of o->batch (document mode with o->doc_mode), split over the DP ranks,
  * under any layout. */

@@ -1,0 +1,81 @@
+/* cli/cmd_rl.c — `moetrain rl`. */
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "base/common.h"
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "dist/dist.h"
+#include "rl/rl.h"
+
+int mt_cmd_rl(int argc, char **argv) {
+    mt_rl_opts o;
+    mt_rl_defaults(&o);
+    const char *data = NULL;
+    mt_train_opts *t = &o.train;
+    mt_arg specs[] = {
+        {"init", MT_ARG_STR, &t->init, "checkpoint or run folder of the policy to start from (required)", NULL},
+        {"out", MT_ARG_STR, &t->out, "run folder: checkpoints and metrics.jsonl (required)", NULL},
+        {"data", MT_ARG_STR, &data, "folder of `data math`: its math_prompts_train.tsv / _val.tsv are the prompts", NULL},
+        {"prompts", MT_ARG_STR, &o.prompts, "prompt file (PROMPT<TAB>ANSWER per line)", NULL},
+        {"eval-prompts", MT_ARG_STR, &o.eval_prompts, "held-out prompt file for the greedy accuracy", NULL},
+        {"task", MT_ARG_STR, &o.task, "reward: math (exact answer; default)", NULL},
+        {"steps", MT_ARG_INT, &t->steps, "RL steps (default 50)", NULL},
+        {"group", MT_ARG_INT, &o.group, "completions per prompt G (default 8)", NULL},
+        {"prompts-per-step", MT_ARG_INT, &o.prompts_per_step, "prompts per step (default 16)", NULL},
+        {"max-new", MT_ARG_INT, &o.max_new, "completion tokens at most (default 16)", NULL},
+        {"temperature", MT_ARG_DBL, &o.temperature, "sampling temperature (default 1.0)", NULL},
+        {"top-k", MT_ARG_INT, &o.top_k, "sample from the k most likely tokens, 0 = all (default 0)", NULL},
+        {"top-p", MT_ARG_DBL, &o.top_p, "nucleus mass over the top-k (default 1.0)", NULL},
+        {"slots", MT_ARG_INT, &o.slots, "sequences the rollout decodes together (default 64)", NULL},
+        {"eps-low", MT_ARG_DBL, &o.eps_low, "clip below 1 - eps-low (default 0.2)", NULL},
+        {"eps-high", MT_ARG_DBL, &o.eps_high, "clip above 1 + eps-high (default 0.2)", NULL},
+        {"is-cap", MT_ARG_DBL, &o.is_cap, "cap of the truncated importance weight (default 5)", NULL},
+        {"agg", MT_ARG_STR, &o.agg, "loss aggregation: token-mean (default), seq-mean-token-mean, seq-mean-token-sum-norm", NULL},
+        {"no-scale", MT_ARG_BOOL, &o.no_scale, "advantages not divided by the group's std", NULL},
+        {"drop-uniform", MT_ARG_BOOL, &o.drop_uniform, "leave out groups whose rewards are all equal", NULL},
+        {"format-penalty", MT_ARG_DBL, &o.format_penalty, "reward of a malformed completion is -this (default 0)", NULL},
+        {"micro-batch", MT_ARG_INT, &o.micro_batch, "completions per trainer micro-batch (default min(64, the rank's))", NULL},
+        {"eval-every", MT_ARG_INT, &o.eval_every, "steps between held-out accuracies, 0 = start and end only", NULL},
+        {"eval-n", MT_ARG_INT, &o.eval_n, "held-out prompts per evaluation (default 200)", NULL},
+        {"lr", MT_ARG_DBL, &t->lr, "learning rate (default 1e-4, constant after --warmup)", NULL},
+        {"warmup", MT_ARG_INT, &t->warmup, "linear warmup steps (default 0)", NULL},
+        {"min-lr-ratio", MT_ARG_DBL, &t->min_lr_ratio, "final lr as a fraction of the peak, cosine (default 1: constant)", NULL},
+        {"wd", MT_ARG_DBL, &t->wd, "AdamW weight decay (default 0)", NULL},
+        {"clip", MT_ARG_DBL, &t->clip, "global gradient-norm clip, 0 = off (default 1.0)", NULL},
+        {"seed", MT_ARG_U64, &t->seed, "seed of the prompt order and the sampling (default 1)", NULL},
+        {"save-every", MT_ARG_INT, &t->save_every, "steps between checkpoints, 0 = only at the end", NULL},
+        {"threads", MT_ARG_INT, &t->threads, "threads (default: OMP_NUM_THREADS or all cores)", NULL},
+        {"bf16", MT_ARG_BOOL, &t->bf16, "mixed precision for rollout and training (AVX512-BF16)", &t->set_bf16},
+        {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
+        {NULL, 0, NULL, NULL, NULL}};
+    int rc = mt_args_parse("rl", "--init CKPT --data DIR --out DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
+    const int multi = mt_dist_get()->size > 1;
+    if (rc < 0 && multi) mt_dist_abort(mt_last_error());
+    if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    char ptrain[4200], pval[4200];
+    if (data && !o.prompts) {
+        snprintf(ptrain, sizeof ptrain, "%s/math_prompts_train.tsv", data);
+        o.prompts = ptrain;
+    }
+    if (data && !o.eval_prompts) {
+        snprintf(pval, sizeof pval, "%s/math_prompts_val.tsv", data);
+        FILE *f = fopen(pval, "r");
+        if (f) {
+            fclose(f);
+            o.eval_prompts = pval;
+        }
+    }
+    if (!t->out) { mt_error("rl: --out DIR is required"); return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail(); }
+    XXH64_state_t *h = XXH64_createState();
+    XXH64_reset(h, 0);
+    for (int i = 2; i < argc; i++) XXH64_update(h, argv[i], strlen(argv[i]) + 1);
+    t->args_hash = XXH64_digest(h);
+    XXH64_freeState(h);
+    if (mt_rl(&o) != 0) {
+        if (multi) mt_dist_abort(mt_last_error());
+        return mt_cli_fail();
+    }
+    return 0;
+}

@@ -1,0 +1,302 @@
+/* rl/rl.c — the GRPO loop (see rl.h). */
+#include "rl/rl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/common.h"
+#include "data/prompts.h"
+#include "dist/dist.h"
+#include "kernels/blas.h"
+#include "rl/advantage.h"
+#include "rl/grpo.h"
+#include "rl/reward.h"
+#include "rl/rollout.h"
+
+void mt_rl_defaults(mt_rl_opts *o) {
+    memset(o, 0, sizeof *o);
+    mt_train_defaults(&o->train);
+    o->train.steps = 50;
+    o->train.lr = 1e-4;
+    o->train.min_lr_ratio = 1.0; /* a constant rate after the warmup */
+    o->train.warmup = 0;
+    o->train.wd = 0.0;
+    o->task = "math";
+    o->group = 8;
+    o->prompts_per_step = 16;
+    o->max_new = 16;
+    o->slots = 64;
+    o->temperature = 1.0;
+    o->top_p = 1.0;
+    o->eps_low = o->eps_high = 0.2;
+    o->is_cap = 5.0;
+    o->agg = "token-mean";
+    o->eval_n = 200;
+}
+
+/* The k-th prompt drawn: an epoch-wise permutation of the n prompts, seeded per epoch */
+typedef struct {
+    int64_t n, epoch;
+    uint64_t seed;
+    int64_t *perm;
+} prompt_order;
+
+static int64_t prompt_at(prompt_order *po, int64_t k) {
+    const int64_t e = k / po->n;
+    if (!po->perm || e != po->epoch) {
+        if (!po->perm) po->perm = mt_xmalloc(sizeof(int64_t) * (size_t)po->n);
+        for (int64_t i = 0; i < po->n; i++) po->perm[i] = i;
+        for (int64_t i = po->n - 1; i > 0; i--) {
+            int64_t j = (int64_t)(mt_hash4(po->seed, 0x70726d, (uint64_t)e, (uint64_t)i) % (uint64_t)(i + 1));
+            int64_t x = po->perm[i];
+            po->perm[i] = po->perm[j];
+            po->perm[j] = x;
+        }
+        po->epoch = e;
+    }
+    return po->perm[k % po->n];
+}
+
+/* Greedy accuracy on the first n held-out prompts, split over the DP ranks (collective). */
+static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int max_new, int slots, mt_dist *d) {
+    if ((size_t)n > ev->n) n = (int)ev->n;
+    const int r = d->dp_rank, D = d->dp_size, lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
+    mt_rollout_req *req = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *req);
+    int32_t **toks = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *toks);
+    for (int i = lo; i < hi; i++) {
+        toks[i - lo] = mt_xmalloc(sizeof(int32_t) * mt_prompt_ntokens(ev->prompt[i]));
+        int len = (int)mt_prompt_encode(ev->prompt[i], toks[i - lo]);
+        req[i - lo] = (mt_rollout_req){toks[i - lo], len, (uint64_t)i, 0};
+    }
+    mt_rollout_opts ro;
+    mt_rollout_defaults(&ro);
+    ro.temperature = 0, ro.max_new = max_new, ro.slots = slots;
+    mt_completion *out = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *out);
+    mt_rollout_stats st;
+    int64_t c[2] = {0, hi - lo};
+    if (mt_rollout(m, &ro, req, hi - lo, out, &st) != 0) mt_dist_abort(mt_last_error());
+    for (int i = lo; i < hi; i++) {
+        const mt_completion *co = &out[i - lo];
+        c[0] += mt_math_verdict(co->tokens, co->n, co->stopped_eot, ev->answer[i]) == MT_VERDICT_CORRECT;
+        mt_completion_free(&out[i - lo]);
+        free(toks[i - lo]);
+    }
+    mt_group_sum_i64(&d->dp, c, 2);
+    free(out), free(toks), free(req);
+    return c[1] ? (double)c[0] / (double)c[1] : 0.0;
+}
+
+int mt_rl(const mt_rl_opts *opt) {
+    mt_rl_opts o = *opt;
+    mt_dist *d = mt_dist_get();
+    const int root = d->rank == 0;
+    if (!o.train.init) return mt_error("rl: --init CKPT is required (the policy to start from)");
+    if (!o.prompts) return mt_error("rl: --prompts FILE (or --data DIR with math_prompts_train.tsv) is required");
+    if (o.group < 2) return mt_error("rl: --group %d: GRPO needs at least 2 completions per prompt", o.group);
+    if (o.prompts_per_step < 1 || o.max_new < 1 || o.slots < 1 || o.micro_batch < 0 || o.eval_n < 0 ||
+        o.eval_every < 0)
+        return mt_error("rl: --prompts-per-step, --max-new and --slots must be >= 1, --micro-batch, --eval-n and "
+                        "--eval-every >= 0");
+    if (!(o.temperature >= 0) || !(o.top_p > 0 && o.top_p <= 1) || o.top_k < 0)
+        return mt_error("rl: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0");
+    if (!(o.eps_low >= 0 && o.eps_low < 1) || !(o.eps_high >= 0) || !(o.is_cap >= 1) || !isfinite(o.eps_high) ||
+        !isfinite(o.is_cap))
+        return mt_error("rl: need 0 <= --eps-low < 1, --eps-high >= 0 and --is-cap >= 1 (finite)");
+    if (strcmp(o.task, "math") != 0) return mt_error("rl: --task '%s': only math is built in", o.task);
+    const int agg = mt_grpo_agg_parse(o.agg);
+    if (agg < 0) return -1;
+    if (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1)
+        return mt_error("rl: --pp, --tp and --ep split the model; the rollout needs it whole on every rank (the "
+                        "train/rollout layout switch is not implemented yet): use data parallelism");
+    const int D = d->size;
+    if (o.prompts_per_step % D != 0)
+        return mt_error("rl: --prompts-per-step %d is not a multiple of the %d data-parallel ranks", o.prompts_per_step,
+                        D);
+    mt_prompt_set ps, ev;
+    memset(&ev, 0, sizeof ev);
+    if (mt_prompts_load(o.prompts, MT_PROMPTS_MATH, &ps) != 0) return -1;
+    if (o.eval_prompts && mt_prompts_load(o.eval_prompts, MT_PROMPTS_MATH, &ev) != 0) {
+        mt_prompts_free(&ps);
+        return -1;
+    }
+    mt_reward reward;
+    if (mt_reward_init(&reward, o.task, (float)o.format_penalty) != 0) {
+        mt_prompts_free(&ps), mt_prompts_free(&ev);
+        return -1;
+    }
+    /* the trainer's shape: rows = this rank's completions, positions = the longest row */
+    const int Pl = o.prompts_per_step / D, rows = Pl * o.group;
+    size_t longest = 0;
+    for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
+    const int B = o.micro_batch > 0 ? (o.micro_batch < rows ? o.micro_batch : rows) : (rows < 64 ? rows : 64);
+    mt_train_opts *to = &o.train;
+    to->external_batches = 1;
+    to->batch = B;
+    to->accum = (rows + B - 1) / B;
+    to->seq = (int)longest + o.max_new - 1;
+    to->eval_every = 0;
+    mt_trainer *t = NULL;
+    if (mt_trainer_init(&t, to) != 0) {
+        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
+        return -1;
+    }
+    const mt_train_opts *ti = mt_trainer_opts(t);
+    mt_model *m = mt_trainer_model(t);
+    mt_grpo_loss L;
+    mt_grpo_loss_defaults(&L);
+    L.eps_low = o.eps_low, L.eps_high = o.eps_high, L.is_cap = o.is_cap, L.temperature = o.temperature;
+    L.agg = agg, L.max_new = o.max_new;
+    mt_adv_opts ao;
+    mt_adv_defaults(&ao);
+    ao.scale = !o.no_scale, ao.drop_uniform_groups = o.drop_uniform;
+    char path[4200];
+    FILE *mf = NULL;
+    if (root) {
+        snprintf(path, sizeof path, "%s/metrics.jsonl", ti->out);
+        if (!(mf = fopen(path, "w"))) mt_dist_abort("rl: cannot open the metrics file");
+        printf("moetrain rl: GRPO from %s, %zu prompts (%s), %d prompts x %d completions per step over %d rank%s, "
+               "max_new %d, temperature %g, %s, lr %.2e\n", ti->init, ps.n, o.prompts, o.prompts_per_step, o.group, D,
+               D > 1 ? "s" : "", o.max_new, o.temperature, mt_grpo_agg_name(agg), ti->lr);
+        printf("  trainer: %d micro-batches of %d rows x %d positions per rank\n", ti->accum, ti->batch, ti->seq);
+        fflush(stdout);
+    }
+    const int eval_on = ev.n > 0 && o.eval_n > 0;
+    double acc0 = -1, acc = -1;
+    if (eval_on) {
+        acc0 = acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
+        if (root) {
+            printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
+            fprintf(mf, "{\"event\":\"eval\",\"step\":0,\"heldout_accuracy\":%.6f}\n", acc);
+            fflush(stdout), fflush(mf);
+        }
+    }
+    prompt_order po = {(int64_t)ps.n, -1, ti->seed, NULL};
+    const int G = o.group;
+    mt_rollout_req *req = mt_xcalloc((size_t)rows, sizeof *req);
+    int32_t **ptok = mt_xcalloc((size_t)Pl, sizeof *ptok);
+    int64_t *pidx = mt_xmalloc(sizeof(int64_t) * (size_t)Pl);
+    mt_completion *co = mt_xcalloc((size_t)rows, sizeof *co);
+    float *rew = mt_xmalloc(sizeof(float) * (size_t)rows), *adv = mt_xmalloc(sizeof(float) * (size_t)rows);
+    uint8_t *uni = mt_xmalloc((size_t)Pl), *drop = mt_xmalloc((size_t)Pl);
+    mt_grpo_seq *seq = mt_xcalloc((size_t)rows, sizeof *seq);
+    const double t_begin = mt_now();
+    int rc = 0;
+    for (int step = mt_trainer_get_state(t)->step + 1; step <= ti->steps && rc == 0; step++) {
+        /* rollout: this rank's prompts of the step, G samples each */
+        for (int j = 0; j < Pl; j++) {
+            const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
+            pidx[j] = prompt_at(&po, k);
+            ptok[j] = mt_xrealloc(ptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pidx[j]]));
+            const int len = (int)mt_prompt_encode(ps.prompt[pidx[j]], ptok[j]);
+            for (int s = 0; s < G; s++) req[j * G + s] = (mt_rollout_req){ptok[j], len, (uint64_t)pidx[j], (uint64_t)s};
+        }
+        mt_rollout_opts ro;
+        mt_rollout_defaults(&ro);
+        ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
+        ro.seed = ti->seed, ro.step = (uint64_t)step, ro.slots = o.slots;
+        mt_rollout_stats rs;
+        if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
+        /* rewards and advantages per group */
+        double sums[8] = {0}; /* reward, correct, length, completions, uniform groups, kept, kept tokens, rollout s */
+        for (int i = 0; i < rows; i++) {
+            rew[i] = mt_reward_score(&reward, co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]);
+            sums[0] += rew[i];
+            sums[1] += mt_math_verdict(co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]) ==
+                       MT_VERDICT_CORRECT;
+            sums[2] += co[i].n;
+            sums[3] += 1;
+        }
+        if (mt_advantages(&ao, rew, Pl, G, adv, uni, drop) != 0) { rc = -1; break; }
+        int nseq = 0;
+        int64_t cnt[2] = {0, 0}; /* kept completions and their tokens, over the ranks */
+        for (int j = 0; j < Pl; j++) {
+            sums[4] += uni[j];
+            if (drop[j]) continue;
+            for (int s = 0; s < G; s++) {
+                const int i = j * G + s;
+                seq[nseq++] = (mt_grpo_seq){ptok[j], req[i].len, co[i].tokens, co[i].logp, co[i].n, adv[i]};
+                cnt[0]++, cnt[1] += co[i].n;
+            }
+        }
+        mt_group_sum_i64(&d->dp, cnt, 2);
+        sums[7] = rs.seconds;
+        double gstat[MT_GRPO_NSTAT] = {0};
+        mt_step_result sr;
+        memset(&sr, 0, sizeof sr);
+        double t_train = 0;
+        if (cnt[0] > 0) {
+            mt_grpo_batch gb;
+            if (mt_grpo_batch_init(&gb, &L, seq, nseq, ti->accum, ti->batch, ti->seq, cnt[1], cnt[0]) != 0) {
+                rc = -1;
+                break;
+            }
+            const double t0 = mt_now();
+            const mt_batch b = {ti->accum, ti->batch, ti->seq, gb.in, gb.tg, NULL, &gb.obj, gb.fed};
+            gb.phase = 0;
+            if (mt_trainer_logprobs(t, &b) != 0) rc = -1;
+            gb.phase = 1;
+            if (rc == 0 && mt_trainer_step(t, &b, &sr) != 0) rc = -1;
+            t_train = mt_now() - t0;
+            mt_grpo_stats(&gb, gstat);
+            mt_grpo_batch_free(&gb);
+            if (rc) break;
+            double mx = gstat[5];
+            mt_group_sum_f64(&d->dp, gstat, 5);
+            mt_group_max_f64(&d->dp, &mx, 1);
+            gstat[5] = mx;
+        }
+        mt_group_sum_f64(&d->dp, sums, 7);
+        mt_group_max_f64(&d->dp, &sums[7], 1);
+        for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
+        if (eval_on && o.eval_every > 0 && step % o.eval_every == 0 && step != ti->steps)
+            acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
+        if (eval_on && step == ti->steps) acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
+        if (root) {
+            const double el = mt_now() - t_begin;
+            const double n = sums[3], ntok = gstat[4];
+            const double rtps = sums[7] > 0 ? sums[2] / sums[7] : 0, ttps = t_train > 0 ? (double)cnt[1] / t_train : 0;
+            printf("step %d/%d | reward %.3f | acc %.3f | len %.1f | uniform %.2f | loss %+.4f | clip %.3f | "
+                   "|r-1| %.2e | old-behav %.1e | gnorm %.3f | rollout %.0f tok/s | train %.0f tok/s",
+                   step, ti->steps, sums[0] / n, sums[1] / n, sums[2] / n, sums[4] / (n / G), gstat[0],
+                   ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps);
+            if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) printf(" | held-out %.3f", acc);
+            printf("\n");
+            fprintf(mf,
+                    "{\"event\":\"step\",\"step\":%d,\"version\":%d,\"prompts\":%d,\"completions\":%.0f,"
+                    "\"completion_tokens\":%.0f,\"reward\":%.6f,\"accuracy\":%.6f,\"uniform_groups\":%.6f,"
+                    "\"length\":%.3f,\"loss\":%.8f,\"pg\":%.8f,\"kl\":0,\"clip_fraction\":%.6f,\"ratio_dev\":%.3e,"
+                    "\"max_staleness\":0,\"logp_old_behav_max\":%.3e,\"grad_norm\":%.6f,\"rollout_tokens_per_s\":%.1f,"
+                    "\"train_tokens_per_s\":%.1f,\"switch_s\":0,\"elapsed\":%.2f",
+                    step, step - 1, o.prompts_per_step, n, sums[2], sums[0] / n, sums[1] / n, sums[4] / (n / G),
+                    sums[2] / n, gstat[0], gstat[1], ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0,
+                    gstat[5], sr.grad_norm, rtps, ttps, el);
+            if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0)))
+                fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
+            fprintf(mf, "}\n");
+            fflush(stdout), fflush(mf);
+        }
+        if (ti->save_every > 0 && step % ti->save_every == 0 && step != ti->steps) {
+            char dir[4200];
+            if (mt_trainer_save(t, dir, sizeof dir) != 0) rc = -1;
+        }
+    }
+    if (rc == 0) {
+        char dir[4200];
+        if (mt_trainer_save(t, dir, sizeof dir) != 0) rc = -1;
+        if (rc == 0 && root) {
+            if (eval_on) printf("done: held-out greedy accuracy %.4f -> %.4f\n", acc0, acc);
+            printf("  checkpoint %s\n  metrics    %s/metrics.jsonl\n", dir, ti->out);
+            if (eval_on) fprintf(mf, "{\"event\":\"summary\",\"heldout_accuracy_start\":%.6f,\"heldout_accuracy\":%.6f}\n", acc0, acc);
+        }
+    }
+    if (mf) fclose(mf);
+    for (int j = 0; j < Pl; j++) free(ptok[j]);
+    free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
+    mt_trainer_free(t);
+    mt_reward_free(&reward);
+    mt_prompts_free(&ps);
+    mt_prompts_free(&ev);
+    return rc;
+}

@@ -1,0 +1,39 @@
+/* rl/rl.h — `moetrain rl`: GRPO post-training with verifiable rewards.
+ *
+ * Each step: P prompts (an epoch-wise seeded permutation of the prompt file), G completions
+ * each sampled by the rollout engine (rl/rollout.h) with the current weights, rewards
+ * (rl/reward.h), group advantages (rl/advantage.h), a forward that records logp_old, then
+ * one optimizer step of the trainer (train/trainer.h) on the GRPO loss (rl/grpo.h). Under
+ * mpirun the ranks are data-parallel: each rolls out P / DP prompts with its own copy of
+ * the weights, training and rollout on the same ranks and the same weights (the layouts
+ * that split the model, TP / PP / EP, need the rollout layout switch: not yet). Rank 0
+ * prints a progress line per step and writes OUT/metrics.jsonl; checkpoints are the
+ * trainer's. */
+#ifndef MT_RL_RL_H
+#define MT_RL_RL_H
+
+#include <stdint.h>
+
+#include "train/trainer.h"
+
+typedef struct {
+    mt_train_opts train;         /* init (required), out, steps, lr, ..., threads, seed */
+    const char *prompts;         /* prompt file (PROMPT\tANSWER per line) */
+    const char *eval_prompts;    /* held-out prompt file (optional) */
+    const char *task;            /* reward: "math" */
+    int group;                   /* completions per prompt G (>= 2) */
+    int prompts_per_step;        /* P */
+    int micro_batch;             /* rows per trainer micro-batch (0: min(8, the rank's completions)) */
+    int max_new, top_k, slots;
+    double temperature, top_p;
+    double eps_low, eps_high, is_cap, format_penalty;
+    const char *agg;             /* aggregation name (default token-mean) */
+    int no_scale, drop_uniform;
+    int eval_every, eval_n;      /* held-out greedy accuracy: every N steps (0: start and end), prompts */
+} mt_rl_opts;
+
+void mt_rl_defaults(mt_rl_opts *o);
+/* Runs RL; 0, or -1 with mt_last_error() set. */
+int mt_rl(const mt_rl_opts *o);
+
+#endif
