@@ -144,6 +144,7 @@ expect_fail bad_cpu_tier 'MT_CPU_TIER=avx9: expected auto, avx2' -- env MT_CPU_T
 # --no-NAME exists only for booleans a resumed run may set (--bf16, --doc-mode)
 expect_fail no_flag_not_resumable '--no-quiet' -- "$M" train --config c.json --data D $TR --out R1 --no-quiet
 expect_fail no_flag_value '--no-bf16 takes no value' -- "$M" train --config c.json --data D $TR --out R1 --no-bf16=1
+expect_fail bad_expert_placement "--expert-placement .striped.: contiguous or shuffled:SEED" -- "$M" train --config c.json --data D $TR --out R1 --expert-placement striped
 expect_fail unknown_flag_data_math '--bogus' -- "$M" data math --out DX --bogus
 expect_fail unknown_command 'frobnicate' -- "$M" frobnicate
 expect_fail missing_data_flag '--data' -- "$M" train --config c.json $TR --out R1

@@ -6,7 +6,7 @@
 #   TP2, TP2 + SP, TP2 x EP2 (SP), TP2 x DP2 x EP2, EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses),
 #   PP2 (1F1B), PP2 x VPP2 (interleaved), PP4 x VPP2 with an uneven --split (10 layers),
 #   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x TP2 (SP) x DP2 with EP4 (8 ranks),
-#   PP2 x EP2 with --dist-opt and tied embeddings;
+#   PP2 x EP2 with --dist-opt and tied embeddings, EP4 with a shuffled expert placement;
 # a checkpoint saved under TP2 x PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
 # run; impossible layouts are refused naming the constraint.
 # Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
@@ -59,6 +59,9 @@ run 2 train --config demo "${base[@]}" --ep 2 --out "$T/ep2"
 check "EP2 (DP2)" "$T/s2/metrics.jsonl" "$T/ep2/metrics.jsonl"
 run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --out "$T/ep4h"
 check "EP4 over 2 nodes, hierarchical" "$T/s4/metrics.jsonl" "$T/ep4h/metrics.jsonl"
+# a shuffled expert placement: other experts meet on each rank, the same losses
+run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --expert-placement shuffled:5 --out "$T/ep4s"
+check "EP4 hierarchical, shuffled expert placement" "$T/s4/metrics.jsonl" "$T/ep4s/metrics.jsonl"
 run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --a2a flat --out "$T/ep4f"
 [ "$(losses "$T/ep4h/metrics.jsonl")" = "$(losses "$T/ep4f/metrics.jsonl")" ] \
     || fail "flat and hierarchical all-to-all gave different losses"

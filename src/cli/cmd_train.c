@@ -58,6 +58,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"sp", MT_ARG_BOOL, &o.sp, "sequence parallelism with --tp: norms, residuals and MoE on 1/TP of the tokens", NULL},
         {"ep", MT_ARG_INT, &o.ep, "under mpirun: expert-parallel group size, carved out of the DP ranks (default 1)", NULL},
         {"a2a", MT_ARG_STR, &o.a2a, "expert all-to-all: hier (one inter-node copy per node, default) or flat", NULL},
+        {"expert-placement", MT_ARG_STR, &o.expert_placement, "experts on the EP ranks: contiguous (default) or shuffled:SEED (a seeded permutation per layer; checkpoints stay logical)", NULL},
         {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,

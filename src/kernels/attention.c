@@ -1,6 +1,10 @@
 /* kernels/attention.c — flash attention forward and backward on the CPU (contract in
  * attention.h; plain reference in ref.c).
  *
+ * One file of ~1200 lines on purpose: the forward and backward share the tile micro-kernels
+ * and transposes below, which stay static (inlined) in the one translation unit each CPU
+ * tier compiles (kernels/tier.c); split, they would cross a call boundary per tile.
+ *
  * Tiling: query blocks of ATT_BQ rows x key blocks of ATT_BK keys; scores are computed in
  * base 2 (q pre-multiplied by log2(e)/sqrt(D), softmax by 2^x), which saves the
  * exponential's range reduction at no cost in accuracy.

@@ -381,17 +381,28 @@ static int init_model(mt_trainer *t) {
     sh.tp_rank = d->tp_rank;
     sh.tp_size = o->tp;
     sh.sp = d->sp;
+    /* the experts' placement on the EP ranks; checkpoints stay logical, so any placement
+     * resumes any other */
+    mt_expert_map map;
+    memset(&map, 0, sizeof map);
+    if (o->expert_placement && cfg->n_routed_experts > 0) {
+        if (mt_expert_map_parse(&map, cfg, o->expert_placement) != 0) return -1;
+        if (strcmp(o->expert_placement, "contiguous") != 0) sh.slot_of = map.slot_of;
+    }
     if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp);
     if (o->ep > 1) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode) != 0) return -1;
         t->have_ep = 1;
     }
-    if (mt_model_init_shard(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL) != 0)
-        return -1;
+    const int rc = mt_model_init_shard(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
+    mt_expert_map_free(&map); /* the model keeps its own copy */
+    if (rc != 0) return -1;
     t->nfull_t = mt_model_layout(cfg, NULL, NULL);
     t->full_t = mt_xcalloc((size_t)t->nfull_t, sizeof(mt_tensor));
     mt_model_layout(cfg, t->full_t, &t->nfull);
-    t->whole = t->m.nparams == t->nfull && o->tp == 1 && o->pp == 1 && o->ep == 1;
+    /* a shuffled placement orders the experts unlike the checkpoint: then the tensors move
+     * one by one (the sharded path) even in one process */
+    t->whole = t->m.nparams == t->nfull && o->tp == 1 && o->pp == 1 && o->ep == 1 && !t->m.slot_of;
     mt_optim_init(&t->opt, &t->m, d, o->dist_opt);
     if (o->resume || o->init) {
         const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};

@@ -54,6 +54,7 @@ typedef struct {
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     int external_batches;    /* the caller makes every batch (RL): no token shards are read */
+    const char *expert_placement; /* "contiguous" (default) or "shuffled:SEED" (mt_expert_map) */
     /* given on the command line: with --resume these override the checkpoint's settings */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;
     int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot, set_bf16;
