@@ -66,6 +66,8 @@ struct mt_acts {
     int tp, sp;                   /* tensor parallel size, sequence parallelism */
     int Nl, g0;                   /* last forward: rows of the residual stream, first token's index */
     const int32_t *fed;           /* last forward: real positions per row (mt_loss), NULL = all */
+    const int32_t *replay;        /* last forward: routing replay (mt_loss), NULL = none */
+    int replay_stride;
     float *gat, *part, *dgat;     /* TP: [N,C] gathered input, row-parallel partial sums, gathered gradient */
     size_t cap;                   /* capacity B*T */
     layer_acts *L;

@@ -410,4 +410,11 @@ const mt_tensor *mt_model_find(const mt_model *m, const char *name) {
     return NULL;
 }
 
+float *mt_model_use_params(mt_model *m, float *params) {
+    float *prev = m->params;
+    m->params = params;
+    bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
+    return prev;
+}
+
 void mt_model_zero_grads(mt_model *m) { mt_zero(m->grads, m->nparams); }

@@ -38,7 +38,7 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                        const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
                        float *logits, mt_step_stats *st) {
     memset(st, 0, sizeof *st);
-    const mt_loss loss = {ce_scale, NULL, NULL};
+    const mt_loss loss = {ce_scale, NULL, NULL, NULL, 0};
     mt_model_forward(m, a, inputs, targets, pos, B, T, train, &loss, logits, st);
     if (train) mt_model_backward(m, a, inputs, pos, B, T, bal_scale);
 }
@@ -88,6 +88,8 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const int Nl = a->Nl;
     a->count_load = train;
     a->fed = loss ? loss->fed : NULL;
+    a->replay = loss ? loss->replay : NULL;
+    a->replay_stride = loss ? loss->replay_stride : 0;
 
     float *x0 = mt_acts_input(a);
     if (a->first) { /* embedding of this rank's tokens */

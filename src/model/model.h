@@ -191,6 +191,9 @@ void mt_model_free(mt_model *m);
 void mt_model_init_weights(mt_model *m, uint64_t seed, float std);
 const mt_tensor *mt_model_find(const mt_model *m, const char *name);
 void mt_model_zero_grads(mt_model *m);
+/* Points the model at another parameter buffer of the same layout (nparams floats, e.g. a
+ * frozen reference copy) and returns the one it used: the views follow. */
+float *mt_model_use_params(mt_model *m, float *params);
 
 /* Activations of one micro-batch of up to B x T tokens, plus backward scratch. In the
  * GEMMs' bf16 mode (mt_attention_bf16) K and V are kept as bf16: the sizes below and the
@@ -233,6 +236,11 @@ typedef struct {
     float ce_scale;
     const struct mt_head_obj *obj;
     const int32_t *fed;
+    /* routing replay (RL): per token (b*T + t) replay_stride ints, each MoE layer's K expert
+     * ids in layer order; the forward routes to them instead of its own top-k (a negative
+     * first id: its own). NULL: none */
+    const int32_t *replay;
+    int replay_stride;
 } mt_loss;
 
 typedef struct {

@@ -72,9 +72,12 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
 }
 
 
-/* Router: scores in fp32, selection, routing weights (L->probs, L->sel, L->wsel). */
+/* Router: scores in fp32, selection, routing weights (L->probs, L->sel, L->wsel). With a
+ * routing replay (rep: the chosen experts of each token of this layer, stride ints apart;
+ * a negative first id: select as usual) the experts are given and only their weights come
+ * from the scores. */
 static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, const float *ln, const uint16_t *ln16,
-                      int N) {
+                      int N, const int32_t *rep, int stride) {
     const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
     mt_linear_fwd_x(L->probs, NULL, ln, ln16, w->router, N, C, E, 0.0f);
@@ -90,7 +93,15 @@ static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, co
             for (int e = 0; e < E; e++) p[e] /= sum;
         }
         int sel[512];
-        mt_route_select(c, p, sel);
+        const int32_t *r = rep ? rep + (size_t)t * stride : NULL;
+        if (r && r[0] >= 0) {
+            for (int j = 0; j < K; j++) {
+                MT_ASSERT(r[j] >= 0 && r[j] < E); /* the caller checked the record */
+                sel[j] = r[j];
+            }
+        } else {
+            mt_route_select(c, p, sel);
+        }
         float wsum = 0.0f;
         for (int j = 0; j < K; j++) wsum += p[sel[j]];
         for (int j = 0; j < K; j++) {
@@ -287,7 +298,13 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const int h16 = mt_gemm_bf16_enabled();
     mt_ep_batch *b = &L->epb;
     mt_trace_begin("moe.route");
-    route_fwd(c, L, w, ln, ln16, N);
+    const int32_t *rep = NULL;
+    if (a->replay) { /* this layer's ids: the MoE layers before it come first in each token's record */
+        int q = 0;
+        for (int k = 0; k < l; k++) q += mt_config_is_moe(c, k);
+        rep = a->replay + (size_t)a->g0 * a->replay_stride + (size_t)q * K;
+    }
+    route_fwd(c, L, w, ln, ln16, N, rep, a->replay_stride);
     if (a->count_load) /* training tokens only, not evaluation */
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);

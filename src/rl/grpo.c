@@ -29,8 +29,8 @@ void mt_grpo_loss_defaults(mt_grpo_loss *l) {
 /* dL/dlogp of one token; the head calls it once per target, from several threads */
 static double grpo_fn(void *ctx, int64_t row, double logp) {
     mt_grpo_batch *g = ctx;
-    if (g->phase == 0) {
-        g->old[row] = (float)logp;
+    if (g->phase == 0 || g->phase == 2) {
+        (g->phase == 0 ? g->old : g->ref)[row] = (float)logp;
         return 0.0;
     }
     g->logp[row] = (float)logp;
@@ -43,11 +43,13 @@ static double grpo_fn(void *ctx, int64_t row, double logp) {
     double w = exp((double)g->old[row] - (double)g->behav[row]);
     if (w > g->L.is_cap) w = g->L.is_cap;
     const double dpg = clipped ? 0.0 : -A * ratio;
-    return (double)g->aggw[row] * w * dpg;
+    /* d kl / d logp = 1 - exp(logp_ref - logp) */
+    const double dkl = g->L.beta > 0 ? 1.0 - exp((double)g->ref[row] - logp) : 0.0;
+    return (double)g->aggw[row] * (w * dpg + g->L.beta * dkl);
 }
 
 int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_seq *seq, int nseq, int n_micro,
-                       int B, int T, int64_t global_tokens, int64_t global_seqs) {
+                       int B, int T, int64_t global_tokens, int64_t global_seqs, int replay_stride) {
     memset(g, 0, sizeof *g);
     const int rows = n_micro * B;
     if (nseq > rows) return mt_error("grpo: %d completions do not fit %d rows", nseq, rows);
@@ -63,16 +65,30 @@ int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_se
     g->adv = mt_xcalloc(NT, sizeof(float));
     g->behav = mt_xcalloc(NT, sizeof(float));
     g->old = mt_xcalloc(NT, sizeof(float));
+    g->ref = mt_xcalloc(NT, sizeof(float));
     g->logp = mt_xcalloc(NT, sizeof(float));
     g->aggw = mt_xcalloc(NT, sizeof(float));
     g->clipped = mt_xcalloc(NT, 1);
     for (size_t i = 0; i < NT; i++) g->tg[i] = -1;
+    if (replay_stride > 0) {
+        for (int i = 0; i < nseq; i++)
+            if (!seq[i].routing) {
+                mt_grpo_batch_free(g);
+                return mt_error("grpo: routing replay without the rollout's routing record (completion %d)", i);
+            }
+        g->replay_stride = replay_stride;
+        g->replay = mt_xmalloc(sizeof(int32_t) * NT * (size_t)replay_stride);
+        for (size_t i = 0; i < NT * (size_t)replay_stride; i++) g->replay[i] = -1; /* padding: route as usual */
+    }
     for (int i = 0; i < nseq; i++) {
         const mt_grpo_seq *s = &seq[i];
         const size_t r = (size_t)i * T;
         memcpy(g->in + r, s->prompt, sizeof(int32_t) * (size_t)s->plen);
         memcpy(g->in + r + s->plen, s->tokens, sizeof(int32_t) * (size_t)(s->n - 1));
         g->fed[i] = s->plen + s->n - 1;
+        if (g->replay)
+            memcpy(g->replay + r * (size_t)replay_stride, s->routing,
+                   sizeof(int32_t) * (size_t)g->fed[i] * (size_t)replay_stride);
         double w = 0;
         if (L->agg == MT_AGG_TOKEN_MEAN) w = 1.0 / (double)global_tokens;
         else if (L->agg == MT_AGG_SEQ_MEAN_TOKEN_MEAN) w = 1.0 / ((double)s->n * (double)global_seqs);
@@ -90,8 +106,10 @@ int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_se
 }
 
 void mt_grpo_batch_free(mt_grpo_batch *g) {
-    free(g->in), free(g->tg), free(g->fed), free(g->adv), free(g->behav), free(g->old), free(g->logp), free(g->aggw);
+    free(g->in), free(g->tg), free(g->fed), free(g->adv), free(g->behav), free(g->old), free(g->ref), free(g->logp);
+    free(g->aggw);
     free(g->clipped);
+    free(g->replay);
     memset(g, 0, sizeof *g);
 }
 
@@ -106,11 +124,14 @@ void mt_grpo_stats(const mt_grpo_batch *g, double *s) {
         const double pg = -(ratio * A < rc * A ? ratio * A : rc * A);
         double w = exp((double)g->old[i] - (double)g->behav[i]);
         if (w > g->L.is_cap) w = g->L.is_cap;
-        s[0] += g->aggw[i] * w * pg;
+        const double dr = (double)g->ref[i] - (double)g->logp[i];
+        const double kl = g->L.beta > 0 ? exp(dr) - dr - 1.0 : 0.0;
+        s[0] += g->aggw[i] * (w * pg + g->L.beta * kl);
         s[1] += g->aggw[i] * w * pg;
         s[2] += g->clipped[i];
         s[3] += fabs(ratio - 1.0);
         s[4] += 1;
+        s[6] += g->aggw[i] * kl;
         const double dev = fabs((double)g->old[i] - (double)g->behav[i]);
         if (dev > s[5]) s[5] = dev;
     }

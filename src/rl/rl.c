@@ -216,7 +216,7 @@ int mt_rl(const mt_rl_opts *opt) {
             if (drop[j]) continue;
             for (int s = 0; s < G; s++) {
                 const int i = j * G + s;
-                seq[nseq++] = (mt_grpo_seq){ptok[j], req[i].len, co[i].tokens, co[i].logp, co[i].n, adv[i]};
+                seq[nseq++] = (mt_grpo_seq){ptok[j], req[i].len, co[i].tokens, co[i].logp, co[i].n, adv[i], co[i].routing};
                 cnt[0]++, cnt[1] += co[i].n;
             }
         }
@@ -228,12 +228,12 @@ int mt_rl(const mt_rl_opts *opt) {
         double t_train = 0;
         if (cnt[0] > 0) {
             mt_grpo_batch gb;
-            if (mt_grpo_batch_init(&gb, &L, seq, nseq, ti->accum, ti->batch, ti->seq, cnt[1], cnt[0]) != 0) {
+            if (mt_grpo_batch_init(&gb, &L, seq, nseq, ti->accum, ti->batch, ti->seq, cnt[1], cnt[0], 0) != 0) {
                 rc = -1;
                 break;
             }
             const double t0 = mt_now();
-            const mt_batch b = {ti->accum, ti->batch, ti->seq, gb.in, gb.tg, NULL, &gb.obj, gb.fed};
+            const mt_batch b = {ti->accum, ti->batch, ti->seq, gb.in, gb.tg, NULL, &gb.obj, gb.fed, gb.replay, gb.replay_stride};
             gb.phase = 0;
             if (mt_trainer_logprobs(t, &b) != 0) rc = -1;
             gb.phase = 1;

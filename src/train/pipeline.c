@@ -113,6 +113,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
                 lm.obj = &obj;
             }
             if (loss->fed) lm.fed = loss->fed + (size_t)mb * B;
+            if (loss->replay) lm.replay = loss->replay + (size_t)mb * BT * (size_t)loss->replay_stride;
             mt_model_forward(m, x, in, tg, ps, B, T, 1, &lm, NULL, st);
             break;
         }

@@ -114,7 +114,7 @@ int mt_train(const mt_train_opts *opts) {
             for (int mb = 0; mb < o->accum; mb++)
                 mt_doc_positions(in + mb * BT, o->batch, o->seq, o->eot, pos + mb * BT);
         mt_trace_end();
-        const mt_batch b = {o->accum, o->batch, o->seq, in, tg, pos, NULL, NULL};
+        const mt_batch b = {o->accum, o->batch, o->seq, in, tg, pos, NULL, NULL, NULL, 0};
         mt_report_step s;
         memset(&s, 0, sizeof s);
         if (mt_trainer_step(t, &b, &s.r) != 0) { rc = -1; break; }

@@ -471,7 +471,7 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
         mt_group_sum_i64(&d->dp, &rows, 1);
     }
     const float bal_scale = rows > 0 ? 1.0f / (float)rows : 0.0f;
-    const mt_loss spec = {ce_scale, b->obj, b->fed};
+    const mt_loss spec = {ce_scale, b->obj, b->fed, b->replay, b->replay_stride};
     mt_pipe_train(&t->pipe, &t->m, &d->pp, b->in, b->tg, b->pos, b->B, b->T, &spec, bal_scale, &st);
     /* counted once: the balance terms are the same on every TP rank, and without SP so is CE */
     double ce_sum = d->sp || d->tp_rank == 0 ? st.ce_sum : 0.0, bal[256];
@@ -518,7 +518,8 @@ int mt_trainer_logprobs(mt_trainer *t, const mt_batch *b) {
     for (int mb = 0; mb < b->n_micro; mb++) {
         mt_head_obj obj = *b->obj;
         obj.base += (int64_t)mb * (int64_t)BT;
-        const mt_loss loss = {0.0f, &obj, b->fed ? b->fed + (size_t)mb * b->B : NULL};
+        const mt_loss loss = {0.0f, &obj, b->fed ? b->fed + (size_t)mb * b->B : NULL,
+                              b->replay ? b->replay + mb * BT * (size_t)b->replay_stride : NULL, b->replay_stride};
         mt_step_stats st;
         memset(&st, 0, sizeof st);
         mt_pipe_eval(&t->pipe, &t->m, &t->d->pp, b->in + mb * BT, b->tg + mb * BT, b->pos ? b->pos + mb * BT : NULL,

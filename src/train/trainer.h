@@ -87,6 +87,8 @@ typedef struct {
     const int32_t *in, *tg, *pos;
     const struct mt_head_obj *obj;
     const int32_t *fed;
+    const int32_t *replay;   /* routing replay per token, replay_stride ints (mt_loss); NULL: none */
+    int replay_stride;
 } mt_batch;
 
 /* One step's figures, the same on every rank (global batch). */
