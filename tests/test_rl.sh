@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# moetrain rl end to end (docs/FORMATS.md sections 7 and 8) on a tiny pretrained demo model
+# and a one-digit math corpus:
+#   - 3 GRPO steps succeed; metrics.jsonl has the eval event at step 0, 3 step events with
+#     every documented field, finite, with the fixed values of a synchronous run (version =
+#     step - 1, kl 0, max_staleness 0, switch_s 0, prompts, completions, completion_tokens =
+#     length x completions, reward = accuracy without a format penalty), held-out accuracy
+#     at the last step and a summary; the checkpoint exists and `moetrain eval --ckpt` loads
+#     it (run folder and step folder) and finds the held-out accuracy rl reported last;
+#   - on-policy: every step's ratio_dev and clip_fraction are exactly 0, logp_old within
+#     1e-4 of logp_behav;
+#   - the other aggregations and tau 0.7 run and stay on-policy;
+#   - errors give one line and a non-zero exit: --group 1, a malformed prompt line and a
+#     wrong answer (file:line named), --tp 2, no --init, --init at a non-checkpoint,
+#     --agg bogus, --temperature -1;
+#   - under mpirun (when there is one): DP2 gives the per-step reward, accuracy, tokens and
+#     held-out accuracy of one process exactly and its loss within 1e-5 relative (1e-6
+#     absolute: an on-policy loss is a sum of +-A w / N terms that cancel to ~1e-8, where
+#     the last bits of w = exp(logp_old - logp_behav) move with the batch shape).
+# Usage: bash tests/test_rl.sh path/to/moetrain
+set -euo pipefail
+NAME=test_rl
+MPI_OPTIONAL=1 # the single-process runs need no MPI launcher
+source "$(dirname "$0")/lib/mpi.sh"
+export OMP_NUM_THREADS=2
+command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not found (it reads metrics.jsonl)"; exit 77; }
+
+"$MT" data math --out "$T/D" --train 20000 --val 50 --min-digits 1 --max-digits 1 >/dev/null
+[ -s "$T/D/math_prompts_train.tsv" ] && [ -s "$T/D/math_prompts_val.tsv" ] || fail "data math wrote no prompt files"
+"$MT" train --config demo --data "$T/D" --batch 16 --seq 64 --steps 120 --lr 3e-3 --warmup 10 --threads 2 --quiet \
+    --out "$T/run" > "$T/pre.log" 2>&1 || { tail -5 "$T/pre.log"; fail "pretraining the demo model"; }
+ok "pretrained the demo model (120 steps)"
+
+rlargs=(--init "$T/run" --data "$T/D" --steps 3 --group 4 --prompts-per-step 8 --max-new 4 --eval-n 50)
+"$MT" rl "${rlargs[@]}" --threads 2 --out "$T/R" > "$T/R.log" 2>&1 || { tail -5 "$T/R.log"; fail "moetrain rl"; }
+
+# every documented field of a step event, finite; the fixed values of a synchronous run
+python3 - "$T/R/metrics.jsonl" <<'EOF' || fail "metrics.jsonl of rl does not follow FORMATS.md 8"
+import json, math, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+steps = [e for e in ev if e["event"] == "step"]
+fields = ("step version prompts completions completion_tokens reward accuracy uniform_groups length loss pg kl "
+          "clip_fraction ratio_dev max_staleness logp_old_behav_max grad_norm rollout_tokens_per_s "
+          "train_tokens_per_s switch_s elapsed").split()
+bad = []
+def want(c, what):
+    if not c: bad.append(what)
+want(ev[0] == {"event": "eval", "step": 0, "heldout_accuracy": ev[0].get("heldout_accuracy")}, "first event: eval at step 0")
+want(ev[-1]["event"] == "summary", "last event: summary")
+want([s["step"] for s in steps] == [1, 2, 3], "3 step events, steps 1..3")
+for s in steps:
+    n = s["step"]
+    for f in fields:
+        want(f in s and isinstance(s[f], (int, float)) and math.isfinite(s[f]), f"step {n}: {f} missing or not finite")
+    if bad: break
+    want(s["version"] == n - 1, f"step {n}: version {s['version']}")
+    want(s["prompts"] == 8 and s["completions"] == 32, f"step {n}: prompts/completions {s['prompts']}/{s['completions']}")
+    want(abs(s["completion_tokens"] - s["length"] * s["completions"]) < 0.1, f"step {n}: tokens != length x completions")
+    want(s["completions"] <= s["completion_tokens"] <= 4 * s["completions"], f"step {n}: completion_tokens out of range")
+    want(s["reward"] == s["accuracy"], f"step {n}: reward {s['reward']} != accuracy {s['accuracy']} (no format penalty)")
+    want(0 <= s["accuracy"] <= 1 and 0 <= s["uniform_groups"] <= 1, f"step {n}: shares out of [0, 1]")
+    want(s["kl"] == 0 and s["max_staleness"] == 0 and s["switch_s"] == 0, f"step {n}: kl/max_staleness/switch_s not 0")
+    want(s["pg"] == s["loss"], f"step {n}: pg != loss without KL")
+    want(s["grad_norm"] > 0, f"step {n}: grad_norm {s['grad_norm']}")
+    want(("heldout_accuracy" in s) == (n == 3), f"step {n}: heldout_accuracy only at the last step")
+want(steps[-1].get("heldout_accuracy") == ev[-1].get("heldout_accuracy"), "summary's held-out accuracy != the last step's")
+for b in bad: print("  " + b)
+sys.exit(1 if bad else 0)
+EOF
+ok "metrics.jsonl: eval, 3 step events with the documented fields (finite), summary"
+
+onpolicy() { # metrics.jsonl: every step exactly on-policy
+    python3 - "$1" <<'EOF'
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1]) if '"event":"step"' in l]
+bad = [s["step"] for s in steps if s["ratio_dev"] != 0 or s["clip_fraction"] != 0 or s["logp_old_behav_max"] > 1e-4]
+for s in steps: print(f"    step {s['step']}: ratio_dev {s['ratio_dev']} clip {s['clip_fraction']} |old-behav| {s['logp_old_behav_max']:.1e} reward {s['reward']:.3f} loss {s['loss']:+.8f}")
+sys.exit(1 if bad or not steps else 0)
+EOF
+}
+onpolicy "$T/R/metrics.jsonl" || fail "a synchronous step is not on-policy (ratio_dev or clip_fraction not 0)"
+ok "on-policy: ratio_dev 0 and clip_fraction 0 at every step"
+
+[ -d "$T/R/step_00000003" ] && [ -e "$T/R/latest" ] || fail "rl saved no checkpoint step_00000003 / latest"
+acc=$(grep '"event":"summary"' "$T/R/metrics.jsonl" | sed -E 's/.*"heldout_accuracy":([0-9.]+).*/\1/')
+for ck in "$T/R" "$T/R/step_00000003"; do
+    "$MT" eval --ckpt "$ck" --data "$T/D" --problems 50 --max-new 4 --threads 2 > "$T/ev.log" 2>&1 \
+        || { cat "$T/ev.log"; fail "moetrain eval --ckpt $ck"; }
+    eacc=$(sed -nE 's/^accuracy=([0-9.]+) .*/\1/p' "$T/ev.log")
+    awk -v a="$acc" -v b="$eacc" 'BEGIN { exit !(b != "" && a - b < 1e-6 && b - a < 1e-6) }' \
+        || { cat "$T/ev.log"; fail "eval of $ck: accuracy $eacc, rl's last held-out accuracy $acc"; }
+done
+ok "moetrain eval loads the rl checkpoint (run and step folder): held-out accuracy $acc as rl reported"
+
+for v in "seq-mean-token-mean 0.7" "seq-mean-token-sum-norm 0"; do
+    set -- $v
+    "$MT" rl "${rlargs[@]}" --steps 2 --eval-n 0 --agg "$1" --temperature "$2" --threads 2 --out "$T/A$1" \
+        > "$T/A.log" 2>&1 || { tail -5 "$T/A.log"; fail "rl --agg $1 --temperature $2"; }
+    onpolicy "$T/A$1/metrics.jsonl" || fail "--agg $1 --temperature $2: not on-policy"
+    ok "--agg $1 --temperature $2: runs, on-policy"
+done
+
+# errors: one line, non-zero exit
+refused() { # what expected-text args...
+    local what=$1 want=$2
+    shift 2
+    if "$MT" rl "$@" > "$T/err.log" 2>&1; then fail "$what: accepted"; fi
+    [ "$(wc -l < "$T/err.log")" = 1 ] || { cat "$T/err.log"; fail "$what: not one line"; }
+    grep -q -- "$want" "$T/err.log" || { cat "$T/err.log"; fail "$what: the message does not say '$want'"; }
+    ok "$what refused: $(cat "$T/err.log")"
+}
+base=(--data "$T/D" --steps 1 --group 4 --prompts-per-step 8 --max-new 4 --eval-n 0 --threads 2 --quiet --out "$T/E")
+printf '1+2=\t3\n4+5=9\n' > "$T/notab.tsv"
+printf '1+2=\t3\n4+5=\t9\n2*3=\t5\n' > "$T/wrong.tsv"
+refused "--group 1" "group" --init "$T/run" "${base[@]}" --group 1
+refused "a prompt line without TAB" "notab.tsv:2" --init "$T/run" "${base[@]}" --prompts "$T/notab.tsv"
+refused "a prompt with a wrong answer" "wrong.tsv:3" --init "$T/run" "${base[@]}" --prompts "$T/wrong.tsv"
+refused "--tp 2" "tp" --init "$T/run" "${base[@]}" --tp 2
+refused "no --init" "init" "${base[@]}"
+refused "--init at a data folder" "$T/D" --init "$T/D" "${base[@]}"
+refused "--init at a missing folder" "$T/nothere" --init "$T/nothere" "${base[@]}"
+refused "--agg bogus" "bogus" --init "$T/run" "${base[@]}" --agg bogus
+refused "--temperature -1" "temperature" --init "$T/run" "${base[@]}" --temperature -1
+
+if [ ${#MPI[@]} -gt 0 ]; then
+    # one process and DP2 on one thread per rank (the same global batch: 8 prompts x 4)
+    OMP_NUM_THREADS=1 "$MT" rl "${rlargs[@]}" --threads 1 --quiet --out "$T/S1" > "$T/S1.log" 2>&1 \
+        || { tail -5 "$T/S1.log"; fail "rl, one process, one thread"; }
+    run 2 rl "${rlargs[@]}" --threads 1 --quiet --out "$T/S2" > "$T/S2.log" 2>&1 \
+        || { tail -5 "$T/S2.log"; fail "rl under mpirun -np 2"; }
+    python3 - "$T/S1/metrics.jsonl" "$T/S2/metrics.jsonl" <<'EOF' || fail "DP2 differs from one process"
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if '"event":"step"' in l] for f in sys.argv[1:3])
+bad = len(a) != 3 or len(b) != 3
+for x, y in zip(a, b):
+    d = abs(x["loss"] - y["loss"])
+    print(f"    step {x['step']}: reward {x['reward']:.6f} / {y['reward']:.6f}, accuracy {x['accuracy']:.6f} / "
+          f"{y['accuracy']:.6f}, tokens {x['completion_tokens']} / {y['completion_tokens']}, loss {x['loss']:+.8f} / "
+          f"{y['loss']:+.8f}, grad_norm {x['grad_norm']:.6f} / {y['grad_norm']:.6f}")
+    bad |= x["step"] != y["step"] or x["reward"] != y["reward"] or x["accuracy"] != y["accuracy"]
+    bad |= x["completion_tokens"] != y["completion_tokens"] or x["uniform_groups"] != y["uniform_groups"]
+    bad |= d > 1e-5 * abs(x["loss"]) + 1e-6
+    bad |= abs(x["grad_norm"] - y["grad_norm"]) > 1e-4 * x["grad_norm"]
+    bad |= x.get("heldout_accuracy") != y.get("heldout_accuracy")
+    bad |= y["ratio_dev"] != 0 or y["clip_fraction"] != 0
+sys.exit(1 if bad else 0)
+EOF
+    ok "DP2 = one process: rewards, accuracy, tokens, held-out accuracy exactly; loss within 1e-5 (1e-6 abs)"
+    if run 2 rl "${rlargs[@]}" --prompts-per-step 7 --threads 1 --quiet --out "$T/S3" > "$T/S3.log" 2>&1; then
+        fail "DP2 with --prompts-per-step 7 accepted"
+    fi
+    grep -q "multiple" "$T/S3.log" || { cat "$T/S3.log"; fail "DP2 --prompts-per-step 7: no clear error"; }
+    ok "DP2 refuses --prompts-per-step 7 (not a multiple of the ranks)"
+else
+    echo "note: mpirun not found (apt-get install openmpi-bin): the DP2 comparison was left out"
+fi
+echo "$passed passed, 0 failed"
