@@ -253,10 +253,10 @@ static void check_placement(void) {
         mt_model m[2];
         double loss[2];
         for (int v = 0; v < 2; v++) {
-            mt_shard sh;
-            mt_shard_full(&sh, &c);
+            mt_part sh;
+            mt_part_whole(&sh, &c);
             sh.slot_of = v ? map.slot_of : NULL;
-            MT_ASSERT(mt_model_init_shard(&m[v], &c, &sh, NULL, NULL) == 0);
+            MT_ASSERT(mt_model_init_part(&m[v], &c, &sh, NULL, NULL) == 0);
             mt_model_init_weights(&m[v], 13, 0.3f);
             mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads());
             mt_model_zero_grads(&m[v]);

@@ -508,7 +508,7 @@ static void test_trainer_mode(void) {
     CHECK(fabs(r.mem_ckpt - r.mem_step) < 1 && r.mem_total == r.mem_step, "checkpoint peak %g (step %g)",
           r.mem_ckpt, r.mem_step);
     /* TP 2: the trainer splits attention and the dense FFN only (vocabulary and shared
-     * experts stay whole): weights and gradients of a TP rank as mt_model_layout_shard counts */
+     * experts stay whole): weights and gradients of a TP rank as mt_model_layout_part counts */
     {
         mt_plan_settings s2 = st;
         s2.devices = 2;
@@ -518,11 +518,11 @@ static void test_trainer_mode(void) {
         MT_ASSERT(mt_layout_parse(&lt, "tp=2,mb=4,rc=none", MT_RECOMPUTE_KEEP_ALL) == 0);
         mt_plan_result rt;
         mt_plan_eval(&c, &cl2, &s2, &lt, &rt);
-        mt_shard sh;
-        mt_shard_full(&sh, &c);
+        mt_part sh;
+        mt_part_whole(&sh, &c);
         sh.tp_size = 2;
         size_t npt = 0;
-        mt_model_layout_shard(&c, &sh, NULL, &npt, NULL, NULL);
+        mt_model_layout_part(&c, &sh, NULL, &npt, NULL, NULL);
         CHECK(rt.reason == MT_PLAN_OK && rt.mem_weights == 4.0 * npt && rt.mem_grads == 4.0 * npt,
               "trainer TP2: weights %g B, a TP rank holds %zu parameters", rt.mem_weights, npt);
     }

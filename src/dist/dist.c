@@ -164,7 +164,7 @@ void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_byte
     g_dist.comm_s += MPI_Wtime() - t0;
 }
 
-void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) {
+void mt_group_range(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) {
     MT_ASSERT(r >= 0 && r < g->size);
     /* floor(n*r/S) without the overflow of n*r: n = q*S + m gives q*r + floor(m*r/S) */
     const size_t S = (size_t)g->size, q = n / S, m = n % S;
@@ -182,7 +182,7 @@ static size_t window_parts(const mt_group *g, size_t n, size_t w0, int *cnt, int
     size_t mine = 0;
     for (int r = 0; r < g->size; r++) {
         size_t lo, hi;
-        mt_group_shard(g, n, r, &lo, &hi);
+        mt_group_range(g, n, r, &lo, &hi);
         const size_t a = lo > w0 ? lo : w0, b = hi < w1 ? hi : w1;
         const int part = a < b; /* the shard overlaps the window */
         cnt[r] = part ? (int)(b - a) : 0;
@@ -219,7 +219,7 @@ void mt_group_allgather(mt_group *g, float *p, size_t n) {
     free(cnt);
 }
 
-void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *full) {
+void mt_group_gather_ranges(mt_group *g, const float *shard, size_t n, float *full) {
     if (!active(g)) {
         memcpy(full, shard, n * sizeof *full);
         return;
@@ -235,7 +235,7 @@ void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *fu
     free(cnt);
 }
 
-void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard) {
+void mt_group_scatter_ranges(mt_group *g, const float *full, size_t n, float *shard) {
     if (!active(g)) {
         memcpy(shard, full, n * sizeof *full);
         return;

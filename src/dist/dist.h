@@ -70,16 +70,16 @@ void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
 void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes);
 
 /* Distributed optimizer (ZeRO-1) over a group: the flat buffer of n floats is split into
- * g->size contiguous shards, shard r = [n*r/S, n*(r+1)/S). */
-void mt_group_shard(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi);
-/* shard[hi-lo] = this rank's shard of the sum over g of x[n] (MPI_Reduce_scatter). */
-void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard);
-/* Every rank's shard of p[n] (each rank has updated its own) to every rank, in place. */
+ * g->size contiguous ranges, range r = [n*r/S, n*(r+1)/S). */
+void mt_group_range(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi);
+/* range[hi-lo] = this rank's range of the sum over g of x[n] (MPI_Reduce_scatter). */
+void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *range);
+/* Every rank's range of p[n] (each rank has updated its own) to every rank, in place. */
 void mt_group_allgather(mt_group *g, float *p, size_t n);
-/* full[n] on the group's rank 0 (unused elsewhere) = the concatenation of every rank's shard. */
-void mt_group_gather_shards(mt_group *g, const float *shard, size_t n, float *full);
-/* shard = this rank's part of full[n] held by the group's rank 0 (unused elsewhere). */
-void mt_group_scatter_shards(mt_group *g, const float *full, size_t n, float *shard);
+/* full[n] on the group's rank 0 (unused elsewhere) = the concatenation of every rank's range. */
+void mt_group_gather_ranges(mt_group *g, const float *range, size_t n, float *full);
+/* range = this rank's part of full[n] held by the group's rank 0 (unused elsewhere). */
+void mt_group_scatter_ranges(mt_group *g, const float *full, size_t n, float *range);
 /* Broadcast of x[n] from the group's rank 0. */
 void mt_group_bcast_f32(mt_group *g, float *x, size_t n);
 /* Broadcast of x[n] from the group's rank 0. */

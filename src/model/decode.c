@@ -38,7 +38,7 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
     if (tmax > c->max_position_embeddings)
         return mt_error("decode: %d positions exceed max_position_embeddings %d", tmax, c->max_position_embeddings),
                NULL;
-    if (m->tp || m->ep || !m->shard.embed || !m->shard.head)
+    if (m->tp || m->ep || !m->part.embed || !m->part.head)
         return mt_error("decode: the model must be whole on this rank (no TP, PP or EP)"), NULL;
     mt_decoder *d = mt_xcalloc(1, sizeof *d);
     const size_t C = (size_t)c->hidden_size, HD = (size_t)c->num_attention_heads * c->head_dim;

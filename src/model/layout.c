@@ -1,4 +1,4 @@
-/* model/layout.c — the parameter layout (tensor table of the whole model and of a shard), FLOP counts, and the model object: allocation, binding, seeded init (see model.h). */
+/* model/layout.c — the parameter layout (tensor table of the whole model and of a part), FLOP counts, and the model object: allocation, binding, seeded init (see model.h). */
 #include "model/model.h"
 
 #include <math.h>
@@ -94,7 +94,7 @@ int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
     return n;
 }
 
-void mt_shard_full(mt_shard *s, const mt_config *c) {
+void mt_part_whole(mt_part *s, const mt_config *c) {
     memset(s, 0, sizeof *s);
     s->ep_rank = 0;
     s->ep_size = 1;
@@ -156,8 +156,8 @@ static int tp_split_dim(int role) {
     }
 }
 
-/* does the shard hold full tensor t? 2 = as a replica (the tied embedding used as head) */
-static int shard_holds(const mt_config *c, const mt_shard *sh, const mt_tensor *t) {
+/* does the part hold full tensor t? 2 = as a replica (the tied embedding used as head) */
+static int part_holds(const mt_config *c, const mt_part *sh, const mt_tensor *t) {
     if (t->layer >= 0) {
         if (!sh->layer[t->layer]) return 0;
         if (t->expert < 0) return 1;
@@ -172,7 +172,7 @@ static int shard_holds(const mt_config *c, const mt_shard *sh, const mt_tensor *
 /* The whole table's order with each MoE layer's routed experts in slot order (gate|up pairs
  * kept together, then the down projections): a rank's experts are then consecutive, as the
  * grouped GEMMs index them. The identity for the contiguous placement. */
-static int *placement_order(const mt_config *c, const mt_shard *sh, const mt_tensor *all, int nf) {
+static int *placement_order(const mt_config *c, const mt_part *sh, const mt_tensor *all, int nf) {
     int *order = mt_xmalloc(sizeof(int) * ((size_t)nf + 1));
     for (int i = 0; i < nf; i++) order[i] = i;
     if (!sh->slot_of) return order;
@@ -188,11 +188,11 @@ static int *placement_order(const mt_config *c, const mt_shard *sh, const mt_ten
     return order;
 }
 
-int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, size_t *nparams,
+int mt_model_layout_part(const mt_config *c, const mt_part *sh, mt_tensor *t, size_t *nparams,
                           size_t *n_tp, size_t *n_dense) {
-    mt_shard full;
+    mt_part full;
     if (!sh) {
-        mt_shard_full(&full, c);
+        mt_part_whole(&full, c);
         sh = &full;
     }
     int nf = mt_model_layout(c, NULL, NULL);
@@ -207,7 +207,7 @@ int mt_model_layout_shard(const mt_config *c, const mt_shard *sh, mt_tensor *t, 
     for (int pass = 0; pass < 3; pass++) {
         for (int oi = 0; oi < nf; oi++) {
             const int i = order[oi];
-            int h = shard_holds(c, sh, &all[i]);
+            int h = part_holds(c, sh, &all[i]);
             int dim = tp > 1 ? tp_split_dim(all[i].role) : -1;
             int p = dim >= 0 ? 0 : (all[i].expert >= 0 && sh->ep_size > 1) ? 2 : 1;
             if (!h || p != pass) continue;
@@ -273,7 +273,7 @@ static int slot_of(const mt_model *m, const mt_tensor *t) {
 static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, float **norm,
                  float **head) {
     const mt_config *c = &m->cfg;
-    const int e0 = m->shard.ep_rank * (c->n_routed_experts / m->shard.ep_size);
+    const int e0 = m->part.ep_rank * (c->n_routed_experts / m->part.ep_size);
     memset(w, 0, sizeof *w * (size_t)c->num_hidden_layers);
     *embed = *norm = *head = NULL;
     for (int i = 0; i < m->ntensors; i++) {
@@ -330,28 +330,28 @@ int mt_model_check(const mt_config *cfg) {
     return 0;
 }
 
-int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
+int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
                         const mt_tp_ops *tp) {
     memset(m, 0, sizeof *m);
     if (mt_model_check(cfg) != 0) return -1;
     m->cfg = *cfg;
-    if (sh) m->shard = *sh;
-    else mt_shard_full(&m->shard, cfg);
-    MT_ASSERT(m->shard.ep_size >= 1 && (cfg->n_routed_experts == 0 || cfg->n_routed_experts % m->shard.ep_size == 0));
-    MT_ASSERT(m->shard.ep_size == 1 || ep != NULL);
-    m->ep = m->shard.ep_size > 1 ? ep : NULL;
-    if (m->shard.tp_size < 1) m->shard.tp_size = 1;
-    MT_ASSERT(m->shard.tp_size == 1 || tp != NULL);
-    m->tp = m->shard.tp_size > 1 ? tp : NULL;
-    if (m->shard.slot_of && cfg->n_routed_experts > 0) { /* the model's own copy */
+    if (sh) m->part = *sh;
+    else mt_part_whole(&m->part, cfg);
+    MT_ASSERT(m->part.ep_size >= 1 && (cfg->n_routed_experts == 0 || cfg->n_routed_experts % m->part.ep_size == 0));
+    MT_ASSERT(m->part.ep_size == 1 || ep != NULL);
+    m->ep = m->part.ep_size > 1 ? ep : NULL;
+    if (m->part.tp_size < 1) m->part.tp_size = 1;
+    MT_ASSERT(m->part.tp_size == 1 || tp != NULL);
+    m->tp = m->part.tp_size > 1 ? tp : NULL;
+    if (m->part.slot_of && cfg->n_routed_experts > 0) { /* the model's own copy */
         const size_t n = (size_t)cfg->num_hidden_layers * cfg->n_routed_experts;
         m->slot_of = mt_xmalloc(sizeof(int32_t) * n);
-        memcpy(m->slot_of, m->shard.slot_of, sizeof(int32_t) * n);
+        memcpy(m->slot_of, m->part.slot_of, sizeof(int32_t) * n);
     }
-    m->shard.slot_of = m->slot_of;
-    m->ntensors = mt_model_layout_shard(cfg, &m->shard, NULL, NULL, NULL, NULL);
+    m->part.slot_of = m->slot_of;
+    m->ntensors = mt_model_layout_part(cfg, &m->part, NULL, NULL, NULL, NULL);
     m->tensors = mt_xcalloc((size_t)m->ntensors + 1, sizeof(mt_tensor));
-    mt_model_layout_shard(cfg, &m->shard, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
+    mt_model_layout_part(cfg, &m->part, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
     const size_t bytes = (m->nparams + 1) * sizeof(float); /* nparams < SIZE_MAX / 8: mt_model_check */
     m->params = mt_try_alloc(bytes);
     m->grads = m->params ? mt_try_alloc(bytes) : NULL;
@@ -370,7 +370,7 @@ int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, c
     return 0;
 }
 
-int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_shard(m, cfg, NULL, NULL, NULL); }
+int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_part(m, cfg, NULL, NULL, NULL); }
 
 void mt_model_free(mt_model *m) {
     free(m->slot_of);

@@ -39,9 +39,10 @@ typedef struct {
     int64_t tp_off, tp_full;
 } mt_tensor;
 
-/* Which part of the model a rank holds (pipeline and expert parallelism). Tensor names
- * stay the global docs/FORMATS.md names; a sharded model is a subset of the whole model's tensors.
- * Routed experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) of every held MoE layer are
+/* Which part of the model a rank holds (pipeline, tensor and expert parallelism; "shard"
+ * in moetrain means a token file, "range" a ZeRO slice). Tensor names stay the global
+ * docs/FORMATS.md names; a part is a subset of the whole model's tensors. The routed
+ * experts in slots [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) of every held MoE layer are
  * kept; with ep_size > 1 they are placed after every other tensor. With tp_size > 1 the
  * attention projections (q/k/v rows and o columns, by heads) and the dense FFN (gate/up
  * rows, down columns) hold the rank's slice (Megatron's column / row parallel linears) and
@@ -55,9 +56,9 @@ typedef struct {
     int embed, head;            /* holds the token embedding / the final norm and head */
     int tp_rank, tp_size;       /* tensor parallelism: heads and dense FFN columns split */
     int sp;                     /* sequence parallelism: the residual stream split by tokens */
-} mt_shard;
+} mt_part;
 /* The whole model (one process). */
-void mt_shard_full(mt_shard *s, const mt_config *c);
+void mt_part_whole(mt_part *s, const mt_config *c);
 
 /* Expert placement: physical slot s of MoE layer l holds logical expert expert_of[l*E + s],
  * and slot s lives on EP rank s / (E / ep_size). Routing, load counts and checkpoints name
@@ -149,7 +150,7 @@ typedef struct mt_ep_ops {
 
 typedef struct {
     mt_config cfg;
-    mt_shard shard;
+    mt_part part;
     const mt_ep_ops *ep;            /* NULL: every expert is local */
     const mt_tp_ops *tp;            /* NULL: no tensor parallelism */
     int32_t *slot_of;               /* [L*E] the expert placement (mt_expert_map); NULL: contiguous */
@@ -181,10 +182,10 @@ int mt_model_check(const mt_config *cfg);
 int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The part of the model described by sh (tensor table, offsets and pointers for it only);
  * ep may be NULL when sh->ep_size == 1. */
-int mt_model_init_shard(mt_model *m, const mt_config *cfg, const mt_shard *sh, const mt_ep_ops *ep,
+int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
                         const mt_tp_ops *tp);
-/* Tensor table of a shard (like mt_model_layout; NULL sh = whole model). */
-int mt_model_layout_shard(const mt_config *cfg, const mt_shard *sh, mt_tensor *tensors, size_t *nparams,
+/* Tensor table of a part (like mt_model_layout; NULL sh = whole model). */
+int mt_model_layout_part(const mt_config *cfg, const mt_part *sh, mt_tensor *tensors, size_t *nparams,
                           size_t *n_tp, size_t *n_dense);
 void mt_model_free(mt_model *m);
 /* Seeded, layout-independent init (keyed by full_index): matrices ~ N(0, std^2), norms = 1. */

@@ -55,10 +55,10 @@ void mt_optim_init(mt_optim *op, const mt_model *m, mt_dist *d, int dist_opt) {
         g->on = g->n;
         if (dist_opt) {
             size_t lo, hi;
-            mt_group_shard(g->g, g->n, g->g->rank, &lo, &hi);
+            mt_group_range(g->g, g->n, g->g->rank, &lo, &hi);
             g->olo = g->lo + lo;
             g->on = hi - lo;
-            g->gshard = mt_alloc((g->on + 1) * sizeof(float));
+            g->grange = mt_alloc((g->on + 1) * sizeof(float));
             g->m = mt_alloc((g->on + 1) * sizeof(float));
             g->v = mt_alloc((g->on + 1) * sizeof(float));
         } else {
@@ -79,7 +79,7 @@ void mt_optim_free(mt_optim *op) {
             mt_free(g->m);
             mt_free(g->v);
         }
-        mt_free(g->gshard);
+        mt_free(g->grange);
         free(g->t_off);
         free(g->t_len);
         free(g->t_decay);
@@ -91,13 +91,13 @@ void mt_optim_free(mt_optim *op) {
 
 void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes) {
     const mt_config *cfg = &m->cfg;
-    const mt_shard *sh = &m->shard;
+    const mt_part *sh = &m->part;
     mt_trace_begin("comm.gradients");
     if (cfg->tie_word_embeddings && d->pp_size > 1 && (sh->embed || sh->head))
         mt_group_sum_f32(&d->emb, sh->embed ? m->d_embed : m->d_head, (size_t)cfg->vocab_size * cfg->hidden_size);
     for (int i = 0; i < MT_OPT_REGIONS; i++) {
         mt_opt_region *g = &op->reg[i];
-        if (op->dist_opt) mt_group_reduce_scatter(g->g, m->grads + g->lo, g->n, g->gshard);
+        if (op->dist_opt) mt_group_reduce_scatter(g->g, m->grads + g->lo, g->n, g->grange);
         else mt_group_grad_allreduce(g->g, m->grads + g->lo, g->n, bucket_bytes);
     }
     mt_trace_end();
@@ -105,13 +105,13 @@ void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes)
 
 double mt_optim_grad_norm(const mt_optim *op, const mt_model *m, mt_dist *d) {
     mt_trace_begin("optimizer.grad_norm");
-    /* every parameter counted once: its shard (dist_opt), or the copy of DP index 0
+    /* every parameter counted once: its range (dist_opt), or the copy of DP index 0
      * (experts: expert-DP index 0); the tied embedding's replica never */
     double ss = 0;
     for (int i = 0; i < MT_OPT_REGIONS; i++) {
         const mt_opt_region *g = &op->reg[i];
         if ((op->tp_dup[i] && op->tp_rank != 0) || (!op->dist_opt && g->g->rank != 0)) continue;
-        const float *gr = op->dist_opt ? g->gshard : m->grads + g->olo;
+        const float *gr = op->dist_opt ? g->grange : m->grads + g->olo;
         for (int k = 0; k < g->nn; k++) ss += mt_sumsq(gr + g->n_off[k], g->n_len[k]);
     }
     mt_group_sum_f64(&d->all, &ss, 1);
@@ -125,7 +125,7 @@ void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr
     mt_trace_begin("optimizer");
     for (int i = 0; i < MT_OPT_REGIONS; i++) {
         mt_opt_region *g = &op->reg[i];
-        const float *gr = op->dist_opt ? g->gshard : m->grads + g->olo;
+        const float *gr = op->dist_opt ? g->grange : m->grads + g->olo;
         mt_adamw_multi(m->params + g->olo, gr, g->m, g->v, g->nt, g->t_off, g->t_len, g->t_decay, (float)lr,
                        (float)hp->beta1, (float)hp->beta2, (float)hp->eps, (float)hp->wd, gscale, step);
     }

@@ -22,7 +22,7 @@ typedef struct {
     size_t olo, on;               /* the optimizer's range: all of it, or this rank's shard (dist_opt) */
     mt_group *g;
     float *m, *v;                 /* AdamW moments [on] */
-    float *gshard;                /* dist_opt: this rank's shard of the summed gradient */
+    float *grange;                /* dist_opt: this rank's shard of the summed gradient */
     int nt;                       /* tensor table for the optimizer, clipped to [olo, olo+on) and */
     size_t *t_off, *t_len;        /* relative to olo */
     int *t_decay;

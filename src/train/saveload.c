@@ -51,8 +51,8 @@ int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
             MT_ASSERT(g->lo == 0 && g->n == P && g->g->size == d->size);
             fm = root ? mt_alloc((NF + 1) * sizeof(float)) : NULL;
             fv = root ? mt_alloc((NF + 1) * sizeof(float)) : NULL;
-            mt_group_gather_shards(g->g, g->m, P, fm);
-            mt_group_gather_shards(g->g, g->v, P, fv);
+            mt_group_gather_ranges(g->g, g->m, P, fm);
+            mt_group_gather_ranges(g->g, g->v, P, fv);
         } else {
             fm = lm, fv = lv;
         }
@@ -116,8 +116,8 @@ int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
                 mt_group_bcast_f32(&d->all, op->mom_v, P);
             } else if (resume) {
                 mt_opt_region *g = &op->reg[1];
-                mt_group_scatter_shards(g->g, fm, P, g->m);
-                mt_group_scatter_shards(g->g, fv, P, g->v);
+                mt_group_scatter_ranges(g->g, fm, P, g->m);
+                mt_group_scatter_ranges(g->g, fv, P, g->v);
             }
         } else {
             mt_reshard_scatter(&d->all, l->full_t, fp, m, m->params);

@@ -368,7 +368,7 @@ static int init_model(mt_trainer *t) {
     if (check_layout(o, cfg) != 0) return -1;
     t->bounds = mt_xmalloc(sizeof(int) * ((size_t)S + 1));
     if (stage_bounds(o->split, cfg->num_hidden_layers, S, t->bounds) != 0) return -1;
-    mt_shard sh;
+    mt_part sh;
     memset(&sh, 0, sizeof sh);
     sh.ep_rank = d->ep_rank;
     sh.ep_size = o->ep;
@@ -394,7 +394,7 @@ static int init_model(mt_trainer *t) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode) != 0) return -1;
         t->have_ep = 1;
     }
-    const int rc = mt_model_init_shard(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
+    const int rc = mt_model_init_part(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
     mt_expert_map_free(&map); /* the model keeps its own copy */
     if (rc != 0) return -1;
     t->nfull_t = mt_model_layout(cfg, NULL, NULL);
