@@ -11,6 +11,7 @@
 #include "dist/dist.h"
 #include "kernels/blas.h"
 #include "rl/advantage.h"
+#include "rl/dump.h"
 #include "rl/grpo.h"
 #include "rl/reward.h"
 #include "rl/rollout.h"
@@ -111,6 +112,10 @@ int mt_rl(const mt_rl_opts *opt) {
         return mt_error("rl: --pp, --tp and --ep split the model; the rollout needs it whole on every rank (the "
                         "train/rollout layout switch is not implemented yet): use data parallelism");
     const int D = d->size;
+    if (o.dump_grads && D > 1)
+        return mt_error("rl: --dump-grads writes one process's gradient buffer: run it without mpirun (the rollout "
+                        "dump works under any number of ranks)");
+    if (o.dump_rollouts && root && mt_mkdir_p(o.dump_rollouts) != 0) mt_dist_abort(mt_last_error());
     if (o.prompts_per_step % D != 0)
         return mt_error("rl: --prompts-per-step %d is not a multiple of the %d data-parallel ranks", o.prompts_per_step,
                         D);
@@ -181,6 +186,12 @@ int mt_rl(const mt_rl_opts *opt) {
     float *rew = mt_xmalloc(sizeof(float) * (size_t)rows), *adv = mt_xmalloc(sizeof(float) * (size_t)rows);
     uint8_t *uni = mt_xmalloc((size_t)Pl), *drop = mt_xmalloc((size_t)Pl);
     mt_grpo_seq *seq = mt_xcalloc((size_t)rows, sizeof *seq);
+    int *seq_of = mt_xmalloc(sizeof(int) * (size_t)rows); /* kept completion k -> its index */
+    /* the rollout dump: one record per completion (rl/dump.h), gathered on rank 0 */
+    const int stride = mt_rlrec_stride(o.max_new);
+    double *rec = o.dump_rollouts ? mt_xmalloc(sizeof(double) * (size_t)rows * stride) : NULL;
+    double *rec_all = o.dump_rollouts && root ? mt_xmalloc(sizeof(double) * (size_t)rows * stride * D) : NULL;
+    int grads_done = !o.dump_grads;
     const double t_begin = mt_now();
     int rc = 0;
     for (int step = mt_trainer_get_state(t)->step + 1; step <= ti->steps && rc == 0; step++) {
@@ -216,12 +227,24 @@ int mt_rl(const mt_rl_opts *opt) {
             if (drop[j]) continue;
             for (int s = 0; s < G; s++) {
                 const int i = j * G + s;
+                seq_of[nseq] = i;
                 seq[nseq++] = (mt_grpo_seq){ptok[j], req[i].len, co[i].tokens, co[i].logp, co[i].n, adv[i], co[i].routing};
                 cnt[0]++, cnt[1] += co[i].n;
             }
         }
         mt_group_sum_i64(&d->dp, cnt, 2);
         sums[7] = rs.seconds;
+        for (int i = 0; rec && i < rows; i++) {
+            double *r = rec + (size_t)i * stride;
+            for (int k = 0; k < stride; k++) r[k] = NAN;
+            r[MT_RLREC_PROMPT] = (double)pidx[i / G], r[MT_RLREC_SAMPLE] = i % G, r[MT_RLREC_N] = co[i].n;
+            r[MT_RLREC_EOT] = co[i].stopped_eot, r[MT_RLREC_REWARD] = rew[i], r[MT_RLREC_ADV] = adv[i];
+            r[MT_RLREC_KEPT] = !drop[i / G];
+            for (int k = 0; k < co[i].n; k++) {
+                r[MT_RLREC_HEAD + k] = co[i].tokens[k];
+                r[MT_RLREC_HEAD + o.max_new + k] = co[i].logp[k];
+            }
+        }
         double gstat[MT_GRPO_NSTAT] = {0};
         mt_step_result sr;
         memset(&sr, 0, sizeof sr);
@@ -240,6 +263,15 @@ int mt_rl(const mt_rl_opts *opt) {
             if (rc == 0 && mt_trainer_step(t, &b, &sr) != 0) rc = -1;
             t_train = mt_now() - t0;
             mt_grpo_stats(&gb, gstat);
+            for (int k = 0; rec && rc == 0 && k < nseq; k++) { /* row k: position plen-1+j predicts token j */
+                double *r = rec + (size_t)seq_of[k] * stride + MT_RLREC_HEAD + 2 * o.max_new;
+                for (int j = 0; j < seq[k].n; j++) r[j] = gb.old[(size_t)k * ti->seq + seq[k].plen - 1 + j];
+            }
+            if (rc == 0 && !grads_done) {
+                if (mt_rl_dump_grads(o.dump_grads, m) != 0) rc = -1;
+                else if (root && !ti->quiet) printf("  gradient of step %d written to %s\n", step, o.dump_grads);
+                grads_done = 1;
+            }
             mt_grpo_batch_free(&gb);
             if (rc) break;
             double mx = gstat[5];
@@ -249,6 +281,32 @@ int mt_rl(const mt_rl_opts *opt) {
         }
         mt_group_sum_f64(&d->dp, sums, 7);
         mt_group_max_f64(&d->dp, &sums[7], 1);
+        if (rec) {
+            mt_group_gather_f64(&d->dp, rec, (size_t)rows * stride, rec_all);
+            if (root) {
+                const double ntok = gstat[4];
+                char ck[4200], dp[4200];
+                const char *ckpt = NULL;
+                if (step == 1) ckpt = ti->init;
+                else if (ti->save_every > 0 && (step - 1) % ti->save_every == 0) {
+                    snprintf(ck, sizeof ck, "%s/step_%08d", ti->out, step - 1);
+                    ckpt = ck;
+                }
+                const mt_rl_dump_step ds = {
+                    .step = step, .version = step - 1, .checkpoint = ckpt, .prompts = o.prompts,
+                    .prompts_per_step = o.prompts_per_step, .group = G, .bf16 = ti->bf16, .temperature = o.temperature,
+                    .top_p = o.top_p, .top_k = o.top_k, .max_new = o.max_new, .eot = ro.eot, .seed = ti->seed,
+                    .eps_low = o.eps_low, .eps_high = o.eps_high, .beta = 0.0, .is_cap = o.is_cap,
+                    .alpha = mt_trainer_config(t)->aux_loss_alpha, .format_penalty = o.format_penalty,
+                    .agg = mt_grpo_agg_name(agg), .scale = !o.no_scale, .drop_uniform = o.drop_uniform,
+                    .trained = cnt[0] > 0, .finite = cnt[0] > 0 && sr.finite, .completions = cnt[0],
+                    .completion_tokens = cnt[1], .loss = gstat[0], .pg = gstat[1], .kl = 0.0,
+                    .clip_fraction = ntok > 0 ? gstat[2] / ntok : 0, .ratio_dev = ntok > 0 ? gstat[3] / ntok : 0,
+                    .old_behav_max = gstat[5], .balance = sr.balance, .grad_norm = sr.grad_norm};
+                snprintf(dp, sizeof dp, "%s/step_%08d.json", o.dump_rollouts, step);
+                if (mt_rl_dump_write(dp, &ds, rec_all, rows * D, stride, &ps) != 0) mt_dist_abort(mt_last_error());
+            }
+        }
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
         if (eval_on && o.eval_every > 0 && step % o.eval_every == 0 && step != ti->steps)
             acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
@@ -294,6 +352,7 @@ int mt_rl(const mt_rl_opts *opt) {
     if (mf) fclose(mf);
     for (int j = 0; j < Pl; j++) free(ptok[j]);
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
+    free(seq_of), free(rec), free(rec_all);
     mt_trainer_free(t);
     mt_reward_free(&reward);
     mt_prompts_free(&ps);

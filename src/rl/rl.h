@@ -8,7 +8,10 @@
  * the weights, training and rollout on the same ranks and the same weights (the layouts
  * that split the model, TP / PP / EP, need the rollout layout switch: not yet). Rank 0
  * prints a progress line per step and writes OUT/metrics.jsonl; checkpoints are the
- * trainer's. */
+ * trainer's. With dump_rollouts rank 0 also writes each step's rollouts, gathered from the
+ * ranks, and what the step recorded (docs/FORMATS.md 8.1): with the checkpoint the step
+ * started from (--init for step 1; OUT/step_<s-1> when saved) an independent implementation
+ * recomputes the loss; dump_grads adds the first trained step's gradient. */
 #ifndef MT_RL_RL_H
 #define MT_RL_RL_H
 
@@ -30,6 +33,8 @@ typedef struct {
     const char *agg;             /* aggregation name (default token-mean) */
     int no_scale, drop_uniform;
     int eval_every, eval_n;      /* held-out greedy accuracy: every N steps (0: start and end), prompts */
+    const char *dump_rollouts;   /* folder: every step's rollouts as step_NNNNNNNN.json (rl/dump.h) */
+    const char *dump_grads;      /* file: the first trained step's summed gradient (one process) */
 } mt_rl_opts;
 
 void mt_rl_defaults(mt_rl_opts *o);
