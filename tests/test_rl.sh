@@ -100,6 +100,15 @@ for v in "seq-mean-token-mean 0.7" "seq-mean-token-sum-norm 0"; do
     ok "--agg $1 --temperature $2: runs, on-policy"
 done
 
+# the KL to the frozen --init weights and routing replay: on-policy still; kl 0 at step 1
+# (the weights are the reference's), positive and finite after an update
+"$MT" rl "${rlargs[@]}" --steps 3 --eval-n 0 --beta 0.1 --routing-replay --threads 2 --out "$T/K" > "$T/K.log" 2>&1 \
+    || { tail -5 "$T/K.log"; fail "rl --beta 0.1 --routing-replay"; }
+onpolicy "$T/K/metrics.jsonl" || fail "--beta --routing-replay: not on-policy"
+kls=$(grep '"event":"step"' "$T/K/metrics.jsonl" | sed -E 's/.*"kl":([^,]+),.*/\1/' | tr '\n' ' ')
+echo "$kls" | awk '{ if ($1 != 0 || !($3 > 0) || $3 > 10) exit 1 }' || fail "--beta: kl per step '$kls' (want 0, then > 0)"
+ok "--beta 0.1 --routing-replay: on-policy, kl per step $kls"
+
 # errors: one line, non-zero exit
 refused() { # what expected-text args...
     local what=$1 want=$2
@@ -121,6 +130,8 @@ refused "--init at a data folder" "$T/D" --init "$T/D" "${base[@]}"
 refused "--init at a missing folder" "$T/nothere" --init "$T/nothere" "${base[@]}"
 refused "--agg bogus" "bogus" --init "$T/run" "${base[@]}" --agg bogus
 refused "--temperature -1" "temperature" --init "$T/run" "${base[@]}" --temperature -1
+refused "--beta -1" "beta" --init "$T/run" "${base[@]}" --beta -1
+refused "--routing-replay with --dump-rollouts" "routing" --init "$T/run" "${base[@]}" --routing-replay --dump-rollouts "$T/dd"
 
 if [ ${#MPI[@]} -gt 0 ]; then
     # one process and DP2 on one thread per rank (the same global batch: 8 prompts x 4)

@@ -35,6 +35,8 @@ int mt_cmd_rl(int argc, char **argv) {
         {"agg", MT_ARG_STR, &o.agg, "loss aggregation: token-mean (default), seq-mean-token-mean, seq-mean-token-sum-norm", NULL},
         {"no-scale", MT_ARG_BOOL, &o.no_scale, "advantages not divided by the group's std", NULL},
         {"drop-uniform", MT_ARG_BOOL, &o.drop_uniform, "leave out groups whose rewards are all equal", NULL},
+        {"beta", MT_ARG_DBL, &o.beta, "weight of the k3 KL to the --init weights, kept frozen (default 0: none)", NULL},
+        {"routing-replay", MT_ARG_BOOL, &o.routing_replay, "the trainer's forwards route each token to the experts the rollout chose", NULL},
         {"format-penalty", MT_ARG_DBL, &o.format_penalty, "reward of a malformed completion is -this (default 0)", NULL},
         {"micro-batch", MT_ARG_INT, &o.micro_batch, "completions per trainer micro-batch (default min(64, the rank's))", NULL},
         {"eval-every", MT_ARG_INT, &o.eval_every, "steps between held-out accuracies, 0 = start and end only", NULL},

@@ -106,6 +106,10 @@ int mt_rl(const mt_rl_opts *opt) {
         !isfinite(o.is_cap))
         return mt_error("rl: need 0 <= --eps-low < 1, --eps-high >= 0 and --is-cap >= 1 (finite)");
     if (strcmp(o.task, "math") != 0) return mt_error("rl: --task '%s': only math is built in", o.task);
+    if (!(o.beta >= 0) || !isfinite(o.beta)) return mt_error("rl: --beta must be a finite number >= 0");
+    if (o.routing_replay && o.dump_rollouts)
+        return mt_error("rl: --dump-rollouts does not record the routing yet: it cannot be combined with "
+                        "--routing-replay");
     const int agg = mt_grpo_agg_parse(o.agg);
     if (agg < 0) return -1;
     if (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1)
@@ -152,7 +156,17 @@ int mt_rl(const mt_rl_opts *opt) {
     mt_grpo_loss L;
     mt_grpo_loss_defaults(&L);
     L.eps_low = o.eps_low, L.eps_high = o.eps_high, L.is_cap = o.is_cap, L.temperature = o.temperature;
-    L.agg = agg, L.max_new = o.max_new;
+    L.agg = agg, L.max_new = o.max_new, L.beta = o.beta;
+    /* the frozen reference: the weights the run starts from */
+    float *ref = NULL;
+    if (o.beta > 0) {
+        ref = mt_try_alloc(sizeof(float) * (m->nparams + 1));
+        if (!ref) mt_dist_abort("rl: no memory for the reference copy of the weights (--beta)");
+        memcpy(ref, m->params, sizeof(float) * m->nparams);
+    }
+    int nmoe = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) nmoe += mt_config_is_moe(&m->cfg, l);
+    const int replay_stride = o.routing_replay ? nmoe * m->cfg.num_experts_per_tok : 0;
     mt_adv_opts ao;
     mt_adv_defaults(&ao);
     ao.scale = !o.no_scale, ao.drop_uniform_groups = o.drop_uniform;
@@ -206,7 +220,7 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_rollout_opts ro;
         mt_rollout_defaults(&ro);
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
-        ro.seed = ti->seed, ro.step = (uint64_t)step, ro.slots = o.slots;
+        ro.seed = ti->seed, ro.step = (uint64_t)step, ro.slots = o.slots, ro.record_routing = o.routing_replay;
         mt_rollout_stats rs;
         if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
         /* rewards and advantages per group */
@@ -251,7 +265,8 @@ int mt_rl(const mt_rl_opts *opt) {
         double t_train = 0;
         if (cnt[0] > 0) {
             mt_grpo_batch gb;
-            if (mt_grpo_batch_init(&gb, &L, seq, nseq, ti->accum, ti->batch, ti->seq, cnt[1], cnt[0], 0) != 0) {
+            if (mt_grpo_batch_init(&gb, &L, seq, nseq, ti->accum, ti->batch, ti->seq, cnt[1], cnt[0], replay_stride) !=
+                0) {
                 rc = -1;
                 break;
             }
@@ -259,6 +274,12 @@ int mt_rl(const mt_rl_opts *opt) {
             const mt_batch b = {ti->accum, ti->batch, ti->seq, gb.in, gb.tg, NULL, &gb.obj, gb.fed, gb.replay, gb.replay_stride};
             gb.phase = 0;
             if (mt_trainer_logprobs(t, &b) != 0) rc = -1;
+            if (rc == 0 && ref) { /* logp_ref: the same forward with the reference weights */
+                float *cur = mt_model_use_params(m, ref);
+                gb.phase = 2;
+                if (mt_trainer_logprobs(t, &b) != 0) rc = -1;
+                mt_model_use_params(m, cur);
+            }
             gb.phase = 1;
             if (rc == 0 && mt_trainer_step(t, &b, &sr) != 0) rc = -1;
             t_train = mt_now() - t0;
@@ -275,6 +296,7 @@ int mt_rl(const mt_rl_opts *opt) {
             mt_grpo_batch_free(&gb);
             if (rc) break;
             double mx = gstat[5];
+            mt_group_sum_f64(&d->dp, gstat + 6, 1); /* the kl part; [5] is a maximum */
             mt_group_sum_f64(&d->dp, gstat, 5);
             mt_group_max_f64(&d->dp, &mx, 1);
             gstat[5] = mx;
@@ -296,11 +318,11 @@ int mt_rl(const mt_rl_opts *opt) {
                     .step = step, .version = step - 1, .checkpoint = ckpt, .prompts = o.prompts,
                     .prompts_per_step = o.prompts_per_step, .group = G, .bf16 = ti->bf16, .temperature = o.temperature,
                     .top_p = o.top_p, .top_k = o.top_k, .max_new = o.max_new, .eot = ro.eot, .seed = ti->seed,
-                    .eps_low = o.eps_low, .eps_high = o.eps_high, .beta = 0.0, .is_cap = o.is_cap,
+                    .eps_low = o.eps_low, .eps_high = o.eps_high, .beta = o.beta, .is_cap = o.is_cap,
                     .alpha = mt_trainer_config(t)->aux_loss_alpha, .format_penalty = o.format_penalty,
                     .agg = mt_grpo_agg_name(agg), .scale = !o.no_scale, .drop_uniform = o.drop_uniform,
                     .trained = cnt[0] > 0, .finite = cnt[0] > 0 && sr.finite, .completions = cnt[0],
-                    .completion_tokens = cnt[1], .loss = gstat[0], .pg = gstat[1], .kl = 0.0,
+                    .completion_tokens = cnt[1], .loss = gstat[0], .pg = gstat[1], .kl = gstat[6],
                     .clip_fraction = ntok > 0 ? gstat[2] / ntok : 0, .ratio_dev = ntok > 0 ? gstat[3] / ntok : 0,
                     .old_behav_max = gstat[5], .balance = sr.balance, .grad_norm = sr.grad_norm};
                 snprintf(dp, sizeof dp, "%s/step_%08d.json", o.dump_rollouts, step);
@@ -324,12 +346,12 @@ int mt_rl(const mt_rl_opts *opt) {
             fprintf(mf,
                     "{\"event\":\"step\",\"step\":%d,\"version\":%d,\"prompts\":%d,\"completions\":%.0f,"
                     "\"completion_tokens\":%.0f,\"reward\":%.6f,\"accuracy\":%.6f,\"uniform_groups\":%.6f,"
-                    "\"length\":%.3f,\"loss\":%.8f,\"pg\":%.8f,\"kl\":0,\"clip_fraction\":%.6f,\"ratio_dev\":%.3e,"
+                    "\"length\":%.3f,\"loss\":%.8f,\"pg\":%.8f,\"kl\":%.8f,\"clip_fraction\":%.6f,\"ratio_dev\":%.3e,"
                     "\"max_staleness\":0,\"logp_old_behav_max\":%.3e,\"grad_norm\":%.6f,\"rollout_tokens_per_s\":%.1f,"
                     "\"train_tokens_per_s\":%.1f,\"switch_s\":0,\"elapsed\":%.2f",
                     step, step - 1, o.prompts_per_step, n, sums[2], sums[0] / n, sums[1] / n, sums[4] / (n / G),
-                    sums[2] / n, gstat[0], gstat[1], ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0,
-                    gstat[5], sr.grad_norm, rtps, ttps, el);
+                    sums[2] / n, gstat[0], gstat[1], gstat[6], ntok > 0 ? gstat[2] / ntok : 0,
+                    ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps, el);
             if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0)))
                 fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
             fprintf(mf, "}\n");
@@ -352,6 +374,7 @@ int mt_rl(const mt_rl_opts *opt) {
     if (mf) fclose(mf);
     for (int j = 0; j < Pl; j++) free(ptok[j]);
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
+    mt_free(ref);
     free(seq_of), free(rec), free(rec_all);
     mt_trainer_free(t);
     mt_reward_free(&reward);

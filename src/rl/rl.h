@@ -6,7 +6,10 @@
  * one optimizer step of the trainer (train/trainer.h) on the GRPO loss (rl/grpo.h). Under
  * mpirun the ranks are data-parallel: each rolls out P / DP prompts with its own copy of
  * the weights, training and rollout on the same ranks and the same weights (the layouts
- * that split the model, TP / PP / EP, need the rollout layout switch: not yet). Rank 0
+ * that split the model, TP / PP / EP, need the rollout layout switch: not yet). With beta >
+ * 0 the --init weights stay as the frozen reference (one more copy of the parameters) and a
+ * third forward records logp_ref; with routing replay the rollout records every fed
+ * position's experts and both trainer forwards use them. Rank 0
  * prints a progress line per step and writes OUT/metrics.jsonl; checkpoints are the
  * trainer's. With dump_rollouts rank 0 also writes each step's rollouts, gathered from the
  * ranks, and what the step recorded (docs/FORMATS.md 8.1): with the checkpoint the step
@@ -35,6 +38,8 @@ typedef struct {
     int eval_every, eval_n;      /* held-out greedy accuracy: every N steps (0: start and end), prompts */
     const char *dump_rollouts;   /* folder: every step's rollouts as step_NNNNNNNN.json (rl/dump.h) */
     const char *dump_grads;      /* file: the first trained step's summed gradient (one process) */
+    double beta;                 /* k3 KL to the --init weights (frozen reference); 0 = none */
+    int routing_replay;          /* the trainer's forwards route as the rollout did */
 } mt_rl_opts;
 
 void mt_rl_defaults(mt_rl_opts *o);
