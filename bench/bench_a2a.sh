@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Inter-node bytes per step of the EP token exchange, flat vs hierarchical all-to-all
-# (dist/a2a.h): EP8 = 8 ranks on this machine, emulating 2 and 4 nodes (ranks_per_node 4
+# (parallel/a2a.h): EP8 = 8 ranks on this machine, emulating 2 and 4 nodes (ranks_per_node 4
 # and 2), top-2 and top-8 uniform random routing over E=16 experts. One step = one
 # dispatch + one combine (forward only; the backward repeats the same traffic).
 # Bytes are summed over all ranks and include routing metadata and the counts exchange;

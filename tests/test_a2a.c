@@ -1,4 +1,4 @@
-/* tests/test_a2a.c — expert-parallel dispatch / combine (dist/a2a.h) under MPI.
+/* tests/test_a2a.c — expert-parallel dispatch / combine (parallel/a2a.h) under MPI.
  *
  * Usage: mpirun -np P test_a2a [ranks_per_node]   (a plain run is one rank: one node)
  *        mpirun -np P test_a2a bench RANKS_PER_NODE N C K   (bench/bench_a2a.sh)
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "base/common.h"
-#include "dist/a2a.h"
+#include "parallel/a2a.h"
 #include "testutil.h"
 
 static int g_pass, g_fail, g_rank;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Expert-parallel dispatch / combine, flat vs hierarchical (dist/a2a.h; issue 3 items 3-4).
+# Expert-parallel dispatch / combine, flat vs hierarchical (parallel/a2a.h; issue 3 items 3-4).
 # Runs tests/test_a2a (built next to moetrain) under mpirun on several layouts:
 #   4 ranks in 2 emulated nodes, 8 ranks in 4 and in 2 emulated nodes, 4 ranks grouped by
 #   shared memory (one real node), and a single rank.

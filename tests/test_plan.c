@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
-#include "dist/schedule.h"
+#include "parallel/schedule.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "model/model.h"

@@ -21,8 +21,8 @@
 #include "kernels/ops.h"
 #include "kernels/ref.h"
 #include "kernels/ref_moe.h"
-#include "dist/dist.h"
-#include "dist/launch.h"
+#include "parallel/dist.h"
+#include "parallel/launch.h"
 #include "model/model.h"
 #include "plan/calibrate.h"
 

@@ -6,7 +6,7 @@
 #include "base/common.h"
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "train/trainer.h"
 
 int mt_cmd_train(int argc, char **argv) {

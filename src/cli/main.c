@@ -4,7 +4,7 @@
 
 #include "base/common.h"
 #include "cli/cli.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "kernels/blas.h"
 #include "kernels/tier.h"
 

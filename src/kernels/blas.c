@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "base/common.h"
-#include "dist/launch.h"
+#include "parallel/launch.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/ops.h"
 #include "kernels/tier.h"

@@ -88,7 +88,7 @@ typedef struct {
     float *sgate, *sup, *sdown;     /* shared experts: [Fs,C], [Fs,C] (adjacent), [C,Fs] (NULL if none) */
 } mt_layer_w;
 
-/* Tensor-parallel collectives over the TP group, supplied by dist/. With sp the residual
+/* Tensor-parallel collectives over the TP group, supplied by parallel/. With sp the residual
  * stream of a micro-batch is split into tp_size contiguous blocks of tokens; gather
  * assembles the whole [N, C] from the local [N/tp, C] blocks (all-gather) and reduce sums
  * the partial [N, C] of a row-parallel linear into this rank's block (reduce-scatter).
@@ -106,7 +106,7 @@ typedef struct mt_tp_ops {
  * experts (dispatch), the expert outputs come back weighted (combine), and the backward
  * runs both ways again. Experts are addressed by physical slot: slot s lives on rank
  * s / (E / size) (the model maps logical experts to slots, mt_expert_map). The local case
- * (no expert parallelism) is an exchange of size 1 (model/moe_block.c); dist/ep.c supplies
+ * (no expert parallelism) is an exchange of size 1 (model/moe_block.c); parallel/ep.c supplies
  * the MPI one. The model does not know MPI.
  *
  * Split-phase: every operation begins a transfer; test() progresses the pending one and

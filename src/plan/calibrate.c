@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "base/common.h"
-#include "dist/a2a.h"
-#include "dist/commbench.h"
-#include "dist/dist.h"
+#include "parallel/a2a.h"
+#include "parallel/commbench.h"
+#include "parallel/dist.h"
 #include "kernels/attention.h"
 #include "kernels/blas.h"
 #include "kernels/gemm_bf16.h"

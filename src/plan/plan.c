@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "base/common.h"
-#include "dist/schedule.h"
+#include "parallel/schedule.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "model/model.h"
@@ -411,7 +411,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
              * allocated. A rank holding the whole model (no TP, PP, EP) writes from its own
              * buffers; with ZeRO-1 world rank 0 first gathers the moments (8 B a parameter).
              * A sharded layout sends its tensors to world rank 0 point to point
-             * (dist/reshard.c): rank 0 holds whole-model parameters and moments (12 B a
+             * (parallel/reshard.c): rank 0 holds whole-model parameters and moments (12 B a
              * parameter); with ZeRO-1 every rank first assembles its part's moments (8 B a
              * local parameter) */
             const int whole = l->tp == 1 && l->pp == 1 && l->ep == 1;

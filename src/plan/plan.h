@@ -7,7 +7,7 @@
  * memory of every pipeline rank (weights, gradients, optimizer state, activations of the
  * micro-batches the schedule keeps in flight, working buffers), the modelled duration of
  * every forward and backward (roofline with efficiencies, TP / EP / PP / DP collectives),
- * then replays the schedule's action lists (dist/schedule.h) in the simulator (plan/sim.h).
+ * then replays the schedule's action lists (parallel/schedule.h) in the simulator (plan/sim.h).
  * mt_plan_search enumerates the space and keeps the N fastest layouts that fit. */
 #ifndef MT_PLAN_PLAN_H
 #define MT_PLAN_PLAN_H

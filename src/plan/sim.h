@@ -1,4 +1,4 @@
-/* plan/sim.h — discrete-event replay of a pipeline schedule (dist/schedule.h) with
+/* plan/sim.h — discrete-event replay of a pipeline schedule (parallel/schedule.h) with
  * modelled durations.
  *
  * Each rank runs its action list in order on one compute stream: a compute action takes
@@ -10,7 +10,7 @@
 #ifndef MT_PLAN_SIM_H
 #define MT_PLAN_SIM_H
 
-#include "dist/schedule.h"
+#include "parallel/schedule.h"
 
 typedef struct {
     const double *fwd, *bwd;   /* [P*V] seconds per micro-batch, by virtual stage */

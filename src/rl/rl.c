@@ -8,7 +8,7 @@
 
 #include "base/common.h"
 #include "data/prompts.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "kernels/blas.h"
 #include "rl/advantage.h"
 #include "rl/dump.h"

@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/model.h"
 
 /* One region of the flat buffer with the group its gradients are reduced over. */

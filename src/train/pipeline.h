@@ -1,5 +1,5 @@
 /* train/pipeline.h — the pipeline executor: runs this rank's action list of a schedule
- * (dist/schedule.h) on the model chunks it holds, with blocking receives and non-blocking
+ * (parallel/schedule.h) on the model chunks it holds, with blocking receives and non-blocking
  * sends of activations and gradients between pipeline ranks.
  *
  * A rank holds V chunks (virtual stages chunk*P + rank); chunk c is decoder layers
@@ -14,8 +14,8 @@
 
 #include <stdint.h>
 
-#include "dist/dist.h"
-#include "dist/schedule.h"
+#include "parallel/dist.h"
+#include "parallel/schedule.h"
 #include "model/model.h"
 
 typedef struct {

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/model.h"
 #include "train/trainer.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "base/common.h"
-#include "dist/reshard.h"
+#include "parallel/reshard.h"
 #include "train/checkpoint.h"
 
 /* a view of the whole model over a parameter buffer (the checkpoint code needs only the

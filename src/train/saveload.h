@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"

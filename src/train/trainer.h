@@ -12,7 +12,7 @@
  * mt_train is the run driver: it samples each step's micro-batches, keeps the cadence of
  * evaluation, checkpoints and progress lines, and reports (train/report.h).
  *
- * Under mpirun the world is PP stages x DP ranks (dist/dist.h), with the experts of each
+ * Under mpirun the world is PP stages x DP ranks (parallel/dist.h), with the experts of each
  * stage spread over EP groups carved out of its DP ranks. A step's global batch is
  * batch x accum x DP sequences, DP rank r running micro-batch mb on samples
  * samples + (r*accum + mb)*batch, so the ranks see exactly what one process sees with

@@ -4,10 +4,10 @@
 #define MT_TRAIN_TRAINER_IMPL_H
 
 #include "data/loader.h"
-#include "dist/a2a.h"
-#include "dist/dist.h"
-#include "dist/ep.h"
-#include "dist/tp.h"
+#include "parallel/a2a.h"
+#include "parallel/dist.h"
+#include "parallel/ep.h"
+#include "parallel/tp.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/trainer.h"

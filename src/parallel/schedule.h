@@ -1,4 +1,4 @@
-/* dist/schedule.h — pipeline schedules as data.
+/* parallel/schedule.h — pipeline schedules as data.
  *
  * A schedule is one list of actions per pipeline rank: forward(mb, chunk), backward(mb,
  * chunk), the point-to-point sends and receives around them, and the optimizer step. The

@@ -1,12 +1,12 @@
-/* dist/commbench.c — communication measurements (see commbench.h). */
-#include "dist/commbench.h"
+/* parallel/commbench.c — communication measurements (see commbench.h). */
+#include "parallel/commbench.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "base/common.h"
-#include "dist/a2a.h"
+#include "parallel/a2a.h"
 
 mt_bench_link mt_bench_pingpong(mt_dist *d, int peer, int quick) {
     mt_bench_link r = {0, 0};

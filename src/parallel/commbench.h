@@ -1,4 +1,4 @@
-/* dist/commbench.h — communication measurements for `moetrain bench --calibrate`
+/* parallel/commbench.h — communication measurements for `moetrain bench --calibrate`
  * (plan/calibrate.c): point-to-point links, the all-to-all, the trainer's gradient
  * collectives and its expert exchange, each as the slowest rank sees it. Every function is
  * collective over the group or world it names; the figures are the same on every rank
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 
 typedef struct {
     double lat_s, bw;      /* one-way latency (s) and bandwidth (bytes/s) of a ping-pong */
@@ -32,7 +32,7 @@ void mt_bench_host_hashes(mt_dist *d, uint64_t *all);
 enum { MT_COLL_ALLREDUCE = 0, MT_COLL_REDUCE_SCATTER, MT_COLL_ALLGATHER, MT_COLL_N };
 void mt_bench_collective(mt_group *g, int which, size_t bytes, int reps, double *secs, double *scratch);
 
-/* The trainer's expert exchange of one MoE layer (dist/ep.c: dispatch and combine forward;
+/* The trainer's expert exchange of one MoE layer (parallel/ep.c: dispatch and combine forward;
  * gather, dispatch backward and the routing weights' return backward) over g, the slowest
  * rank's best time, at two token counts per rank (C = 512, top-2 of 8 experts per rank,
  * uniform random routing, so no rank waits for a busier one): fitted as

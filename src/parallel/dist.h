@@ -1,5 +1,5 @@
-/* dist/dist.h — the process layout and the collectives the trainer uses, over MPI. No
- * MPI call is made outside src/dist/: other layers use these wrappers (and dist/commbench.h
+/* parallel/dist.h — the process layout and the collectives the trainer uses, over MPI. No
+ * MPI call is made outside src/parallel/: other layers use these wrappers (and parallel/commbench.h
  * for the calibration's measurements), so a change of transport stays in one place.
  *
  * The world is cut into pipeline stages, each stage's ranks are data parallel, and the

@@ -1,9 +1,9 @@
-/* dist/reshard.c — see reshard.h.
+/* parallel/reshard.c — see reshard.h.
  *
  * Protocol: every rank sends rank 0 the list of the tensors it takes part with (whole index,
  * slice, shape: 5 int64 each; MPI_Gather of the counts, MPI_Gatherv of the lists); then the
  * data moves tensor by tensor in that order with blocking sends / receives, rank by rank. */
-#include "dist/reshard.h"
+#include "parallel/reshard.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* dist/launch.h — what the launcher (mpirun, srun) tells a process through its environment.
+/* parallel/launch.h — what the launcher (mpirun, srun) tells a process through its environment.
  * Readable before MPI starts (no MPI call): the CLI decides from it whether to start MPI, and
  * the BLAS set-up how many ranks share this node's cores. */
 #ifndef MT_DIST_LAUNCH_H

@@ -1,5 +1,5 @@
-/* dist/ep.c — mt_ep_ops over the a2a collective (see ep.h). */
-#include "dist/ep.h"
+/* parallel/ep.c — mt_ep_ops over the a2a collective (see ep.h). */
+#include "parallel/ep.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include "base/common.h"
 #include "base/trace.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "kernels/ops.h"
 
 void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, mt_ep_count *c) {

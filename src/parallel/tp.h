@@ -1,11 +1,11 @@
-/* dist/tp.h — the model's tensor-parallel collectives (mt_tp_ops, model/model.h) over the
+/* parallel/tp.h — the model's tensor-parallel collectives (mt_tp_ops, model/model.h) over the
  * TP group of the layout: all-gather / reduce-scatter with sequence parallelism, all-reduce
  * without. Their time is counted as communication (mt_dist.comm_s) and traced as
  * "comm.tp". */
 #ifndef MT_DIST_TP_H
 #define MT_DIST_TP_H
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/model.h"
 
 typedef struct {

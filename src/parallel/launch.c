@@ -1,5 +1,5 @@
-/* dist/launch.c — the launcher's environment (see launch.h). */
-#include "dist/launch.h"
+/* parallel/launch.c — the launcher's environment (see launch.h). */
+#include "parallel/launch.h"
 
 #include <stdlib.h>
 

@@ -1,4 +1,4 @@
-/* dist/a2a.c — expert-parallel dispatch / combine, flat and hierarchical (see a2a.h).
+/* parallel/a2a.c — expert-parallel dispatch / combine, flat and hierarchical (see a2a.h).
  *
  * A plan is one or two stages. A stage moves rows between the ranks of one communicator:
  * sent row i is input row sidx[i] and goes to the peer whose block of the send buffer holds
@@ -11,14 +11,14 @@
  * The rows received by the last stage are "items"; each expands to its pairs. Combine
  * runs the stages backwards, summing the rows that meet in one input row in the fixed
  * order of rord (see a2a.h for why that order makes FLAT and HIER bit-identical). */
-#include "dist/a2a.h"
+#include "parallel/a2a.h"
 
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 
 int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     memset(a, 0, sizeof *a);

@@ -1,5 +1,5 @@
-/* dist/tp.c — see tp.h. */
-#include "dist/tp.h"
+/* parallel/tp.c — see tp.h. */
+#include "parallel/tp.h"
 
 #include <string.h>
 

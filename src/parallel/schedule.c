@@ -1,8 +1,8 @@
-/* dist/schedule.c — 1F1B and interleaved pipeline schedules as per-rank action lists
+/* parallel/schedule.c — 1F1B and interleaved pipeline schedules as per-rank action lists
  * (see schedule.h). The compute order follows Megatron-LM's
  * forward_backward_pipelining_with_interleaving: a warm-up of forwards, a steady state of
  * one forward then one backward, and a cool-down of backwards. */
-#include "dist/schedule.h"
+#include "parallel/schedule.h"
 
 #include <stdlib.h>
 #include <string.h>

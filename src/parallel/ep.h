@@ -1,5 +1,5 @@
-/* dist/ep.h — the model's expert-parallel exchange (mt_ep_ops, model/model.h) over MPI,
- * implemented with the dispatch / combine collective of dist/a2a.h, flat or hierarchical.
+/* parallel/ep.h — the model's expert-parallel exchange (mt_ep_ops, model/model.h) over MPI,
+ * implemented with the dispatch / combine collective of parallel/a2a.h, flat or hierarchical.
  *
  * The exchange keeps byte counters (inter-node, intra-node) for the trainer to report. An
  * error inside an exchange (inconsistent counts, an expert out of range) is a broken
@@ -7,7 +7,7 @@
 #ifndef MT_DIST_EP_H
 #define MT_DIST_EP_H
 
-#include "dist/a2a.h"
+#include "parallel/a2a.h"
 #include "model/model.h"
 
 /* Token rows one exchange moves for a routing, counted for both modes ([0] flat, [1]

@@ -1,4 +1,4 @@
-/* dist/reshard.h — moving a model between parallel layouts in memory.
+/* parallel/reshard.h — moving a model between parallel layouts in memory.
  *
  * Every layout (pipeline stages, expert-parallel blocks, tensor-parallel slices) holds whole
  * docs/FORMATS.md tensors or row / column slices of them, each knowing its index in the whole model
@@ -12,7 +12,7 @@
 #ifndef MT_DIST_RESHARD_H
 #define MT_DIST_RESHARD_H
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/model.h"
 
 /* On the group's rank 0: full = the whole model (every element written) assembled from pbuf (a buffer laid out

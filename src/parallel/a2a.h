@@ -1,4 +1,4 @@
-/* dist/a2a.h — the expert-parallel token exchange (MoE dispatch / combine) as a collective.
+/* parallel/a2a.h — the expert-parallel token exchange (MoE dispatch / combine) as a collective.
  *
  * Over an EP communicator of P ranks, E experts are owned in contiguous blocks: expert e
  * lives on EP rank e / (E/P). Every rank holds N token rows x[N,C] and, per token, K

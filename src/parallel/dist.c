@@ -1,5 +1,5 @@
-/* dist/dist.c — MPI layout and collectives (see dist.h). */
-#include "dist/dist.h"
+/* parallel/dist.c — MPI layout and collectives (see dist.h). */
+#include "parallel/dist.h"
 
 #include <stdio.h>
 #include <stdlib.h>
