@@ -109,6 +109,19 @@ kls=$(grep '"event":"step"' "$T/K/metrics.jsonl" | sed -E 's/.*"kl":([^,]+),.*/\
 echo "$kls" | awk '{ if ($1 != 0 || !($3 > 0) || $3 > 10) exit 1 }' || fail "--beta: kl per step '$kls' (want 0, then > 0)"
 ok "--beta 0.1 --routing-replay: on-policy, kl per step $kls"
 
+# resume: 4 steps in one go = 2 steps, then --resume from the step-2 checkpoint (the RL
+# settings come from OUT/rl_settings.json, the trainer's from the checkpoint)
+"$MT" rl "${rlargs[@]}" --steps 4 --eval-n 0 --save-every 2 --keep 0 --threads 2 --quiet --out "$T/RA" \
+    || fail "rl 4 steps"
+"$MT" rl "${rlargs[@]}" --steps 4 --eval-n 0 --save-every 2 --keep 0 --threads 2 --quiet --out "$T/RB" \
+    || fail "rl 4 steps (second run)"
+rm -rf "$T/RB/step_00000004"
+"$MT" rl --resume "$T/RB/step_00000002" --threads 2 --quiet || fail "rl --resume"
+for f in model.safetensors optimizer.safetensors; do
+    cmp -s "$T/RA/step_00000004/$f" "$T/RB/step_00000004/$f" || fail "resumed rl run: $f differs from the uninterrupted run"
+done
+ok "rl --resume from step 2 = the uninterrupted 4-step run (model and optimizer bit for bit)"
+
 # errors: one line, non-zero exit
 refused() { # what expected-text args...
     local what=$1 want=$2
@@ -130,6 +143,7 @@ refused "--init at a data folder" "$T/D" --init "$T/D" "${base[@]}"
 refused "--init at a missing folder" "$T/nothere" --init "$T/nothere" "${base[@]}"
 refused "--agg bogus" "bogus" --init "$T/run" "${base[@]}" --agg bogus
 refused "--temperature -1" "temperature" --init "$T/run" "${base[@]}" --temperature -1
+refused "an RL flag with --resume" "cannot be given with it" --resume "$T/RB" --group 3
 refused "--beta -1" "beta" --init "$T/run" "${base[@]}" --beta -1
 refused "--routing-replay with --dump-rollouts" "routing" --init "$T/run" "${base[@]}" --routing-replay --dump-rollouts "$T/dd"
 

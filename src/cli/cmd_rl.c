@@ -16,12 +16,13 @@ int mt_cmd_rl(int argc, char **argv) {
     mt_train_opts *t = &o.train;
     mt_arg specs[] = {
         {"init", MT_ARG_STR, &t->init, "checkpoint or run folder of the policy to start from (required)", NULL},
+        {"resume", MT_ARG_STR, &t->resume, "continue an rl run exactly from its run or checkpoint folder, with its settings (only --steps, --out, --threads, --save-every, --keep, --quiet and the dumps may be given)", NULL},
         {"out", MT_ARG_STR, &t->out, "run folder: checkpoints and metrics.jsonl (required)", NULL},
         {"data", MT_ARG_STR, &data, "folder of `data math`: its math_prompts_train.tsv / _val.tsv are the prompts", NULL},
         {"prompts", MT_ARG_STR, &o.prompts, "prompt file (PROMPT<TAB>ANSWER per line)", NULL},
         {"eval-prompts", MT_ARG_STR, &o.eval_prompts, "held-out prompt file for the greedy accuracy", NULL},
         {"task", MT_ARG_STR, &o.task, "reward: math (exact answer; default)", NULL},
-        {"steps", MT_ARG_INT, &t->steps, "RL steps (default 50)", NULL},
+        {"steps", MT_ARG_INT, &t->steps, "RL steps (default 50)", &t->set_steps},
         {"group", MT_ARG_INT, &o.group, "completions per prompt G (default 8)", NULL},
         {"prompts-per-step", MT_ARG_INT, &o.prompts_per_step, "prompts per step (default 16)", NULL},
         {"max-new", MT_ARG_INT, &o.max_new, "completion tokens at most (default 16)", NULL},
@@ -59,6 +60,20 @@ int mt_cmd_rl(int argc, char **argv) {
     const int multi = mt_dist_get()->size > 1;
     if (rc < 0 && multi) mt_dist_abort(mt_last_error());
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (t->resume) { /* the run's settings come from it: only these flags make sense */
+        static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
+                                         "--dump-rollouts", "--dump-grads"};
+        for (int i = 2; i < argc; i++) {
+            if (strncmp(argv[i], "--", 2) != 0) continue;
+            size_t n = strcspn(argv[i], "=");
+            int found = 0;
+            for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) found |= strlen(ok[k]) == n && !strncmp(argv[i], ok[k], n);
+            if (!found) {
+                mt_error("rl: --resume takes the run's settings: %.*s cannot be given with it", (int)n, argv[i]);
+                return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail();
+            }
+        }
+    }
     char ptrain[4200], pval[4200];
     if (data && !o.prompts) {
         snprintf(ptrain, sizeof ptrain, "%s/math_prompts_train.tsv", data);
@@ -72,7 +87,7 @@ int mt_cmd_rl(int argc, char **argv) {
             o.eval_prompts = pval;
         }
     }
-    if (!t->out) { mt_error("rl: --out DIR is required"); return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail(); }
+    if (!t->out && !t->resume) { mt_error("rl: --out DIR is required"); return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail(); }
     XXH64_state_t *h = XXH64_createState();
     XXH64_reset(h, 0);
     for (int i = 2; i < argc; i++) XXH64_update(h, argv[i], strlen(argv[i]) + 1);

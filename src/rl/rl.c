@@ -1,6 +1,7 @@
 /* rl/rl.c — the GRPO loop (see rl.h). */
 #include "rl/rl.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "kernels/blas.h"
 #include "rl/advantage.h"
 #include "rl/dump.h"
+#include "train/checkpoint.h"
 #include "rl/grpo.h"
 #include "rl/reward.h"
 #include "rl/rollout.h"
@@ -89,11 +91,99 @@ static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int 
     return c[1] ? (double)c[0] / (double)c[1] : 0.0;
 }
 
+/* The run's RL settings, written at its start to OUT/rl_settings.json so that --resume
+ * continues with the same ones (the trainer's own are in each checkpoint). */
+static char *settings_json(const mt_rl_opts *o) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "init", o->train.init ? o->train.init : "");
+    cJSON_AddStringToObject(r, "prompts", o->prompts);
+    if (o->eval_prompts) cJSON_AddStringToObject(r, "eval_prompts", o->eval_prompts);
+    cJSON_AddStringToObject(r, "task", o->task);
+    cJSON_AddStringToObject(r, "agg", o->agg);
+    const struct { const char *k; double v; } nums[] = {
+        {"group", o->group}, {"prompts_per_step", o->prompts_per_step}, {"micro_batch", o->micro_batch},
+        {"max_new", o->max_new}, {"top_k", o->top_k}, {"slots", o->slots}, {"temperature", o->temperature},
+        {"top_p", o->top_p}, {"eps_low", o->eps_low}, {"eps_high", o->eps_high}, {"is_cap", o->is_cap},
+        {"format_penalty", o->format_penalty}, {"no_scale", o->no_scale}, {"drop_uniform", o->drop_uniform},
+        {"eval_every", o->eval_every}, {"eval_n", o->eval_n}, {"beta", o->beta}, {"routing_replay", o->routing_replay}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) cJSON_AddNumberToObject(r, nums[i].k, nums[i].v);
+    char *txt = cJSON_Print(r);
+    cJSON_Delete(r);
+    return txt;
+}
+
+/* Reads the settings of the run that holds checkpoint ck (its folder or the one above it)
+ * into o; the strings stay in *keep (free it). */
+static int settings_load(const char *ck, mt_rl_opts *o, cJSON **keep) {
+    char p[4300], *txt = NULL;
+    size_t len;
+    snprintf(p, sizeof p, "%s/rl_settings.json", ck);
+    if (mt_read_file(p, &txt, &len) != 0) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s", ck);
+        size_t n = strlen(dir);
+        while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
+        char *sl = strrchr(dir, '/');
+        if (sl) *sl = 0;
+        else snprintf(dir, sizeof dir, ".");
+        snprintf(p, sizeof p, "%s/rl_settings.json", dir);
+        if (mt_read_file(p, &txt, &len) != 0)
+            return mt_error("rl: --resume %s: no rl_settings.json next to it or in its run folder (not an rl run?)", ck);
+    }
+    cJSON *r = cJSON_Parse(txt);
+    free(txt);
+    if (!r) return mt_error("%s: malformed JSON", p);
+    const char *const strs[] = {"prompts", "task", "agg"};
+    for (size_t i = 0; i < 3; i++)
+        if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r, strs[i]))) {
+            cJSON_Delete(r);
+            return mt_error("%s: missing %s", p, strs[i]);
+        }
+    o->prompts = cJSON_GetObjectItemCaseSensitive(r, "prompts")->valuestring;
+    o->task = cJSON_GetObjectItemCaseSensitive(r, "task")->valuestring;
+    o->agg = cJSON_GetObjectItemCaseSensitive(r, "agg")->valuestring;
+    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(r, "eval_prompts");
+    o->eval_prompts = cJSON_IsString(ep) ? ep->valuestring : NULL;
+    struct { const char *k; int *i; double *d; } nums[] = {
+        {"group", &o->group, NULL}, {"prompts_per_step", &o->prompts_per_step, NULL},
+        {"micro_batch", &o->micro_batch, NULL}, {"max_new", &o->max_new, NULL}, {"top_k", &o->top_k, NULL},
+        {"slots", &o->slots, NULL}, {"temperature", NULL, &o->temperature}, {"top_p", NULL, &o->top_p},
+        {"eps_low", NULL, &o->eps_low}, {"eps_high", NULL, &o->eps_high}, {"is_cap", NULL, &o->is_cap},
+        {"format_penalty", NULL, &o->format_penalty}, {"no_scale", &o->no_scale, NULL},
+        {"drop_uniform", &o->drop_uniform, NULL}, {"eval_every", &o->eval_every, NULL}, {"eval_n", &o->eval_n, NULL},
+        {"beta", NULL, &o->beta}, {"routing_replay", &o->routing_replay, NULL}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, nums[i].k);
+        if (!cJSON_IsNumber(x)) {
+            cJSON_Delete(r);
+            return mt_error("%s: missing or non-numeric %s", p, nums[i].k);
+        }
+        if (nums[i].i) *nums[i].i = (int)x->valuedouble;
+        else *nums[i].d = x->valuedouble;
+    }
+    *keep = r;
+    return 0;
+}
+
 int mt_rl(const mt_rl_opts *opt) {
     mt_rl_opts o = *opt;
     mt_dist *d = mt_dist_get();
     const int root = d->rank == 0;
-    if (!o.train.init) return mt_error("rl: --init CKPT is required (the policy to start from)");
+    cJSON *kept = NULL;
+    const int resumed = o.train.resume != NULL;
+    if (resumed) {
+        if (o.train.init) return mt_error("rl: --resume continues an rl run, --init starts one: give one of them");
+        char ck[4200];
+        if (mt_ckpt_resolve(o.train.resume, ck, sizeof ck) != 0) return -1;
+        if (settings_load(ck, &o, &kept) != 0) return -1;
+        if (o.beta > 0) {
+            cJSON_Delete(kept);
+            return mt_error("rl: --resume of a run with --beta is not supported yet (the reference weights are its "
+                            "--init checkpoint's, which the resume does not reload)");
+        }
+    } else if (!o.train.init) {
+        return mt_error("rl: --init CKPT is required (the policy to start from)");
+    }
     if (!o.prompts) return mt_error("rl: --prompts FILE (or --data DIR with math_prompts_train.tsv) is required");
     if (o.group < 2) return mt_error("rl: --group %d: GRPO needs at least 2 completions per prompt", o.group);
     if (o.prompts_per_step < 1 || o.max_new < 1 || o.slots < 1 || o.micro_batch < 0 || o.eval_n < 0 ||
@@ -174,11 +264,19 @@ int mt_rl(const mt_rl_opts *opt) {
     FILE *mf = NULL;
     if (root) {
         snprintf(path, sizeof path, "%s/metrics.jsonl", ti->out);
-        if (!(mf = fopen(path, "w"))) mt_dist_abort("rl: cannot open the metrics file");
-        printf("moetrain rl: GRPO from %s, %zu prompts (%s), %d prompts x %d completions per step over %d rank%s, "
-               "max_new %d, temperature %g, %s, lr %.2e\n", ti->init, ps.n, o.prompts, o.prompts_per_step, o.group, D,
+        if (!(mf = fopen(path, resumed ? "a" : "w"))) mt_dist_abort("rl: cannot open the metrics file");
+        if (!resumed) {
+            char *js = settings_json(&o), sp[4300];
+            snprintf(sp, sizeof sp, "%s/rl_settings.json", ti->out);
+            if (mt_write_file_atomic(sp, js, strlen(js)) != 0) mt_dist_abort(mt_last_error());
+            free(js);
+        }
+        if (!ti->quiet)
+            printf("moetrain rl: GRPO from %s, %zu prompts (%s), %d prompts x %d completions per step over %d rank%s, "
+               "max_new %d, temperature %g, %s, lr %.2e\n", resumed ? ti->resume : ti->init, ps.n, o.prompts, o.prompts_per_step, o.group, D,
                D > 1 ? "s" : "", o.max_new, o.temperature, mt_grpo_agg_name(agg), ti->lr);
-        printf("  trainer: %d micro-batches of %d rows x %d positions per rank\n", ti->accum, ti->batch, ti->seq);
+        if (!ti->quiet)
+            printf("  trainer: %d micro-batches of %d rows x %d positions per rank\n", ti->accum, ti->batch, ti->seq);
         fflush(stdout);
     }
     const int eval_on = ev.n > 0 && o.eval_n > 0;
@@ -186,7 +284,8 @@ int mt_rl(const mt_rl_opts *opt) {
     if (eval_on) {
         acc0 = acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
         if (root) {
-            printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
+            if (!ti->quiet)
+                printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
             fprintf(mf, "{\"event\":\"eval\",\"step\":0,\"heldout_accuracy\":%.6f}\n", acc);
             fflush(stdout), fflush(mf);
         }
@@ -337,12 +436,14 @@ int mt_rl(const mt_rl_opts *opt) {
             const double el = mt_now() - t_begin;
             const double n = sums[3], ntok = gstat[4];
             const double rtps = sums[7] > 0 ? sums[2] / sums[7] : 0, ttps = t_train > 0 ? (double)cnt[1] / t_train : 0;
-            printf("step %d/%d | reward %.3f | acc %.3f | len %.1f | uniform %.2f | loss %+.4f | clip %.3f | "
-                   "|r-1| %.2e | old-behav %.1e | gnorm %.3f | rollout %.0f tok/s | train %.0f tok/s",
-                   step, ti->steps, sums[0] / n, sums[1] / n, sums[2] / n, sums[4] / (n / G), gstat[0],
-                   ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps);
-            if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) printf(" | held-out %.3f", acc);
-            printf("\n");
+            if (!ti->quiet) {
+                printf("step %d/%d | reward %.3f | acc %.3f | len %.1f | uniform %.2f | loss %+.4f | clip %.3f | "
+                       "|r-1| %.2e | old-behav %.1e | gnorm %.3f | rollout %.0f tok/s | train %.0f tok/s",
+                       step, ti->steps, sums[0] / n, sums[1] / n, sums[2] / n, sums[4] / (n / G), gstat[0],
+                       ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps);
+                if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) printf(" | held-out %.3f", acc);
+                printf("\n");
+            }
             fprintf(mf,
                     "{\"event\":\"step\",\"step\":%d,\"version\":%d,\"prompts\":%d,\"completions\":%.0f,"
                     "\"completion_tokens\":%.0f,\"reward\":%.6f,\"accuracy\":%.6f,\"uniform_groups\":%.6f,"
@@ -366,8 +467,8 @@ int mt_rl(const mt_rl_opts *opt) {
         char dir[4200];
         if (mt_trainer_save(t, dir, sizeof dir) != 0) rc = -1;
         if (rc == 0 && root) {
-            if (eval_on) printf("done: held-out greedy accuracy %.4f -> %.4f\n", acc0, acc);
-            printf("  checkpoint %s\n  metrics    %s/metrics.jsonl\n", dir, ti->out);
+            if (eval_on && !ti->quiet) printf("done: held-out greedy accuracy %.4f -> %.4f\n", acc0, acc);
+            if (!ti->quiet) printf("  checkpoint %s\n  metrics    %s/metrics.jsonl\n", dir, ti->out);
             if (eval_on) fprintf(mf, "{\"event\":\"summary\",\"heldout_accuracy_start\":%.6f,\"heldout_accuracy\":%.6f}\n", acc0, acc);
         }
     }
@@ -377,6 +478,7 @@ int mt_rl(const mt_rl_opts *opt) {
     mt_free(ref);
     free(seq_of), free(rec), free(rec_all);
     mt_trainer_free(t);
+    cJSON_Delete(kept);
     mt_reward_free(&reward);
     mt_prompts_free(&ps);
     mt_prompts_free(&ev);
