@@ -2,7 +2,7 @@
 # Resume is bit-exact: a run of 6 steps and a run resumed from its step-3 checkpoint give the
 # same losses at steps 4..6 and byte-identical final weights and optimizer state.
 # Also: --init starts a new run from a checkpoint's weights (step 1 loss equals the source's
-# final eval), and resuming a run folder (`latest`) works.
+# final eval), resuming a run folder (`latest`) works, and a resume keeps the run's cadence.
 set -euo pipefail
 MT=$1
 T=${MT_TEST_TMP:-/tmp}/test_resume.$$
@@ -45,6 +45,15 @@ cmp "$T/a/step_00000006/optimizer.safetensors" "$T/b/step_00000006/optimizer.saf
 echo step_00000099 > "$T/k/latest"
 if "$MT" eval --ckpt "$T/k" --data "$T/data" --problems 0 2> "$T/lerr"; then fail "eval of a dangling latest succeeded"; fi
 grep -q 'not there' "$T/lerr" || fail "dangling latest: $(cat "$T/lerr")"
+
+# a resume keeps the run's cadence (save/eval/log, keep, ...) unless given again: run a saved
+# every 3 steps, so the resumed run saves step 6 on its own; --save-every 0 overrides it
+"$MT" train --resume "$T/a/step_00000003" --data "$T/data" --steps 9 --quiet --threads 2 --out "$T/e"
+[ -f "$T/e/step_00000006/checksums.json" ] && [ -f "$T/e/step_00000009/checksums.json" ] \
+    || fail "the resumed run forgot --save-every 3: $(ls "$T/e")"
+"$MT" train --resume "$T/a/step_00000003" --data "$T/data" --steps 9 --save-every 0 --quiet --threads 2 --out "$T/f"
+[ ! -d "$T/f/step_00000006" ] && [ -f "$T/f/step_00000009/checksums.json" ] || fail "--save-every 0 on resume: $(ls "$T/f")"
+grep -qE '"save_every":[[:space:]]*3' "$T/a/step_00000003/trainer_state.json" || fail "trainer_state.json has no save_every"
 
 # --init: new run from weights (step counter restarts at 1)
 "$MT" train "${common[@]}" --init "$T/a" --steps 2 --out "$T/d"

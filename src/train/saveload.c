@@ -166,6 +166,19 @@ char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, 
     cJSON_AddBoolToObject(r, "doc_mode", o->doc_mode);
     cJSON_AddBoolToObject(r, "bf16", o->bf16);
     cJSON_AddNumberToObject(r, "eot", o->eot);
+    /* the run's cadence and bookkeeping, which a resume keeps unless given again */
+    cJSON_AddNumberToObject(r, "log_every", o->log_every);
+    cJSON_AddNumberToObject(r, "eval_every", o->eval_every);
+    cJSON_AddNumberToObject(r, "eval_windows", o->eval_windows);
+    cJSON_AddNumberToObject(r, "save_every", o->save_every);
+    cJSON_AddNumberToObject(r, "keep", o->keep);
+    cJSON_AddNumberToObject(r, "max_bad_steps", o->max_bad);
+    cJSON_AddNumberToObject(r, "load_every", o->load_every);
+    cJSON_AddBoolToObject(r, "profile", o->profile);
+    cJSON_AddBoolToObject(r, "plot", o->plot);
+    if (o->metrics) cJSON_AddStringToObject(r, "metrics", o->metrics);
+    if (o->recompute) cJSON_AddStringToObject(r, "recompute", o->recompute);
+    if (o->expert_placement) cJSON_AddStringToObject(r, "expert_placement", o->expert_placement);
     char *js = cJSON_Print(r);
     cJSON_Delete(r);
     return js;
@@ -213,6 +226,31 @@ int mt_train_state_from_json(const char *dir, const char *txt, mt_train_opts *o,
     if (!o->set_doc_mode) o->doc_mode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "doc_mode"));
     if (!o->set_bf16) o->bf16 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "bf16"));
     if (!o->set_eot) o->eot = (int)jnum(r, "eot", o->eot);
+    if (!o->set_log_every) o->log_every = (int)jnum(r, "log_every", o->log_every);
+    if (!o->set_eval_every) o->eval_every = (int)jnum(r, "eval_every", o->eval_every);
+    if (!o->set_eval_windows) o->eval_windows = (int)jnum(r, "eval_windows", o->eval_windows);
+    if (!o->set_save_every) o->save_every = (int)jnum(r, "save_every", o->save_every);
+    if (!o->set_keep) o->keep = (int)jnum(r, "keep", o->keep);
+    if (!o->set_max_bad) o->max_bad = (int)jnum(r, "max_bad_steps", o->max_bad);
+    if (!o->set_load_every) o->load_every = (int)jnum(r, "load_every", o->load_every);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "profile");
+    if (!o->set_profile && cJSON_IsBool(b)) o->profile = cJSON_IsTrue(b);
+    b = cJSON_GetObjectItemCaseSensitive(r, "plot");
+    if (!o->set_plot && cJSON_IsBool(b)) o->plot = cJSON_IsTrue(b);
+    const struct { const char *k; const char **dst; char *buf; size_t cap; } strs[] = {
+        {"metrics", &o->metrics, o->resumed_metrics, sizeof o->resumed_metrics},
+        {"recompute", &o->recompute, o->resumed_recompute, sizeof o->resumed_recompute},
+        {"expert_placement", &o->expert_placement, o->resumed_placement, sizeof o->resumed_placement}};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, strs[i].k);
+        if (*strs[i].dst || !cJSON_IsString(x)) continue; /* given on the command line, or not recorded */
+        if (strlen(x->valuestring) >= strs[i].cap) {
+            cJSON_Delete(r);
+            return mt_error("%s/trainer_state.json: %s is too long", dir, strs[i].k);
+        }
+        snprintf(strs[i].buf, strs[i].cap, "%s", x->valuestring);
+        *strs[i].dst = strs[i].buf;
+    }
     cJSON_Delete(r);
     return 0;
 }
