@@ -43,9 +43,13 @@ static double grpo_fn(void *ctx, int64_t row, double logp) {
     double w = exp((double)g->old[row] - (double)g->behav[row]);
     if (w > g->L.is_cap) w = g->L.is_cap;
     const double dpg = clipped ? 0.0 : -A * ratio;
-    /* d kl / d logp = 1 - exp(logp_ref - logp) */
-    const double dkl = g->L.beta > 0 ? 1.0 - exp((double)g->ref[row] - logp) : 0.0;
-    return (double)g->aggw[row] * (w * dpg + g->L.beta * dkl);
+    /* kl = e^d - d - 1, d = logp_ref - logp; d kl / d logp = 1 - e^d */
+    const double dr = (double)g->ref[row] - logp, ed = g->L.beta > 0 ? exp(dr) : 1.0;
+    /* the token's terms, for mt_grpo_stats (each row is written by one call) */
+    g->ratio[row] = ratio;
+    g->wpg[row] = w * -(clipped ? rc * A : ratio * A);
+    g->kl[row] = g->L.beta > 0 ? ed - dr - 1.0 : 0.0;
+    return (double)g->aggw[row] * (w * dpg + g->L.beta * (1.0 - ed));
 }
 
 int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_seq *seq, int nseq, int n_micro,
@@ -69,6 +73,9 @@ int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_se
     g->logp = mt_xcalloc(NT, sizeof(float));
     g->aggw = mt_xcalloc(NT, sizeof(float));
     g->clipped = mt_xcalloc(NT, 1);
+    g->ratio = mt_xcalloc(NT, sizeof(double));
+    g->wpg = mt_xcalloc(NT, sizeof(double));
+    g->kl = mt_xcalloc(NT, sizeof(double));
     for (size_t i = 0; i < NT; i++) g->tg[i] = -1;
     if (replay_stride > 0) {
         for (int i = 0; i < nseq; i++)
@@ -109,6 +116,7 @@ void mt_grpo_batch_free(mt_grpo_batch *g) {
     free(g->in), free(g->tg), free(g->fed), free(g->adv), free(g->behav), free(g->old), free(g->ref), free(g->logp);
     free(g->aggw);
     free(g->clipped);
+    free(g->ratio), free(g->wpg), free(g->kl);
     free(g->replay);
     memset(g, 0, sizeof *g);
 }
@@ -117,21 +125,13 @@ void mt_grpo_stats(const mt_grpo_batch *g, double *s) {
     memset(s, 0, sizeof(double) * MT_GRPO_NSTAT);
     const size_t NT = (size_t)g->n_micro * g->B * g->T;
     for (size_t i = 0; i < NT; i++) {
-        if (g->tg[i] < 0) continue;
-        const double ratio = exp((double)g->logp[i] - (double)g->old[i]), A = g->adv[i];
-        const double lo = 1.0 - g->L.eps_low, hi = 1.0 + g->L.eps_high;
-        const double rc = ratio < lo ? lo : ratio > hi ? hi : ratio;
-        const double pg = -(ratio * A < rc * A ? ratio * A : rc * A);
-        double w = exp((double)g->old[i] - (double)g->behav[i]);
-        if (w > g->L.is_cap) w = g->L.is_cap;
-        const double dr = (double)g->ref[i] - (double)g->logp[i];
-        const double kl = g->L.beta > 0 ? exp(dr) - dr - 1.0 : 0.0;
-        s[0] += g->aggw[i] * (w * pg + g->L.beta * kl);
-        s[1] += g->aggw[i] * w * pg;
+        if (g->tg[i] < 0 || g->ratio[i] == 0) continue; /* no target, or the head ran elsewhere */
+        s[0] += g->aggw[i] * (g->wpg[i] + g->L.beta * g->kl[i]);
+        s[1] += g->aggw[i] * g->wpg[i];
         s[2] += g->clipped[i];
-        s[3] += fabs(ratio - 1.0);
+        s[3] += fabs(g->ratio[i] - 1.0);
         s[4] += 1;
-        s[6] += g->aggw[i] * kl;
+        s[6] += g->aggw[i] * g->kl[i];
         const double dev = fabs((double)g->old[i] - (double)g->behav[i]);
         if (dev > s[5]) s[5] = dev;
     }

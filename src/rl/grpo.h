@@ -59,6 +59,7 @@ typedef struct {
     int32_t *in, *tg, *fed;    /* the trainer's batch: tokens, targets, fed positions per row */
     float *adv, *behav, *old, *ref, *logp, *aggw;
     uint8_t *clipped;
+    double *ratio, *wpg, *kl;  /* the loss pass's terms per token (ratio 0: not computed here) */
     int32_t *replay;           /* [n_micro*B*T x replay_stride] routing replay, or NULL */
     int replay_stride;
     mt_grpo_loss L;
@@ -74,7 +75,8 @@ int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_se
                        int B, int T, int64_t global_tokens, int64_t global_seqs, int replay_stride);
 void mt_grpo_batch_free(mt_grpo_batch *g);
 
-/* The step's figures from this rank's tokens, to be summed over the ranks that ran the head
+/* The step's figures from the terms the loss pass recorded on this rank, to be summed over
+ * the ranks that ran the head
  * (one TP rank of each without sequence parallelism): [0] loss, [1] pg part, [2] clipped
  * tokens, [3] sum |ratio - 1|, [4] completion tokens, [5] max |logp_old - logp_behav| (a
  * maximum, not a sum), [6] the kl part (unscaled: loss = pg + beta kl). */
