@@ -43,6 +43,19 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     if (train) mt_model_backward(m, a, inputs, pos, B, T, bal_scale);
 }
 
+mt_loss mt_loss_micro(const mt_loss *l, int mb, int B, int T, mt_head_obj *obj) {
+    mt_loss m = *l;
+    const size_t BT = (size_t)B * T;
+    if (l->obj) {
+        *obj = *l->obj;
+        obj->base += (int64_t)mb * (int64_t)BT;
+        m.obj = obj;
+    }
+    if (l->fed) m.fed = l->fed + (size_t)mb * B;
+    if (l->replay) m.replay = l->replay + (size_t)mb * BT * (size_t)l->replay_stride;
+    return m;
+}
+
 /* Tensor parallelism: the input of a column-parallel linear, all N tokens (SP: gathered
  * from the TP ranks' blocks into a->gat; else the local rows are all the rows) */
 static const float *tp_in(const mt_model *m, mt_acts *a, float *buf, const float *local, int C) {

@@ -243,6 +243,9 @@ typedef struct {
     const int32_t *replay;
     int replay_stride;
 } mt_loss;
+/* The part of a step's loss (its objective's tokens, fed rows and replay numbered over
+ * micro-batches of B x T) that micro-batch mb sees; the objective's copy goes to *obj. */
+mt_loss mt_loss_micro(const mt_loss *l, int mb, int B, int T, struct mt_head_obj *obj);
 
 typedef struct {
     double ce_sum;           /* sum of CE over valid targets of the micro-batch */

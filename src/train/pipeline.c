@@ -105,15 +105,8 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
             mt_group_isend_f32(pp, mt_acts_grad(x), NC, a->peer, tag_of(p, mb, s, 1), &p->req[2 * k + 1]);
             break;
         case MT_ACT_FWD: {
-            mt_loss lm = *loss; /* the micro-batch's part: its tokens and rows */
             mt_head_obj obj;
-            if (loss->obj) {
-                obj = *loss->obj;
-                obj.base += (int64_t)mb * (int64_t)BT;
-                lm.obj = &obj;
-            }
-            if (loss->fed) lm.fed = loss->fed + (size_t)mb * B;
-            if (loss->replay) lm.replay = loss->replay + (size_t)mb * BT * (size_t)loss->replay_stride;
+            const mt_loss lm = mt_loss_micro(loss, mb, B, T, &obj);
             mt_model_forward(m, x, in, tg, ps, B, T, 1, &lm, NULL, st);
             break;
         }

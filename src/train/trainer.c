@@ -515,11 +515,10 @@ int mt_trainer_logprobs(mt_trainer *t, const mt_batch *b) {
         return mt_error("train: log-probs take an objective and %d micro-batches of %d x %d tokens", o->accum, o->batch,
                         o->seq);
     const size_t BT = (size_t)b->B * b->T;
+    const mt_loss all = {0.0f, b->obj, b->fed, b->replay, b->replay_stride};
     for (int mb = 0; mb < b->n_micro; mb++) {
-        mt_head_obj obj = *b->obj;
-        obj.base += (int64_t)mb * (int64_t)BT;
-        const mt_loss loss = {0.0f, &obj, b->fed ? b->fed + (size_t)mb * b->B : NULL,
-                              b->replay ? b->replay + mb * BT * (size_t)b->replay_stride : NULL, b->replay_stride};
+        mt_head_obj obj;
+        const mt_loss loss = mt_loss_micro(&all, mb, b->B, b->T, &obj);
         mt_step_stats st;
         memset(&st, 0, sizeof st);
         mt_pipe_eval(&t->pipe, &t->m, &t->d->pp, b->in + mb * BT, b->tg + mb * BT, b->pos ? b->pos + mb * BT : NULL,
