@@ -13,12 +13,13 @@
 #include "data/prompts.h"
 #include "data/tokenizer.h"
 #include "kernels/blas.h"
+#include "rl/reward.h"
 #include "rl/rollout.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
 /* Greedy-decodes the answers of probs[0..n) with the rollout engine into *correct (the
- * completion's bytes before its end-of-text equal the answer); -1 with an error. */
+ * math reward's verdict, rl/reward.h); -1 with an error. */
 static int math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, int max_new, int show, size_t *correct_out) {
     const int maxpos = m->cfg.max_position_embeddings;
     mt_rollout_req *req = mt_xcalloc(n + 1, sizeof *req);
@@ -47,15 +48,12 @@ static int math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, in
     }
     for (size_t r = 0; r < nr; r++) {
         const mt_completion *co = &out[r];
-        char ans[256];
-        int k = 0, bytes = 1;
-        for (int j = 0; j < co->n - co->stopped_eot && k < 255; j++) {
-            bytes &= co->tokens[j] < 256;
-            ans[k++] = (char)co->tokens[j];
-        }
-        ans[k] = 0;
         const mt_math_problem *p = &probs[which[r]];
-        int ok = co->stopped_eot && bytes && strcmp(ans, p->answer) == 0;
+        const int ok = mt_math_verdict(co->tokens, co->n, co->stopped_eot, p->answer) == MT_VERDICT_CORRECT;
+        char ans[256]; /* what it said, for --show */
+        int k = 0;
+        for (int j = 0; j < co->n - co->stopped_eot && k < 255; j++) ans[k++] = (char)co->tokens[j];
+        ans[k] = 0;
         correct += ok;
         if (show > 0 && which[r] < (size_t)show)
             printf("  %-16s -> %-10s %s%s%s\n", p->prompt, ans, ok ? "ok" : "WRONG (want ", ok ? "" : p->answer,
