@@ -42,8 +42,14 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
     int best = 0;
     for (int j = 1; j < V; j++) best = l[j] > l[best] ? j : best; /* the lowest id on ties */
     const float mx = l[best];
+    /* every tempered weight once: the normaliser, the inverse CDF and the kept mass read them */
+    float *e = scratch;
     double sum = 0;
-    for (int j = 0; j < V; j++) sum += exp((double)(l[j] - mx) / t);
+    for (int j = 0; j < V; j++) { /* the normaliser from the double values: logp keeps its precision */
+        const double x = exp((double)(l[j] - mx) / t);
+        sum += x;
+        e[j] = (float)x;
+    }
     const double lse = log(sum);
     int tok = best;
     if (tau > 0) {
@@ -52,13 +58,11 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
             const double target = u * sum;
             double acc = 0;
             tok = -1;
-            for (int j = 0; j < V && tok < 0; j++) {
-                acc += exp((double)(l[j] - mx) / t);
-                if (target < acc) tok = j;
-            }
+            for (int j = 0; j < V && tok < 0; j++)
+                if (target < (acc += e[j])) tok = j;
             if (tok < 0) tok = best; /* u * sum rounded past the total */
         } else {
-            cand *cd = (cand *)scratch;
+            cand *cd = (cand *)(scratch + V);
             for (int j = 0; j < V; j++) cd[j] = (cand){l[j], j};
             if (k < 64) { /* partial selection of the k best */
                 for (int i = 0; i < k; i++) {
@@ -72,25 +76,20 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
                 qsort(cd, (size_t)V, sizeof *cd, cand_cmp);
             }
             double mass_k = 0;
-            for (int i = 0; i < k; i++) mass_k += exp((double)(cd[i].l - mx) / t);
+            for (int i = 0; i < k; i++) mass_k += e[cd[i].id];
             /* top-p over the renormalised top-k distribution */
             int kept = k;
+            double mass = mass_k;
             if (top_p < 1.0) {
                 double acc = 0;
-                for (int i = 0; i < k; i++) {
-                    acc += exp((double)(cd[i].l - mx) / t);
-                    if (acc >= top_p * mass_k) { kept = i + 1; break; }
-                }
+                for (int i = 0; i < k; i++)
+                    if ((acc += e[cd[i].id]) >= top_p * mass_k) { kept = i + 1, mass = acc; break; }
             }
-            double mass = 0;
-            for (int i = 0; i < kept; i++) mass += exp((double)(cd[i].l - mx) / t);
             const double target = u * mass;
             double acc = 0;
             tok = cd[kept - 1].id;
-            for (int i = 0; i < kept; i++) {
-                acc += exp((double)(cd[i].l - mx) / t);
-                if (target < acc) { tok = cd[i].id; break; }
-            }
+            for (int i = 0; i < kept; i++)
+                if (target < (acc += e[cd[i].id])) { tok = cd[i].id; break; }
         }
     }
     *logp = (double)(l[tok] - mx) / t - lse;
@@ -132,7 +131,7 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
     int *row_slot = mt_xmalloc(sizeof(int) * (size_t)S);
     int *sreq = mt_xmalloc(sizeof(int) * (size_t)S), *sfed = mt_xcalloc((size_t)S, sizeof(int));
     int32_t *spend = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* a running slot's token to feed next */
-    float *logits = mt_alloc(sizeof(float) * (size_t)S * V), *scratch = mt_alloc(sizeof(float) * 2 * (size_t)V);
+    float *logits = mt_alloc(sizeof(float) * (size_t)S * V), *scratch = mt_alloc(sizeof(float) * 3 * (size_t)V);
     for (int s = 0; s < S; s++) sreq[s] = -1;
     memset(out, 0, sizeof *out * (size_t)n);
     int next = 0, done = 0;

@@ -71,7 +71,7 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
                mt_rollout_stats *st);
 
 /* One sampling decision on logits l[V] (the draw u in [0, 1)); *logp gets the behaviour
- * log-prob of the returned token. scratch: 2V floats. Exposed for tests. */
+ * log-prob of the returned token. scratch: 3V floats. Exposed for tests. */
 int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, double u, double *logp,
                     float *scratch);
 
