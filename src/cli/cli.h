@@ -15,5 +15,7 @@ int mt_cmd_rl(int argc, char **argv);
 
 /* prints "moetrain: error: <mt_last_error()>" and returns 1 */
 int mt_cli_fail(void);
+/* Checks --comm-timeout (finite, >= 0) and hands it to the watchdog (parallel/dist.h). */
+int mt_cli_comm_timeout(const char *cmd, double seconds);
 
 #endif

@@ -1,4 +1,5 @@
 /* cli/cmd_data.c — `moetrain data math|text`. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -7,10 +8,18 @@
 #include "cli/cli.h"
 #include "data/math.h"
 #include "data/text.h"
+#include "parallel/dist.h"
 
 int mt_cli_fail(void) {
     fprintf(stderr, "moetrain: error: %s\n", mt_last_error());
     return 1;
+}
+
+int mt_cli_comm_timeout(const char *cmd, double seconds) {
+    if (!(seconds >= 0) || !isfinite(seconds))
+        return mt_error("%s: --comm-timeout must be a finite number of seconds >= 0 (0 = never)", cmd);
+    mt_dist_set_timeout(seconds);
+    return 0;
 }
 
 static int data_math(int argc, char **argv) {

@@ -14,6 +14,7 @@ int mt_cmd_rl(int argc, char **argv) {
     mt_rl_defaults(&o);
     const char *data = NULL;
     mt_train_opts *t = &o.train;
+    double comm_timeout = MT_COMM_TIMEOUT_DEFAULT;
     mt_arg specs[] = {
         {"init", MT_ARG_STR, &t->init, "checkpoint or run folder of the policy to start from (required)", NULL},
         {"resume", MT_ARG_STR, &t->resume, "continue an rl run exactly from its run or checkpoint folder, with its settings (only --steps, --out, --threads, --save-every, --keep, --quiet and the dumps may be given)", NULL},
@@ -55,14 +56,16 @@ int mt_cmd_rl(int argc, char **argv) {
         {"threads", MT_ARG_INT, &t->threads, "threads (default: OMP_NUM_THREADS or all cores)", NULL},
         {"bf16", MT_ARG_BOOL, &t->bf16, "mixed precision for rollout and training (AVX512-BF16)", &t->set_bf16},
         {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
+        {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("rl", "--init CKPT --data DIR --out DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     const int multi = mt_dist_get()->size > 1;
     if (rc < 0 && multi) mt_dist_abort(mt_last_error());
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (mt_cli_comm_timeout("rl", comm_timeout) != 0) return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail();
     if (t->resume) { /* the run's settings come from it: only these flags make sense */
         static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
-                                         "--dump-rollouts", "--dump-grads"};
+                                         "--dump-rollouts", "--dump-grads", "--comm-timeout"};
         for (int i = 2; i < argc; i++) {
             if (strncmp(argv[i], "--", 2) != 0) continue;
             size_t n = strcspn(argv[i], "=");

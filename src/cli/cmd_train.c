@@ -13,6 +13,7 @@ int mt_cmd_train(int argc, char **argv) {
     mt_train_opts o;
     mt_train_defaults(&o);
     const char *config = NULL;
+    double comm_timeout = MT_COMM_TIMEOUT_DEFAULT;
     mt_arg specs[] = {
         {"config", MT_ARG_STR, &config, "model config.json or preset name (configs/NAME.json)", NULL},
         {"data", MT_ARG_STR, &o.data, "folder of token shards (*train*.bin, optional *val*.bin)", NULL},
@@ -59,6 +60,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"ep", MT_ARG_INT, &o.ep, "under mpirun: expert-parallel group size, carved out of the DP ranks (default 1)", NULL},
         {"a2a", MT_ARG_STR, &o.a2a, "expert all-to-all: hier (one inter-node copy per node, default) or flat", NULL},
         {"expert-placement", MT_ARG_STR, &o.expert_placement, "experts on the EP ranks: contiguous (default) or shuffled:SEED (a seeded permutation per layer; checkpoints stay logical)", NULL},
+        {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
         {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,
@@ -67,6 +69,7 @@ int mt_cmd_train(int argc, char **argv) {
     const int multi = mt_dist_get()->size > 1;
     if (rc < 0 && multi) mt_dist_abort(mt_last_error());
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
+    if (mt_cli_comm_timeout("train", comm_timeout) != 0) return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail();
     if (config) o.config = mt_cli_config_path(config);
     /* every rank must run with the same flags: mt_train compares this hash across ranks */
     XXH64_state_t *h = XXH64_createState();

@@ -71,6 +71,7 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     a->local = a->local_of[a->rank];
     a->local_size = a->node_start[a->node_id + 1] - a->node_start[a->node_id];
     MPI_Comm_split(ep, a->node_id, a->rank, &a->node);
+    MPI_Comm_set_name(a->node, "ep node (hierarchical all-to-all)");
     int nr;
     MPI_Comm_rank(a->node, &nr);
     MT_ASSERT(nr == a->local);

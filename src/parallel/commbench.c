@@ -7,6 +7,7 @@
 
 #include "base/common.h"
 #include "parallel/a2a.h"
+#include "parallel/watchdog.h"
 
 mt_bench_link mt_bench_pingpong(mt_dist *d, int peer, int quick) {
     mt_bench_link r = {0, 0};
@@ -63,6 +64,7 @@ double mt_bench_alltoall(mt_dist *d, size_t block, int reps) {
 void mt_bench_quiet_barrier(mt_dist *d) {
     MPI_Request req;
     MPI_Ibarrier(d->world, &req);
+    mt_watch_begin("MPI_Ibarrier + MPI_Test (quiet barrier)", d->world);
     int done = 0;
     while (!done) {
         MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -71,6 +73,7 @@ void mt_bench_quiet_barrier(mt_dist *d) {
             nanosleep(&ts, NULL);
         }
     }
+    mt_watch_end();
 }
 
 void mt_bench_host_hashes(mt_dist *d, uint64_t *all) {

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "base/common.h"
+#include "parallel/watchdog.h"
 
 static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1, .pp_size = 1, .dp_size = 1,
                          .ep_size = 1, .edp_size = 1,
@@ -15,9 +16,11 @@ static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
                          .dpt = {MPI_COMM_NULL, 0, 1}, .tp_size = 1, .ep = {MPI_COMM_NULL, 0, 1},
                          .edp = {MPI_COMM_NULL, 0, 1}, .pp = {MPI_COMM_NULL, 0, 1}, .emb = {MPI_COMM_NULL, 0, 1}};
 
-static void group_split(mt_group *g, int color, int key) {
+/* name: what the watchdog and MPI's own messages call the group */
+static void group_split(mt_group *g, int color, int key, const char *name) {
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
     MPI_Comm_split(g_dist.world, color, key, &g->comm);
+    if (g->comm != MPI_COMM_NULL) MPI_Comm_set_name(g->comm, name);
     if (g->comm == MPI_COMM_NULL) {
         g->rank = 0;
         g->size = 1;
@@ -47,6 +50,8 @@ int mt_dist_init(int *argc, char ***argv) {
     /* each group has its own communicator, which keeps the traffic of groups apart */
     MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.world);
     MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.all.comm);
+    MPI_Comm_set_name(g_dist.world, "world");
+    MPI_Comm_set_name(g_dist.all.comm, "world");
     g_dist.all.rank = g_dist.rank;
     g_dist.all.size = g_dist.size;
     MPI_Comm node;
@@ -64,10 +69,33 @@ int mt_dist_init(int *argc, char ***argv) {
         if (*end || v < 1 || v > (1LL << 30)) return mt_error("MT_MPI_MAX_COUNT=%s: not a count in 1..2^30", mc);
         max_count = (size_t)v;
     }
+    if (g_dist.size > 1 && mt_watch_start(g_dist.rank, g_dist.size, MT_COMM_TIMEOUT_DEFAULT) != 0)
+        mt_warn("could not start the communication watchdog: a stuck rank will not be detected");
     return mt_dist_set_layout(&g_dist, 1, 1, 0, 1);
 }
 
+/* Every rank must be given the same layout before any group is cut (a rank with its own
+ * --ep would split the world differently and wait in a split the others never make). */
+static int layout_agrees(mt_dist *d, int pp, int tp, int sp, int ep) {
+    if (!d->initialized || d->size == 1) return 0;
+    int mine[4] = {pp, tp, sp != 0, ep}, *all = mt_xmalloc(sizeof(int) * 4 * (size_t)d->size);
+    MPI_Allgather(mine, 4, MPI_INT, all, 4, MPI_INT, d->world);
+    int bad = -1;
+    for (int r = 1; r < d->size && bad < 0; r++)
+        if (memcmp(all + 4 * r, all, sizeof mine) != 0) bad = r;
+    int rc = 0;
+    if (bad >= 0) {
+        const int *a = all, *b = all + 4 * bad;
+        rc = mt_error("rank %d was given a different layout than rank 0 (--pp %d --tp %d%s --ep %d against --pp %d "
+                      "--tp %d%s --ep %d): every rank needs the same layout flags", bad, b[0], b[1], b[2] ? " --sp" : "",
+                      b[3], a[0], a[1], a[2] ? " --sp" : "", a[3]);
+    }
+    free(all);
+    return rc;
+}
+
 int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep) {
+    if (layout_agrees(d, pp, tp, sp, ep) != 0) return -1;
     if (pp < 1 || ep < 1 || tp < 1) return mt_error("--pp, --tp and --ep must be at least 1");
     if (d->size % (pp * tp) != 0)
         return mt_error("--pp %d x --tp %d does not divide the %d ranks (world = PP x DP x TP)", pp, tp, d->size);
@@ -92,14 +120,14 @@ int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep) {
     d->edp_rank = x / ep;
     if (!d->initialized) return 0; /* a world of one: every group is this rank */
     const int sub = sp ? 0 : d->tp_rank, nsub = sp ? 1 : tp; /* without SP, EP stays inside one tp_rank */
-    group_split(&d->tp, d->pp_rank * D + d->dp_rank, d->tp_rank);
-    group_split(&d->dp, d->pp_rank * tp + d->tp_rank, d->dp_rank);
-    group_split(&d->dpt, d->pp_rank, d->dp_rank * tp + d->tp_rank);
-    group_split(&d->pp, d->dp_rank * tp + d->tp_rank, d->pp_rank);
-    group_split(&d->ep, (d->pp_rank * nsub + sub) * (X / ep) + d->edp_rank, d->ep_rank);
-    group_split(&d->edp, (d->pp_rank * nsub + sub) * ep + d->ep_rank, d->edp_rank);
+    group_split(&d->tp, d->pp_rank * D + d->dp_rank, d->tp_rank, "tp");
+    group_split(&d->dp, d->pp_rank * tp + d->tp_rank, d->dp_rank, "dp");
+    group_split(&d->dpt, d->pp_rank, d->dp_rank * tp + d->tp_rank, "stage (dp x tp)");
+    group_split(&d->pp, d->dp_rank * tp + d->tp_rank, d->pp_rank, "pp");
+    group_split(&d->ep, (d->pp_rank * nsub + sub) * (X / ep) + d->edp_rank, d->ep_rank, "ep");
+    group_split(&d->edp, (d->pp_rank * nsub + sub) * ep + d->ep_rank, d->edp_rank, "expert-dp");
     int in_emb = pp > 1 && (d->pp_rank == 0 || d->pp_rank == pp - 1);
-    group_split(&d->emb, in_emb ? d->dp_rank * tp + d->tp_rank : MPI_UNDEFINED, d->pp_rank);
+    group_split(&d->emb, in_emb ? d->dp_rank * tp + d->tp_rank : MPI_UNDEFINED, d->pp_rank, "embedding (first and last stage)");
     MT_ASSERT(d->dp.size == D && d->ep.size == ep && d->edp.size == X / ep && d->pp.size == pp && d->tp.size == tp);
     MT_ASSERT(d->dp.rank == d->dp_rank && d->ep.rank == d->ep_rank && d->edp.rank == d->edp_rank);
     return 0;
@@ -116,6 +144,10 @@ void mt_dist_finalize(void) {
 }
 
 mt_dist *mt_dist_get(void) { return &g_dist; }
+
+void mt_dist_set_timeout(double seconds) {
+    if (g_dist.size > 1) mt_watch_set_timeout(seconds);
+}
 
 void mt_dist_abort(const char *msg) {
     if (g_dist.size > 1) {
@@ -306,6 +338,17 @@ void mt_group_allgather_u64(mt_group *g, uint64_t x, uint64_t *all) {
     }
     double t0 = MPI_Wtime();
     MPI_Allgather(&x, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, g->comm);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_allgather_i32(mt_group *g, const int32_t *x, size_t n, int32_t *all) {
+    if (!active(g)) {
+        memcpy(all, x, n * sizeof *x);
+        return;
+    }
+    MT_ASSERT(n <= max_count && n * (size_t)g->size <= (size_t)1 << 31);
+    double t0 = MPI_Wtime();
+    MPI_Allgather(x, (int)n, MPI_INT32_T, all, (int)n, MPI_INT32_T, g->comm);
     g_dist.comm_s += MPI_Wtime() - t0;
 }
 

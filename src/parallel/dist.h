@@ -52,6 +52,12 @@ int mt_dist_init(int *argc, char ***argv);
 void mt_dist_finalize(void);
 /* The process layout; a world of one rank when MPI was not initialised. */
 mt_dist *mt_dist_get(void);
+/* The communication watchdog: a blocking MPI call that lasts longer than `seconds` ends the
+ * job with "moetrain: error: rank R of N: no progress for S s in MPI_x over the G group ...",
+ * (a rank that is alive but stuck would otherwise leave the others waiting forever). 0 turns
+ * it off (debugging); mt_dist_init starts it with MT_COMM_TIMEOUT_DEFAULT on > 1 rank. */
+#define MT_COMM_TIMEOUT_DEFAULT 600.0
+void mt_dist_set_timeout(double seconds);
 /* Prints "moetrain: error: rank R of N: <msg>" to stderr and ends the whole job with
  * MPI_Abort (exit code 1). With one rank it only prints and exits. */
 void mt_dist_abort(const char *msg) __attribute__((noreturn));
@@ -94,6 +100,8 @@ void mt_group_max_u64(mt_group *g, uint64_t *x, size_t n);
 void mt_group_gather_f64(mt_group *g, const double *x, size_t n, double *all);
 /* all[size] on every rank = every rank's x, in rank order. */
 void mt_group_allgather_u64(mt_group *g, uint64_t x, uint64_t *all);
+/* all[size*n] on every rank = every rank's x[n] in rank order (n the same on every rank). */
+void mt_group_allgather_i32(mt_group *g, const int32_t *x, size_t n, int32_t *all);
 /* Barrier over a group (no time accounted). */
 void mt_group_barrier(mt_group *g);
 /* The ranks of g with the same color form *sub, ordered by key (collective over g; like
