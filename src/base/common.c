@@ -177,6 +177,41 @@ double mt_proc_status_kb(const char *key) {
     return kb;
 }
 
+/* The first number in file path (0 if unreadable or not a number, e.g. "max"). */
+static double file_number(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    double x = 0;
+    if (fscanf(f, "%lf", &x) != 1) x = 0;
+    fclose(f);
+    return x;
+}
+
+/* MemAvailable counts the page cache the kernel would drop, which MemFree misses; a
+ * container's /proc/meminfo is the host's, so its cgroup limit caps what it may use. */
+double mt_mem_available(void) {
+    double avail = 0, swap = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "MemAvailable:", 13) == 0) avail = strtod(line + 13, NULL) * 1024;
+            else if (strncmp(line, "SwapFree:", 9) == 0) swap = strtod(line + 9, NULL) * 1024;
+        }
+        fclose(f);
+    }
+    if (avail <= 0) avail = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (avail <= 0) return 0;
+    avail += swap;
+    const char *lim[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                             {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+    for (int i = 0; i < 2; i++) {
+        const double l = file_number(lim[i][0]), used = file_number(lim[i][1]);
+        if (l > 0 && l < 0x1p60 && l - used < avail) avail = l > used ? l - used : 0; /* "max" / v1's huge value: none */
+    }
+    return avail;
+}
+
 static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -281,6 +316,20 @@ int mt_write_file_atomic(const char *path, const void *data, size_t len) {
     }
     free(tmp);
     return mt_fsync_dir_of(path);
+}
+
+int mt_file_check(FILE *f, const char *name) {
+    errno = 0;
+    if (fflush(f) == 0 && !ferror(f)) return 0;
+    /* an earlier buffered write may have failed: its errno can be gone by now */
+    return mt_error("%s: write failed: %s", name, strerror(errno ? errno : EIO));
+}
+
+int mt_file_close(FILE *f, const char *name) {
+    int rc = mt_file_check(f, name);
+    errno = 0;
+    if (fclose(f) != 0 && rc == 0) rc = mt_error("%s: write failed: %s", name, strerror(errno ? errno : EIO));
+    return rc;
 }
 
 int mt_mkdir_p(const char *path) {

@@ -70,6 +70,11 @@ int mt_reset_peak_rss(void);
 /* A "Key:   123 kB" line of /proc/self/status (e.g. "VmRSS:"), in kB (0 if missing). */
 double mt_proc_status_kb(const char *key);
 
+/* Bytes this process can still get without pushing others out: MemAvailable + SwapFree of
+ * /proc/meminfo (physical memory when MemAvailable is missing), capped by the room left
+ * under the cgroup's memory limit when there is one; 0 when nothing can be read. */
+double mt_mem_available(void);
+
 /* Counter-based RNG: a pure function of its inputs, so any thread count or parallel
  * layout draws the same numbers. mt_hash4 mixes four 64-bit words (splitmix/murmur
  * finaliser rounds). */
@@ -86,6 +91,11 @@ int mt_write_file_atomic(const char *path, const void *data, size_t len);
 /* fsync of the folder that holds path, so a rename or removal in it is durable (best
  * effort: always 0). */
 int mt_fsync_dir_of(const char *path);
+/* A stream's writes so far reached the file: flushes f and checks its error flag; -1 with
+ * "NAME: write failed: <strerror>" otherwise (name: the file or flag the user knows). */
+int mt_file_check(FILE *f, const char *name);
+/* mt_file_check, then fclose (whose error counts too); f is closed either way. */
+int mt_file_close(FILE *f, const char *name);
 /* mkdir -p */
 int mt_mkdir_p(const char *path);
 /* Removes a file or a folder with everything in it (nothing there: 0); -1 with an error. */

@@ -15,13 +15,14 @@
 
 int mt_cmd_dump(int argc, char **argv) {
     const char *ckpt = NULL, *tokens = NULL, *out = NULL;
-    int B = 2, T = 16;
+    int B = 2, T = 16, allow_nonfinite = 0;
     mt_arg specs[] = {
         {"ckpt", MT_ARG_STR, &ckpt, "checkpoint or run folder (required)", NULL},
         {"tokens", MT_ARG_STR, &tokens, "token shard holding B*(T+1) tokens (required)", NULL},
         {"batch", MT_ARG_INT, &B, "rows (default 2)", NULL},
         {"seq", MT_ARG_INT, &T, "sequence length (default 16)", NULL},
         {"out", MT_ARG_STR, &out, "output .safetensors (required)", NULL},
+        {"allow-nonfinite", MT_ARG_BOOL, &allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("dump", "--ckpt DIR --tokens FILE --out FILE [--batch B --seq T]", specs, argc, argv, 2,
                            NULL, 0, NULL);
@@ -29,7 +30,7 @@ int mt_cmd_dump(int argc, char **argv) {
     if (!ckpt || !tokens || !out) { mt_error("moetrain dump: --ckpt, --tokens and --out are required"); return mt_cli_fail(); }
     if (B < 1) { mt_error("moetrain dump: --batch must be at least 1"); return mt_cli_fail(); }
     mt_model m;
-    if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) return mt_cli_fail();
+    if (mt_ckpt_open_model(ckpt, &m, NULL, 0, allow_nonfinite) != 0) return mt_cli_fail();
     const mt_config *c = &m.cfg;
     if (mt_config_check_seq(c, T, "moetrain dump: --seq") != 0) { mt_model_free(&m); return mt_cli_fail(); }
     uint32_t *tok;

@@ -74,6 +74,7 @@ static int math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, in
 int mt_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL;
     int T = 0, windows = 256, batch = 8, nprob = 500, max_new = 16, show = 0, threads = 0, doc = 0, eot = 256;
+    int allow_nonfinite = 0;
     mt_arg specs[] = {
         {"ckpt", MT_ARG_STR, &ckpt, "checkpoint or run folder (required)", NULL},
         {"data", MT_ARG_STR, &data, "folder with *val*.bin shards (required)", NULL},
@@ -86,6 +87,7 @@ int mt_cmd_eval(int argc, char **argv) {
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
         {"doc-mode", MT_ARG_BOOL, &doc, "validation loss in document mode (restart after each --eot)", NULL},
         {"eot", MT_ARG_INT, &eot, "end-of-text token id for --doc-mode (default 256)", NULL},
+        {"allow-nonfinite", MT_ARG_BOOL, &allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("eval", "--ckpt DIR --data DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
@@ -97,7 +99,7 @@ int mt_cmd_eval(int argc, char **argv) {
     if (threads > 0) mt_set_threads(threads);
     mt_model m;
     char dir[4096];
-    if (mt_ckpt_open_model(ckpt, &m, dir, sizeof dir) != 0) return mt_cli_fail();
+    if (mt_ckpt_open_model(ckpt, &m, dir, sizeof dir, allow_nonfinite) != 0) return mt_cli_fail();
     if (T <= 0) T = m.cfg.max_position_embeddings < 256 ? m.cfg.max_position_embeddings : 256;
     if (doc && eot >= m.cfg.vocab_size) {
         mt_error("moetrain eval: --eot %d is not a token id of the model (vocab_size %d)", eot, m.cfg.vocab_size);
@@ -159,7 +161,7 @@ int mt_cmd_eval(int argc, char **argv) {
 
 int mt_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "", *prompts = NULL;
-    int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0, batch = 64;
+    int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0, batch = 64, allow_nonfinite = 0;
     double temp = 1.0, top_p = 1.0;
     uint64_t seed = 1;
     mt_arg specs[] = {
@@ -174,6 +176,7 @@ int mt_cmd_generate(int argc, char **argv) {
         {"seed", MT_ARG_U64, &seed, "sampling seed (default 1)", NULL},
         {"no-stop", MT_ARG_BOOL, &no_stop, "do not stop at the end-of-text token", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
+        {"allow-nonfinite", MT_ARG_BOOL, &allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("generate", "--ckpt DIR --prompt TEXT [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
@@ -213,7 +216,7 @@ int mt_cmd_generate(int argc, char **argv) {
         return mt_cli_fail();
     }
     mt_model m;
-    if (mt_ckpt_open_model(ckpt, &m, NULL, 0) != 0) { free(lines); free(text); return mt_cli_fail(); }
+    if (mt_ckpt_open_model(ckpt, &m, NULL, 0, allow_nonfinite) != 0) { free(lines); free(text); return mt_cli_fail(); }
     const int V = m.cfg.vocab_size;
     if (V <= MT_BYTE_EOT) { /* prompts are bytes after an end-of-text token */
         mt_error("moetrain generate: the prompt is byte tokens after end-of-text %d: vocab_size %d is too small",

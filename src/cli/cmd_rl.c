@@ -57,6 +57,7 @@ int mt_cmd_rl(int argc, char **argv) {
         {"bf16", MT_ARG_BOOL, &t->bf16, "mixed precision for rollout and training (AVX512-BF16)", &t->set_bf16},
         {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
         {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
+        {"allow-nonfinite", MT_ARG_BOOL, &t->allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("rl", "--init CKPT --data DIR --out DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
     const int multi = mt_dist_get()->size > 1;
@@ -65,7 +66,7 @@ int mt_cmd_rl(int argc, char **argv) {
     if (mt_cli_comm_timeout("rl", comm_timeout) != 0) return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail();
     if (t->resume) { /* the run's settings come from it: only these flags make sense */
         static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
-                                         "--dump-rollouts", "--dump-grads", "--comm-timeout"};
+                                         "--dump-rollouts", "--dump-grads", "--comm-timeout", "--allow-nonfinite"};
         for (int i = 2; i < argc; i++) {
             if (strncmp(argv[i], "--", 2) != 0) continue;
             size_t n = strcspn(argv[i], "=");

@@ -50,6 +50,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", &o.set_doc_mode},
         {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default 256, the byte tokenizer's)", &o.set_eot},
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},
+        {"allow-nonfinite", MT_ARG_BOOL, &o.allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {"dist-opt", MT_ARG_BOOL, &o.dist_opt, "under mpirun: distributed optimizer (ZeRO-1, AdamW state sharded over DP)", NULL},
         {"bucket-mb", MT_ARG_DBL, &o.bucket_mb, "under mpirun: gradient all-reduce bucket size in MiB (default 25)", NULL},
         {"pp", MT_ARG_INT, &o.pp, "under mpirun: pipeline stages (1F1B schedule; DP = ranks / PP; default 1)", NULL},

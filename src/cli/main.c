@@ -1,4 +1,5 @@
 /* cli/main.c — `moetrain <command> [flags]`: dispatch to the command files. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +34,9 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     mt_memory_policy();
+    /* a file that outgrows `ulimit -f` would kill the process without a word: ignored, the
+     * write fails with EFBIG and the checked-write path reports it as it does ENOSPC */
+    signal(SIGXFSZ, SIG_IGN);
     if (mt_cpu_tier_check() != 0) return mt_cli_fail();
     mt_blas_init(argc, argv);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
@@ -46,6 +50,8 @@ int main(int argc, char **argv) {
         const int mpi = strcmp(argv[1], "train") == 0 || strcmp(argv[1], "rl") == 0;
         if (mpi && mt_dist_init(&argc, &argv) != 0) return mt_cli_fail();
         int rc = commands[i].fn(argc, argv);
+        /* what a command printed reached stdout (a full disk or /dev/full is not a success) */
+        if (rc == 0 && mt_file_check(stdout, "stdout") != 0) rc = mt_cli_fail();
         if (mpi) mt_dist_finalize();
         return rc;
     }

@@ -2,6 +2,8 @@
 #include "rl/rl.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +228,11 @@ int mt_rl(const mt_rl_opts *opt) {
         return -1;
     }
     /* the trainer's shape: rows = this rank's completions, positions = the longest row */
+    if ((int64_t)(o.prompts_per_step / D) * o.group > INT_MAX) { /* the rank's completions are counted in int */
+        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
+        return mt_error("rl: --prompts-per-step %d x --group %d completions per rank is too large", o.prompts_per_step,
+                        o.group);
+    }
     const int Pl = o.prompts_per_step / D, rows = Pl * o.group;
     size_t longest = 0;
     for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
@@ -264,7 +271,10 @@ int mt_rl(const mt_rl_opts *opt) {
     FILE *mf = NULL;
     if (root) {
         snprintf(path, sizeof path, "%s/metrics.jsonl", ti->out);
-        if (!(mf = fopen(path, resumed ? "a" : "w"))) mt_dist_abort("rl: cannot open the metrics file");
+        if (!(mf = fopen(path, resumed ? "a" : "w"))) {
+            mt_error("%s: cannot open: %s", path, strerror(errno));
+            mt_dist_abort(mt_last_error());
+        }
         if (!resumed) {
             char *js = settings_json(&o), sp[4300];
             snprintf(sp, sizeof sp, "%s/rl_settings.json", ti->out);
@@ -287,7 +297,7 @@ int mt_rl(const mt_rl_opts *opt) {
             if (!ti->quiet)
                 printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
             fprintf(mf, "{\"event\":\"eval\",\"step\":0,\"heldout_accuracy\":%.6f}\n", acc);
-            fflush(stdout), fflush(mf);
+            if (mt_file_check(mf, path) != 0 || mt_file_check(stdout, "stdout") != 0) mt_dist_abort(mt_last_error());
         }
     }
     prompt_order po = {(int64_t)ps.n, -1, ti->seed, NULL};
@@ -456,7 +466,7 @@ int mt_rl(const mt_rl_opts *opt) {
             if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0)))
                 fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
             fprintf(mf, "}\n");
-            fflush(stdout), fflush(mf);
+            if (mt_file_check(mf, path) != 0 || mt_file_check(stdout, "stdout") != 0) mt_dist_abort(mt_last_error());
         }
         if (ti->save_every > 0 && step % ti->save_every == 0 && step != ti->steps) {
             char dir[4200];
@@ -472,7 +482,8 @@ int mt_rl(const mt_rl_opts *opt) {
             if (eval_on) fprintf(mf, "{\"event\":\"summary\",\"heldout_accuracy_start\":%.6f,\"heldout_accuracy\":%.6f}\n", acc0, acc);
         }
     }
-    if (mf) fclose(mf);
+    if (mf && rc != 0) fclose(mf);
+    else if (mf) rc = mt_file_close(mf, path); /* the summary event */
     for (int j = 0; j < Pl; j++) free(ptok[j]);
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
     mt_free(ref);

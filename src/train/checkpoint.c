@@ -120,6 +120,15 @@ static int save_files(const char *dir, const mt_model *m, const float *m_adam, c
     return rc;
 }
 
+/* A failed save removes what it wrote beside the checkpoint (a full disk must not fill up
+ * further with half-written folders); the save's own error stays the one reported. */
+static int drop_tmp(const char *dir, const char *tmp) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", mt_last_error());
+    if (mt_rm_tree(tmp) != 0) mt_warn("%s", mt_last_error());
+    return mt_error("%s: checkpoint not saved: %s", dir, msg);
+}
+
 int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
                  const char *state_json) {
     /* the whole folder is written beside it (DIR.tmp), then put in place by one rename, or,
@@ -128,18 +137,28 @@ int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const 
     char tmp[4200], old[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     if (mt_rm_tree(tmp) != 0) return -1; /* left by a crash */
-    if (save_files(tmp, m, m_adam, v_adam, state_json) != 0) return -1;
+    if (save_files(tmp, m, m_adam, v_adam, state_json) != 0) return drop_tmp(dir, tmp);
     struct stat st;
     if (stat(dir, &st) != 0) {
-        if (rename(tmp, dir) != 0) return mt_error("%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+        if (rename(tmp, dir) != 0) {
+            mt_error("%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+            return drop_tmp(dir, tmp);
+        }
     } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
         mt_fsync_dir_of(dir);
         return mt_rm_tree(tmp); /* the old folder */
     } else { /* a file system without the exchange: move the old one aside first */
         snprintf(old, sizeof old, "%s.old", dir);
-        if (mt_rm_tree(old) != 0) return -1;
-        if (rename(dir, old) != 0 || rename(tmp, dir) != 0)
-            return mt_error("%s: cannot put the new checkpoint in place: %s", dir, strerror(errno));
+        if (mt_rm_tree(old) != 0) return drop_tmp(dir, tmp);
+        if (rename(dir, old) != 0) {
+            mt_error("%s: cannot put the new checkpoint in place: %s", dir, strerror(errno));
+            return drop_tmp(dir, tmp);
+        }
+        if (rename(tmp, dir) != 0) {
+            mt_error("%s: cannot put the new checkpoint in place: %s", dir, strerror(errno));
+            if (rename(old, dir) != 0) mt_warn("%s: the previous checkpoint is left as %s", dir, old);
+            return drop_tmp(dir, tmp);
+        }
         mt_fsync_dir_of(dir);
         return mt_rm_tree(old);
     }
@@ -218,13 +237,44 @@ int mt_ckpt_load_config(const char *dir, mt_config *c) {
     return mt_config_load(c, path);
 }
 
+/* Non-finite values of a set, for the refusal or the warning: counted in one pass over the
+ * floats as they land (the exponent's bits, so no compiler flag can fold the test away). */
+typedef struct { size_t bad; int tensors; const char *first; size_t first_n; } nonfinite;
+
+static void count_nonfinite(nonfinite *nf, const char *name, const float *x, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        k += (u & 0x7f800000u) == 0x7f800000u;
+    }
+    if (!k) return;
+    if (!nf->first) nf->first = name, nf->first_n = k;
+    nf->bad += k;
+    nf->tensors++;
+}
+
+/* A checkpoint with NaN or Inf weights would evaluate to nan and sample garbage without a
+ * word: refused naming the first such tensor, unless asked for (forensics). */
+static int nonfinite_verdict(const nonfinite *nf, const char *what, int allow) {
+    if (!nf->bad) return 0;
+    if (!allow)
+        return mt_error("%s: tensor %s holds %zu NaN/Inf value(s), %zu in %d tensor(s) in all: refusing to load it "
+                        "(--allow-nonfinite loads it anyway)", what, nf->first, nf->first_n, nf->bad, nf->tensors);
+    mt_warn("%s: tensor %s holds %zu NaN/Inf value(s), %zu in %d tensor(s) in all; loaded as --allow-nonfinite asks",
+            what, nf->first, nf->first_n, nf->bad, nf->tensors);
+    return 0;
+}
+
 static int load_set(mt_st_reader *r, const char *what, const mt_model *m, float *base,
-                    const char *prefix, int allow_tied_head) {
+                    const char *prefix, int allow_tied_head, int allow_nonfinite) {
     char name[256];
+    nonfinite nf = {0, 0, NULL, 0};
     for (int i = 0; i < m->ntensors; i++) {
         const mt_tensor *t = &m->tensors[i];
         snprintf(name, sizeof name, "%s%s", prefix, t->name);
         if (mt_st_read_f32(r, name, base + t->offset, t->ndim, t->shape) != 0) return -1;
+        count_nonfinite(&nf, t->name, base + t->offset, t->numel);
     }
     /* extra tensors */
     for (int i = 0; i < mt_st_count(r); i++) {
@@ -237,25 +287,29 @@ static int load_set(mt_st_reader *r, const char *what, const mt_model *m, float 
         }
         return mt_error("%s: unexpected tensor %s (not part of the model described by config.json)", what, nm);
     }
-    return 0;
+    if (nf.first) { /* the name, with the set's prefix, outlives the loop's buffer */
+        snprintf(name, sizeof name, "%s%s", prefix, nf.first);
+        nf.first = name;
+    }
+    return nonfinite_verdict(&nf, what, allow_nonfinite);
 }
 
-int mt_ckpt_load_weights(const char *dir, mt_model *m) {
+int mt_ckpt_load_weights(const char *dir, mt_model *m, int allow_nonfinite) {
     mt_st_reader *r;
     if (mt_st_open(&r, dir) != 0) return -1;
-    int rc = load_set(r, dir, m, m->params, "", m->cfg.tie_word_embeddings);
+    int rc = load_set(r, dir, m, m->params, "", m->cfg.tie_word_embeddings, allow_nonfinite);
     mt_st_close(r);
     return rc;
 }
 
-int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam) {
+int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam, int allow_nonfinite) {
     char path[4096];
     join(path, sizeof path, dir, "optimizer.safetensors");
     if (!exists(path)) return mt_error("%s: missing (cannot resume the optimizer state)", path);
     mt_st_reader *r;
     if (mt_st_open(&r, path) != 0) return -1;
-    int rc = load_set(r, path, m, m_adam, "exp_avg.", 0);
-    if (rc == 0) rc = load_set(r, path, m, v_adam, "exp_avg_sq.", 0);
+    int rc = load_set(r, path, m, m_adam, "exp_avg.", 0, allow_nonfinite);
+    if (rc == 0) rc = load_set(r, path, m, v_adam, "exp_avg_sq.", 0, allow_nonfinite);
     mt_st_close(r);
     return rc;
 }
@@ -266,14 +320,14 @@ int mt_ckpt_load_state(const char *dir, char **json) {
     return mt_read_file(path, json, NULL);
 }
 
-int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap) {
+int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite) {
     char dir[4096];
     mt_config cfg;
     if (mt_ckpt_resolve(path, dir, sizeof dir) != 0) return -1;
     if (mt_ckpt_verify(dir, 0) != 0) return -1;
     if (mt_ckpt_load_config(dir, &cfg) != 0) return -1;
     if (mt_model_init(m, &cfg) != 0) return -1;
-    if (mt_ckpt_load_weights(dir, m) != 0) { mt_model_free(m); return -1; }
+    if (mt_ckpt_load_weights(dir, m, allow_nonfinite) != 0) { mt_model_free(m); return -1; }
     if (resolved) snprintf(resolved, cap, "%s", dir);
     return 0;
 }

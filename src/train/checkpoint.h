@@ -25,15 +25,17 @@ int mt_ckpt_verify(const char *dir, int required);
 int mt_ckpt_load_config(const char *dir, mt_config *c);
 /* Loads every parameter of m from dir/model.safetensors (or shards): a missing, extra or
  * wrong-shaped tensor is an error naming it; with tied embeddings a present
- * lm_head.weight is ignored with a warning. */
-int mt_ckpt_load_weights(const char *dir, mt_model *m);
-/* Loads the AdamW moments. */
-int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam);
+ * lm_head.weight is ignored with a warning. A NaN or Inf value is an error naming the first
+ * tensor that holds one, unless allow_nonfinite (then a warning says the same). */
+int mt_ckpt_load_weights(const char *dir, mt_model *m, int allow_nonfinite);
+/* Loads the AdamW moments (non-finite values as for the weights). */
+int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam, int allow_nonfinite);
 /* Reads trainer_state.json (malloc'd string). */
 int mt_ckpt_load_state(const char *dir, char **json);
 /* Opens a run or checkpoint folder for inference or as a starting point: resolves it,
- * verifies checksums when present, loads config.json, builds the model, loads weights. */
-int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap);
+ * verifies checksums when present, loads config.json, builds the model, loads weights
+ * (allow_nonfinite: as mt_ckpt_load_weights). */
+int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite);
 /* Writes `latest` in run_dir pointing at the checkpoint folder name (atomically). */
 int mt_ckpt_set_latest(const char *run_dir, const char *name);
 

@@ -1,6 +1,7 @@
 /* train/report.c — progress line, metrics, plot, profile and summary (see report.h). */
 #include "train/report.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,15 +56,14 @@ int mt_report_open(mt_report *rp, const mt_train_opts *o, mt_dist *d, const mt_c
     rp->start_step = start_step;
     rp->nthr = nthr;
     const int root = d->rank == 0;
-    char path[4096];
     if (root) {
-        if (o->metrics) snprintf(path, sizeof path, "%s", o->metrics);
-        else snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
-        rp->metrics = fopen(path, start_step ? "a" : "w");
-        if (!rp->metrics) return mt_error("%s: cannot open metrics file", path);
-        snprintf(path, sizeof path, "%s/loss.tsv", o->out);
-        rp->tsv = fopen(path, start_step ? "a" : "w");
-        if (!rp->tsv) return mt_error("%s: cannot open", path);
+        if (o->metrics) snprintf(rp->metrics_name, sizeof rp->metrics_name, "--metrics %s", o->metrics);
+        else snprintf(rp->metrics_name, sizeof rp->metrics_name, "%s/metrics.jsonl", o->out);
+        rp->metrics = fopen(o->metrics ? o->metrics : rp->metrics_name, start_step ? "a" : "w");
+        if (!rp->metrics) return mt_error("%s: cannot open: %s", rp->metrics_name, strerror(errno));
+        snprintf(rp->tsv_name, sizeof rp->tsv_name, "%s/loss.tsv", o->out);
+        rp->tsv = fopen(rp->tsv_name, start_step ? "a" : "w");
+        if (!rp->tsv) return mt_error("%s: cannot open: %s", rp->tsv_name, strerror(errno));
     }
     if (o->profile) { /* the events of the whole run, up to 2^20 (24 MiB): the rest only count in the breakdown */
         size_t ev = (size_t)(o->steps - start_step + 1) * (size_t)(cfg->num_hidden_layers * 24 + 32) * (size_t)o->accum;
@@ -74,10 +74,22 @@ int mt_report_open(mt_report *rp, const mt_train_opts *o, mt_dist *d, const mt_c
     return 0;
 }
 
-void mt_report_close(mt_report *rp) {
-    if (rp->metrics) fclose(rp->metrics);
-    if (rp->tsv) fclose(rp->tsv);
+int mt_report_close(mt_report *rp, int rc) {
+    FILE *f[2] = {rp->metrics, rp->tsv};
+    const char *name[2] = {rp->metrics_name, rp->tsv_name};
+    for (int i = 0; i < 2; i++) {
+        if (!f[i]) continue;
+        if (rc != 0) fclose(f[i]);
+        else rc = mt_file_close(f[i], name[i]);
+    }
     rp->metrics = rp->tsv = NULL;
+    return rc;
+}
+
+/* The records so far reached the files (rank 0; others have none). */
+static int files_check(const mt_report *rp) {
+    if (rp->metrics && mt_file_check(rp->metrics, rp->metrics_name) != 0) return -1;
+    return rp->tsv ? mt_file_check(rp->tsv, rp->tsv_name) : 0;
 }
 
 void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, double comm) {
@@ -134,7 +146,7 @@ void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, doub
     s->eta = (o->steps - step) * (s->elapsed / (step - rp->start_step));
 }
 
-void mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size) {
+int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size) {
     const mt_train_opts *o = rp->o;
     const mt_step_result *r = &s->r;
     const int root = rp->d->rank == 0, W = rp->d->size, step = r->step;
@@ -150,10 +162,9 @@ void mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size
                     (long long)ab[3]);
         if (!isnan(s->val_loss)) fprintf(rp->metrics, ",\"val_loss\":%.6f", s->val_loss);
         fprintf(rp->metrics, "}\n");
-        fflush(rp->metrics);
         if (isnan(s->val_loss)) fprintf(rp->tsv, "%d\t%.6f\tNaN\n", step, r->loss);
         else fprintf(rp->tsv, "%d\t%.6f\t%.6f\n", step, r->loss, s->val_loss);
-        fflush(rp->tsv);
+        if (files_check(rp) != 0) return -1;
     }
     if (root && !o->quiet && (step % o->log_every == 0 || step == o->steps || step == rp->start_step + 1)) {
         char el[32], et[32];
@@ -169,21 +180,22 @@ void mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size
         printf("%s elapsed | ETA %s", el, et);
         if (!isnan(s->val_loss)) printf(" | val %.4f", s->val_loss);
         printf("\n");
-        fflush(stdout);
+        if (mt_file_check(stdout, "stdout") != 0) return -1;
     }
+    return 0;
 }
 
-void mt_report_skip(mt_report *rp, const mt_step_result *r, int bad) {
-    if (rp->d->rank != 0) return;
+int mt_report_skip(mt_report *rp, const mt_step_result *r, int bad) {
+    if (rp->d->rank != 0) return 0;
     mt_warn("step %d: non-finite %s (loss %g, grad norm %g); update skipped (%d in a row)", r->step,
             isfinite(r->loss) ? "gradient" : "loss", r->loss, r->grad_norm, bad);
     fprintf(rp->metrics, "{\"event\":\"skip\",\"step\":%d,\"loss\":\"%g\",\"grad_norm\":\"%g\"}\n", r->step, r->loss,
             r->grad_norm);
-    fflush(rp->metrics);
+    return files_check(rp);
 }
 
-void mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const int64_t *load) {
-    if (rp->d->rank != 0) return;
+int mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const int64_t *load) {
+    if (rp->d->rank != 0) return 0;
     const int quiet = rp->o->quiet, E = cfg->n_routed_experts;
     if (!quiet) printf("  expert load (max/mean tokens per expert):");
     fprintf(rp->metrics, "{\"event\":\"expert_load\",\"step\":%d,\"layers\":{", step);
@@ -201,9 +213,10 @@ void mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const 
     }
     fprintf(rp->metrics, "}}\n");
     if (!quiet) printf("\n");
+    return files_check(rp) != 0 || (!quiet && mt_file_check(stdout, "stdout") != 0) ? -1 : 0;
 }
 
-void mt_report_profile_summary(mt_report *rp) {
+int mt_report_profile_summary(mt_report *rp) {
     mt_dist *d = rp->d;
     const int root = d->rank == 0;
     double *all = root ? mt_xmalloc(sizeof(double) * MT_PROF_N * (size_t)d->size) : NULL;
@@ -221,9 +234,10 @@ void mt_report_profile_summary(mt_report *rp) {
         }
     }
     free(all);
+    return files_check(rp);
 }
 
-void mt_report_summary(mt_report *rp, const mt_report_run *run) {
+int mt_report_summary(mt_report *rp, const mt_report_run *run) {
     const mt_train_opts *o = rp->o;
     mt_dist *d = rp->d;
     const int W = d->size;
@@ -270,11 +284,14 @@ void mt_report_summary(mt_report *rp, const mt_report_run *run) {
             if (o->metrics) printf("\n  checkpoint %s\n  metrics    %s\n", run->checkpoint, o->metrics);
             else printf("\n  checkpoint %s\n  metrics    %s/metrics.jsonl\n", run->checkpoint, o->out);
         }
-        fflush(rp->metrics);
-        fflush(rp->tsv);
+        if (files_check(rp) != 0 || mt_file_check(stdout, "stdout") != 0) {
+            free(rss_all);
+            return -1;
+        }
         if (o->plot && draw_plot(o->out) == 0 && !o->quiet) printf("  plot       %s/loss.png\n", o->out);
     }
     free(rss_all);
+    return 0;
 }
 
 void mt_report_trace(mt_report *rp) {

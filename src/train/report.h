@@ -25,6 +25,7 @@ typedef struct {
     const mt_train_opts *o;       /* the options in force */
     mt_dist *d;
     FILE *metrics, *tsv;          /* rank 0 */
+    char metrics_name[4200], tsv_name[4200]; /* as errors name them ("--metrics PATH" when given) */
     int start_step, nthr;
     double peak;                  /* GEMM GFLOP/s of one rank: the MFU denominator (x ranks) */
     int remeasured;
@@ -50,22 +51,25 @@ typedef struct {
 
 /* Opens metrics (o->metrics or OUT/metrics.jsonl) and OUT/loss.tsv on rank 0, appended to
  * when resuming at start_step > 0; with --profile starts the trace; measures the GEMM peak
- * unless o->peak_gflops. */
+ * unless o->peak_gflops. Every write below is checked: the functions that write return -1
+ * (rank 0) with an error naming the file (or stdout) when one failed. */
 int mt_report_open(mt_report *rp, const mt_train_opts *o, mt_dist *d, const mt_config *cfg, int start_step, int nthr);
-void mt_report_close(mt_report *rp);
+/* Closes the files. Returns rc when it is already an error (whose message stays the one
+ * reported), else -1 if the last writes did not reach the files, else 0. */
+int mt_report_close(mt_report *rp, int rc);
 
 /* The step's timing since t0 (mt_now) and c0 (mt_busy_time): the --profile line (every
  * rank), the steady-state totals, tokens/s, waiting share and MFU (re-measuring the peak
  * when the step beat it), elapsed time and ETA, into s. */
 void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, double comm);
 /* A finite step's metrics record and loss.tsv line, and the progress line at its cadence. */
-void mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size);
+int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size);
 /* A skipped (non-finite) step: a warning and a skip event. bad: non-finite steps in a row. */
-void mt_report_skip(mt_report *rp, const mt_step_result *r, int bad);
+int mt_report_skip(mt_report *rp, const mt_step_result *r, int bad);
 /* The expert-load line and event of a step (load: mt_trainer_expert_load). */
-void mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const int64_t *load);
+int mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const int64_t *load);
 /* --profile: every rank's mean breakdown per step into the metrics (collective). */
-void mt_report_profile_summary(mt_report *rp);
+int mt_report_profile_summary(mt_report *rp);
 
 /* What the summary says about the run besides the report's own figures. */
 typedef struct {
@@ -74,7 +78,7 @@ typedef struct {
     const char *checkpoint;       /* the last checkpoint written */
 } mt_report_run;
 /* The summary event and the closing lines, the plot (collective: every rank's RSS). */
-void mt_report_summary(mt_report *rp, const mt_report_run *run);
+int mt_report_summary(mt_report *rp, const mt_report_run *run);
 /* --profile: writes OUT/trace_rank<R>.json (every rank). */
 void mt_report_trace(mt_report *rp);
 

@@ -120,7 +120,7 @@ int mt_train(const mt_train_opts *opts) {
         if (mt_trainer_step(t, &b, &s.r) != 0) { rc = -1; break; }
         const int bad = mt_trainer_get_state(t)->bad;
         if (!s.r.finite) {
-            mt_report_skip(&rp, &s.r, bad);
+            if (mt_report_skip(&rp, &s.r, bad) != 0) { rc = -1; break; }
             if (bad >= o->max_bad) {
                 rc = mt_error("train: stopping after %d non-finite steps in a row (step %d); last good checkpoint: %s",
                               bad, step, last_good);
@@ -133,10 +133,11 @@ int mt_train(const mt_train_opts *opts) {
         if (t->val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps))
             s.val_loss = mt_trainer_eval(t, t->val, o->eval_windows);
         a2a_step_bytes(t, &a2a_prev, s.a2a);
-        mt_report_step_done(&rp, &s, cfg->hidden_size);
+        /* a write that failed (rank 0) ends the run: its metrics would be lost without a word */
+        if (mt_report_step_done(&rp, &s, cfg->hidden_size) != 0) { rc = -1; break; }
         if (o->load_every > 0 && n_moe > 0 && (step % o->load_every == 0 || step == o->steps)) {
             mt_trainer_expert_load(t, load);
-            mt_report_expert_load(&rp, step, cfg, load);
+            if (mt_report_expert_load(&rp, step, cfg, load) != 0) { rc = -1; break; }
         }
         /* a checkpoint is written only after a finite step: it must be one to go back to */
         if (o->save_every > 0 && step % o->save_every == 0 && step != o->steps && bad == 0) {
@@ -152,16 +153,16 @@ int mt_train(const mt_train_opts *opts) {
         if (mt_trainer_save(t, last_good, sizeof last_good) != 0) rc = -1;
     }
     mt_rss_after_save(&rp.rss);
-    if (rc == 0 && o->profile) mt_report_profile_summary(&rp);
+    if (rc == 0 && o->profile && mt_report_profile_summary(&rp) != 0) rc = -1;
     /* the experts' load imbalance over the EP ranks (the planner's --imbalance) */
     const double ep_imb = rc == 0 ? mt_trainer_ep_imbalance(t) : 1.0;
     if (rc == 0) {
         const mt_report_run run = {t->opt_bytes, t->pipe.acts_bytes, ep_imb, last_good};
-        mt_report_summary(&rp, &run);
+        if (mt_report_summary(&rp, &run) != 0) rc = -1;
     }
     mt_report_trace(&rp);
 done:
-    mt_report_close(&rp);
+    rc = mt_report_close(&rp, rc);
     free(load);
     free(in);
     free(tg);

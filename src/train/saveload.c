@@ -89,7 +89,8 @@ int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
 /* World rank 0 reads and checks the files against the whole model; a rank holding the whole
  * model then receives a broadcast (ZeRO-1: its shard of the moments), a sharded one its
  * tensors point to point. */
-int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const mt_config *cfg, int resume) {
+int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const mt_config *cfg, int resume,
+                      int allow_nonfinite) {
     mt_model *m = l->m;
     mt_optim *op = l->opt;
     const int root = d->rank == 0, dist_opt = op->dist_opt;
@@ -99,11 +100,11 @@ int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
     if (root) {
         fp = l->whole ? m->params : mt_alloc((NF + 1) * sizeof(float));
         mt_model full = whole_view(l, cfg, fp);
-        lrc = mt_ckpt_load_weights(dir, &full);
+        lrc = mt_ckpt_load_weights(dir, &full, allow_nonfinite);
         if (lrc == 0 && resume) {
             fm = l->whole && !dist_opt ? op->mom_m : mt_alloc((NF + 1) * sizeof(float));
             fv = l->whole && !dist_opt ? op->mom_v : mt_alloc((NF + 1) * sizeof(float));
-            lrc = mt_ckpt_load_optimizer(dir, &full, fm, fv);
+            lrc = mt_ckpt_load_optimizer(dir, &full, fm, fv, allow_nonfinite);
         }
     }
     int bad = lrc != 0;

@@ -27,8 +27,9 @@ typedef struct {
 int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const char *state_json);
 /* Loads the weights (and, when resume, the AdamW moments) of checkpoint dir into this
  * rank's part (collective); cfg is the checkpoint's config. An error on rank 0 is an error
- * on every rank. */
-int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const mt_config *cfg, int resume);
+ * on every rank; non-finite values are one unless allow_nonfinite (mt_ckpt_load_weights). */
+int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const mt_config *cfg, int resume,
+                      int allow_nonfinite);
 
 /* trainer_state.json of a run at state s with options o over dp data-parallel ranks
  * (malloc'd string). */

@@ -2,6 +2,7 @@
  * checkpoints. The run driver is train/run.c. */
 #include "train/trainer.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "base/common.h"
 #include "base/trace.h"
+#include "kernels/attention.h"
 #include "kernels/blas.h"
 #include "kernels/ops.h"
 #include "train/checkpoint.h"
@@ -358,6 +360,67 @@ static int init_data(mt_trainer *t) {
     return 0;
 }
 
+/* A chunk's activation arena (model/acts.c's size function). Past 2^31 tokens a micro-batch
+ * is refused anyway, and the exact sum could overflow: then the arena of one sequence plus
+ * what each further one adds (the arena grows linearly with the rows). */
+static double chunk_acts_bytes(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
+                               int policy, int tp, int sp) {
+    const int kv16 = mt_attention_bf16(c->head_dim);
+    if ((int64_t)B * T <= INT_MAX)
+        return (double)mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, kv16);
+    const double a1 = (double)mt_acts_bytes_chunk(c, lo, hi, first, last, 1, T, nthr, policy, tp, sp, kv16);
+    const double a2 = (double)mt_acts_bytes_chunk(c, lo, hi, first, last, 2, T, nthr, policy, tp, sp, kv16);
+    return a1 + (B - 1.0) * (a2 - a1);
+}
+
+/* Refuses, before anything is allocated, a run whose buffers cannot fit: a lower bound of
+ * this rank's need (weights, gradients and moments of its part; one arena per chunk, which
+ * 1F1B may hold several times; the step's micro-batch tokens and the pipeline schedule)
+ * against the memory the machine has now. Lower bound: what it refuses would fail anyway,
+ * with an abort in the allocator instead of this line. */
+static int check_memory(const mt_trainer *t, const mt_part *sh, int policy) {
+    const mt_train_opts *o = &t->o;
+    const mt_config *cfg = &t->cfg;
+    const mt_dist *d = t->d;
+    const int S = o->pp * o->vpp, K = cfg->num_experts_per_tok > 1 ? cfg->num_experts_per_tok : 1;
+    size_t np = 0, ntp = 0, ndense = 0;
+    mt_model_layout_part(cfg, sh, NULL, &np, &ntp, &ndense);
+    const double P = (double)np, model = 8 * P + (o->dist_opt ? 8 * P / d->dp_size : 8 * P);
+    double acts = 0;
+    for (int ch = 0; ch < o->vpp; ch++) {
+        const int s = ch * o->pp + d->pp_rank;
+        acts += chunk_acts_bytes(cfg, t->bounds[s], t->bounds[s + 1], s == 0, s == S - 1, o->batch, o->seq, t->nthr,
+                                 policy, o->tp, d->sp);
+    }
+    const double tokens = (double)o->accum * o->batch * o->seq, step = tokens * 4 * (o->doc_mode ? 3 : 2) +
+                          (double)o->pp * ((double)o->accum * o->vpp * 6 + 1) * sizeof(mt_action);
+    const double need = model + acts + step, have = mt_mem_available(), gib = 1073741824.0;
+    const char *cmd = o->external_batches ? "rl" : "train";
+    if (have > 0 && need > have) {
+        char what[256];
+        if (acts >= step && acts >= model)
+            snprintf(what, sizeof what, "--batch %d x --seq %d needs ~%.1f GiB of activations", o->batch, o->seq,
+                     acts / gib);
+        else if (step >= model)
+            snprintf(what, sizeof what, "--accum %d x --batch %d x --seq %d needs ~%.1f GiB for the step's tokens and "
+                     "schedule", o->accum, o->batch, o->seq, step / gib);
+        else
+            snprintf(what, sizeof what, "the model's %zu parameters on this rank need ~%.1f GiB (weights, gradients, "
+                     "AdamW moments)", np, model / gib);
+        if (o->external_batches) /* rl: the trainer's shape comes from its own flags */
+            return mt_error("rl: the trainer's %d micro-batches of %d rows x %d positions need ~%.1f GiB, this machine "
+                            "has %.1f GiB available (fewer --prompts-per-step or --group, a shorter --max-new)",
+                            o->accum, o->batch, o->seq, need / gib, have / gib);
+        return mt_error("%s: %s (%.1f GiB in all), this machine has %.1f GiB available", cmd, what, need / gib,
+                        have / gib);
+    }
+    /* the trainer indexes a micro-batch's tokens (x experts) and the schedule with int */
+    if ((double)o->batch * o->seq * K > INT_MAX || (double)o->accum * o->vpp * 6 > INT_MAX)
+        return mt_error("%s: --batch %d x --seq %d (x %d experts per token) or --accum %d x --vpp %d is too large "
+                        "(over 2^31 entries)", cmd, o->batch, o->seq, K, o->accum, o->vpp);
+    return 0;
+}
+
 /* This rank's part of the model, its optimizer state (with dist_opt the moments exist only
  * for this rank's shards), its weights and the pipeline. */
 static int init_model(mt_trainer *t) {
@@ -389,6 +452,8 @@ static int init_model(mt_trainer *t) {
         if (mt_expert_map_parse(&map, cfg, o->expert_placement) != 0) return -1;
         if (strcmp(o->expert_placement, "contiguous") != 0) sh.slot_of = map.slot_of;
     }
+    const int policy = mt_recompute_parse(o->recompute ? o->recompute : "none");
+    if (policy < 0 || check_memory(t, &sh, policy) != 0) return -1;
     if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp);
     if (o->ep > 1) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode) != 0) return -1;
@@ -406,14 +471,12 @@ static int init_model(mt_trainer *t) {
     mt_optim_init(&t->opt, &t->m, d, o->dist_opt);
     if (o->resume || o->init) {
         const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
-        if (mt_ckpt_load_dist(&l, d, t->ckdir, cfg, o->resume != NULL) != 0) return -1;
+        if (mt_ckpt_load_dist(&l, d, t->ckdir, cfg, o->resume != NULL, o->allow_nonfinite) != 0) return -1;
     } else {
         float std = o->init_std > 0 ? (float)o->init_std
                                     : sqrtf(1.0f / (2.0f * cfg->hidden_size * cfg->num_hidden_layers));
         mt_model_init_weights(&t->m, o->seed, std); /* keyed by the whole model's tensor index: any layout */
     }
-    const int policy = mt_recompute_parse(o->recompute ? o->recompute : "none");
-    if (policy < 0) return -1;
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
                      o->tp, d->sp) != 0)
         return -1;

@@ -44,6 +44,7 @@ typedef struct {
     const char *recompute;   /* memory policy: "none" (default) or "selective" */
     int eot;                 /* end-of-text token id for doc_mode (default 256: byte tokenizer) */
     int quiet;
+    int allow_nonfinite;     /* load a checkpoint with NaN/Inf values (with a warning) instead of refusing it */
     int dist_opt;            /* ZeRO-1: shard the AdamW state and update over DP */
     double bucket_mb;        /* gradient all-reduce bucket size in MiB (default 25) */
     int pp, vpp, ep, tp;     /* pipeline stages, chunks per stage, expert-parallel size, tensor-parallel size */
