@@ -338,7 +338,7 @@ expect_fail bench_steps_zero '--steps' -- "$M" bench --config c.json --steps 0
 expect_fail dump_batch_zero '--batch' -- "$M" dump --ckpt RUN --tokens "$TRAIN_SHARD" --out d0.safetensors --batch 0
 expect_fail eval_eot_range '--eot' --timeout 60 -- "$M" eval --ckpt RUN --data D --doc-mode --eot 999 --problems 0
 # configs beyond the trainer: a clear error, not a stack overrun or an abort allocating
-expect_fail train_layers_over_256 'num_hidden_layers 300.*256' -- "$M" train --config cfg/layers300.json --data D $TR --out R_L300 --quiet
+expect_fail train_layers_over_256 'layers300\.json: key num_hidden_layers: 300.*256' -- "$M" train --config cfg/layers300.json --data D $TR --out R_L300 --quiet
 expect_fail train_mtp_unsupported 'num_nextn_predict_layers' -- "$M" train --config cfg/mtp.json --data D $TR --out R_MTP --quiet
 expect_fail train_absurd_sizes 'parameter' -- "$M" train --config cfg/absurd.json --data D $TR --out R_ABS --quiet
 # flags that would be ignored: refused

@@ -236,14 +236,34 @@ float mt_normal(uint64_t seed, uint64_t stream, uint64_t index) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
-int mt_read_file(const char *path, char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error("%s: cannot open: %s", path, strerror(errno));
-    struct stat st; /* a directory opens, and tells a size of LONG_MAX */
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return mt_error("%s: not a regular file", path);
+int mt_open_regular(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    struct stat st; /* a directory opens too, and tells a size of LONG_MAX */
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return mt_error("%s: cannot stat: %s", path, strerror(e));
     }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        const char *kind = S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                         : S_ISSOCK(st.st_mode) ? "a socket" : "a device";
+        return mt_error("%s: not a regular file (%s)", path, kind);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        close(fd);
+        return mt_error("%s: cannot open: %s", path, strerror(errno));
+    }
+    return fd;
+}
+
+int mt_read_file(const char *path, char **data, size_t *len) {
+    int fd = mt_open_regular(path);
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) { close(fd); return mt_error("%s: cannot open: %s", path, strerror(errno)); }
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return mt_error("%s: cannot seek", path); }
     long n = ftell(f);
     if (n < 0) { fclose(f); return mt_error("%s: cannot tell size", path); }

@@ -84,7 +84,12 @@ float mt_u01(uint64_t h);
 /* Standard normal draw keyed by (seed, stream, index) (Box-Muller in double). */
 float mt_normal(uint64_t seed, uint64_t stream, uint64_t index);
 
-/* Whole-file helpers. mt_read_file returns a malloc'd buffer (NUL-terminated). */
+/* A read-only descriptor of the regular file at path, or -1 after mt_error(). Opened
+ * non-blocking and checked with fstat, so a FIFO or device named like an input is refused
+ * instead of blocking the open forever (the descriptor is blocking again on return). */
+int mt_open_regular(const char *path);
+/* Whole-file helpers. mt_read_file returns a malloc'd buffer (NUL-terminated; *len tells
+ * the bytes, which may include NULs). Only regular files (mt_open_regular). */
 int mt_read_file(const char *path, char **data, size_t *len);
 /* Writes path atomically: path.tmp, fsync, rename, fsync of the directory. */
 int mt_write_file_atomic(const char *path, const void *data, size_t len);

@@ -9,6 +9,7 @@
 #include "base/safetensors.h"
 
 #include "base/common.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -170,12 +171,12 @@ static int parse_entry(const cJSON *item, st_tensor *t, const char *path) {
  * (*meta, *n_meta) for keys not already present. */
 static int parse_file(const char *path, int shard, int *fd_out, uint64_t *data_start,
                       st_tensor **out, int *n_out, char ***meta, int *n_meta) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    int fd = mt_open_regular(path);
+    if (fd < 0) return -1;
     struct stat stt;
-    if (fstat(fd, &stt) != 0 || !S_ISREG(stt.st_mode)) {
+    if (fstat(fd, &stt) != 0) {
         close(fd);
-        return mt_error("%s: not a regular file", path);
+        return mt_error("%s: cannot stat: %s", path, strerror(errno));
     }
     uint64_t fsize = (uint64_t)stt.st_size;
     if (fsize < 8) {
@@ -200,28 +201,17 @@ static int parse_file(const char *path, int shard, int *fd_out, uint64_t *data_s
     char *hdr = mt_xmalloc((size_t)hlen + 1);
     if (pread_full(fd, hdr, (size_t)hlen, 8, path) != 0) { free(hdr); close(fd); return -1; }
     hdr[hlen] = 0;
-    if (memchr(hdr, 0, (size_t)hlen)) {
-        free(hdr); close(fd);
-        return mt_error("%s: header contains a NUL byte", path);
-    }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &end, 0);
-    if (!root || !cJSON_IsObject(root)) {
-        size_t at = end ? (size_t)(end - hdr) : 0;
-        cJSON_Delete(root);
-        free(hdr); close(fd);
-        return mt_error("%s: header is not a valid JSON object (near byte %zu of the header)",
-                        path, at);
-    }
-    /* Only whitespace padding may follow the JSON object. */
-    for (const char *p = end; p && p < hdr + hlen; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            cJSON_Delete(root);
-            free(hdr); close(fd);
-            return mt_error("%s: unexpected data after the header JSON", path);
-        }
-    }
+    char what[4200];
+    snprintf(what, sizeof what, "%s: header", path);
+    /* strict JSON: a NUL byte or anything but whitespace padding after the object is refused */
+    cJSON *root = mt_json_parse(what, hdr, (size_t)hlen);
     free(hdr);
+    if (!root || !cJSON_IsObject(root)) {
+        if (root) mt_error("%s: header is not a JSON object", path);
+        cJSON_Delete(root);
+        close(fd);
+        return -1;
+    }
 
     int cap = cJSON_GetArraySize(root);
     st_tensor *t = mt_xcalloc((size_t)cap, sizeof *t);
@@ -367,17 +357,15 @@ static int cmp_str_ptr(const void *a, const void *b) {
 /* HF index: {"metadata": {"total_size": N}, "weight_map": {name: file}}. */
 static int open_index(mt_st_reader *r, const char *dir, const char *index_path) {
     char *text = NULL;
-    if (mt_read_file(index_path, &text, NULL) != 0) return -1;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(text, &end, 0);
-    if (!root || !cJSON_IsObject(root)) {
-        int r0 = mt_error("%s: not a valid JSON object (near byte %zu)", index_path,
-                          end ? (size_t)(end - text) : (size_t)0);
-        cJSON_Delete(root);
-        free(text);
-        return r0;
-    }
+    size_t len = 0;
+    if (mt_read_file(index_path, &text, &len) != 0) return -1;
+    cJSON *root = mt_json_parse(index_path, text, len);
     free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        if (root) mt_error("%s: not a JSON object", index_path);
+        cJSON_Delete(root);
+        return -1;
+    }
     int rc = -1;
     char **names = NULL;          /* sorted copy of the weight_map keys */
     int n_names = 0;

@@ -493,7 +493,8 @@ int mt_cmd_bench(int argc, char **argv) {
     printf("peak %s (MFU denominator) %.1f GFLOP/s\n", gemm, peak);
     if (!config) return 0;
     mt_config c;
-    if (mt_config_load(&c, mt_cli_config_path(config)) != 0) return mt_cli_fail();
+    const char *cpath = mt_cli_config_path(config);
+    if (mt_config_load(&c, cpath) != 0 || mt_model_check(&c, cpath) != 0) return mt_cli_fail();
     if (T == -1) T = c.max_position_embeddings < 512 ? c.max_position_embeddings : 512;
     if (mt_config_check_seq(&c, T, "moetrain bench: --seq") != 0) return mt_cli_fail();
     mt_model m;

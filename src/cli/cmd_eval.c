@@ -114,7 +114,8 @@ int mt_cmd_eval(int argc, char **argv) {
     mt_loader *val;
     if (mt_loader_open(&val, data, "val", T, 1) != 0) { mt_model_free(&m); return mt_cli_fail(); }
     if ((int64_t)mt_loader_max_token(val) >= m.cfg.vocab_size) {
-        mt_error("%s: token id %u does not fit vocab_size %d of %s", data, mt_loader_max_token(val), m.cfg.vocab_size, dir);
+        mt_error("%s: token id %u does not fit %s/config.json: key vocab_size: %d", mt_loader_max_token_file(val),
+                 mt_loader_max_token(val), dir, m.cfg.vocab_size);
         mt_loader_free(val);
         mt_model_free(&m);
         return mt_cli_fail();

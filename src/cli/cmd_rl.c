@@ -1,6 +1,7 @@
 /* cli/cmd_rl.c — `moetrain rl`. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "base/common.h"
@@ -85,11 +86,8 @@ int mt_cmd_rl(int argc, char **argv) {
     }
     if (data && !o.eval_prompts) {
         snprintf(pval, sizeof pval, "%s/math_prompts_val.tsv", data);
-        FILE *f = fopen(pval, "r");
-        if (f) {
-            fclose(f);
-            o.eval_prompts = pval;
-        }
+        struct stat st; /* stat, not fopen: a FIFO of that name must not block (the loader refuses it) */
+        if (stat(pval, &st) == 0) o.eval_prompts = pval;
     }
     if (!t->out && !t->resume) { mt_error("rl: --out DIR is required"); return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail(); }
     XXH64_state_t *h = XXH64_createState();

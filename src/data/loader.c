@@ -26,6 +26,7 @@ struct mt_loader {
     uint32_t *tokens;   /* all shards concatenated */
     uint64_t ntokens;
     uint32_t max_token;
+    char *max_file;     /* the first shard holding max_token, for messages */
     int nshards;        /* shards holding at least one window */
     uint64_t *shard_off; /* [nshards] token offset of each such shard */
     uint64_t *win_cum;   /* [nshards+1] windows before each such shard */
@@ -145,8 +146,14 @@ int mt_loader_open(mt_loader **out, const char *dir, const char *split, int T, u
         if (mt_shard_read(paths[i], &tok, &n) != 0) { rc = -1; break; }
         L->tokens = mt_xrealloc(L->tokens, (L->ntokens + n) * sizeof *L->tokens);
         memcpy(L->tokens + L->ntokens, tok, n * sizeof *tok);
+        uint32_t mx = 0;
         for (size_t j = 0; j < n; j++)
-            if (tok[j] > L->max_token) L->max_token = tok[j];
+            if (tok[j] > mx) mx = tok[j];
+        if (mx > L->max_token || !L->max_file) {
+            L->max_token = mx > L->max_token ? mx : L->max_token;
+            free(L->max_file);
+            L->max_file = mt_xstrdup(paths[i]);
+        }
         free(tok);
         /* windows start at k*T and need T+1 tokens: k*T + T + 1 <= n */
         uint64_t w = n > (size_t)T ? (uint64_t)(n - 1) / (uint64_t)T : 0;
@@ -172,6 +179,7 @@ int mt_loader_open(mt_loader **out, const char *dir, const char *split, int T, u
 void mt_loader_free(mt_loader *L) {
     if (!L) return;
     free(L->tokens);
+    free(L->max_file);
     free(L->shard_off);
     free(L->win_cum);
     free(L);
@@ -179,6 +187,7 @@ void mt_loader_free(mt_loader *L) {
 
 uint64_t mt_loader_windows(const mt_loader *L) { return L->nwindows; }
 uint32_t mt_loader_max_token(const mt_loader *L) { return L->max_token; }
+const char *mt_loader_max_token_file(const mt_loader *L) { return L->max_file ? L->max_file : "(no shard)"; }
 uint64_t mt_loader_tokens(const mt_loader *L) { return L->ntokens; }
 
 const uint32_t *mt_loader_all_tokens(const mt_loader *L, uint64_t *n) {

@@ -26,8 +26,9 @@ int mt_loader_has_split(const char *dir, const char *split);
 int mt_loader_fingerprint(const char *dir, uint64_t *out);
 /* Number of distinct windows (one epoch). */
 uint64_t mt_loader_windows(const mt_loader *L);
-/* Largest token id in the data (for the vocab check). */
+/* Largest token id in the data (for the vocab check), and the first shard that holds it. */
 uint32_t mt_loader_max_token(const mt_loader *L);
+const char *mt_loader_max_token_file(const mt_loader *L);
 /* Total tokens over all shards. */
 uint64_t mt_loader_tokens(const mt_loader *L);
 /* Fills B rows of T inputs and targets with samples first .. first+B-1. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define HEADER_WORDS 256
 #define HEADER_BYTES (HEADER_WORDS * 4)
@@ -50,12 +51,14 @@ int mt_shard_write(const char *path, const uint32_t *tokens, size_t n) {
 
 int mt_shard_read(const char *path, uint32_t **tokens, size_t *n) {
     MT_ASSERT(path && tokens && n);
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error("%s: cannot open shard: %s", path, strerror(errno));
+    int fd = mt_open_regular(path); /* a FIFO named *train*.bin would block fopen forever */
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return mt_error("%s: not a regular file", path);
+    if (!f || fstat(fd, &st) != 0) {
+        if (f) fclose(f);
+        else close(fd);
+        return mt_error("%s: cannot open shard: %s", path, strerror(errno));
     }
     uint64_t size = (uint64_t)st.st_size;
     unsigned char hdr[HEADER_BYTES];

@@ -1,8 +1,9 @@
 /* model/config.c — config.json parsing, validation and writing (see config.h and the
  * "config.json" section of docs/FORMATS.md).
  *
- * Parsing is strict about types (integers may be written 8 or 8.0, never 8.5; booleans
- * are JSON booleans; strings are strings) and about keys that would change the
+ * The text must be strict JSON (base/json.h: RFC 8259 numbers, no NUL byte, no trailing
+ * text, every key once). Parsing is strict about types (integers may be written 8 or 8.0,
+ * never 8.5; booleans are JSON booleans; strings are strings) and about keys that would change the
  * architecture in ways docs/FORMATS.md does not cover (rope_scaling, moe_layer_freq, biases,
  * hidden_act, ...): those are errors rather than silently wrong models. Other unknown
  * keys are ignored. Every message is one line "<file>: key <name>: <problem>".
@@ -11,6 +12,7 @@
 #include "model/config.h"
 
 #include "base/common.h"
+#include "base/json.h"
 
 #include <cjson/cJSON.h>
 #include <limits.h>
@@ -165,17 +167,8 @@ static int check_unsupported(const cJSON *root, const char *what) {
     return 0;
 }
 
-/* Every key at most once: JSON readers disagree on which duplicate wins. */
-static int check_duplicates(const cJSON *root, const char *what) {
-    for (const cJSON *a = root->child; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (strcmp(a->string, b->string) == 0)
-                return mt_error("%s: key %s: appears more than once", what, a->string);
-    return 0;
-}
-
 static int parse_object(mt_config *c, const cJSON *root, const char *what) {
-    if (check_duplicates(root, what) != 0 || check_unsupported(root, what) != 0) return -1;
+    if (check_unsupported(root, what) != 0) return -1;
 
     if (read_string(root, what, "attention_type", c->attention_type, sizeof c->attention_type,
                     NULL) != 0)
@@ -278,17 +271,11 @@ static int parse_object(mt_config *c, const cJSON *root, const char *what) {
     return 0;
 }
 
-int mt_config_parse(mt_config *c, const char *json, const char *what) {
-    MT_ASSERT(c && json && what);
+/* The one path from text to a checked config: strict JSON (base/json.h), then the keys. */
+static int parse_text(mt_config *c, const char *json, size_t len, const char *what) {
     mt_config_defaults(c);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(json, &end, 1);
-    if (!root) {
-        size_t at = end ? (size_t)(end - json) : 0;
-        int line = 1;
-        for (size_t i = 0; i < at && json[i]; i++) line += json[i] == '\n';
-        return mt_error("%s: invalid JSON near line %d (byte %zu)", what, line, at);
-    }
+    cJSON *root = mt_json_parse(what, json, len);
+    if (!root) return -1;
     int rc;
     if (!cJSON_IsObject(root)) rc = mt_error("%s: top level is not a JSON object", what);
     else rc = parse_object(c, root, what);
@@ -297,10 +284,16 @@ int mt_config_parse(mt_config *c, const char *json, const char *what) {
     return mt_config_validate(c, what);
 }
 
+int mt_config_parse(mt_config *c, const char *json, const char *what) {
+    MT_ASSERT(c && json && what);
+    return parse_text(c, json, strlen(json), what);
+}
+
 int mt_config_load(mt_config *c, const char *path) {
     char *text = NULL;
-    if (mt_read_file(path, &text, NULL) != 0) return -1;
-    int rc = mt_config_parse(c, text, path);
+    size_t len = 0;
+    if (mt_read_file(path, &text, &len) != 0) return -1;
+    int rc = parse_text(c, text, len, path); /* the length, not strlen: a NUL byte is an error */
     free(text);
     return rc;
 }

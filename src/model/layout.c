@@ -306,34 +306,38 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
     if (c->tie_word_embeddings) *head = *embed;
 }
 
-int mt_model_check(const mt_config *cfg) {
+int mt_model_check(const mt_config *cfg, const char *what) {
     if (cfg->num_hidden_layers > 256)
-        return mt_error("config: num_hidden_layers %d exceeds the trainer's limit of 256",
+        return mt_error("%s: key num_hidden_layers: %d exceeds the trainer's limit of 256", what,
                         cfg->num_hidden_layers);
-    if (cfg->n_routed_experts > MAX_E || cfg->num_experts_per_tok > 512)
-        return mt_error("config: n_routed_experts %d / num_experts_per_tok %d exceed the trainer's limits "
-                        "(4096 / 512)", cfg->n_routed_experts, cfg->num_experts_per_tok);
+    if (cfg->n_routed_experts > MAX_E)
+        return mt_error("%s: key n_routed_experts: %d exceeds the trainer's limit of %d", what, cfg->n_routed_experts,
+                        MAX_E);
+    if (cfg->num_experts_per_tok > 512)
+        return mt_error("%s: key num_experts_per_tok: %d exceeds the trainer's limit of 512", what,
+                        cfg->num_experts_per_tok);
     if (strcmp(cfg->attention_type, "gqa") != 0)
-        return mt_error("config: attention_type \"%s\" is not implemented by the trainer yet "
-                        "(only \"gqa\")", cfg->attention_type);
+        return mt_error("%s: key attention_type: \"%s\" is not implemented by the trainer yet (only \"gqa\")", what,
+                        cfg->attention_type);
     if (cfg->num_nextn_predict_layers > 0)
-        return mt_error("config: num_nextn_predict_layers %d: multi-token prediction is not implemented by the "
-                        "trainer (moetrain plan models it)", cfg->num_nextn_predict_layers);
+        return mt_error("%s: key num_nextn_predict_layers: %d: multi-token prediction is not implemented by the "
+                        "trainer (moetrain plan models it)", what, cfg->num_nextn_predict_layers);
     if (cfg->rope_interleave)
-        return mt_error("config: rope_interleave true (RoPE on neighbouring pairs) is not implemented by the trainer "
-                        "yet (rotate-half only)");
+        return mt_error("%s: key rope_interleave: true (RoPE on neighbouring pairs) is not implemented by the "
+                        "trainer yet (rotate-half only)", what);
     if (cfg->sandwich_norm)
-        return mt_error("config: sandwich_norm true is not implemented by the trainer yet (moetrain plan models it)");
+        return mt_error("%s: key sandwich_norm: true is not implemented by the trainer yet (moetrain plan models it)",
+                        what);
     size_t n;
     mt_model_layout(cfg, NULL, &n);
-    if (n == SIZE_MAX) return mt_error("config: the parameter count overflows (the sizes are absurd)");
+    if (n == SIZE_MAX) return mt_error("%s: the parameter count overflows (the sizes are absurd)", what);
     return 0;
 }
 
 int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
                         const mt_tp_ops *tp) {
     memset(m, 0, sizeof *m);
-    if (mt_model_check(cfg) != 0) return -1;
+    if (mt_model_check(cfg, "model config") != 0) return -1; /* callers with a file checked it under its name */
     m->cfg = *cfg;
     if (sh) m->part = *sh;
     else mt_part_whole(&m->part, cfg);
@@ -360,7 +364,7 @@ int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, con
         free(m->tensors);
         free(m->slot_of);
         memset(m, 0, sizeof *m);
-        return mt_error("config: %zu parameters: %.1f GiB of weights and as much of gradients cannot be allocated",
+        return mt_error("model: %zu parameters: %.1f GiB of weights and as much of gradients cannot be allocated",
                         (size_t)(bytes / sizeof(float) - 1), (double)bytes / 1073741824.0);
     }
     m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));

@@ -176,9 +176,9 @@ double mt_model_active_params(const mt_config *cfg);
 double mt_model_flops_per_token(const mt_config *cfg, int T);
 
 /* The trainer's limits (layers, experts, attention type, a parameter count that does not
- * overflow): 0, or -1 with an error. mt_model_init checks them; call it before sizing
- * anything per layer. */
-int mt_model_check(const mt_config *cfg);
+ * overflow): 0, or -1 with an error naming `what` (the config file) and the key.
+ * mt_model_init checks them too; call it before sizing anything per layer. */
+int mt_model_check(const mt_config *cfg, const char *what);
 int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The part of the model described by sh (tensor table, offsets and pointers for it only);
  * ep may be NULL when sh->ep_size == 1. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/json.h"
 
 /* A positive number at obj[key] (obj may be NULL: missing). required = 0 keeps *out. */
 static int num(const cJSON *obj, const char *what, const char *path, const char *key, int required,
@@ -160,13 +161,15 @@ int mt_cluster_for_device(mt_cluster *cl, int threads, int per_node) {
     return 0;
 }
 
-int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what) {
+/* The cluster of a JSON text of len bytes (strict JSON: base/json.h). */
+static int parse_text(mt_cluster *cl, const char *json, size_t len, const char *what) {
     memset(cl, 0, sizeof *cl);
     cl->eff_gemm = 0.7;
     cl->eff_att = 0.5;
     cl->eff_mem = 0.7;
-    cJSON *root = cJSON_Parse(json);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root = mt_json_parse(what, json, len);
+    if (!root) return -1;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return mt_error("%s: not a JSON object", what);
     }
@@ -250,11 +253,15 @@ out:
     return rc;
 }
 
+int mt_cluster_parse(mt_cluster *cl, const char *json, const char *what) {
+    return parse_text(cl, json, strlen(json), what);
+}
+
 int mt_cluster_load(mt_cluster *cl, const char *path) {
     char *text;
     size_t len;
     if (mt_read_file(path, &text, &len) != 0) return -1;
-    int rc = mt_cluster_parse(cl, text, path);
+    int rc = parse_text(cl, text, len, path); /* the length: a NUL byte inside is an error */
     free(text);
     return rc;
 }

@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/json.h"
 #include "data/prompts.h"
 #include "parallel/dist.h"
 #include "kernels/blas.h"
@@ -114,6 +116,51 @@ static char *settings_json(const mt_rl_opts *o) {
     return txt;
 }
 
+/* The fields of rl_settings.json into o, each checked as the flag it came from would be
+ * (type, integer-ness, range), the error naming the file and the key. */
+static int settings_read(const char *p, const cJSON *r, mt_rl_opts *o) {
+    if (!cJSON_IsObject(r)) return mt_error("%s: top level is not a JSON object", p);
+    const char *const strs[] = {"prompts", "task", "agg"};
+    for (size_t i = 0; i < 3; i++)
+        if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r, strs[i])))
+            return mt_error("%s: key %s: missing or not a string", p, strs[i]);
+    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(r, "eval_prompts");
+    if (ep && !cJSON_IsString(ep)) return mt_error("%s: key eval_prompts: not a string", p);
+    o->prompts = cJSON_GetObjectItemCaseSensitive(r, "prompts")->valuestring;
+    o->task = cJSON_GetObjectItemCaseSensitive(r, "task")->valuestring;
+    o->agg = cJSON_GetObjectItemCaseSensitive(r, "agg")->valuestring;
+    o->eval_prompts = ep ? ep->valuestring : NULL;
+    const double IM = INT_MAX, FM = FLT_MAX, E1 = nextafter(1.0, 0.0);
+    const struct { const char *k; int *i; double *d; double lo, hi; const char *range; } nums[] = {
+        {"group", &o->group, NULL, 2, IM, "2 .. 2147483647"},
+        {"prompts_per_step", &o->prompts_per_step, NULL, 1, IM, "1 .. 2147483647"},
+        {"micro_batch", &o->micro_batch, NULL, 0, IM, "0 .. 2147483647"},
+        {"max_new", &o->max_new, NULL, 1, IM, "1 .. 2147483647"},
+        {"top_k", &o->top_k, NULL, 0, IM, "0 .. 2147483647"},
+        {"slots", &o->slots, NULL, 1, IM, "1 .. 2147483647"},
+        {"temperature", NULL, &o->temperature, 0, FM, "0 .. 3.4e38"},
+        {"top_p", NULL, &o->top_p, DBL_MIN, 1, "0 < top_p <= 1"},
+        {"eps_low", NULL, &o->eps_low, 0, E1, "0 <= eps_low < 1"},
+        {"eps_high", NULL, &o->eps_high, 0, FM, "0 .. 3.4e38"},
+        {"is_cap", NULL, &o->is_cap, 1, FM, "1 .. 3.4e38"},
+        {"format_penalty", NULL, &o->format_penalty, -FM, FM, "a float"},
+        {"no_scale", &o->no_scale, NULL, 0, 1, "0 or 1"},
+        {"drop_uniform", &o->drop_uniform, NULL, 0, 1, "0 or 1"},
+        {"eval_every", &o->eval_every, NULL, 0, IM, "0 .. 2147483647"},
+        {"eval_n", &o->eval_n, NULL, 0, IM, "0 .. 2147483647"},
+        {"beta", NULL, &o->beta, 0, FM, "0 .. 3.4e38"},
+        {"routing_replay", &o->routing_replay, NULL, 0, 1, "0 or 1"}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        double v;
+        const int got = mt_json_number(p, r, nums[i].k, nums[i].i != NULL, nums[i].lo, nums[i].hi, nums[i].range, &v);
+        if (got < 0) return -1;
+        if (got == 0) return mt_error("%s: key %s: required key is missing", p, nums[i].k);
+        if (nums[i].i) *nums[i].i = (int)v;
+        else *nums[i].d = v;
+    }
+    return 0;
+}
+
 /* Reads the settings of the run that holds checkpoint ck (its folder or the one above it)
  * into o; the strings stay in *keep (free it). */
 static int settings_load(const char *ck, mt_rl_opts *o, cJSON **keep) {
@@ -132,36 +179,12 @@ static int settings_load(const char *ck, mt_rl_opts *o, cJSON **keep) {
         if (mt_read_file(p, &txt, &len) != 0)
             return mt_error("rl: --resume %s: no rl_settings.json next to it or in its run folder (not an rl run?)", ck);
     }
-    cJSON *r = cJSON_Parse(txt);
+    cJSON *r = mt_json_parse(p, txt, len);
     free(txt);
-    if (!r) return mt_error("%s: malformed JSON", p);
-    const char *const strs[] = {"prompts", "task", "agg"};
-    for (size_t i = 0; i < 3; i++)
-        if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r, strs[i]))) {
-            cJSON_Delete(r);
-            return mt_error("%s: missing %s", p, strs[i]);
-        }
-    o->prompts = cJSON_GetObjectItemCaseSensitive(r, "prompts")->valuestring;
-    o->task = cJSON_GetObjectItemCaseSensitive(r, "task")->valuestring;
-    o->agg = cJSON_GetObjectItemCaseSensitive(r, "agg")->valuestring;
-    const cJSON *ep = cJSON_GetObjectItemCaseSensitive(r, "eval_prompts");
-    o->eval_prompts = cJSON_IsString(ep) ? ep->valuestring : NULL;
-    struct { const char *k; int *i; double *d; } nums[] = {
-        {"group", &o->group, NULL}, {"prompts_per_step", &o->prompts_per_step, NULL},
-        {"micro_batch", &o->micro_batch, NULL}, {"max_new", &o->max_new, NULL}, {"top_k", &o->top_k, NULL},
-        {"slots", &o->slots, NULL}, {"temperature", NULL, &o->temperature}, {"top_p", NULL, &o->top_p},
-        {"eps_low", NULL, &o->eps_low}, {"eps_high", NULL, &o->eps_high}, {"is_cap", NULL, &o->is_cap},
-        {"format_penalty", NULL, &o->format_penalty}, {"no_scale", &o->no_scale, NULL},
-        {"drop_uniform", &o->drop_uniform, NULL}, {"eval_every", &o->eval_every, NULL}, {"eval_n", &o->eval_n, NULL},
-        {"beta", NULL, &o->beta}, {"routing_replay", &o->routing_replay, NULL}};
-    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, nums[i].k);
-        if (!cJSON_IsNumber(x)) {
-            cJSON_Delete(r);
-            return mt_error("%s: missing or non-numeric %s", p, nums[i].k);
-        }
-        if (nums[i].i) *nums[i].i = (int)x->valuedouble;
-        else *nums[i].d = x->valuedouble;
+    if (!r) return -1;
+    if (settings_read(p, r, o) != 0) {
+        cJSON_Delete(r);
+        return -1;
     }
     *keep = r;
     return 0;

@@ -12,14 +12,20 @@
 #include <xxhash.h>
 
 #include "base/common.h"
+#include "base/json.h"
 #include "base/safetensors.h"
 
 static const char *const ckpt_files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
                                          "trainer_state.json", NULL};
 
 static int file_xxh64(const char *path, unsigned long long *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error("%s: cannot open: %s", path, strerror(errno));
+    int fd = mt_open_regular(path); /* a FIFO in place of a file would block the hash forever */
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mt_error("%s: cannot open: %s", path, strerror(errno));
+    }
     XXH64_state_t *st = XXH64_createState();
     XXH64_reset(st, 0);
     static _Thread_local char buf[1 << 16];
@@ -208,15 +214,25 @@ int mt_ckpt_verify(const char *dir, int required) {
         return 0;
     }
     char *txt;
-    if (mt_read_file(path, &txt, NULL) != 0) return -1;
-    cJSON *root = cJSON_Parse(txt);
+    size_t len;
+    if (mt_read_file(path, &txt, &len) != 0) return -1;
+    cJSON *root = mt_json_parse(path, txt, len);
     free(txt);
-    cJSON *files = root ? cJSON_GetObjectItemCaseSensitive(root, "files") : NULL;
-    if (!cJSON_IsObject(files)) { cJSON_Delete(root); return mt_error("%s: malformed checksums.json", dir); }
+    if (!root) return -1;
+    cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    if (!cJSON_IsObject(files)) {
+        cJSON_Delete(root);
+        return mt_error("%s: key files: missing or not an object", path);
+    }
     int rc = 0;
     cJSON *it;
     cJSON_ArrayForEach(it, files) {
-        if (!cJSON_IsString(it)) { rc = mt_error("%s: malformed checksums.json", dir); break; }
+        if (!cJSON_IsString(it)) { rc = mt_error("%s: key %s: not a string (a hex checksum)", path, it->string); break; }
+        /* a listed name is a file of this folder, never a path out of it */
+        if (!it->string[0] || strchr(it->string, '/') || strcmp(it->string, "..") == 0) {
+            rc = mt_error("%s: key %s: not a file name of the checkpoint folder", path, it->string);
+            break;
+        }
         join(path, sizeof path, dir, it->string);
         unsigned long long h;
         if (file_xxh64(path, &h) != 0) { rc = -1; break; }
@@ -314,10 +330,10 @@ int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, fl
     return rc;
 }
 
-int mt_ckpt_load_state(const char *dir, char **json) {
+int mt_ckpt_load_state(const char *dir, char **json, size_t *len) {
     char path[4096];
     join(path, sizeof path, dir, "trainer_state.json");
-    return mt_read_file(path, json, NULL);
+    return mt_read_file(path, json, len);
 }
 
 int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite) {
@@ -326,7 +342,9 @@ int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap
     if (mt_ckpt_resolve(path, dir, sizeof dir) != 0) return -1;
     if (mt_ckpt_verify(dir, 0) != 0) return -1;
     if (mt_ckpt_load_config(dir, &cfg) != 0) return -1;
-    if (mt_model_init(m, &cfg) != 0) return -1;
+    char cpath[4200];
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    if (mt_model_check(&cfg, cpath) != 0 || mt_model_init(m, &cfg) != 0) return -1;
     if (mt_ckpt_load_weights(dir, m, allow_nonfinite) != 0) { mt_model_free(m); return -1; }
     if (resolved) snprintf(resolved, cap, "%s", dir);
     return 0;

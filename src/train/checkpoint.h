@@ -30,8 +30,8 @@ int mt_ckpt_load_config(const char *dir, mt_config *c);
 int mt_ckpt_load_weights(const char *dir, mt_model *m, int allow_nonfinite);
 /* Loads the AdamW moments (non-finite values as for the weights). */
 int mt_ckpt_load_optimizer(const char *dir, const mt_model *m, float *m_adam, float *v_adam, int allow_nonfinite);
-/* Reads trainer_state.json (malloc'd string). */
-int mt_ckpt_load_state(const char *dir, char **json);
+/* Reads trainer_state.json (malloc'd string of *len bytes). */
+int mt_ckpt_load_state(const char *dir, char **json, size_t *len);
 /* Opens a run or checkpoint folder for inference or as a starting point: resolves it,
  * verifies checksums when present, loads config.json, builds the model, loads weights
  * (allow_nonfinite: as mt_ckpt_load_weights). */

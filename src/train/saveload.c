@@ -2,12 +2,18 @@
 #include "train/saveload.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
+#include "base/json.h"
 #include "parallel/reshard.h"
 #include "train/checkpoint.h"
 
@@ -185,75 +191,173 @@ char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, 
     return js;
 }
 
-static double jnum(const cJSON *r, const char *k, double def) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, k);
-    return cJSON_IsNumber(x) ? x->valuedouble : def;
+/* ---- reading trainer_state.json: every field checked as config.json's are ---- */
+
+/* The value as compact JSON for messages, shortened. */
+static void show(const cJSON *v, char *buf, size_t cap) {
+    char *t = cJSON_PrintUnformatted(v);
+    snprintf(buf, cap, "%.40s%s", t ? t : "?", t && strlen(t) > 40 ? "..." : "");
+    cJSON_free(t);
 }
 
-int mt_train_state_from_json(const char *dir, const char *txt, mt_train_opts *o, mt_trainer_state *s, int dp) {
-    cJSON *r = cJSON_Parse(txt);
-    if (!r) return mt_error("%s/trainer_state.json: malformed JSON", dir);
-    const cJSON *sd = cJSON_GetObjectItemCaseSensitive(r, "seed");
-    if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(r, "step")) || !cJSON_IsString(sd)) {
-        cJSON_Delete(r);
-        return mt_error("%s/trainer_state.json: missing step or seed", dir);
+enum { F_INT, F_REAL, F_BOOL };
+
+/* A field: kind, whether a checkpoint always has it, the accepted range (inclusive, as
+ * `range` says it), the flag that overrides it (NULL: none) and where it goes. */
+typedef struct {
+    const char *key;
+    int kind, required;
+    double lo, hi;
+    const char *range;
+    const int *given;
+    int *i;
+    double *d;
+} state_field;
+
+/* 1 when read into *v, 0 when absent and optional, -1 after an error naming the key. */
+static int state_value(const char *path, const cJSON *r, const state_field *f, double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, f->key);
+    if (!x) return f->required ? mt_error("%s: key %s: required key is missing", path, f->key) : 0;
+    if (f->kind != F_BOOL) {
+        if (cJSON_IsNull(x)) return mt_error("%s: key %s: expected a number, got null", path, f->key);
+        return mt_json_number(path, r, f->key, f->kind == F_INT, f->lo, f->hi, f->range, v);
     }
-    s->step = (int)jnum(r, "step", 0);
-    s->opt_step = (int)jnum(r, "opt_step", s->step);
-    s->samples = (uint64_t)jnum(r, "samples", 0);
-    if (!o->set_seed) o->seed = strtoull(sd->valuestring, NULL, 10);
-    if (!o->set_steps) o->steps = (int)jnum(r, "steps", o->steps);
-    const int ck_batch = (int)jnum(r, "batch", o->batch), ck_accum = (int)jnum(r, "accum", o->accum);
-    const int64_t global = (int64_t)jnum(r, "global_batch", (double)ck_batch * ck_accum);
-    if (!o->set_batch) o->batch = ck_batch;
-    if (!o->set_seq) o->seq = (int)jnum(r, "seq", o->seq);
-    if (!o->set_accum && o->batch >= 1) {
-        if (global % ((int64_t)o->batch * dp) != 0) {
-            cJSON_Delete(r);
-            return mt_error("train: --resume %s: its global batch of %lld sequences is not divisible by "
-                            "batch %d x %d data-parallel ranks; give --batch or --accum (the latter changes "
-                            "the global batch)", dir, (long long)global, o->batch, dp);
-        }
-        o->accum = (int)(global / ((int64_t)o->batch * dp));
+    if (!cJSON_IsBool(x)) {
+        char t[64];
+        show(x, t, sizeof t);
+        return mt_error("%s: key %s: expected a boolean (true or false), got %s", path, f->key, t);
     }
-    if (!o->set_lr) o->lr = jnum(r, "lr", o->lr);
-    if (!o->set_warmup) o->warmup = (int)jnum(r, "warmup", o->warmup);
-    if (!o->set_wd) o->wd = jnum(r, "weight_decay", o->wd);
-    if (!o->set_clip) o->clip = jnum(r, "clip", o->clip);
-    if (!o->set_min_lr) o->min_lr_ratio = jnum(r, "min_lr_ratio", o->min_lr_ratio);
-    if (!o->set_beta1) o->beta1 = jnum(r, "beta1", o->beta1);
-    if (!o->set_beta2) o->beta2 = jnum(r, "beta2", o->beta2);
-    o->eps = jnum(r, "eps", o->eps);
-    if (!o->set_doc_mode) o->doc_mode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "doc_mode"));
-    if (!o->set_bf16) o->bf16 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "bf16"));
-    if (!o->set_eot) o->eot = (int)jnum(r, "eot", o->eot);
-    if (!o->set_log_every) o->log_every = (int)jnum(r, "log_every", o->log_every);
-    if (!o->set_eval_every) o->eval_every = (int)jnum(r, "eval_every", o->eval_every);
-    if (!o->set_eval_windows) o->eval_windows = (int)jnum(r, "eval_windows", o->eval_windows);
-    if (!o->set_save_every) o->save_every = (int)jnum(r, "save_every", o->save_every);
-    if (!o->set_keep) o->keep = (int)jnum(r, "keep", o->keep);
-    if (!o->set_max_bad) o->max_bad = (int)jnum(r, "max_bad_steps", o->max_bad);
-    if (!o->set_load_every) o->load_every = (int)jnum(r, "load_every", o->load_every);
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(r, "profile");
-    if (!o->set_profile && cJSON_IsBool(b)) o->profile = cJSON_IsTrue(b);
-    b = cJSON_GetObjectItemCaseSensitive(r, "plot");
-    if (!o->set_plot && cJSON_IsBool(b)) o->plot = cJSON_IsTrue(b);
+    *v = cJSON_IsTrue(x);
+    return 1;
+}
+
+/* A decimal uint64 (the seed is a string so that no double rounds it): digits only. */
+static int state_seed(const char *path, const cJSON *r, uint64_t *seed) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, "seed");
+    if (!x) return mt_error("%s: key seed: required key is missing", path);
+    char t[64];
+    show(x, t, sizeof t);
+    const char *p = cJSON_IsString(x) ? x->valuestring : "";
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (!isdigit((unsigned char)p[0]) || *end || errno == ERANGE)
+        return mt_error("%s: key seed: expected a decimal integer 0 .. 18446744073709551615 in a string, got %s", path, t);
+    *seed = v;
+    return 0;
+}
+
+/* The optional string settings, kept in o's buffers (the cJSON tree is freed). */
+static int state_strings(const char *path, const cJSON *r, mt_train_opts *o) {
     const struct { const char *k; const char **dst; char *buf; size_t cap; } strs[] = {
         {"metrics", &o->metrics, o->resumed_metrics, sizeof o->resumed_metrics},
         {"recompute", &o->recompute, o->resumed_recompute, sizeof o->resumed_recompute},
         {"expert_placement", &o->expert_placement, o->resumed_placement, sizeof o->resumed_placement}};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, strs[i].k);
-        if (*strs[i].dst || !cJSON_IsString(x)) continue; /* given on the command line, or not recorded */
-        if (strlen(x->valuestring) >= strs[i].cap) {
-            cJSON_Delete(r);
-            return mt_error("%s/trainer_state.json: %s is too long", dir, strs[i].k);
+        if (!x) continue; /* not recorded */
+        if (!cJSON_IsString(x)) {
+            char t[64];
+            show(x, t, sizeof t);
+            return mt_error("%s: key %s: expected a string, got %s", path, strs[i].k, t);
         }
+        if (strlen(x->valuestring) >= strs[i].cap)
+            return mt_error("%s: key %s: longer than %zu characters", path, strs[i].k, strs[i].cap - 1);
+        if (*strs[i].dst) continue; /* given on the command line */
         snprintf(strs[i].buf, strs[i].cap, "%s", x->valuestring);
         *strs[i].dst = strs[i].buf;
     }
-    cJSON_Delete(r);
     return 0;
+}
+
+/* The global batch kept under a new DP size: accum = global / (batch x dp). */
+static int state_accum(const char *dir, mt_train_opts *o, int ck_batch, int ck_accum, int ck_dp, double global, int dp,
+                       const char *path) {
+    if (ck_dp > 0 && global != (double)ck_batch * ck_accum * ck_dp)
+        return mt_error("%s: key global_batch: %.0f is not batch %d x accum %d x dp %d", path, global, ck_batch,
+                        ck_accum, ck_dp);
+    if (!o->set_batch) o->batch = ck_batch;
+    if (o->set_accum || o->batch < 1) return 0;
+    const int64_t g = (int64_t)global;
+    if (g % ((int64_t)o->batch * dp) != 0)
+        return mt_error("train: --resume %s: its global batch of %lld sequences is not divisible by "
+                        "batch %d x %d data-parallel ranks; give --batch or --accum (the latter changes "
+                        "the global batch)", dir, (long long)g, o->batch, dp);
+    if (g / ((int64_t)o->batch * dp) > INT_MAX)
+        return mt_error("%s: key global_batch: %lld sequences need more than %d micro-batches of %d", path,
+                        (long long)g, INT_MAX, o->batch);
+    o->accum = (int)(g / ((int64_t)o->batch * dp));
+    return 0;
+}
+
+static int read_state(const char *dir, const char *path, const cJSON *r, mt_train_opts *o, mt_trainer_state *s,
+                      int dp) {
+    const double IMAX = INT_MAX, EXACT = 9007199254740992.0; /* 2^53: every integer below is a double */
+    const double B1 = nextafter(1.0, 0.0);                   /* [0, 1) */
+    int opt_step = -1, ck_batch = 0, ck_accum = 0, ck_dp = 0, bad = 0;
+    double samples = 0, global = -1;
+    const state_field f[] = {
+        {"step", F_INT, 1, 0, IMAX, "0 .. 2147483647", NULL, &s->step, NULL},
+        {"opt_step", F_INT, 0, 0, IMAX, "0 .. 2147483647", NULL, &opt_step, NULL},
+        {"samples", F_INT, 1, 0, EXACT, "0 .. 2^53", NULL, NULL, &samples},
+        {"steps", F_INT, 1, 1, IMAX, "1 .. 2147483647", &o->set_steps, &o->steps, NULL},
+        {"batch", F_INT, 1, 1, IMAX, "1 .. 2147483647", NULL, &ck_batch, NULL},
+        {"seq", F_INT, 1, 1, IMAX, "1 .. 2147483647", &o->set_seq, &o->seq, NULL},
+        {"accum", F_INT, 1, 1, IMAX, "1 .. 2147483647", NULL, &ck_accum, NULL},
+        {"dp", F_INT, 0, 1, IMAX, "1 .. 2147483647", NULL, &ck_dp, NULL},
+        {"global_batch", F_INT, 0, 1, EXACT, "1 .. 2^53", NULL, NULL, &global},
+        {"lr", F_REAL, 1, FLT_MIN, FLT_MAX, "a positive float, 1.2e-38 .. 3.4e38", &o->set_lr, NULL, &o->lr},
+        {"min_lr_ratio", F_REAL, 1, 0, 1, "0 .. 1", &o->set_min_lr, NULL, &o->min_lr_ratio},
+        {"warmup", F_INT, 1, 0, IMAX, "0 .. 2147483647", &o->set_warmup, &o->warmup, NULL},
+        {"weight_decay", F_REAL, 1, 0, FLT_MAX, "0 .. 3.4e38", &o->set_wd, NULL, &o->wd},
+        {"beta1", F_REAL, 1, 0, B1, "0 <= beta1 < 1", &o->set_beta1, NULL, &o->beta1},
+        {"beta2", F_REAL, 1, 0, B1, "0 <= beta2 < 1", &o->set_beta2, NULL, &o->beta2},
+        /* AdamW divides by sqrt(v) + eps in float: 0 (or a float's 0) makes NaN weights */
+        {"eps", F_REAL, 1, FLT_MIN, FLT_MAX, "a positive float, 1.2e-38 .. 3.4e38", NULL, NULL, &o->eps},
+        {"clip", F_REAL, 1, 0, FLT_MAX, "0 .. 3.4e38, 0 = off", &o->set_clip, NULL, &o->clip},
+        {"bad_streak", F_INT, 0, 0, IMAX, "0 .. 2147483647", NULL, &bad, NULL},
+        {"doc_mode", F_BOOL, 1, 0, 1, "", &o->set_doc_mode, &o->doc_mode, NULL},
+        {"bf16", F_BOOL, 1, 0, 1, "", &o->set_bf16, &o->bf16, NULL},
+        {"eot", F_INT, 1, 0, IMAX, "0 .. 2147483647", &o->set_eot, &o->eot, NULL},
+        {"log_every", F_INT, 0, 1, IMAX, "1 .. 2147483647", &o->set_log_every, &o->log_every, NULL},
+        {"eval_every", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_eval_every, &o->eval_every, NULL},
+        {"eval_windows", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_eval_windows, &o->eval_windows, NULL},
+        {"save_every", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_save_every, &o->save_every, NULL},
+        {"keep", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_keep, &o->keep, NULL},
+        {"max_bad_steps", F_INT, 0, 1, IMAX, "1 .. 2147483647", &o->set_max_bad, &o->max_bad, NULL},
+        {"load_every", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_load_every, &o->load_every, NULL},
+        {"profile", F_BOOL, 0, 0, 1, "", &o->set_profile, &o->profile, NULL},
+        {"plot", F_BOOL, 0, 0, 1, "", &o->set_plot, &o->plot, NULL},
+    };
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+        double v;
+        const int got = state_value(path, r, &f[k], &v);
+        if (got < 0) return -1;
+        if (!got || (f[k].given && *f[k].given)) continue; /* absent, or the flag given again wins */
+        if (f[k].i) *f[k].i = (int)v;
+        else *f[k].d = v;
+    }
+    uint64_t seed = 0;
+    if (state_seed(path, r, &seed) != 0) return -1;
+    if (!o->set_seed) o->seed = seed;
+    if (opt_step > s->step) return mt_error("%s: key opt_step: %d exceeds step %d", path, opt_step, s->step);
+    s->opt_step = opt_step >= 0 ? opt_step : s->step;
+    s->samples = (uint64_t)samples;
+    if (global < 0) global = (double)ck_batch * ck_accum;
+    if (state_accum(dir, o, ck_batch, ck_accum, ck_dp, global, dp, path) != 0) return -1;
+    return state_strings(path, r, o);
+}
+
+int mt_train_state_from_json(const char *dir, const char *txt, size_t len, mt_train_opts *o, mt_trainer_state *s,
+                             int dp) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    cJSON *r = mt_json_parse(path, txt, len);
+    if (!r) return -1;
+    const int rc = cJSON_IsObject(r) ? read_state(dir, path, r, o, s, dp)
+                                     : mt_error("%s: top level is not a JSON object", path);
+    cJSON_Delete(r);
+    return rc;
 }
 
 static int cmp_names(const void *a, const void *b) {

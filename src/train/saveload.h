@@ -35,9 +35,12 @@ int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
  * (malloc'd string). */
 char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, int dp);
 /* Restores s (step, opt_step, samples) and the options not given on the command line from
- * the trainer_state.json text of checkpoint dir; the global batch (batch x accum x DP) is
- * kept under any DP unless --accum is given. */
-int mt_train_state_from_json(const char *dir, const char *txt, mt_train_opts *o, mt_trainer_state *s, int dp);
+ * the trainer_state.json text (len bytes) of checkpoint dir; the global batch (batch x
+ * accum x DP) is kept under any DP unless --accum is given. Strict JSON, and every field
+ * is checked (type, integer-ness, range; docs/FORMATS.md 4.5) even when a flag overrides
+ * it: an error names the file and the key. */
+int mt_train_state_from_json(const char *dir, const char *txt, size_t len, mt_train_opts *o, mt_trainer_state *s,
+                             int dp);
 
 /* After saving checkpoint `saved` (a step_NNNNNNNN name in run folder out): keeps it and the
  * newest keep - 1 checkpoints of earlier steps, removes the earlier others. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include "base/common.h"
@@ -211,10 +212,8 @@ static void resume_out_dir(const char *resume, char *out, size_t cap) {
     while (len > 1 && out[len - 1] == '/') out[--len] = 0;
     char latest[4200];
     snprintf(latest, sizeof latest, "%s/latest", out);
-    FILE *lf = fopen(latest, "r");
-    if (lf) {
-        fclose(lf);
-    } else {
+    struct stat st; /* stat, not fopen: a FIFO named latest must not block */
+    if (stat(latest, &st) != 0) {
         char *slash = strrchr(out, '/');
         if (slash && slash != out) *slash = 0;
         else if (slash) slash[1] = 0;
@@ -313,8 +312,9 @@ static int init_config(mt_trainer *t) {
         if (root && mt_ckpt_verify(ckdir, 1) != 0) return -1; /* rank 0 reads the big files */
         if (mt_ckpt_load_config(ckdir, &t->cfg) != 0) return -1;
         char *st;
-        if (mt_ckpt_load_state(ckdir, &st) != 0) return -1;
-        int rc = mt_train_state_from_json(ckdir, st, o, &t->st, d->dp_size);
+        size_t stlen;
+        if (mt_ckpt_load_state(ckdir, &st, &stlen) != 0) return -1;
+        int rc = mt_train_state_from_json(ckdir, st, stlen, o, &t->st, d->dp_size);
         free(st);
         if (rc != 0) return -1;
     } else if (o->init) {
@@ -327,8 +327,10 @@ static int init_config(mt_trainer *t) {
         if (mt_config_load(&t->cfg, o->config) != 0) return -1;
     }
     t->start_step = t->st.step;
+    if (o->resume || o->init) snprintf(t->cfg_path, sizeof t->cfg_path, "%s/config.json", ckdir);
+    else snprintf(t->cfg_path, sizeof t->cfg_path, "%s", o->config);
     if (check_ranks_agree(d, o, &t->cfg, ckdir) != 0) return -1;
-    if (mt_model_check(&t->cfg) != 0) return -1; /* before anything is sized per layer */
+    if (mt_model_check(&t->cfg, t->cfg_path) != 0) return -1; /* before anything is sized per layer */
     if (check_opts(o, &t->cfg) != 0) return -1;
     if (o->warmup < 0) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
     if (t->st.step >= o->steps)
@@ -339,6 +341,14 @@ static int init_config(mt_trainer *t) {
     return 0;
 }
 
+/* Every token id of the data is a row of the embedding; the error names the shard and the key. */
+static int check_vocab(const mt_loader *L, const mt_config *cfg, const char *cfg_path) {
+    const uint32_t maxtok = mt_loader_max_token(L);
+    if ((int64_t)maxtok < cfg->vocab_size) return 0;
+    return mt_error("%s: token id %u does not fit %s: key vocab_size: %d", mt_loader_max_token_file(L), maxtok,
+                    cfg_path, cfg->vocab_size);
+}
+
 /* The data (every rank reads the shards; the run driver samples each rank's micro-batches). */
 static int init_data(mt_trainer *t) {
     const mt_train_opts *o = &t->o;
@@ -346,18 +356,17 @@ static int init_data(mt_trainer *t) {
     if (o->external_batches) return 0;
     if (!o->data) return mt_error("train: --data DIR is required");
     if (mt_loader_open(&t->train, o->data, "train", o->seq, o->seed) != 0) return -1;
-    uint32_t maxtok = mt_loader_max_token(t->train);
-    if ((int64_t)maxtok >= cfg->vocab_size)
-        return mt_error("%s: token id %u does not fit vocab_size %d of the model config", o->data, maxtok,
-                        cfg->vocab_size);
+    if (check_vocab(t->train, cfg, t->cfg_path) != 0) return -1;
     /* the val split is optional and only matters with --eval-every; when used it must be
      * readable (every rank decides alike: their data agree, check_ranks_agree) */
-    if (o->eval_every > 0 && mt_loader_has_split(o->data, "val") &&
-        mt_loader_open(&t->val, o->data, "val", o->seq, o->seed) != 0)
-        return -1;
-    else if (t->val && (int64_t)mt_loader_max_token(t->val) >= cfg->vocab_size)
-        return mt_error("%s: validation token id does not fit vocab_size %d", o->data, cfg->vocab_size);
-    return 0;
+    if (o->eval_every > 0 && !mt_loader_has_split(o->data, "val")) {
+        if (t->d->rank == 0)
+            mt_warn("--eval-every %d: %s has no validation shards (files named *val*.bin): no validation loss "
+                    "is computed", o->eval_every, o->data);
+        return 0;
+    }
+    if (o->eval_every > 0 && mt_loader_open(&t->val, o->data, "val", o->seq, o->seed) != 0) return -1;
+    return t->val ? check_vocab(t->val, cfg, t->cfg_path) : 0;
 }
 
 /* A chunk's activation arena (model/acts.c's size function). Past 2^31 tokens a micro-batch

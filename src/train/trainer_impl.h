@@ -17,6 +17,7 @@ struct mt_trainer {
     char out[4096];               /* o.out when it defaults to the resumed run's folder */
     char ckdir[4096];             /* checkpoint resumed or initialised from ("" = none) */
     mt_config cfg;
+    char cfg_path[4200];          /* the file cfg was read from, for messages */
     mt_dist *d;
     mt_trainer_state st;
     int start_step;               /* st.step at start-up (a resume's step) */
