@@ -38,6 +38,7 @@
 #include "kernels/moe.h"
 #include "kernels/ops.h"
 #include "kstats.h"
+#include "testws.h"
 
 enum { S_ROUND, S_GEMM, S_GEMM_NESTED, S_SGEMM, S_GL_FWD, S_GL_DATA, S_GL_WEIGHT, S_HEAD, S_ATT_FWD, S_ATT_BWD, S_ATT_SUMS, S_COUNT };
 static stat stats[S_COUNT] = {
@@ -152,10 +153,10 @@ static void gemm_case(int M, int N, int K, int tA, int tB, int nested, float alp
     if (nested) {
 #pragma omp parallel num_threads(2)
         {
-            if (omp_get_thread_num() == 0) mt_gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            if (omp_get_thread_num() == 0) mt_gemm_bf16(tws(), tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         }
     } else {
-        mt_gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        mt_gemm_bf16(tws(), tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     }
     RECORD(nested ? S_GEMM_NESTED : S_GEMM, "C", gemm_err(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C0, C, ldc));
     /* the padding columns of C are untouched */
@@ -174,15 +175,15 @@ static void gemm_case(int M, int N, int K, int tA, int tB, int nested, float alp
 static void test_k0(void) {
     snprintf(where, sizeof where, "K 0");
     float C[6] = {1, 2, 3, 4, 5, 6}; /* 2 x 2 with ldc 3: C[2], C[5] are padding */
-    mt_gemm_bf16(0, 1, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.5f, C, 3);
+    mt_gemm_bf16(tws(), 0, 1, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.5f, C, 3);
     CHECK(C[0] == 0.5f && C[1] == 1.0f && C[2] == 3.0f && C[3] == 2.0f && C[4] == 2.5f && C[5] == 6.0f);
     float Z[4] = {NAN, NAN, NAN, NAN};
-    mt_gemm_bf16(1, 0, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.0f, Z, 2);
+    mt_gemm_bf16(tws(), 1, 0, 2, 2, 0, 1.0f, NULL, 1, NULL, 1, 0.0f, Z, 2);
     CHECK(Z[0] == 0 && Z[1] == 0 && Z[2] == 0 && Z[3] == 0);
     /* the bf16 output: zeros, the padding (H[2], H[5]) untouched */
     uint16_t H[6] = {1, 2, 3, 4, 5, 6};
     const float one = 1.0f;
-    mt_gemm_bf16_mixed_c16(0, 1, 2, 2, 0, 1.0f, &one, NULL, 1, &one, NULL, 1, H, 3);
+    mt_gemm_bf16_mixed_c16(tws(), 0, 1, 2, 2, 0, 1.0f, &one, NULL, 1, &one, NULL, 1, H, 3);
     CHECK(H[0] == 0 && H[1] == 0 && H[2] == 3 && H[3] == 0 && H[4] == 0 && H[5] == 6);
 }
 
@@ -200,8 +201,8 @@ static void cin_case(int M, int N, int K, int tA, float beta) {
     for (size_t i = 0; i < (size_t)N * K; i++) B[i] = rnd(42, i);
     for (size_t i = 0; i < nc; i++) keep[i] = Cin[i] = C1[i] = rnd(43, i);
     for (size_t i = 0; i < nc; i++) C2[i] = (size_t)(i % ldc) < (size_t)N ? NAN : C1[i];
-    mt_gemm_bf16_mixed(tA, 1, M, N, K, 0.75f, A, NULL, lda, B, NULL, K, beta, C1, ldc);
-    mt_gemm_bf16_mixed_cin(tA, 1, M, N, K, 0.75f, A, NULL, lda, B, NULL, K, beta, Cin, C2, ldc);
+    mt_gemm_bf16_mixed(tws(), tA, 1, M, N, K, 0.75f, A, NULL, lda, B, NULL, K, beta, C1, ldc);
+    mt_gemm_bf16_mixed_cin(tws(), tA, 1, M, N, K, 0.75f, A, NULL, lda, B, NULL, K, beta, Cin, C2, ldc);
     CHECK_SAME_F(C1, C2, nc);
     CHECK_SAME_F(Cin, keep, nc);
     mt_free(A);
@@ -229,11 +230,11 @@ static void test_cin(void) {
         CHECK(mt_set_gemm_bf16(bf16) == 0);
         for (size_t i = 0; i < (size_t)N * O; i++) res[i] = rnd(46, i);
         memcpy(y1, res, (size_t)N * O * 4);
-        mt_linear_fwd(y1, x, W, N, In, O, 1.0f);
+        mt_linear_fwd(tws(), y1, x, W, N, In, O, 1.0f);
         for (size_t i = 0; i < (size_t)N * O; i++) y2[i] = NAN;
-        mt_linear_fwd_res(y2, res, x, NULL, W, N, In, O);
+        mt_linear_fwd_res(tws(), y2, res, x, NULL, W, N, In, O);
         CHECK_SAME_F(y1, y2, (size_t)N * O);
-        mt_linear_fwd_res(res, res, x, NULL, W, N, In, O); /* in place: accumulate */
+        mt_linear_fwd_res(tws(), res, res, x, NULL, W, N, In, O); /* in place: accumulate */
         CHECK_SAME_F(y1, res, (size_t)N * O);
     }
     CHECK(mt_set_gemm_bf16(1) == 0);
@@ -268,9 +269,9 @@ static void threads_case(int M, int N, int K, int tA, int tB) {
     for (size_t i = 0; i < (size_t)K * N; i++) B[i] = rnd(5, i);
     int nthr = omp_get_max_threads();
     omp_set_num_threads(1);
-    mt_gemm_bf16(tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, C1, N);
+    mt_gemm_bf16(tws(), tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, C1, N);
     omp_set_num_threads(2);
-    mt_gemm_bf16(tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, C2, N);
+    mt_gemm_bf16(tws(), tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, C2, N);
     omp_set_num_threads(nthr);
     CHECK_SAME_F(C1, C2, (size_t)M * N);
     RECORD(S_GEMM, "C (2 threads)", gemm_err(tA, tB, M, N, K, 1.0f, A, tA ? M : K, B, tB ? K : N, 0.0f, NULL, C2, N));
@@ -308,8 +309,8 @@ static void packed_case(int M, int N, int K, int tA, int tB) {
     for (int t = 1; t <= 2; t++) {
         omp_set_num_threads(t);
         for (size_t i = 0; i < (size_t)M * N; i++) C1[i] = C2[i] = rnd(10, i);
-        mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, tA ? M : K, B, tB ? K : N, -1.0f, C1, N);
-        mt_gemm_bf16_packed(tA, M, N, K, 0.5f, A, tA ? M : K, P, -1.0f, C2, N);
+        mt_gemm_bf16(tws(), tA, tB, M, N, K, 0.5f, A, tA ? M : K, B, tB ? K : N, -1.0f, C1, N);
+        mt_gemm_bf16_packed(tws(), tA, M, N, K, 0.5f, A, tA ? M : K, P, -1.0f, C2, N);
         CHECK_SAME_F(C1, C2, (size_t)M * N);
     }
     omp_set_num_threads(nthr);
@@ -357,15 +358,15 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
                 for (size_t j = 0; j + 1 < words; j++) shortp[j] = 0xdeadbeefu;
                 for (int i = 0; i < n; i++)
                     for (size_t j = 0; j < (size_t)O[i] * In; j++) dW1[i][j] = dW2[i][j] = rnd(40 + i, j);
-                for (int i = 0; i < n; i++) mt_linear_bwd(NULL, dW1[i], dout[i], in, NULL, N, In, O[i], 0.0f);
-                mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, in, NULL, N, In,
+                for (int i = 0; i < n; i++) mt_linear_bwd(tws(), NULL, dW1[i], dout[i], in, NULL, N, In, O[i], 0.0f);
+                mt_linear_bwd_weight_shared(tws(), n, dW2, (const float *const *)dout, O, in, NULL, N, In,
                                             pw == 0 ? (void *)pack : pw == 1 ? (void *)shortp : NULL,
                                             pw == 0 ? words : words - 1);
                 for (int i = 0; i < n; i++) CHECK_SAME_F(dW1[i], dW2[i], (size_t)O[i] * In);
                 if (bf16) { /* the input given as bf16: the same bits */
                     for (int i = 0; i < n; i++)
                         for (size_t j = 0; j < (size_t)O[i] * In; j++) dW2[i][j] = rnd(40 + i, j);
-                    mt_linear_bwd_weight_shared(n, dW2, (const float *const *)dout, O, NULL, in16, N, In,
+                    mt_linear_bwd_weight_shared(tws(), n, dW2, (const float *const *)dout, O, NULL, in16, N, In,
                                                 pw == 0 ? (void *)pack : pw == 1 ? (void *)shortp : NULL,
                                                 pw == 0 ? words : words - 1);
                     for (int i = 0; i < n; i++) CHECK_SAME_F(dW1[i], dW2[i], (size_t)O[i] * In);
@@ -423,8 +424,8 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
         for (int which = 1; which <= 3; which++) { /* A16, B16, both */
             omp_set_num_threads(t);
             for (size_t i = 0; i < nc; i++) C1[i] = C2[i] = rnd(52, i);
-            mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, B, ldb, -1.0f, C1, ldc);
-            mt_gemm_bf16_mixed(tA, tB, M, N, K, 0.5f, which & 1 ? NULL : A, which & 1 ? A16 : NULL, lda,
+            mt_gemm_bf16(tws(), tA, tB, M, N, K, 0.5f, A, lda, B, ldb, -1.0f, C1, ldc);
+            mt_gemm_bf16_mixed(tws(), tA, tB, M, N, K, 0.5f, which & 1 ? NULL : A, which & 1 ? A16 : NULL, lda,
                                which & 2 ? NULL : B, which & 2 ? B16 : NULL, ldb, -1.0f, C2, ldc);
             CHECK_SAME_F(C1, C2, nc);
             /* the output as bf16 (mt_gemm_bf16_mixed_c16): the bits of the fp32 output rounded,
@@ -432,7 +433,7 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
              * region; the padding past N untouched */
             const int ld16 = N + 3;
             uint16_t *C16 = mt_alloc((size_t)ld16 * M * 2 + 64);
-            mt_gemm_bf16(tA, tB, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C1, ldc);
+            mt_gemm_bf16(tws(), tA, tB, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C1, ldc);
             uint16_t *ref = to16(C1, nc);
             const float *a = which & 1 ? NULL : A, *b = which & 2 ? NULL : B;
             const uint16_t *a16 = which & 1 ? A16 : NULL, *b16 = which & 2 ? B16 : NULL;
@@ -440,9 +441,9 @@ static void mixed_case(int M, int N, int K, int tA, int tB) {
                 for (size_t i = 0; i < (size_t)ld16 * M; i++) C16[i] = 0xabcd;
                 if (nested) {
 #pragma omp parallel num_threads(2)
-                    if (omp_get_thread_num() == 1) mt_gemm_bf16_mixed_c16(tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
+                    if (omp_get_thread_num() == 1) mt_gemm_bf16_mixed_c16(tws(), tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
                 } else {
-                    mt_gemm_bf16_mixed_c16(tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
+                    mt_gemm_bf16_mixed_c16(tws(), tA, tB, M, N, K, 0.5f, a, a16, lda, b, b16, ldb, C16, ld16);
                 }
                 int same = 1;
                 for (int i = 0; i < M; i++)
@@ -499,7 +500,7 @@ static void test_bf16_inputs(void) {
         uint16_t *o16 = mt_alloc((size_t)N * C * 2 + 64);
         for (int j = 0; j < C; j++) nw[j] = 0.5f + rnd(60, (size_t)j);
         mt_rmsnorm_fwd(o, r1, x, nw, N, C, 1e-6f);
-        mt_rmsnorm_fwd16(o16, r2, x, nw, N, C, 1e-6f);
+        mt_rmsnorm_fwd16(tws(), o16, r2, x, nw, N, C, 1e-6f);
         CHECK_SAME_F(r1, r2, (size_t)N);
         ref16 = to16(o, (size_t)N * C);
         CHECK(memcmp(o16, ref16, (size_t)N * C * 2) == 0);
@@ -517,7 +518,7 @@ static void test_bf16_inputs(void) {
         for (int n = 0; n < N; n++) pos[n] = (n * 5) % 11 % T;
         for (size_t i = 0; i < (size_t)N * W; i++) k[i] = k0[i] = rnd(61, i) * 2.0f;
         for (int withpos = 0; withpos < 2; withpos++) {
-            mt_rope_store16(k16, k, ct, st, withpos ? pos : NULL, N, T, nh, D);
+            mt_rope_store16(tws(), k16, k, ct, st, withpos ? pos : NULL, N, T, nh, D);
             CHECK_SAME_F(k, k0, (size_t)N * W);
             float *kr = mt_alloc((size_t)N * W * 4);
             memcpy(kr, k, (size_t)N * W * 4);
@@ -533,7 +534,7 @@ static void test_bf16_inputs(void) {
     float *act = mt_alloc((size_t)R * F * 4), *actw = mt_alloc((size_t)R * F * 4);
     uint16_t *act16 = mt_alloc((size_t)R * F * 2 + 64), *actw16 = mt_alloc((size_t)R * F * 2 + 64);
     mt_swiglu_rows_fwd(act, gu, R, F);
-    mt_swiglu_rows_fwd_x(NULL, act16, gu, NULL, R, F);
+    mt_swiglu_rows_fwd_x(tws(), NULL, act16, gu, NULL, R, F);
     ref16 = to16(act, (size_t)R * F);
     CHECK(memcmp(act16, ref16, (size_t)R * F * 2) == 0);
     mt_free(ref16);
@@ -541,7 +542,7 @@ static void test_bf16_inputs(void) {
     for (int r = 0; r < R; r++) {
         float w = 0.25f + (float)r / R;
         float d1 = mt_swiglu_row_wgrad(actw + (size_t)r * F, gu + (size_t)r * 2 * F, da + (size_t)r * F, w, F);
-        float d2 = mt_swiglu_row_wgrad_x(NULL, actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, NULL, da + (size_t)r * F,
+        float d2 = mt_swiglu_row_wgrad_x(tws(), NULL, actw16 + (size_t)r * F, gu + (size_t)r * 2 * F, NULL, da + (size_t)r * F,
                                          w, F);
         same_dot &= f_bits(d1) == f_bits(d2);
     }
@@ -554,7 +555,7 @@ static void test_bf16_inputs(void) {
     uint16_t *dgu16 = mt_alloc((size_t)R * 2 * F * 2 + 64);
     for (int r = 0; r < R; r++) ws[r] = 0.5f + (float)(r % 13) / 7.0f;
     mt_swiglu_rows_bwd(dgu, da, gu, ws, R, F);
-    mt_swiglu_rows_bwd_x(NULL, dgu16, da, gu, NULL, ws, R, F);
+    mt_swiglu_rows_bwd_x(tws(), NULL, dgu16, da, gu, NULL, ws, R, F);
     ref16 = to16(dgu, (size_t)R * 2 * F);
     CHECK(memcmp(dgu16, ref16, (size_t)R * 2 * F * 2) == 0);
     mt_free(ref16);
@@ -570,9 +571,9 @@ static void test_bf16_inputs(void) {
         for (size_t i = 0; i < (size_t)R * 2 * F; i++) widened &= f_bits(gur[i]) == (uint32_t)gu16[i] << 16;
         CHECK(widened);
         mt_swiglu_rows_fwd(o1, gur, R, F);
-        mt_swiglu_rows_fwd_x(o2, NULL, NULL, gu16, R, F);
+        mt_swiglu_rows_fwd_x(tws(), o2, NULL, NULL, gu16, R, F);
         CHECK_SAME_F(o1, o2, (size_t)R * F);
-        mt_swiglu_rows_fwd_x(NULL, h2, NULL, gu16, R, F);
+        mt_swiglu_rows_fwd_x(tws(), NULL, h2, NULL, gu16, R, F);
         mt_bf16_store(h1, o1, (size_t)R * F);
         CHECK(memcmp(h1, h2, (size_t)R * F * 2) == 0);
         int same = 1;
@@ -580,8 +581,8 @@ static void test_bf16_inputs(void) {
             const float w = 0.25f + (float)r / R;
             const size_t g = (size_t)r * 2 * F, a = (size_t)r * F;
             float d1 = mt_swiglu_row_wgrad(o1 + a, gur + g, da + a, w, F);
-            float d2 = mt_swiglu_row_wgrad_x(o2 + a, NULL, NULL, gu16 + g, da + a, w, F);
-            float d3 = mt_swiglu_row_wgrad_x(NULL, h2 + a, NULL, gu16 + g, da + a, w, F);
+            float d2 = mt_swiglu_row_wgrad_x(tws(), o2 + a, NULL, NULL, gu16 + g, da + a, w, F);
+            float d3 = mt_swiglu_row_wgrad_x(tws(), NULL, h2 + a, NULL, gu16 + g, da + a, w, F);
             same &= f_bits(d1) == f_bits(d2) && f_bits(d1) == f_bits(d3);
         }
         CHECK(same);
@@ -589,9 +590,9 @@ static void test_bf16_inputs(void) {
         mt_bf16_store(h1, o1, (size_t)R * F);
         CHECK(memcmp(h1, h2, (size_t)R * F * 2) == 0);
         mt_swiglu_rows_bwd(o1, da, gur, ws, R, F);
-        mt_swiglu_rows_bwd_x(o2, NULL, da, NULL, gu16, ws, R, F);
+        mt_swiglu_rows_bwd_x(tws(), o2, NULL, da, NULL, gu16, ws, R, F);
         CHECK_SAME_F(o1, o2, (size_t)R * 2 * F);
-        mt_swiglu_rows_bwd_x(NULL, h2, da, NULL, gu16, NULL, R, F);
+        mt_swiglu_rows_bwd_x(tws(), NULL, h2, da, NULL, gu16, NULL, R, F);
         mt_swiglu_rows_bwd(o1, da, gur, NULL, R, F);
         mt_bf16_store(h1, o1, (size_t)R * 2 * F);
         CHECK(memcmp(h1, h2, (size_t)R * 2 * F * 2) == 0);
@@ -607,38 +608,38 @@ static void test_bf16_inputs(void) {
     for (size_t i = 0; i < (size_t)E * O * C; i++) { W[i] = rnd(56, i); dW1[i] = dW2[i] = rnd(59, i); }
     for (size_t i = 0; i < (size_t)R * O; i++) y1[i] = y2[i] = rnd(58, i);
     for (size_t i = 0; i < (size_t)R * C; i++) dx1[i] = dx2[i] = rnd(57, i);
-    mt_grouped_linear_fwd(y1, xe, W, (size_t)O * C, off, E, C, O, 0.5f);
-    mt_grouped_linear_fwd_x(y2, NULL, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
+    mt_grouped_linear_fwd(tws(), y1, xe, W, (size_t)O * C, off, E, C, O, 0.5f);
+    mt_grouped_linear_fwd_x(tws(), y2, NULL, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.5f);
     CHECK_SAME_F(y1, y2, (size_t)R * O);
     { /* the forward's output as bf16: the fp32 output's bits rounded */
         uint16_t *y16 = mt_alloc((size_t)R * O * 2 + 64);
-        mt_grouped_linear_fwd(y1, xe, W, (size_t)O * C, off, E, C, O, 0.0f);
-        mt_grouped_linear_fwd_x(NULL, y16, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.0f);
+        mt_grouped_linear_fwd(tws(), y1, xe, W, (size_t)O * C, off, E, C, O, 0.0f);
+        mt_grouped_linear_fwd_x(tws(), NULL, y16, NULL, xe16, W, (size_t)O * C, off, E, C, O, 0.0f);
         ref16 = to16(y1, (size_t)R * O);
         CHECK(memcmp(y16, ref16, (size_t)R * O * 2) == 0);
         mt_free(ref16);
-        mt_linear_fwd(y1, x, W, N, C, O, 0.0f);
-        mt_linear_fwd_x(NULL, y16, x, NULL, W, N, C, O, 0.0f);
+        mt_linear_fwd(tws(), y1, x, W, N, C, O, 0.0f);
+        mt_linear_fwd_x(tws(), NULL, y16, x, NULL, W, N, C, O, 0.0f);
         ref16 = to16(y1, (size_t)N * O);
         CHECK(memcmp(y16, ref16, (size_t)N * O * 2) == 0);
         mt_free(ref16);
         mt_free(y16);
         memcpy(y1, y2, (size_t)R * O * 4); /* equal again for the products below */
     }
-    mt_grouped_linear_bwd_data(dx1, dgu, W, (size_t)O * C, off, E, C, O, -1.0f);
-    mt_grouped_linear_bwd_data_x(dx2, NULL, dgu16, W, (size_t)O * C, off, E, C, O, -1.0f);
+    mt_grouped_linear_bwd_data(tws(), dx1, dgu, W, (size_t)O * C, off, E, C, O, -1.0f);
+    mt_grouped_linear_bwd_data_x(tws(), dx2, NULL, dgu16, W, (size_t)O * C, off, E, C, O, -1.0f);
     CHECK_SAME_F(dx1, dx2, (size_t)R * C);
-    mt_grouped_linear_bwd_weight(dW1, (size_t)O * C, dgu, xe, off, E, C, O);
-    mt_grouped_linear_bwd_weight_x(dW2, (size_t)O * C, NULL, dgu16, NULL, xe16, off, E, C, O);
+    mt_grouped_linear_bwd_weight(tws(), dW1, (size_t)O * C, dgu, xe, off, E, C, O);
+    mt_grouped_linear_bwd_weight_x(tws(), dW2, (size_t)O * C, NULL, dgu16, NULL, xe16, off, E, C, O);
     CHECK_SAME_F(dW1, dW2, (size_t)E * O * C);
-    mt_grouped_linear_bwd_weight(dW1, (size_t)C * F, dx1, act, off, E, F, C); /* dout fp32, in bf16 */
-    mt_grouped_linear_bwd_weight_x(dW2, (size_t)C * F, dx1, NULL, NULL, act16, off, E, F, C);
+    mt_grouped_linear_bwd_weight(tws(), dW1, (size_t)C * F, dx1, act, off, E, F, C); /* dout fp32, in bf16 */
+    mt_grouped_linear_bwd_weight_x(tws(), dW2, (size_t)C * F, dx1, NULL, NULL, act16, off, E, F, C);
     CHECK_SAME_F(dW1, dW2, (size_t)E * C * F);
-    mt_linear_fwd(y1, act, W, R, F, C, 1.0f);
-    mt_linear_fwd_x(y2, NULL, NULL, act16, W, R, F, C, 1.0f);
+    mt_linear_fwd(tws(), y1, act, W, R, F, C, 1.0f);
+    mt_linear_fwd_x(tws(), y2, NULL, NULL, act16, W, R, F, C, 1.0f);
     CHECK_SAME_F(y1, y2, (size_t)R * C);
-    mt_linear_bwd(dx1, dW1, dgu, xe, W, R, C, O, 0.0f); /* dgu bf16 as A of both products */
-    mt_linear_bwd_x(dx2, dW2, NULL, dgu16, xe, NULL, W, R, C, O, 0.0f);
+    mt_linear_bwd(tws(), dx1, dW1, dgu, xe, W, R, C, O, 0.0f); /* dgu bf16 as A of both products */
+    mt_linear_bwd_x(tws(), dx2, dW2, NULL, dgu16, xe, NULL, W, R, C, O, 0.0f);
     CHECK_SAME_F(dx1, dx2, (size_t)R * C);
     CHECK_SAME_F(dW1, dW2, (size_t)O * C);
     mt_free(dgu); mt_free(ws); mt_free(dgu16); mt_free(dx1); mt_free(dx2);
@@ -661,16 +662,16 @@ static void test_head_packed(void) {
     for (size_t i = 0; i < (size_t)V * C; i++) { W[i] = rnd(16, i); dW1[i] = dW2[i] = 0.0f; }
     for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 37) % V);
     CHECK(mt_set_gemm_bf16(1) == 0);
-    double l1 = mt_head_ce(dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch), l2 = 0;
+    double l1 = mt_head_ce(tws(), dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch), l2 = 0;
     for (int n0 = 0; n0 < N; n0 += MT_HEAD_ROWS) {
         int nr = N - n0 < MT_HEAD_ROWS ? N - n0 : MT_HEAD_ROWS;
-        l2 += mt_head_ce(dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, NULL, scratch);
+        l2 += mt_head_ce(tws(), dx2 + (size_t)n0 * C, dW2, NULL, x + (size_t)n0 * C, W, tg + n0, nr, C, V, 1.0f / N, NULL, scratch);
     }
-    double l3 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch); /* loss only */
+    double l3 = mt_head_ce(tws(), NULL, NULL, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch); /* loss only */
     /* evaluation: the logits of all rows through the packed weight, against the bf16-rounded
      * reference product */
     float *lg = mt_alloc((size_t)N * V * 4);
-    double l4 = mt_head_ce(NULL, NULL, lg, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
+    double l4 = mt_head_ce(tws(), NULL, NULL, lg, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
     mt_set_gemm_bf16(0);
     CHECK(fabs(l1 - l2) <= 1e-9 * fabs(l2) && l1 == l3 && l1 == l4);
     CHECK_SAME_F(dx1, dx2, (size_t)N * C);
@@ -679,7 +680,7 @@ static void test_head_packed(void) {
     /* against the fp32 head: the loss and gradients of bf16 products within bf16's precision */
     float *dx3 = mt_alloc((size_t)N * C * 4), *dW3 = mt_alloc((size_t)V * C * 4);
     memset(dW3, 0, (size_t)V * C * 4);
-    double l5 = mt_head_ce(dx3, dW3, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
+    double l5 = mt_head_ce(tws(), dx3, dW3, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
     RECORD(S_HEAD, "loss", fabs(l1 - l5) / fabs(l5));
     double ex = rel_err(dx1, dx3, (size_t)N * C), ew = rel_err(dW1, dW3, (size_t)V * C);
     RECORD(S_HEAD, "dx,dW", ex > ew ? ex : ew);
@@ -703,9 +704,9 @@ static void grouped_case(int E, const int32_t *off, int In, int O, int pad, floa
     for (size_t i = 0; i < nx; i++) { x[i] = rnd(8, i); dx0[i] = dx[i] = beta != 0 ? rnd(17, i) : NAN; }
     for (size_t i = 0; i < ws * E; i++) { W[i] = rnd(9, i); dW0[i] = dW[i] = beta != 0 ? rnd(18, i) : 0.0f; }
     for (size_t i = 0; i < ny; i++) { dy[i] = rnd(10, i); y0[i] = y[i] = beta != 0 ? rnd(19, i) : NAN; }
-    mt_grouped_linear_fwd(y, x, W, ws, off, E, In, O, beta);
-    mt_grouped_linear_bwd_data(dx, dy, W, ws, off, E, In, O, beta);
-    mt_grouped_linear_bwd_weight(dW, ws, dy, x, off, E, In, O);
+    mt_grouped_linear_fwd(tws(), y, x, W, ws, off, E, In, O, beta);
+    mt_grouped_linear_bwd_data(tws(), dx, dy, W, ws, off, E, In, O, beta);
+    mt_grouped_linear_bwd_weight(tws(), dW, ws, dy, x, off, E, In, O);
     double ef = 0, ed = 0, ew = 0;
     int untouched = 1; /* experts without rows, and the stride's padding, keep dW */
     for (int e = 0; e < E; e++) {
@@ -744,7 +745,7 @@ static void test_dispatch_and_grouped(void) {
         float *A = mt_alloc((size_t)M * K * 4), *B = mt_alloc((size_t)N * K * 4), *C = mt_alloc((size_t)M * N * 4);
         for (size_t i = 0; i < (size_t)M * K; i++) A[i] = rnd(6, i);
         for (size_t i = 0; i < (size_t)N * K; i++) B[i] = rnd(7, i);
-        mt_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+        mt_sgemm(tws(), 0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
         RECORD(S_SGEMM, "C", gemm_err(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, NULL, C, N));
         mt_free(A);
         mt_free(B);

@@ -31,6 +31,7 @@
 #define TEST_SALT 0x6b65726eULL
 #include "testutil.h"
 #include "kstats.h"
+#include "testws.h"
 
 /* Two doubles with the same bits (determinism checks); prints both. */
 #define CHECK_SAME_D(a, b) do { double a_ = (a), b_ = (b); \
@@ -96,7 +97,7 @@ static void test_sgemm(void) {
         if (beta == 0.0f) /* the matrix, not the padding the GEMM never touches */
             for (int i = 0; i < M; i++) fill_nan(C1 + (size_t)i * ldc, (size_t)N);
         snprintf(where, sizeof where, "tA=%d tB=%d M=%d N=%d K=%d beta=%g", ta, tb, M, N, K, beta);
-        mt_sgemm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
+        mt_sgemm(tws(), ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
         mt_ref_sgemm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
         RECORD(S_SGEMM, "C", nerr(C1, C2, nc));
         free(A); free(B); free(C0); free(C1); free(C2);
@@ -116,21 +117,21 @@ static void test_linear(void) {
         float *y1 = rnd(nout, 13, -1, 1), *y2 = dup(y1, nout);
         if (beta == 0.0f) { fill_nan(y1, nout); fill_nan(y2, nout); } /* beta 0: not read */
         snprintf(where, sizeof where, "N=%d In=%d O=%d beta=%g", N, In, O, beta);
-        mt_linear_fwd(y1, x, W, N, In, O, beta);
+        mt_linear_fwd(tws(), y1, x, W, N, In, O, beta);
         mt_ref_linear_fwd(y2, x, W, N, In, O, beta);
         RECORD(S_LINEAR_FWD, "out", nerr(y1, y2, nout));
 
         float *dx1 = rnd(nin, 14, -1, 1), *dx2 = dup(dx1, nin);
         if (beta == 0.0f) { fill_nan(dx1, nin); fill_nan(dx2, nin); }
         float *dW1 = rnd(nw, 15, -1, 1), *dW2 = dup(dW1, nw); /* dW accumulates */
-        mt_linear_bwd(dx1, dW1, dy, x, W, N, In, O, beta);
+        mt_linear_bwd(tws(), dx1, dW1, dy, x, W, N, In, O, beta);
         mt_ref_linear_bwd(dx2, dW2, dy, x, W, N, In, O, beta);
         RECORD(S_LINEAR_BWD, "din", nerr(dx1, dx2, nin));
         RECORD(S_LINEAR_BWD, "dW", nerr(dW1, dW2, nw));
         /* the NULL-skips: dW only, then din only */
         float *dW3 = rnd(nw, 15, -1, 1), *dx3 = rnd(nin, 14, -1, 1);
-        mt_linear_bwd(NULL, dW3, dy, x, W, N, In, O, beta);
-        mt_linear_bwd(dx3, NULL, dy, x, W, N, In, O, 1.0f);
+        mt_linear_bwd(tws(), NULL, dW3, dy, x, W, N, In, O, beta);
+        mt_linear_bwd(tws(), dx3, NULL, dy, x, W, N, In, O, 1.0f);
         RECORD(S_LINEAR_BWD, "dW (din NULL)", nerr(dW3, dW2, nw));
         float *dx4 = rnd(nin, 14, -1, 1);
         mt_ref_linear_bwd(dx4, NULL, dy, x, W, N, In, O, 1.0f);
@@ -426,7 +427,7 @@ static void head_case(int N, int C, int V, int ignore_all) {
     fill_nan(dx1, nx); fill_nan(lg1, nl); fill_nan(lg3, nl);
     fill_nan(scratch, mt_head_scratch_floats(V));
     snprintf(where, sizeof where, "N=%d C=%d V=%d valid=%d", N, C, V, valid);
-    double L1 = mt_head_ce(dx1, dW1, lg1, x, W, tg, N, C, V, gs, NULL, scratch);
+    double L1 = mt_head_ce(tws(), dx1, dW1, lg1, x, W, tg, N, C, V, gs, NULL, scratch);
     double L2 = mt_ref_head_ce(dx2, dW2, lg2, x, W, tg, N, C, V, gs);
     CHECK(isfinite(L1));
     RECORD(S_HEAD_LOSS, "loss", L2 != 0 ? fabs(L1 - L2) / fabs(L2) : fabs(L1));
@@ -442,10 +443,10 @@ static void head_case(int N, int C, int V, int ignore_all) {
     }
     /* evaluation path (no gradients) returns the same loss bits */
     fill_nan(scratch, mt_head_scratch_floats(V));
-    double L3 = mt_head_ce(NULL, NULL, lg3, x, W, tg, N, C, V, gs, NULL, scratch);
+    double L3 = mt_head_ce(tws(), NULL, NULL, lg3, x, W, tg, N, C, V, gs, NULL, scratch);
     CHECK_SAME_D(L3, L1);
     CHECK_SAME_F(lg3, lg1, nl);
-    double L4 = mt_head_ce(NULL, NULL, NULL, x, W, tg, N, C, V, gs, NULL, scratch);
+    double L4 = mt_head_ce(tws(), NULL, NULL, NULL, x, W, tg, N, C, V, gs, NULL, scratch);
     CHECK_SAME_D(L4, L1);
     free(x); free(W); free(tg); free(dx1); free(dx2); free(lg1); free(lg2); free(dW1);
     free(dW2); free(lg3); free(scratch);
@@ -635,7 +636,7 @@ static void fd_linear(void) {
     float *dx = falloc(nx), *dW = falloc(nw), *dx2 = falloc(nx), *dW2 = falloc(nw);
     memset(dW, 0, sizeof(float) * nw); memset(dW2, 0, sizeof(float) * nw);
     mt_ref_linear_bwd(dx, dW, c.R, c.x, c.W, c.N, c.In, c.O, 0.0f);
-    mt_linear_bwd(dx2, dW2, c.R, c.x, c.W, c.N, c.In, c.O, 0.0f);
+    mt_linear_bwd(tws(), dx2, dW2, c.R, c.x, c.W, c.N, c.In, c.O, 0.0f);
     snprintf(where, sizeof where, "N=%d In=%d O=%d", c.N, c.In, c.O);
     fd_check(S_FD_LINEAR, "din", c.x, nx, dx, dx2, fd_linear_loss, &c, 103, 20, 1e-3);
     fd_check(S_FD_LINEAR, "dW", c.W, nw, dW, dW2, fd_linear_loss, &c, 104, 15, 1e-3);
@@ -782,7 +783,7 @@ static void fd_head(void) {
     float *scratch = falloc(mt_head_scratch_floats(c.V));
     memset(dW, 0, sizeof(float) * nw); memset(dW2, 0, sizeof(float) * nw);
     mt_ref_head_ce(dx, dW, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs);
-    mt_head_ce(dx2, dW2, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs, NULL, scratch);
+    mt_head_ce(tws(), dx2, dW2, NULL, c.x, c.W, c.tg, c.N, c.C, c.V, c.gs, NULL, scratch);
     snprintf(where, sizeof where, "N=%d C=%d V=%d", c.N, c.C, c.V);
     fd_check(S_FD_HEAD, "dx", c.x, nx, dx, dx2, fd_head_loss, &c, 162, 20, 1e-3);
     fd_check(S_FD_HEAD, "dW", c.W, nw, dW, dW2, fd_head_loss, &c, 163, 20, 1e-3);
@@ -813,7 +814,7 @@ static void old_attention_fwd(float *out, float *lse, const float *q, const floa
             int nq = T - t0 < OLD_BQ ? T - t0 : OLD_BQ;
             int nk = t0 + nq;
             const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
-            mt_sgemm(0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, S, nk);
+            mt_sgemm(tws(), 0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, S, nk);
             for (int i = 0; i < nq; i++) {
                 float *s = S + (size_t)i * nk;
                 int last = t0 + i; /* causal: keys 0..last */
@@ -827,7 +828,7 @@ static void old_attention_fwd(float *out, float *lse, const float *q, const floa
                 lse[((size_t)b * H + h) * T + t0 + i] = m + logf(sum);
             }
             float *ot = out + (((size_t)b * T + t0) * H + h) * D;
-            mt_sgemm(0, 0, nq, D, nk, 1.0f, S, nk, vb, G * D, 0.0f, ot, H * D);
+            mt_sgemm(tws(), 0, 0, nq, D, nk, 1.0f, S, nk, vb, G * D, 0.0f, ot, H * D);
         }
     }
 }
@@ -859,7 +860,7 @@ static void old_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                 size_t row0 = ((size_t)b * T + t0) * H + h;
                 const float *qt = q + row0 * D, *dot = dout + row0 * D, *ot = out + row0 * D;
                 const float *l = lse + ((size_t)b * H + h) * T + t0;
-                mt_sgemm(0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, P, nk);
+                mt_sgemm(tws(), 0, 1, nq, nk, D, scale, qt, H * D, kb, G * D, 0.0f, P, nk);
                 for (int i = 0; i < nq; i++) {
                     float *p = P + (size_t)i * nk;
                     int last = t0 + i;
@@ -867,9 +868,9 @@ static void old_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                     for (int j = last + 1; j < nk; j++) p[j] = 0.0f;
                 }
                 /* dV += P^T dO */
-                mt_sgemm(1, 0, nk, D, nq, 1.0f, P, nk, dot, H * D, 1.0f, dvb, G * D);
+                mt_sgemm(tws(), 1, 0, nk, D, nq, 1.0f, P, nk, dot, H * D, 1.0f, dvb, G * D);
                 /* dP = dO V^T */
-                mt_sgemm(0, 1, nq, nk, D, 1.0f, dot, H * D, vb, G * D, 0.0f, dP, nk);
+                mt_sgemm(tws(), 0, 1, nq, nk, D, 1.0f, dot, H * D, vb, G * D, 0.0f, dP, nk);
                 for (int i = 0; i < nq; i++) {
                     const float *o = ot + (size_t)i * H * D, *d = dot + (size_t)i * H * D;
                     float Di = 0.0f;
@@ -878,8 +879,8 @@ static void old_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                     for (int j = 0; j < nk; j++) dp[j] = p[j] * (dp[j] - Di) * scale;
                 }
                 /* dQ = dS K ; dK += dS^T Q */
-                mt_sgemm(0, 0, nq, D, nk, 1.0f, dP, nk, kb, G * D, 0.0f, dq + row0 * D, H * D);
-                mt_sgemm(1, 0, nk, D, nq, 1.0f, dP, nk, qt, H * D, 1.0f, dkb, G * D);
+                mt_sgemm(tws(), 0, 0, nq, D, nk, 1.0f, dP, nk, kb, G * D, 0.0f, dq + row0 * D, H * D);
+                mt_sgemm(tws(), 1, 0, nk, D, nq, 1.0f, dP, nk, qt, H * D, 1.0f, dkb, G * D);
             }
         }
     }
@@ -905,15 +906,15 @@ static void bench_sgemm_ref(int nthr) {
     for (int th = 0; th < 2; th++) {
         int nt = th ? nthr : 1;
         mt_set_threads(nt);
-        BENCH_TIME(t, 5, mt_sgemm(0, 1, n, n, K, 1.0f, A, K, Bm, K, 0.0f, C, n));
+        BENCH_TIME(t, 5, mt_sgemm(tws(), 0, 1, n, n, K, 1.0f, A, K, Bm, K, 0.0f, C, n));
         printf("%-34s %4d %10.2f %9.1f\n", "sgemm NT 4096x4096 K=64", nt, t * 1e3, f / t * 1e-9);
     }
     mt_set_threads(1);
     BENCH_TIME(t, 5, for (int i0 = 0; i0 < n; i0 += 64) for (int j0 = 0; j0 < n; j0 += 64)
-        mt_sgemm(0, 0, 64, 64, K, 1.0f, A + (size_t)i0 * K, K, Bm + (size_t)j0 * K, 64, 1.0f,
+        mt_sgemm(tws(), 0, 0, 64, 64, K, 1.0f, A + (size_t)i0 * K, K, Bm + (size_t)j0 * K, 64, 1.0f,
                  C + (size_t)i0 * n + j0, n));
     printf("%-34s %4d %10.2f %9.1f\n", "sgemm NN 64x64x64 blocks", 1, t * 1e3, f / t * 1e-9);
-    BENCH_TIME(t, 5, mt_sgemm(0, 0, 1024, 1024, 1024, 1.0f, C, 1024, C + (1 << 20), 1024, 0.0f,
+    BENCH_TIME(t, 5, mt_sgemm(tws(), 0, 0, 1024, 1024, 1024, 1.0f, C, 1024, C + (1 << 20), 1024, 0.0f,
                               C + (2 << 20), 1024));
     printf("%-34s %4d %10.2f %9.1f\n", "sgemm NN 1024x1024x1024", 1, t * 1e3, 2.0 * (1 << 30) / t * 1e-9);
     mt_set_threads(nthr);

@@ -31,6 +31,7 @@
 #define TEST_SALT 0x6d6f65ULL
 #include "testutil.h"
 #include "kstats.h"
+#include "testws.h"
 
 /* ---- statistics: one line per kernel ------------------------------------------------- */
 
@@ -138,11 +139,11 @@ static void permute_case(int N, int K, int E, int C, int kind, int thr_max) {
     for (int th = 1; th <= thr_max; th++) {
         omp_set_num_threads(th);
         perm_out opt = perm_alloc(R, (size_t)C, E, 1);
-        mt_moe_permute(opt.xe, opt.off, opt.slot_row, opt.row_tok, x, sel, N, K, E, C);
+        mt_moe_permute(tws(), opt.xe, opt.off, opt.slot_row, opt.row_tok, x, sel, N, K, E, C);
         perm_same(th == 1 ? S_PERMUTE : S_PERMUTE_THREADS, &opt, &ref, R, (size_t)C, E);
         /* routing tables only (xe NULL) */
         perm_out tab = perm_alloc(R, (size_t)C, E, 0);
-        mt_moe_permute(NULL, tab.off, tab.slot_row, tab.row_tok, x, sel, N, K, E, C);
+        mt_moe_permute(tws(), NULL, tab.off, tab.slot_row, tab.row_tok, x, sel, N, K, E, C);
         perm_same(th == 1 ? S_PERMUTE : S_PERMUTE_THREADS, &tab, &ref, R, (size_t)C, E);
         perm_free(&opt);
         perm_free(&tab);
@@ -239,13 +240,13 @@ static void grouped_case(int N, int K, int E, int In, int O, size_t wstride, int
 
     float *y1 = rnd(nout, 53, -1, 1), *y2 = dup(y1, nout);
     if (beta == 0.0f) { fill_nan(y1, nout); fill_nan(y2, nout); } /* beta 0: not read */
-    mt_grouped_linear_fwd(y1, in, W, wstride, off, E, In, O, beta);
+    mt_grouped_linear_fwd(tws(), y1, in, W, wstride, off, E, In, O, beta);
     mt_ref_grouped_linear_fwd(y2, in, W, wstride, off, E, In, O, beta);
     RECORD(S_GL_FWD, "out", nerr(y1, y2, nout));
 
     float *d1 = rnd(nin, 54, -1, 1), *d2 = dup(d1, nin);
     if (beta == 0.0f) { fill_nan(d1, nin); fill_nan(d2, nin); }
-    mt_grouped_linear_bwd_data(d1, dout, W, wstride, off, E, In, O, beta);
+    mt_grouped_linear_bwd_data(tws(), d1, dout, W, wstride, off, E, In, O, beta);
     mt_ref_grouped_linear_bwd_data(d2, dout, W, wstride, off, E, In, O, beta);
     RECORD(S_GL_BWD_DATA, "din", nerr(d1, d2, nin));
 
@@ -254,7 +255,7 @@ static void grouped_case(int N, int K, int E, int In, int O, size_t wstride, int
     for (size_t i = 0; i < nw; i++) g1[i] = -12345.0f;
     for (int e = 0; e < E; e++) fill(g1 + (size_t)e * wstride, (size_t)O * In, 55, -1, 1);
     float *g2 = dup(g1, nw);
-    mt_grouped_linear_bwd_weight(g1, wstride, dout, in, off, E, In, O);
+    mt_grouped_linear_bwd_weight(tws(), g1, wstride, dout, in, off, E, In, O);
     mt_ref_grouped_linear_bwd_weight(g2, wstride, dout, in, off, E, In, O);
     RECORD(S_GL_BWD_WEIGHT, "dW", blocks_err(g1, g2, E, In, O, wstride));
     for (size_t i = (size_t)O * In; i < wstride; i++) CHECK(g1[i] == -12345.0f);
@@ -358,9 +359,9 @@ static void fd_grouped_linear(void) {
     float *dx = falloc(nx), *dx2 = falloc(nx), *dW = falloc(nw), *dW2 = falloc(nw);
     memset(dW, 0, sizeof(float) * nw); memset(dW2, 0, sizeof(float) * nw);
     mt_ref_grouped_linear_bwd_data(dx, c.Rw, c.W, c.wstride, off, c.E, c.In, c.O, 0.0f);
-    mt_grouped_linear_bwd_data(dx2, c.Rw, c.W, c.wstride, off, c.E, c.In, c.O, 0.0f);
+    mt_grouped_linear_bwd_data(tws(), dx2, c.Rw, c.W, c.wstride, off, c.E, c.In, c.O, 0.0f);
     mt_ref_grouped_linear_bwd_weight(dW, c.wstride, c.Rw, c.x, off, c.E, c.In, c.O);
-    mt_grouped_linear_bwd_weight(dW2, c.wstride, c.Rw, c.x, off, c.E, c.In, c.O);
+    mt_grouped_linear_bwd_weight(tws(), dW2, c.wstride, c.Rw, c.x, off, c.E, c.In, c.O);
     snprintf(where, sizeof where, "E=%d In=%d O=%d R=%zu wstride=%zu", c.E, c.In, c.O, c.R, c.wstride);
     fd_check(S_FD_GL, "din", c.x, nx, dx, dx2, fd_gl_loss, &c, 73, 25, 1e-3);
     fd_check(S_FD_GL, "dW", c.W, nw, dW, dW2, fd_gl_loss, &c, 74, 40, 1e-3);

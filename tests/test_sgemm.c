@@ -15,6 +15,7 @@
 #include "kernels/ref.h"
 #include "kstats.h"
 #include "testutil.h"
+#include "testws.h"
 
 enum { S_GEMM, S_COUNT };
 static stat stats[S_COUNT] = {{"sgemm", 1e-5, 0, 0}};
@@ -32,12 +33,12 @@ static void run(int ta, int tb, const shape *s, float alpha, const float *A, int
                 float beta, float *C, int ldc, int nthr, int inside) {
     mt_set_threads(nthr);
     if (!inside) {
-        mt_sgemm(ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
+        mt_sgemm(tws(), ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
 #pragma omp parallel num_threads(nthr) if (inside == 1)
 #pragma omp single
-    mt_sgemm(ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
+    mt_sgemm(tws(), ta, tb, s->M, s->N, s->K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void test_shape(const shape *s, int ta, int tb) {

@@ -19,6 +19,7 @@
 #include "kernels/tier.h"
 #include "kstats.h"
 #include "testutil.h"
+#include "testws.h"
 
 enum { S_ATT, S_SWIGLU, S_RMS, S_HEAD, S_SUMSQ, S_COUNT };
 static stat stats[S_COUNT] = {{"attention fwd+bwd", 1e-5, 0, 0}, {"swiglu fwd+bwd", 1e-6, 0, 0},
@@ -107,7 +108,7 @@ static void test_tier_kernels(mt_tier t) {
     float *dx = falloc((size_t)HN * HC), *rdx = falloc((size_t)HN * HC), *dW = falloc((size_t)V * HC), *rdW = falloc((size_t)V * HC);
     memset(dW, 0, sizeof(float) * (size_t)V * HC); memset(rdW, 0, sizeof(float) * (size_t)V * HC);
     float *hs = falloc(mt_head_scratch_floats(V));
-    double loss = mt_head_ce(dx, dW, NULL, hx, hw, tg, HN, HC, V, 0.5f, NULL, hs);
+    double loss = mt_head_ce(tws(), dx, dW, NULL, hx, hw, tg, HN, HC, V, 0.5f, NULL, hs);
     double rloss = mt_ref_head_ce(rdx, rdW, NULL, hx, hw, tg, HN, HC, V, 0.5f);
     RECORD(S_HEAD, "loss", fabs(loss - rloss) / fabs(rloss));
     RECORD(S_HEAD, "dx", nerr(dx, rdx, (size_t)HN * HC)); RECORD(S_HEAD, "dW", nerr(dW, rdW, (size_t)V * HC));

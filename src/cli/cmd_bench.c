@@ -44,6 +44,7 @@ typedef struct {
     int n;
     double budget; /* seconds of repeats per timing */
     int bf16;      /* 1: also the bf16 rows (mt_gemm_bf16; the CPU has AVX512-BF16) */
+    mt_ws kws;     /* the kernels' workspace, sized for every row (kernels/ws.h) */
 } kb_table;
 
 
@@ -121,16 +122,16 @@ static void kb_dense(kb_table *tb) {
         float *y = kb_rand((size_t)N * F, 3, -1, 1), *dx = kb_rand((size_t)N * C, 4, -1, 1);
         float *dW = kb_rand((size_t)F * C, 5, -1, 1);
         kb_row *r = kb_add(tb, "linear_fwd", 1, 2.0 * N * C * F, "naive", 16, "N=%d In=%d O=%d", N, C, F);
-        MT_BEST_TIME(r->t, bud, mt_linear_fwd(y, x, W, N, C, F, 0.0f));
+        MT_BEST_TIME(r->t, bud, mt_linear_fwd(tb->kws, y, x, W, N, C, F, 0.0f));
         KB_TIME_REF(r, bud, mt_ref_linear_fwd(y, x, W, nr, C, F, 0.0f));
         r = kb_add(tb, "linear_bwd", 1, 4.0 * N * C * F, "naive", 16, "N=%d In=%d O=%d", N, C, F);
-        MT_BEST_TIME(r->t, bud, mt_linear_bwd(dx, dW, y, x, W, N, C, F, 0.0f));
+        MT_BEST_TIME(r->t, bud, mt_linear_bwd(tb->kws, dx, dW, y, x, W, N, C, F, 0.0f));
         KB_TIME_REF(r, bud, mt_ref_linear_bwd(dx, dW, y, x, W, nr, C, F, 0.0f));
         if (tb->bf16) { /* the same products in mixed precision against OpenBLAS SGEMM */
             r = kb_add(tb, "linear_fwd_bf16", 1, 2.0 * N * C * F, "OpenBLAS sgemm", 1, "N=%d In=%d O=%d", N, C, F);
-            KB_TIME_BF16(r, bud, mt_linear_fwd(y, x, W, N, C, F, 0.0f));
+            KB_TIME_BF16(r, bud, mt_linear_fwd(tb->kws, y, x, W, N, C, F, 0.0f));
             r = kb_add(tb, "linear_bwd_bf16", 1, 4.0 * N * C * F, "OpenBLAS sgemm", 1, "N=%d In=%d O=%d", N, C, F);
-            KB_TIME_BF16(r, bud, mt_linear_bwd(dx, dW, y, x, W, N, C, F, 0.0f));
+            KB_TIME_BF16(r, bud, mt_linear_bwd(tb->kws, dx, dW, y, x, W, N, C, F, 0.0f));
         }
         mt_free(x); mt_free(W); mt_free(y); mt_free(dx); mt_free(dW);
     }
@@ -224,27 +225,27 @@ static void kb_head(kb_table *tb) {
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * N);
     for (int i = 0; i < N; i++) tg[i] = (int32_t)(mt_hash4(34, (uint64_t)i, 0, 0) % V);
     kb_row *r = kb_add(tb, "head_ce_fwd_bwd", 1, 6.0 * N * C * V, "naive", N / nr, "N=%d C=%d V=%d", N, C, V);
-    MT_BEST_TIME(r->t, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch));
+    MT_BEST_TIME(r->t, bud, mt_head_ce(tb->kws, dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch));
     KB_TIME_REF(r, bud, mt_ref_head_ce(dx, dW, NULL, x, W, tg, nr, C, V, 1.0f / N));
     if (tb->bf16) { /* mixed precision (the weight packed once for all chunks) against fp32 */
         r = kb_add(tb, "head_ce_fwd_bwd_bf16", 1, 6.0 * N * C * V, "fp32 head", 1, "N=%d C=%d V=%d", N, C, V);
-        KB_TIME_BF16(r, bud, mt_head_ce(dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch));
+        KB_TIME_BF16(r, bud, mt_head_ce(tb->kws, dx, dW, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch));
     }
     mt_free(x); mt_free(W); mt_free(dx); mt_free(dW); mt_free(scratch); free(tg);
 }
 
 /* grouped expert GEMMs against a loop over experts of the dense BLAS product (what a
  * framework without a grouped GEMM does) */
-static void kb_loop_fwd(float *out, const float *in, const float *W, size_t ws, const int32_t *off, int E,
+static void kb_loop_fwd(mt_ws kws, float *out, const float *in, const float *W, size_t ws, const int32_t *off, int E,
                         int In, int O) {
     for (int e = 0; e < E; e++)
-        mt_linear_fwd(out + (size_t)off[e] * O, in + (size_t)off[e] * In, W + (size_t)e * ws, off[e + 1] - off[e],
+        mt_linear_fwd(kws, out + (size_t)off[e] * O, in + (size_t)off[e] * In, W + (size_t)e * ws, off[e + 1] - off[e],
                       In, O, 0.0f);
 }
-static void kb_loop_bwd(float *din, float *dW, const float *dout, const float *in, const float *W, size_t ws,
+static void kb_loop_bwd(mt_ws kws, float *din, float *dW, const float *dout, const float *in, const float *W, size_t ws,
                         const int32_t *off, int E, int In, int O) {
     for (int e = 0; e < E; e++)
-        mt_linear_bwd(din ? din + (size_t)off[e] * In : NULL, dW ? dW + (size_t)e * ws : NULL,
+        mt_linear_bwd(kws, din ? din + (size_t)off[e] * In : NULL, dW ? dW + (size_t)e * ws : NULL,
                       dout + (size_t)off[e] * O, in + (size_t)off[e] * In, W + (size_t)e * ws, off[e + 1] - off[e],
                       In, O, 0.0f);
 }
@@ -260,7 +261,7 @@ static void kb_moe(kb_table *tb) {
     double rc = (double)R * C, nc = (double)N * C;
     kb_row *r = kb_add(tb, "moe_permute", 0, 4.0 * (2.0 * rc + 3.0 * R + E + 1), "unfused argsort+gather", 1,
                        "N=%d K=%d E=%d C=%d", N, K, E, C);
-    MT_BEST_TIME(r->t, bud, mt_moe_permute(xe, off, slot, tok, x, sel, N, K, E, C));
+    MT_BEST_TIME(r->t, bud, mt_moe_permute(tb->kws, xe, off, slot, tok, x, sel, N, K, E, C));
     KB_TIME_REF(r, bud, mt_ref_moe_permute(xe, off, slot, tok, x, sel, N, K, E, C));
     r = kb_add(tb, "moe_permute_bwd", 0, 4.0 * (rc + nc + R), "naive index_add", 1, "N=%d K=%d E=%d C=%d", N, K,
                E, C);
@@ -283,27 +284,27 @@ static void kb_moe(kb_table *tb) {
         char kn[32];
         snprintf(kn, sizeof kn, "grouped_fwd_%s", names[pass]);
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-        MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
-        KB_TIME_REF(r, bud, kb_loop_fwd(out, in, W, ws, off, E, In, O));
+        MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd(tb->kws, out, in, W, ws, off, E, In, O, 0.0f));
+        KB_TIME_REF(r, bud, kb_loop_fwd(tb->kws, out, in, W, ws, off, E, In, O));
         snprintf(kn, sizeof kn, "grouped_bwd_data_%s", names[pass]);
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-        MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_data(din, out, W, ws, off, E, In, O, 0.0f));
-        KB_TIME_REF(r, bud, kb_loop_bwd(din, NULL, out, in, W, ws, off, E, In, O));
+        MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_data(tb->kws, din, out, W, ws, off, E, In, O, 0.0f));
+        KB_TIME_REF(r, bud, kb_loop_bwd(tb->kws, din, NULL, out, in, W, ws, off, E, In, O));
         snprintf(kn, sizeof kn, "grouped_bwd_weight_%s", names[pass]);
         r = kb_add(tb, kn, 1, fl, "per-expert mt_linear loop", 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-        MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
-        KB_TIME_REF(r, bud, kb_loop_bwd(NULL, dW, out, in, W, ws, off, E, In, O));
+        MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight(tb->kws, dW, ws, out, in, off, E, In, O));
+        KB_TIME_REF(r, bud, kb_loop_bwd(tb->kws, NULL, dW, out, in, W, ws, off, E, In, O));
         if (tb->bf16) { /* the grouped GEMMs in mixed precision against themselves in fp32 */
             static const char *gref = "fp32 grouped (OpenBLAS sgemm)";
             snprintf(kn, sizeof kn, "grouped_fwd_%s_bf16", names[pass]);
             r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-            KB_TIME_BF16(r, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
+            KB_TIME_BF16(r, bud, mt_grouped_linear_fwd(tb->kws, out, in, W, ws, off, E, In, O, 0.0f));
             snprintf(kn, sizeof kn, "grouped_bwd_data_%s_bf16", names[pass]);
             r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-            KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_data(din, out, W, ws, off, E, In, O, 0.0f));
+            KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_data(tb->kws, din, out, W, ws, off, E, In, O, 0.0f));
             snprintf(kn, sizeof kn, "grouped_bwd_weight_%s_bf16", names[pass]);
             r = kb_add(tb, kn, 1, fl, gref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-            KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
+            KB_TIME_BF16(r, bud, mt_grouped_linear_bwd_weight(tb->kws, dW, ws, out, in, off, E, In, O));
             /* the input given as bf16 (train --bf16 keeps the experts' inputs and SwiGLU
              * outputs so) against the same products from the fp32 input */
             static const char *iref = "bf16 GEMM from fp32 input";
@@ -312,12 +313,12 @@ static void kb_moe(kb_table *tb) {
             MT_ASSERT(mt_set_gemm_bf16(1) == 0);
             snprintf(kn, sizeof kn, "grouped_fwd_%s_in16", names[pass]);
             r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-            MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd_x(out, NULL, NULL, in16, W, ws, off, E, In, O, 0.0f));
-            KB_TIME_REF(r, bud, mt_grouped_linear_fwd(out, in, W, ws, off, E, In, O, 0.0f));
+            MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd_x(tb->kws, out, NULL, NULL, in16, W, ws, off, E, In, O, 0.0f));
+            KB_TIME_REF(r, bud, mt_grouped_linear_fwd(tb->kws, out, in, W, ws, off, E, In, O, 0.0f));
             snprintf(kn, sizeof kn, "grouped_bwd_weight_%s_in16", names[pass]);
             r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
-            MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight_x(dW, ws, out, NULL, NULL, in16, off, E, In, O));
-            KB_TIME_REF(r, bud, mt_grouped_linear_bwd_weight(dW, ws, out, in, off, E, In, O));
+            MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight_x(tb->kws, dW, ws, out, NULL, NULL, in16, off, E, In, O));
+            KB_TIME_REF(r, bud, mt_grouped_linear_bwd_weight(tb->kws, dW, ws, out, in, off, E, In, O));
             mt_set_gemm_bf16(0);
             mt_free(in16);
         }
@@ -386,6 +387,12 @@ static int bench_kernels(int argc, char **argv) {
     kb_table *tb = mt_xcalloc(1, sizeof *tb);
     tb->budget = quick ? 0.25 : 1.0;
     tb->bf16 = mt_bf16_supported();
+    { /* the largest of the rows' workspaces, for the threads and both precisions */
+        const int nthr = mt_get_threads(), O = 2 * KB_FM > KB_C ? 2 * KB_FM : KB_C;
+        mt_ws_reserve(&tb->kws, mt_head_ws_bytes(KB_B * KB_T, KB_C, KB_V, 1, 1, nthr) +
+                                    mt_grouped_ws_bytes(KB_B * KB_T * KB_K, KB_E, O, 1, nthr) +
+                                    mt_moe_permute_ws_bytes(KB_E, nthr));
+    }
     double t0 = mt_now();
     printf("bench kernels: kernels %s, BLAS kernel %s, %d threads (references: 1 thread, except the per-expert loops "
            "and the fp32 references of the bf16 rows)\n",
@@ -417,6 +424,7 @@ static int bench_kernels(int argc, char **argv) {
            "written) for the others; speedup = reference time / optimised time\n",
            tb->n, mt_now() - t0);
     rc = json ? kb_write_json(tb, json, mt_get_threads()) : 0;
+    mt_ws_free(&tb->kws);
     free(tb);
     return rc ? mt_cli_fail() : 0;
 }

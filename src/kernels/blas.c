@@ -183,11 +183,11 @@ static void sgemm_parts(int transA, int transB, int M, int N, int K, float alpha
     }
 }
 
-void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+void mt_sgemm(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 0 || N == 0) return;
     if (g_bf16) {
-        mt_gemm_bf16(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        mt_gemm_bf16(ws, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     if (K == 0) {
@@ -197,79 +197,82 @@ void mt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const fl
     sgemm_parts(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void mt_sgemm_x(int transA, int transB, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+void mt_sgemm_x(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
                 int lda, const float *B, const uint16_t *B16, int ldb, float beta, float *C, int ldc) {
     if (!A16 && !B16) {
-        mt_sgemm(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        mt_sgemm(ws, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     MT_ASSERT(g_bf16);
-    if (M > 0 && N > 0) mt_gemm_bf16_mixed(transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
+    if (M > 0 && N > 0) mt_gemm_bf16_mixed(ws, transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
 }
 
-void mt_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W, int N,
+void mt_linear_fwd_x(mt_ws ws, float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W, int N,
                      int In, int O, float beta) {
     if (!out16) {
-        mt_sgemm_x(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
+        mt_sgemm_x(ws, 0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
         return;
     }
     MT_ASSERT(g_bf16 && !out && beta == 0.0f);
-    if (N > 0 && O > 0) mt_gemm_bf16_mixed_c16(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, out16, O);
+    if (N > 0 && O > 0) mt_gemm_bf16_mixed_c16(ws, 0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, out16, O);
 }
 
-void mt_linear_fwd_res(float *out, const float *res, const float *in, const uint16_t *in16, const float *W, int N,
+void mt_linear_fwd_res(mt_ws ws, float *out, const float *res, const float *in, const uint16_t *in16, const float *W, int N,
                        int In, int O) {
     if (g_bf16) {
-        if (N > 0 && O > 0) mt_gemm_bf16_mixed_cin(0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, 1.0f, res, out, O);
+        if (N > 0 && O > 0) mt_gemm_bf16_mixed_cin(ws, 0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, 1.0f, res, out, O);
         return;
     }
     if (res != out) mt_copy(out, res, (size_t)N * O);
-    mt_linear_fwd_x(out, NULL, in, in16, W, N, In, O, 1.0f);
+    mt_linear_fwd_x(ws, out, NULL, in, in16, W, N, In, O, 1.0f);
 }
 
-void mt_linear_bwd_x(float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
+void mt_linear_bwd_x(mt_ws ws, float *din, float *dW, const float *dout, const uint16_t *dout16, const float *in,
                      const uint16_t *in16, const float *W, int N, int In, int O, float beta_in) {
-    if (din) mt_sgemm_x(0, 0, N, In, O, 1.0f, dout, dout16, O, W, NULL, In, beta_in, din, In);
-    if (dW && N > 0) mt_sgemm_x(1, 0, O, In, N, 1.0f, dout, dout16, O, in, in16, In, 1.0f, dW, In);
+    if (din) mt_sgemm_x(ws, 0, 0, N, In, O, 1.0f, dout, dout16, O, W, NULL, In, beta_in, din, In);
+    if (dW && N > 0) mt_sgemm_x(ws, 1, 0, O, In, N, 1.0f, dout, dout16, O, in, in16, In, 1.0f, dW, In);
 }
 
-void mt_linear_fwd(float *out, const float *in, const float *W, int N, int In, int O, float beta) {
-    mt_linear_fwd_x(out, NULL, in, NULL, W, N, In, O, beta);
+void mt_linear_fwd(mt_ws ws, float *out, const float *in, const float *W, int N, int In, int O, float beta) {
+    mt_linear_fwd_x(ws, out, NULL, in, NULL, W, N, In, O, beta);
 }
 
-void mt_linear_bwd(float *din, float *dW, const float *dout, const float *in, const float *W,
+void mt_linear_bwd(mt_ws ws, float *din, float *dW, const float *dout, const float *in, const float *W,
                    int N, int In, int O, float beta_in) {
-    mt_linear_bwd_x(din, dW, dout, NULL, in, NULL, W, N, In, O, beta_in);
+    mt_linear_bwd_x(ws, din, dW, dout, NULL, in, NULL, W, N, In, O, beta_in);
 }
 
-void mt_linear_bwd_weight_shared(int n, float *const *dW, const float *const *dout, const int *O,
+void mt_linear_bwd_weight_shared(mt_ws ws, int n, float *const *dW, const float *const *dout, const int *O,
                                  const float *in, const uint16_t *in16, int N, int In, void *pack, size_t pack_words) {
     if (!g_bf16 || !pack || N <= 0 || mt_gemm_bf16_packed_words(In, N) > pack_words) {
-        for (int i = 0; i < n; i++) mt_linear_bwd_x(NULL, dW[i], dout[i], NULL, in, in16, NULL, N, In, O[i], 0.0f);
+        for (int i = 0; i < n; i++) mt_linear_bwd_x(ws, NULL, dW[i], dout[i], NULL, in, in16, NULL, N, In, O[i], 0.0f);
         return;
     }
     mt_gemm_bf16_pack_x(pack, 0, In, N, in, in16, In);
-    for (int i = 0; i < n; i++) mt_gemm_bf16_packed(1, O[i], In, N, 1.0f, dout[i], O[i], pack, 1.0f, dW[i], In);
+    for (int i = 0; i < n; i++) mt_gemm_bf16_packed(ws, 1, O[i], In, N, 1.0f, dout[i], O[i], pack, 1.0f, dW[i], In);
 }
 
 double mt_gemm_gflops(int n, double min_seconds) {
     float *a = mt_alloc((size_t)n * n * sizeof(float));
     float *b = mt_alloc((size_t)n * n * sizeof(float));
     float *c = mt_alloc((size_t)n * n * sizeof(float));
+    mt_ws ws = {0};
+    mt_ws_reserve(&ws, mt_gemm_ws_bytes(mt_get_threads()));
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = mt_u01(mt_hash4(1, 0, i, 0)) - 0.5f;
         b[i] = mt_u01(mt_hash4(2, 0, i, 0)) - 0.5f;
     }
-    mt_linear_fwd(c, a, b, n, n, n, 0.0f); /* warm-up */
+    mt_linear_fwd(ws, c, a, b, n, n, n, 0.0f); /* warm-up */
     double best = 0;
     double t_start = mt_now();
     do {
         double t0 = mt_now();
-        mt_linear_fwd(c, a, b, n, n, n, 0.0f);
+        mt_linear_fwd(ws, c, a, b, n, n, n, 0.0f);
         double dt = mt_now() - t0;
         double g = 2.0 * n * (double)n * n / dt / 1e9;
         if (g > best) best = g;
     } while (mt_now() - t_start < min_seconds);
     mt_free(a); mt_free(b); mt_free(c);
+    mt_ws_free(&ws);
     return best;
 }

@@ -24,6 +24,7 @@
 #include "kernels/bf16_pack.h"
 #include "kernels/blas.h"
 #include "kernels/tier.h"
+#include "kernels/ws.h"
 
 #define MR 12
 #define NR 32           /* two zmm of fp32 lanes */
@@ -141,14 +142,13 @@ BF16_TARGET static void micro_kernel(int kp, const uint32_t *a, const uint32_t *
     }
 }
 
-/* Per-thread packing buffers, grown on demand and kept (the GEMM runs thousands of times
- * per step). */
-static _Thread_local uint32_t *t_apack, *t_bpack;
+/* The calling thread's packing buffers in the caller's workspace (mt_gemm_ws_bytes): A's
+ * block [MC rows][KC/2 pairs], then B's [NC columns][KC/2 pairs] words. */
+#define APACK_BYTES ((size_t)MC * (KC / 2) * 4)
+#define BPACK_BYTES ((size_t)NC * (KC / 2) * 4)
+#define THREAD_BYTES (mt_ws_round(APACK_BYTES) + mt_ws_round(BPACK_BYTES))
 
-static uint32_t *ensure(uint32_t **buf, size_t words) {
-    if (!*buf) *buf = mt_alloc(words * 4);
-    return *buf;
-}
+size_t mt_gemm_ws_bytes(int nthr) { return (size_t)(nthr > 1 ? nthr : 1) * THREAD_BYTES; }
 
 /* Packed B: NC-column blocks one after another, each its K blocks one after another, each K
  * block its NR-wide micro-panels [kp][NR] side by side (a block of nc columns holds
@@ -177,6 +177,7 @@ typedef struct {
     const float *Cin; /* what beta scales: C, or another matrix with C's row stride */
     uint16_t *C16;    /* instead of C: the result rounded to bf16 (K <= KC, beta 0) */
     int lda, ldb, ldc;
+    mt_ws ws;         /* the threads' packing buffers (THREAD_BYTES each, by thread number) */
 } gemm_args;
 
 /* C[m0:m1, n0:n1] on the calling thread. B comes from g->pre when given, else the part packs
@@ -185,8 +186,8 @@ typedef struct {
  * only the thread's first part packs. */
 BF16_TARGET static void gemm_part(const gemm_args *g, int m0, int m1, int n0, int n1, int *b_ready) {
     const int K = g->K, lda = g->lda, ldc = g->ldc;
-    uint32_t *ap = ensure(&t_apack, (size_t)MC * (KC / 2));
-    uint32_t *bp = g->pre ? NULL : ensure(&t_bpack, (size_t)NC * (KC / 2));
+    uint32_t *ap = mt_ws_thread(g->ws, THREAD_BYTES);
+    uint32_t *bp = g->pre ? NULL : (uint32_t *)((char *)ap + mt_ws_round(APACK_BYTES));
     for (int jc = n0; jc < n1; jc += NC) {
         int nc = n1 - jc < NC ? n1 - jc : NC;
         for (int pc = 0; pc < K; pc += KC) {
@@ -246,6 +247,8 @@ static void gemm_run(const gemm_args *g, int M) {
     }
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (nthr > 1 && (double)M * N * K < 2e6) nthr = 1;
+    /* inside a parallel region this runs on the calling thread, whose number indexes ws */
+    mt_ws_check(g->ws, THREAD_BYTES, omp_in_parallel() ? omp_get_num_threads() : nthr);
     if (nthr == 1) {
         gemm_part(g, 0, M, 0, N, NULL);
         return;
@@ -290,32 +293,32 @@ static void gemm_run(const gemm_args *g, int M) {
     }
 }
 
-void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+void mt_gemm_bf16(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc) {
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, C, NULL, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, NULL, NULL, NULL, C, C, NULL, lda, ldb, ldc, ws};
     gemm_run(&g, M);
 }
 
-void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+void mt_gemm_bf16_mixed(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A,
                         const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                         float *C, int ldc) {
-    mt_gemm_bf16_mixed_cin(transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, C, ldc);
+    mt_gemm_bf16_mixed_cin(ws, transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, C, ldc);
 }
 
-void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+void mt_gemm_bf16_mixed_cin(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A,
                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                             const float *Cin, float *C, int ldc) {
     MT_ASSERT(!A != !A16 && !B != !B16);
-    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, Cin, NULL, lda, ldb, ldc};
+    gemm_args g = {transA, transB, N, K, alpha, beta, A, B, A16, B16, NULL, C, Cin, NULL, lda, ldb, ldc, ws};
     gemm_run(&g, M);
 }
 
-void mt_gemm_bf16_mixed_c16(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+void mt_gemm_bf16_mixed_c16(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A,
                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, uint16_t *C16,
                             int ldc) {
     MT_ASSERT(!A != !A16 && !B != !B16);
     if (K <= KC) { /* one K block: the micro-kernel rounds its finished tile */
-        gemm_args g = {transA, transB, N, K, alpha, 0.0f, A, B, A16, B16, NULL, NULL, NULL, C16, lda, ldb, ldc};
+        gemm_args g = {transA, transB, N, K, alpha, 0.0f, A, B, A16, B16, NULL, NULL, NULL, C16, lda, ldb, ldc, ws};
         gemm_run(&g, M);
         return;
     }
@@ -326,7 +329,7 @@ void mt_gemm_bf16_mixed_c16(int transA, int transB, int M, int N, int K, float a
         const int rows = M - r0 < ch ? M - r0 : ch;
         const size_t ao = transA ? (size_t)r0 : (size_t)r0 * lda;
         gemm_args g = {transA, transB, N, K, alpha, 0.0f, A ? A + ao : NULL, B, A16 ? A16 + ao : NULL, B16, NULL,
-                       tmp, tmp, NULL, lda, ldb, N};
+                       tmp, tmp, NULL, lda, ldb, N, ws};
         gemm_run(&g, rows);
 #pragma omp parallel for schedule(static) if (!omp_in_parallel())
         for (int i = 0; i < rows; i++) mt_bf16_store_row(C16 + (size_t)(r0 + i) * ldc, tmp + (size_t)i * N, (size_t)N);
@@ -351,14 +354,14 @@ void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float
     }
 }
 
-void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
+void mt_gemm_bf16_packed(mt_ws ws, int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc) {
-    mt_gemm_bf16_packed_x(transA, M, N, K, alpha, A, NULL, lda, packed, beta, C, ldc);
+    mt_gemm_bf16_packed_x(ws, transA, M, N, K, alpha, A, NULL, lda, packed, beta, C, ldc);
 }
 
-void mt_gemm_bf16_packed_x(int transA, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+void mt_gemm_bf16_packed_x(mt_ws ws, int transA, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
                            int lda, const uint32_t *packed, float beta, float *C, int ldc) {
     MT_ASSERT(!A != !A16);
-    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, A16, NULL, packed, C, C, NULL, lda, 0, ldc};
+    gemm_args g = {transA, 0, N, K, alpha, beta, A, NULL, A16, NULL, packed, C, C, NULL, lda, 0, ldc, ws};
     gemm_run(&g, M);
 }

@@ -6,12 +6,18 @@
  *
  * Same contract as mt_sgemm (row-major, C = alpha*op(A) op(B) + beta*C, beta == 0 never
  * reads C). Threads over the rows (or columns) of C with the OpenMP threads when called
- * outside a parallel region, runs on the calling thread inside one. */
+ * outside a parallel region, runs on the calling thread inside one.
+ *
+ * Every product takes the packing buffers in ws (kernels/ws.h): mt_gemm_ws_bytes(nthr)
+ * for nthr threads, the threads it runs on (mt_get_threads() outside a parallel region,
+ * that region's team inside one), each using the part of its thread number. */
 #ifndef MT_KERNELS_GEMM_BF16_H
 #define MT_KERNELS_GEMM_BF16_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kernels/ws.h"
 
 /* 1 when this CPU runs the kernel (AVX512F/BW/VL/DQ and AVX512-BF16). */
 int mt_bf16_supported(void);
@@ -30,8 +36,11 @@ void mt_bf16_store(uint16_t *dst, const float *src, size_t n);
 void mt_bf16_store_row(uint16_t *dst, const float *src, size_t n);
 /* dst[i] = the fp32 value of the bf16 bits src[i] (exact; the calling thread) */
 void mt_bf16_load_row(float *dst, const uint16_t *src, size_t n);
+/* Workspace of the products below for nthr threads: about 5 MiB a thread (A's and B's
+ * packed blocks), whatever the shape. */
+size_t mt_gemm_ws_bytes(int nthr);
 /* Requires mt_bf16_supported(). */
-void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+void mt_gemm_bf16(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                   const float *B, int ldb, float beta, float *C, int ldc);
 
 /* The same product with A or B (or both) given as bf16: exactly one of A and A16 (B and B16)
@@ -40,13 +49,13 @@ void mt_gemm_bf16(int transA, int transB, int M, int N, int K, float alpha, cons
  * rounds them so anyway. For activations and gradients that only products read (train
  * --bf16 keeps the normed inputs and the FFNs' scratch so): half the bytes to write and
  * to pack. */
-void mt_gemm_bf16_mixed(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+void mt_gemm_bf16_mixed(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A,
                         const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                         float *C, int ldc);
 /* The same with what beta scales read from Cin instead of C: C = alpha op(A) op(B) + beta Cin,
  * Cin [M x N] with C's row stride ldc (Cin == C is mt_gemm_bf16_mixed). A residual add in
  * the product's output pass: the same bits as copying Cin to C and then accumulating. */
-void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+void mt_gemm_bf16_mixed_cin(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A,
                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, float beta,
                             const float *Cin, float *C, int ldc);
 /* The product rounded to bf16: C16 = bf16(alpha op(A) op(B)) (the bits mt_bf16_store writes
@@ -54,7 +63,7 @@ void mt_gemm_bf16_mixed_cin(int transA, int transB, int M, int N, int K, float a
  * bf16 reads (train --bf16 keeps the FFNs' gate|up so): half the bytes to write, keep and
  * read. With K up to 768 (one K block) the micro-kernel rounds its finished tiles; deeper
  * products go through an fp32 buffer of 256 rows. */
-void mt_gemm_bf16_mixed_c16(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+void mt_gemm_bf16_mixed_c16(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A,
                             const uint16_t *A16, int lda, const float *B, const uint16_t *B16, int ldb, uint16_t *C16,
                             int ldc);
 
@@ -67,10 +76,10 @@ size_t mt_gemm_bf16_packed_words(int N, int K);
 void mt_gemm_bf16_pack(uint32_t *packed, int transB, int N, int K, const float *B, int ldb);
 /* The same from B or from B16, B given as bf16 (one of the two NULL; see mt_gemm_bf16_mixed) */
 void mt_gemm_bf16_pack_x(uint32_t *packed, int transB, int N, int K, const float *B, const uint16_t *B16, int ldb);
-void mt_gemm_bf16_packed(int transA, int M, int N, int K, float alpha, const float *A, int lda,
+void mt_gemm_bf16_packed(mt_ws ws, int transA, int M, int N, int K, float alpha, const float *A, int lda,
                          const uint32_t *packed, float beta, float *C, int ldc);
 /* The same with A given as bf16 instead (A16, A NULL) */
-void mt_gemm_bf16_packed_x(int transA, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
+void mt_gemm_bf16_packed_x(mt_ws ws, int transA, int M, int N, int K, float alpha, const float *A, const uint16_t *A16,
                            int lda, const uint32_t *packed, float beta, float *C, int ldc);
 
 #endif

@@ -9,6 +9,7 @@
 #include "base/common.h"
 #include "kernels/blas.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/ws.h"
 
 enum { PERM_MAX_THREADS = 64, PERM_MAX_E = 4096 };
 
@@ -39,19 +40,19 @@ static inline void row_copy(float *dst, const float *src, int n) {
     if (c < n) memcpy(dst + c, src + c, sizeof(float) * (size_t)(n - c));
 }
 
-void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
+static int perm_threads(int nthr) { return nthr < 1 ? 1 : nthr > PERM_MAX_THREADS ? PERM_MAX_THREADS : nthr; }
+
+size_t mt_moe_permute_ws_bytes(int E, int nthr) { return mt_ws_round(sizeof(int32_t) * (size_t)E * perm_threads(nthr)); }
+
+void mt_moe_permute(mt_ws ws, float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
                     const int32_t *sel, int N, int K, int E, int C) {
     const int R = N * K;
     MT_ASSERT(E <= PERM_MAX_E);
-    int nthr = omp_get_max_threads();
-    if (nthr > PERM_MAX_THREADS) nthr = PERM_MAX_THREADS;
+    int nthr = perm_threads(omp_get_max_threads());
     if (R < 4096) nthr = 1; /* not worth a parallel region */
     /* per-thread histograms over contiguous chunks of pairs; chunk boundaries depend on the
      * thread count but the resulting order (pairs in index order inside an expert) does not */
-    static _Thread_local int32_t hist_store[PERM_MAX_THREADS * 256];
-    int32_t *hist = E * nthr <= (int)(sizeof hist_store / sizeof hist_store[0]) ? hist_store : NULL;
-    int32_t *heap = NULL;
-    if (!hist) hist = heap = mt_xcalloc((size_t)E * nthr, sizeof(int32_t));
+    int32_t *hist = mt_ws_take(&ws, sizeof(int32_t) * (size_t)E * nthr);
 #pragma omp parallel num_threads(nthr)
     {
         int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -82,7 +83,6 @@ void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok
             if (xe) row_copy(xe + (size_t)r * C, x + (size_t)(i / K) * C, C);
         }
     }
-    mt_free(heap);
 }
 
 void mt_moe_gather(float *xe, const float *x, const int32_t *row_tok, int R, int C) {
@@ -132,7 +132,7 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
     }
 }
 
-enum { TILE_OUT = 64, MAX_TILES = 1 << 16 };
+enum { TILE_OUT = 64, TILE_ROWS = 256 };
 
 /* Tiles: large ones amortise the packing of the operand every tile packs again (the expert's
  * weight, or its inputs for the weight gradient), small ones balance the threads. In fp32 the
@@ -147,7 +147,7 @@ static int tile_size(int total, int min, int nthr) {
 }
 
 static int tile_rows(const int32_t *off, int E) {
-    return tile_size(off[E] - off[0], 256, omp_get_max_threads());
+    return tile_size(off[E] - off[0], TILE_ROWS, omp_get_max_threads());
 }
 
 /* A tile of a grouped GEMM: expert e, rows [r, r + n) of the permuted rows or, for the
@@ -157,7 +157,12 @@ typedef struct {
     int64_t work;
 } tile;
 
-static _Thread_local tile tiles[MAX_TILES];
+/* The tile list in the caller's workspace: at most R / TILE_ROWS + E row tiles (a partial
+ * one per expert), E ceil(O / TILE_OUT) weight-gradient tiles; then the products' own. */
+size_t mt_grouped_ws_bytes(int R, int E, int O, int bf16, int nthr) {
+    size_t rows = (size_t)R / TILE_ROWS + (size_t)E, outs = (size_t)E * ((O + TILE_OUT - 1) / TILE_OUT);
+    return mt_ws_round(sizeof(tile) * (rows > outs ? rows : outs)) + (bf16 ? mt_gemm_ws_bytes(nthr) : 0);
+}
 
 static int by_work_desc(const void *a, const void *b) {
     const tile *x = a, *y = b;
@@ -172,13 +177,15 @@ static void order_tiles(tile *t, int n) { qsort(t, (size_t)n, sizeof *t, by_work
 
 /* row tiles of every expert: out_rows = in_rows op(W_e), op = W^T (fwd) or W (bwd data);
  * out16: the forward's output as bf16 instead */
-static void grouped_rows(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
+static void grouped_rows(mt_ws ws, float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
                          size_t wstride, const int32_t *off, int E, int In, int O, float beta, int data_grad) {
     const int TR = tile_rows(off, E);
     int n = 0;
+    for (int e = 0; e < E; e++) n += (off[e + 1] - off[e] + TR - 1) / TR;
+    tile *tiles = mt_ws_take(&ws, sizeof(tile) * (size_t)n);
+    n = 0;
     for (int e = 0; e < E; e++)
         for (int r = off[e]; r < off[e + 1]; r += TR) {
-            MT_ASSERT(n < MAX_TILES);
             int rows = off[e + 1] - r < TR ? off[e + 1] - r : TR;
             tiles[n++] = (tile){e, r, rows, rows};
         }
@@ -190,41 +197,41 @@ static void grouped_rows(float *out, uint16_t *out16, const float *in, const uin
         int e = tl[i].e, r = tl[i].r, rows = tl[i].n;
         const float *a = in ? in + (size_t)r * K : NULL;
         const uint16_t *a16 = in16 ? in16 + (size_t)r * K : NULL;
-        if (out16) mt_linear_fwd_x(NULL, out16 + (size_t)r * M, a, a16, W + (size_t)e * wstride, rows, In, O, 0.0f);
-        else mt_sgemm_x(0, !data_grad, rows, M, K, 1.0f, a, a16, K, W + (size_t)e * wstride, NULL, In, beta,
+        if (out16) mt_linear_fwd_x(ws, NULL, out16 + (size_t)r * M, a, a16, W + (size_t)e * wstride, rows, In, O, 0.0f);
+        else mt_sgemm_x(ws, 0, !data_grad, rows, M, K, 1.0f, a, a16, K, W + (size_t)e * wstride, NULL, In, beta,
                         out + (size_t)r * M, M);
     }
 }
 
-void mt_grouped_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
+void mt_grouped_linear_fwd_x(mt_ws ws, float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
                              size_t wstride, const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(out, out16, in, in16, W, wstride, off, E, In, O, beta, 0);
+    grouped_rows(ws, out, out16, in, in16, W, wstride, off, E, In, O, beta, 0);
 }
 
-void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
+void mt_grouped_linear_fwd(mt_ws ws, float *out, const float *in, const float *W, size_t wstride,
                            const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(out, NULL, in, NULL, W, wstride, off, E, In, O, beta, 0);
+    grouped_rows(ws, out, NULL, in, NULL, W, wstride, off, E, In, O, beta, 0);
 }
 
-void mt_grouped_linear_bwd_data_x(float *din, const float *dout, const uint16_t *dout16, const float *W,
+void mt_grouped_linear_bwd_data_x(mt_ws ws, float *din, const float *dout, const uint16_t *dout16, const float *W,
                                   size_t wstride, const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(din, NULL, dout, dout16, W, wstride, off, E, In, O, beta, 1);
+    grouped_rows(ws, din, NULL, dout, dout16, W, wstride, off, E, In, O, beta, 1);
 }
 
-void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
+void mt_grouped_linear_bwd_data(mt_ws ws, float *din, const float *dout, const float *W, size_t wstride,
                                 const int32_t *off, int E, int In, int O, float beta) {
-    grouped_rows(din, NULL, dout, NULL, W, wstride, off, E, In, O, beta, 1);
+    grouped_rows(ws, din, NULL, dout, NULL, W, wstride, off, E, In, O, beta, 1);
 }
 
-void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout, const uint16_t *dout16,
+void mt_grouped_linear_bwd_weight_x(mt_ws ws, float *dW, size_t wstride, const float *dout, const uint16_t *dout16,
                                     const float *in, const uint16_t *in16, const int32_t *off, int E, int In, int O) {
     int n = 0, active = 0;
     for (int e = 0; e < E; e++) active += off[e + 1] > off[e];
     const int TO = active ? tile_size(O * active, TILE_OUT, omp_get_max_threads()) : TILE_OUT;
+    tile *tiles = mt_ws_take(&ws, sizeof(tile) * (size_t)active * ((O + TO - 1) / TO));
     for (int e = 0; e < E; e++)
         if (off[e + 1] > off[e])
             for (int o = 0; o < O; o += TO) {
-                MT_ASSERT(n < MAX_TILES);
                 int no = O - o < TO ? O - o : TO;
                 tiles[n++] = (tile){e, o, no, (int64_t)no * (off[e + 1] - off[e])};
             }
@@ -236,13 +243,13 @@ void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout
         int r0 = off[e], rows = off[e + 1] - off[e];
         /* dW_e[o0:o0+no, :] += dout[r0:, o0:o0+no]^T in[r0:, :] */
         const size_t a0 = (size_t)r0 * O + o0, b0 = (size_t)r0 * In;
-        mt_sgemm_x(1, 0, no, In, rows, 1.0f, dout ? dout + a0 : NULL, dout16 ? dout16 + a0 : NULL, O,
+        mt_sgemm_x(ws, 1, 0, no, In, rows, 1.0f, dout ? dout + a0 : NULL, dout16 ? dout16 + a0 : NULL, O,
                    in ? in + b0 : NULL, in16 ? in16 + b0 : NULL, In, 1.0f,
                    dW + (size_t)e * wstride + (size_t)o0 * In, In);
     }
 }
 
-void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
+void mt_grouped_linear_bwd_weight(mt_ws ws, float *dW, size_t wstride, const float *dout, const float *in,
                                   const int32_t *off, int E, int In, int O) {
-    mt_grouped_linear_bwd_weight_x(dW, wstride, dout, NULL, in, NULL, off, E, In, O);
+    mt_grouped_linear_bwd_weight_x(ws, dW, wstride, dout, NULL, in, NULL, off, E, In, O);
 }

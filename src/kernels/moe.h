@@ -11,10 +11,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/ws.h"
+
 /* Fused permute: counting sort of the pairs by expert and gather of the token rows into
  * xe[R,C] in one pass over the pairs (after a histogram), parallel and deterministic.
- * xe may be NULL (routing tables only). */
-void mt_moe_permute(float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
+ * xe may be NULL (routing tables only). ws: the per-thread histograms,
+ * mt_moe_permute_ws_bytes(E, nthr) for nthr = mt_get_threads(). */
+size_t mt_moe_permute_ws_bytes(int E, int nthr);
+void mt_moe_permute(mt_ws ws, float *xe, int32_t *off, int32_t *slot_row, int32_t *row_tok, const float *x,
                     const int32_t *sel, int N, int K, int E, int C);
 /* xe[r] = x[row_tok[r]] for r < R: the permute's gather alone, from its tables (the backward
  * gathers the layer's input and output gradient again) */
@@ -34,25 +38,29 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
 /* Grouped linear over experts: for every expert e, rows off[e]..off[e+1] of in[R,In] times
  * W_e^T where W_e = W + e*wstride is [O,In] (row-major): out[R,O] = beta*out + in W_e^T.
  * One parallel job: tiles of rows of every expert, dynamically scheduled, so the work is
- * balanced whatever the token counts (experts with 0 rows cost nothing). */
-void mt_grouped_linear_fwd(float *out, const float *in, const float *W, size_t wstride,
+ * balanced whatever the token counts (experts with 0 rows cost nothing).
+ * ws (all six functions): the tile list and the products' workspace (kernels/blas.h),
+ * mt_grouped_ws_bytes(R, E, O, bf16, nthr) for R rows, the weights' largest O, the
+ * precision (bf16 mode or not) and nthr = mt_get_threads(). */
+size_t mt_grouped_ws_bytes(int R, int E, int O, int bf16, int nthr);
+void mt_grouped_linear_fwd(mt_ws ws, float *out, const float *in, const float *W, size_t wstride,
                            const int32_t *off, int E, int In, int O, float beta);
 /* din[R,In] = beta*din + dout[R,O] W_e  (tiles of rows) */
-void mt_grouped_linear_bwd_data(float *din, const float *dout, const float *W, size_t wstride,
+void mt_grouped_linear_bwd_data(mt_ws ws, float *din, const float *dout, const float *W, size_t wstride,
                                 const int32_t *off, int E, int In, int O, float beta);
 /* dW_e[O,In] += dout_e^T in_e  for every expert (tiles of output rows: each element of dW is
  * summed by one tile over all of the expert's rows, in order: deterministic) */
-void mt_grouped_linear_bwd_weight(float *dW, size_t wstride, const float *dout, const float *in,
+void mt_grouped_linear_bwd_weight(mt_ws ws, float *dW, size_t wstride, const float *dout, const float *in,
                                   const int32_t *off, int E, int In, int O);
 /* The same with inputs given as bf16 instead (train --bf16 keeps the routed experts' rows so):
  * of each pair (in, in16), (dout, dout16) one is given and the other NULL; a bf16 one needs
  * bf16 mode (mt_sgemm_x: the same bits as from the fp32 values it rounds). The forward may
  * write its output as bf16 (out16 instead of out, beta 0: see mt_linear_fwd_x). */
-void mt_grouped_linear_fwd_x(float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
+void mt_grouped_linear_fwd_x(mt_ws ws, float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
                              size_t wstride, const int32_t *off, int E, int In, int O, float beta);
-void mt_grouped_linear_bwd_data_x(float *din, const float *dout, const uint16_t *dout16, const float *W,
+void mt_grouped_linear_bwd_data_x(mt_ws ws, float *din, const float *dout, const uint16_t *dout16, const float *W,
                                   size_t wstride, const int32_t *off, int E, int In, int O, float beta);
-void mt_grouped_linear_bwd_weight_x(float *dW, size_t wstride, const float *dout, const uint16_t *dout16,
+void mt_grouped_linear_bwd_weight_x(mt_ws ws, float *dW, size_t wstride, const float *dout, const uint16_t *dout16,
                                     const float *in, const uint16_t *in16, const int32_t *off, int E, int In, int O);
 
 #endif

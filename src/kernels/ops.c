@@ -12,17 +12,13 @@
 #include "kernels/vdot.h"
 #include "kernels/vexp.h"
 
-/* a row of F floats on the calling thread (kept, grown on demand) */
-static float *row_scratch(int F) {
-    static _Thread_local float *buf;
-    static _Thread_local int cap;
-    if (F > cap) {
-        mt_free(buf);
-        buf = mt_alloc(sizeof(float) * (size_t)F);
-        cap = F;
-    }
-    return buf;
+/* The row kernels' fp32 rows: `floats` per thread in the caller's workspace, by thread
+ * number, for a parallel loop started here (so not inside another parallel region) */
+static void rows_ws_check(mt_ws ws, size_t floats) {
+    MT_ASSERT(!omp_in_parallel());
+    mt_ws_check(ws, sizeof(float) * floats, omp_get_max_threads());
 }
+#define ROW_WS(ws, floats) ((float *)mt_ws_thread(ws, sizeof(float) * (floats)))
 
 /* one row of RMSNorm: o = x r w, r = 1/rms(x) returned */
 static inline float rmsnorm_row(float *o, const float *xr, const float *w, int C, float eps) {
@@ -37,10 +33,11 @@ void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int
     for (int n = 0; n < N; n++) rstd[n] = rmsnorm_row(out + (size_t)n * C, x + (size_t)n * C, w, C, eps);
 }
 
-void mt_rmsnorm_fwd16(uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+void mt_rmsnorm_fwd16(mt_ws ws, uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+    rows_ws_check(ws, (size_t)C);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *r = row_scratch(C);
+        float *r = ROW_WS(ws, (size_t)C);
         rstd[n] = rmsnorm_row(r, x + (size_t)n * C, w, C, eps);
         mt_bf16_store_row(out + (size_t)n * C, r, (size_t)C);
     }
@@ -110,15 +107,16 @@ void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const i
     }
 }
 
-void mt_rope_store16(uint16_t *out, const float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
-                     int T, int nh, int D) {
+void mt_rope_store16(mt_ws ws, uint16_t *out, const float *x, const float *cos_t, const float *sin_t,
+                     const int32_t *pos, int N, int T, int nh, int D) {
     int h = D / 2;
     const size_t W = (size_t)nh * D;
+    rows_ws_check(ws, W);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         int t = pos ? pos[n] : n % T;
         const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
-        float *r = row_scratch((int)W);
+        float *r = ROW_WS(ws, W);
         for (int head = 0; head < nh; head++) rope_head(r + (size_t)head * D, x + n * W + (size_t)head * D, c, s, h, 0);
         mt_bf16_store_row(out + n * W, r, W);
     }
@@ -231,14 +229,15 @@ static const float *gu_row(const float *gu, const uint16_t *gu16, int n, int F, 
     return buf;
 }
 
-void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, int N, int F) {
+void mt_swiglu_rows_fwd_x(mt_ws ws, float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, int N, int F) {
     if (!a16 && !gu16) {
         mt_swiglu_rows_fwd(a, gu, N, F);
         return;
     }
+    rows_ws_check(ws, MT_SWIGLU_WS_FLOATS(F));
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *r = row_scratch(3 * F); /* [0, F) output, [F, 3F) gate|up */
+        float *r = ROW_WS(ws, MT_SWIGLU_WS_FLOATS(F)); /* [0, F) output, [F, 3F) gate|up */
         const float *g = gu_row(gu, gu16, n, F, r + F), *u = g + F;
         if (!a16) {
             swiglu_fwd_span(a + (size_t)n * F, g, u, (size_t)F);
@@ -258,10 +257,12 @@ void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, const uint16
     }
 }
 
-float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, const float *da, float w,
-                            int F) {
+float mt_swiglu_row_wgrad_x(mt_ws ws, float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, const float *da,
+                            float w, int F) {
     if (!a16 && !gu16) return mt_swiglu_row_wgrad(a, gu, da, w, F);
-    float *r = row_scratch(3 * F); /* [0, F) the activation, [F, 3F) gate|up */
+    /* the calling thread's part (the caller's loop is parallel) */
+    mt_ws_check(ws, sizeof(float) * MT_SWIGLU_WS_FLOATS(F), omp_get_num_threads());
+    float *r = ROW_WS(ws, MT_SWIGLU_WS_FLOATS(F)); /* [0, F) the activation, [F, 3F) gate|up */
     const float *g = gu_row(gu, gu16, 0, F, r + F);
     if (!a16) return mt_swiglu_row_wgrad(a, g, da, w, F);
     float d = mt_swiglu_row_wgrad(r, g, da, w, F);
@@ -269,15 +270,16 @@ float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const uint
     return d;
 }
 
-void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const uint16_t *gu16,
-                          const float *wscale, int N, int F) {
+void mt_swiglu_rows_bwd_x(mt_ws ws, float *dgu, uint16_t *dgu16, const float *da, const float *gu,
+                          const uint16_t *gu16, const float *wscale, int N, int F) {
     if (!dgu16 && !gu16) {
         mt_swiglu_rows_bwd(dgu, da, gu, wscale, N, F);
         return;
     }
+    rows_ws_check(ws, MT_SWIGLU_WS_FLOATS(F));
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        float *r = row_scratch(4 * F); /* [0, 2F) dg|du, [2F, 4F) gate|up */
+        float *r = ROW_WS(ws, MT_SWIGLU_WS_FLOATS(F)); /* [0, 2F) dg|du, [2F, 4F) gate|up */
         const float *g = gu_row(gu, gu16, n, F, r + 2 * F);
         float *dg = dgu16 ? r : dgu + (size_t)n * 2 * F;
         swiglu_bwd_span(dg, dg + F, da + (size_t)n * F, g, g + F, wscale ? wscale[n] : 1.0f, (size_t)F);
@@ -346,11 +348,8 @@ size_t mt_head_scratch_floats(int V) { return (size_t)MT_HEAD_ROWS * head_ld(V) 
 /* The head weight packed in bf16 for the chunks' products (bf16 mode, two chunks or more):
  * as the B of the logits (Wf: k = c, n = v) and of dx (Wb: k = v, n = c). Packed once per
  * call instead of once per chunk and product: the chunks' products ran at 275-300 GFLOP/s
- * packing W each time, 340-357 reading it packed. Kept between calls (grown on demand),
- * like the GEMM's own packing buffers; 4 V C bytes. */
-static uint32_t *g_headw;
-static size_t g_headw_words;
-
+ * packing W each time, 340-357 reading it packed. In the caller's workspace, in front of
+ * the products' own; 4 V C bytes. */
 static size_t head_packed_words(int N, int C, int V, int bf16, int train) {
     if (!bf16 || N <= MT_HEAD_ROWS) return 0;
     return mt_gemm_bf16_packed_words(V, C) + (train ? mt_gemm_bf16_packed_words(C, V) : 0);
@@ -360,16 +359,11 @@ size_t mt_head_packed_bytes(int N, int C, int V, int bf16, int train) {
     return head_packed_words(N, C, V, bf16, train) * sizeof(uint32_t);
 }
 
-static uint32_t *head_packed(size_t words) {
-    if (words > g_headw_words) {
-        mt_free(g_headw);
-        g_headw = mt_alloc(words * sizeof(uint32_t));
-        g_headw_words = words;
-    }
-    return g_headw;
+size_t mt_head_ws_bytes(int N, int C, int V, int bf16, int train, int nthr) {
+    return bf16 ? mt_ws_round(mt_head_packed_bytes(N, C, V, bf16, train)) + mt_gemm_ws_bytes(nthr) : 0;
 }
 
-double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
+double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x, const float *W,
                   const int32_t *targets, int N, int C, int V, float grad_scale, const mt_head_obj *obj, float *scratch) {
     double total = 0.0;
     const int ldl = head_ld(V);
@@ -382,7 +376,7 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
     const size_t words = head_packed_words(N, C, V, mt_gemm_bf16_enabled(), dx != NULL);
     if (words) {
         size_t wf = mt_gemm_bf16_packed_words(V, C);
-        uint32_t *p = head_packed(words);
+        uint32_t *p = mt_ws_take(&ws, words * sizeof(uint32_t));
         mt_gemm_bf16_pack(p, 1, V, C, W, C);
         if (dx) mt_gemm_bf16_pack(p + wf, 0, C, V, W, C);
         Wf = p;
@@ -391,8 +385,8 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
     for (int n0 = 0; n0 < N; n0 += MT_HEAD_ROWS) {
         int nr = N - n0 < MT_HEAD_ROWS ? N - n0 : MT_HEAD_ROWS;
         const float *xc = x + (size_t)n0 * C;
-        if (Wf) mt_gemm_bf16_packed(0, nr, V, C, 1.0f, xc, C, Wf, 0.0f, L, ldl);
-        else mt_sgemm(0, 1, nr, V, C, 1.0f, xc, C, W, C, 0.0f, L, ldl);
+        if (Wf) mt_gemm_bf16_packed(ws, 0, nr, V, C, 1.0f, xc, C, Wf, 0.0f, L, ldl);
+        else mt_sgemm(ws, 0, 1, nr, V, C, 1.0f, xc, C, W, C, 0.0f, L, ldl);
         if (logits)
             for (int i = 0; i < nr; i++) memcpy(logits + (size_t)(n0 + i) * V, L + (size_t)i * ldl, sizeof(float) * V);
 #pragma omp parallel for schedule(static)
@@ -420,11 +414,11 @@ double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const flo
         const float *Lf = l16 ? NULL : L;
         const int lda = l16 ? 2 * ldl : ldl;
         if (Wb) { /* (only when training) */
-            mt_gemm_bf16_packed_x(0, nr, C, V, 1.0f, Lf, L16, lda, Wb, 0.0f, dx + (size_t)n0 * C, C);
-            if (dW) mt_sgemm_x(1, 0, V, C, nr, 1.0f, Lf, L16, lda, xc, NULL, C, 1.0f, dW, C);
+            mt_gemm_bf16_packed_x(ws, 0, nr, C, V, 1.0f, Lf, L16, lda, Wb, 0.0f, dx + (size_t)n0 * C, C);
+            if (dW) mt_sgemm_x(ws, 1, 0, V, C, nr, 1.0f, Lf, L16, lda, xc, NULL, C, 1.0f, dW, C);
         } else if (dx) {
-            mt_sgemm_x(0, 0, nr, C, V, 1.0f, Lf, L16, lda, W, NULL, C, 0.0f, dx + (size_t)n0 * C, C);
-            if (dW) mt_sgemm_x(1, 0, V, C, nr, 1.0f, Lf, L16, lda, xc, NULL, C, 1.0f, dW, C);
+            mt_sgemm_x(ws, 0, 0, nr, C, V, 1.0f, Lf, L16, lda, W, NULL, C, 0.0f, dx + (size_t)n0 * C, C);
+            if (dW) mt_sgemm_x(ws, 1, 0, V, C, nr, 1.0f, Lf, L16, lda, xc, NULL, C, 1.0f, dW, C);
         }
     }
     return total;

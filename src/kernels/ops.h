@@ -5,18 +5,25 @@
  * H query heads, G kv heads (Hkv), D head_dim, F hidden size of a SwiGLU, V vocab.
  * A backward "accumulates" (+=) into parameter gradients; activation gradients are
  * overwritten unless the comment says +=. Every optimised kernel has a plain reference
- * (kernels/ref.h) that the tests compare against. */
+ * (kernels/ref.h) that the tests compare against.
+ *
+ * Kernels that need scratch take it from the caller (kernels/ws.h): the bf16 row kernels
+ * below one fp32 row per thread (their _ws_bytes), the head its packed weight and the
+ * GEMMs' buffers. */
 #ifndef MT_KERNELS_OPS_H
 #define MT_KERNELS_OPS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/ws.h"
+
 /* out[N,C] = x / sqrt(mean(x^2) + eps) * w;  rstd[N] = 1/sqrt(mean(x^2)+eps) */
 void mt_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
 /* The same with out written as bf16 (the bits mt_bf16_store writes; bf16 mode only), for a
- * normed input that only products read (train --bf16 without TP or EP). */
-void mt_rmsnorm_fwd16(uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+ * normed input that only products read (train --bf16 without TP or EP). ws: one row of C
+ * floats per thread (mt_rmsnorm_fwd16_ws_bytes); called outside parallel regions. */
+void mt_rmsnorm_fwd16(mt_ws ws, uint16_t *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
 /* inverts the line above: dx[N,C] += d/dx,  dw[C] += d/dw  (dw summed per fixed block of
  * 256 rows, then over the blocks in order: the same bits for any thread count) */
 void mt_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
@@ -34,9 +41,9 @@ void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const i
                        int T, int nh, int D, int inverse);
 /* The forward rotation of x written as bf16 into out (the bits mt_bf16_store writes of what
  * mt_rope_apply_pos leaves in x; x unchanged; bf16 mode only): train --bf16's K, rotated and
- * rounded in one pass. */
-void mt_rope_store16(uint16_t *out, const float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
-                     int T, int nh, int D);
+ * rounded in one pass. ws: one row of nh D floats per thread (mt_rope_store16_ws_bytes). */
+void mt_rope_store16(mt_ws ws, uint16_t *out, const float *x, const float *cos_t, const float *sin_t,
+                     const int32_t *pos, int N, int T, int nh, int D);
 
 /* a[N,F] = silu(g) * u */
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);
@@ -56,12 +63,25 @@ float mt_swiglu_row_wgrad(float *a, const float *gu, const float *da, float w, i
  * only) into a16 (dgu16) when that is not NULL: the activation and gradient that only the
  * bf16 products read, in half the bytes. The returned dot product is the fp32 one. gate|up
  * may be given as bf16 too (gu16 instead of gu: train --bf16 keeps it so); the math is the
- * fp32 math on its values. */
-void mt_swiglu_rows_fwd_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, int N, int F);
-float mt_swiglu_row_wgrad_x(float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, const float *da, float w,
-                            int F);
-void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const float *gu, const uint16_t *gu16,
-                          const float *wscale, int N, int F);
+ * fp32 math on its values. ws (only read with a bf16 operand): MT_SWIGLU_WS_FLOATS(F) floats
+ * per thread, mt_swiglu_ws_bytes; the rows forms run their own parallel loop (so are called
+ * outside parallel regions), mt_swiglu_row_wgrad_x uses the calling thread's part. */
+#define MT_SWIGLU_WS_FLOATS(F) (4 * (size_t)(F))
+void mt_swiglu_rows_fwd_x(mt_ws ws, float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, int N, int F);
+float mt_swiglu_row_wgrad_x(mt_ws ws, float *a, uint16_t *a16, const float *gu, const uint16_t *gu16, const float *da,
+                            float w, int F);
+void mt_swiglu_rows_bwd_x(mt_ws ws, float *dgu, uint16_t *dgu16, const float *da, const float *gu,
+                          const uint16_t *gu16, const float *wscale, int N, int F);
+/* The row kernels' workspace for nthr threads */
+static inline size_t mt_rmsnorm_fwd16_ws_bytes(int C, int nthr) {
+    return (size_t)nthr * mt_ws_round(sizeof(float) * (size_t)C);
+}
+static inline size_t mt_rope_store16_ws_bytes(int nh, int D, int nthr) {
+    return (size_t)nthr * mt_ws_round(sizeof(float) * (size_t)nh * D);
+}
+static inline size_t mt_swiglu_ws_bytes(int F, int nthr) {
+    return (size_t)nthr * mt_ws_round(sizeof(float) * MT_SWIGLU_WS_FLOATS(F));
+}
 
 /* LM head fused with cross-entropy, over row chunks (no [N,V] logits buffer).
  * x[N,C] final-normed activations, W[V,C]. targets < 0 are ignored.
@@ -74,10 +94,13 @@ void mt_swiglu_rows_bwd_x(float *dgu, uint16_t *dgu16, const float *da, const fl
  * ("small", --bf16: the head's three products 14 ms a step faster, three alternated runs). */
 #define MT_HEAD_ROWS 512
 size_t mt_head_scratch_floats(int V);
-/* Memory the head keeps between calls besides the scratch: in bf16 mode with more rows than
- * one chunk (MT_HEAD_ROWS), its weight packed in bf16 for the chunks' products (kernels/gemm_bf16.h),
- * one layout for the logits and, when training, one for dx: about 2 V C bytes each. */
+/* Memory the head needs besides the scratch: in bf16 mode with more rows than one chunk
+ * (MT_HEAD_ROWS), its weight packed in bf16 for the chunks' products (kernels/gemm_bf16.h),
+ * one layout for the logits and, when training, one for dx: about 2 V C bytes each. The
+ * workspace ws of mt_head_ce is that and the GEMMs' (mt_gemm_ws_bytes) for nthr threads in
+ * bf16 mode, nothing in fp32: mt_head_ws_bytes. */
 size_t mt_head_packed_bytes(int N, int C, int V, int bf16, int train);
+size_t mt_head_ws_bytes(int N, int C, int V, int bf16, int train, int nthr);
 /* A per-token objective in place of cross-entropy (RL): for a row with a target, fn gets
  * logp = log softmax(logits * inv_tau)[target] and returns dL/dlogp (the head then writes
  * dL/dlogits = dL/dlogp * inv_tau * (onehot - softmax)); it may record logp by row. Called
@@ -89,7 +112,7 @@ typedef struct mt_head_obj {
     void *ctx;
     int64_t base;
 } mt_head_obj;
-double mt_head_ce(float *dx, float *dW, float *logits, const float *x, const float *W,
+double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x, const float *W,
                   const int32_t *targets, int N, int C, int V, float grad_scale, const mt_head_obj *obj, float *scratch);
 
 /* Parallel copy / zero of n floats (large buffers: a serial memcpy would leave the other

@@ -27,13 +27,16 @@
     X(mt_grouped_linear_bwd_weight_x) \
     X(mt_grouped_linear_fwd) \
     X(mt_grouped_linear_fwd_x) \
+    X(mt_grouped_ws_bytes) \
     X(mt_head_ce) \
     X(mt_head_packed_bytes) \
     X(mt_head_scratch_floats) \
+    X(mt_head_ws_bytes) \
     X(mt_moe_gather) \
     X(mt_moe_gather_x) \
     X(mt_moe_permute) \
     X(mt_moe_permute_bwd) \
+    X(mt_moe_permute_ws_bytes) \
     X(mt_moe_unpermute) \
     X(mt_rmsnorm_bwd) \
     X(mt_rmsnorm_fwd) \
@@ -75,13 +78,16 @@
 #define mt_grouped_linear_bwd_weight_x MT_TIER_CAT(mt_grouped_linear_bwd_weight_x, MT_TIER_SUFFIX)
 #define mt_grouped_linear_fwd MT_TIER_CAT(mt_grouped_linear_fwd, MT_TIER_SUFFIX)
 #define mt_grouped_linear_fwd_x MT_TIER_CAT(mt_grouped_linear_fwd_x, MT_TIER_SUFFIX)
+#define mt_grouped_ws_bytes MT_TIER_CAT(mt_grouped_ws_bytes, MT_TIER_SUFFIX)
 #define mt_head_ce MT_TIER_CAT(mt_head_ce, MT_TIER_SUFFIX)
 #define mt_head_packed_bytes MT_TIER_CAT(mt_head_packed_bytes, MT_TIER_SUFFIX)
 #define mt_head_scratch_floats MT_TIER_CAT(mt_head_scratch_floats, MT_TIER_SUFFIX)
+#define mt_head_ws_bytes MT_TIER_CAT(mt_head_ws_bytes, MT_TIER_SUFFIX)
 #define mt_moe_gather MT_TIER_CAT(mt_moe_gather, MT_TIER_SUFFIX)
 #define mt_moe_gather_x MT_TIER_CAT(mt_moe_gather_x, MT_TIER_SUFFIX)
 #define mt_moe_permute MT_TIER_CAT(mt_moe_permute, MT_TIER_SUFFIX)
 #define mt_moe_permute_bwd MT_TIER_CAT(mt_moe_permute_bwd, MT_TIER_SUFFIX)
+#define mt_moe_permute_ws_bytes MT_TIER_CAT(mt_moe_permute_ws_bytes, MT_TIER_SUFFIX)
 #define mt_moe_unpermute MT_TIER_CAT(mt_moe_unpermute, MT_TIER_SUFFIX)
 #define mt_rmsnorm_bwd MT_TIER_CAT(mt_rmsnorm_bwd, MT_TIER_SUFFIX)
 #define mt_rmsnorm_fwd MT_TIER_CAT(mt_rmsnorm_fwd, MT_TIER_SUFFIX)

@@ -330,9 +330,30 @@ float *mt_acts_input(mt_acts *a) { return a->hi > a->lo ? a->L[0].x : a->xf; }
 float *mt_acts_output(mt_acts *a) { return a->xf; }
 float *mt_acts_grad(mt_acts *a) { return a->dres; }
 
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N) {
+    const int bf16 = mt_gemm_bf16_enabled(), nthr = mt_get_threads() > a->nthr ? mt_get_threads() : a->nthr;
+    const int C = c->hidden_size, Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    int F = c->intermediate_size > Fm ? c->intermediate_size : Fm;
+    F = F > Fs ? F : Fs;
+    size_t need = bf16 ? mt_gemm_ws_bytes(nthr) : 0;
+    need = max_size(need, mt_rmsnorm_fwd16_ws_bytes(C, nthr));
+    need = max_size(need, mt_rope_store16_ws_bytes(c->num_key_value_heads, c->head_dim, nthr));
+    need = max_size(need, mt_swiglu_ws_bytes(F, nthr));
+    if (a->last) need = max_size(need, mt_head_ws_bytes(N, C, c->vocab_size, bf16, 1, nthr));
+    if (c->n_routed_experts > 0) {
+        const int E = c->n_routed_experts, O = 2 * Fm > C ? 2 * Fm : C;
+        need = max_size(need, mt_moe_permute_ws_bytes(E, nthr));
+        need = max_size(need, mt_grouped_ws_bytes(N * c->num_experts_per_tok, E, O, bf16, nthr));
+    }
+    mt_ws_reserve(&a->ws, need);
+}
+
 void mt_acts_free(mt_acts *a) {
     if (!a) return;
     mt_moe_scratch_free(a);
+    mt_ws_free(&a->ws);
     mt_free(a->arena);
     free(a->L);
     free(a->load);

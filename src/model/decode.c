@@ -68,7 +68,8 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
         if (mt_config_is_moe(c, l)) ok = (d->route[l] = dalloc(d, sizeof(int32_t) * (size_t)cap * c->num_experts_per_tok)) != NULL;
     if (ok) {
         d->a = mt_acts_new(c, cap, 1, nthr); /* rows of one token: the blocks see cap x 1 */
-        d->bytes += mt_acts_arena_bytes(d->a);
+        mt_acts_ws_reserve(d->a, c, cap);     /* the kernels' workspace (the forward grows it if it must) */
+        d->bytes += mt_acts_arena_bytes(d->a) + d->a->ws.cap;
     }
     if (!ok) {
         size_t want = d->bytes;
@@ -133,15 +134,16 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
     for (int i = 0; i < n; i++) MT_ASSERT(slot[i] >= 0 && slot[i] < d->slots && pos[i] >= 0 && pos[i] < d->tmax);
     mt_acts *a = d->a;
     a->Nl = n, a->g0 = 0, a->count_load = 0;
+    mt_acts_ws_reserve(a, c, n);
     mt_trace_begin("decode");
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) memcpy(d->x + (size_t)i * C, m->embed + (size_t)tokens[i] * C, sizeof(float) * C);
     for (int l = 0; l < d->L; l++) {
         const mt_layer_w *w = &m->w[l];
         mt_rmsnorm_fwd(d->ln, d->rstd, d->x, w->in_norm, n, C, eps);
-        mt_linear_fwd(d->q, d->ln, w->wq, n, C, HD, 0.0f);
-        mt_linear_fwd(d->k, d->ln, w->wk, n, C, kvw, 0.0f);
-        mt_linear_fwd(d->v, d->ln, w->wv, n, C, kvw, 0.0f);
+        mt_linear_fwd(a->ws, d->q, d->ln, w->wq, n, C, HD, 0.0f);
+        mt_linear_fwd(a->ws, d->k, d->ln, w->wk, n, C, kvw, 0.0f);
+        mt_linear_fwd(a->ws, d->v, d->ln, w->wv, n, C, kvw, 0.0f);
         mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, 0);
         mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, c->num_key_value_heads, D, 0);
         for (int i = 0; i < n; i++) {
@@ -150,7 +152,7 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
             memcpy(d->vc + at, d->v + (size_t)i * kvw, sizeof(float) * kvw);
         }
         attend(d, c, l, slot, pos, n);
-        mt_linear_fwd_res(d->h, d->x, d->att, NULL, w->wo, n, HD, C);
+        mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, HD, C);
         mt_rmsnorm_fwd(d->ln, d->rstd, d->h, w->post_norm, n, C, eps);
         layer_acts *L = &a->L[l];
         if (!mt_config_is_moe(c, l)) {
@@ -163,7 +165,7 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
     for (int j = 0; j < no; j++) memcpy(d->xo + (size_t)j * C, d->x + (size_t)rows[j] * C, sizeof(float) * C);
     if (no > 0) {
         mt_rmsnorm_fwd(d->lno, d->rstd, d->xo, m->norm, no, C, eps);
-        mt_linear_fwd(logits, d->lno, m->head, no, C, c->vocab_size, 0.0f);
+        mt_linear_fwd(a->ws, logits, d->lno, m->head, no, C, c->vocab_size, 0.0f);
     }
     mt_trace_end();
 }

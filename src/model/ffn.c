@@ -28,13 +28,13 @@ void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const fl
     const int h16 = mt_gemm_bf16_enabled();
     SCRATCH_PAIR(h16, a->big1, act, act16);
     SCRATCH_PAIR(h16, gubuf, gu, gu16);
-    mt_linear_fwd_x(gu, gu16, x, x16, wgu, N, C, 2 * F, 0.0f);
+    mt_linear_fwd_x(a->ws, gu, gu16, x, x16, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
         const size_t o = (size_t)n0 * 2 * F;
-        mt_swiglu_rows_fwd_x(act, act16, gu ? gu + o : NULL, gu16 ? gu16 + o : NULL, n, F);
-        if (res) mt_linear_fwd_res(out + (size_t)n0 * C, res + (size_t)n0 * C, act, act16, wd, n, F, C);
-        else mt_linear_fwd_x(out + (size_t)n0 * C, NULL, act, act16, wd, n, F, C, 0.0f);
+        mt_swiglu_rows_fwd_x(a->ws, act, act16, gu ? gu + o : NULL, gu16 ? gu16 + o : NULL, n, F);
+        if (res) mt_linear_fwd_res(a->ws, out + (size_t)n0 * C, res + (size_t)n0 * C, act, act16, wd, n, F, C);
+        else mt_linear_fwd_x(a->ws, out + (size_t)n0 * C, NULL, act, act16, wd, n, F, C, 0.0f);
     }
 }
 
@@ -53,10 +53,10 @@ void mt_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dou
         const size_t o = (size_t)n0 * 2 * F;
         const float *g = gu ? gu + o : NULL, *dy = dout + (size_t)n0 * C;
         const uint16_t *g16 = gu16 ? gu16 + o : NULL;
-        mt_swiglu_rows_fwd_x(act, act16, g, g16, n, F);                       /* recompute the activation */
-        mt_linear_bwd_x(dact, dwd, dy, NULL, act, act16, wd, n, F, C, 0.0f); /* da */
-        mt_swiglu_rows_bwd_x(dgu, dgu16, dact, g, g16, NULL, n, F);           /* dg|du */
-        mt_linear_bwd_x(dx + (size_t)n0 * C, dwgu, dgu, dgu16, x ? x + (size_t)n0 * C : NULL,
+        mt_swiglu_rows_fwd_x(a->ws, act, act16, g, g16, n, F);                       /* recompute the activation */
+        mt_linear_bwd_x(a->ws, dact, dwd, dy, NULL, act, act16, wd, n, F, C, 0.0f); /* da */
+        mt_swiglu_rows_bwd_x(a->ws, dgu, dgu16, dact, g, g16, NULL, n, F);           /* dg|du */
+        mt_linear_bwd_x(a->ws, dx + (size_t)n0 * C, dwgu, dgu, dgu16, x ? x + (size_t)n0 * C : NULL,
                         x16 ? x16 + (size_t)n0 * C : NULL, wgu, n, C, 2 * F, 0.0f);
     }
 }

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "kernels/ws.h"
 #include "model/model.h"
 
 enum { MAX_E = 4096 }; /* experts per layer the trainer supports (stack arrays in routing) */
@@ -21,6 +22,7 @@ typedef struct {
     float *dst;
     const float *src;
     int accumulate;
+    mt_ws ws;                     /* the permute's histograms (the dispatch's kernel workspace) */
 } mt_local_plan;
 
 /* What the backward of a layer needs from its forward (named, so a memory policy can later
@@ -82,10 +84,18 @@ struct mt_acts {
     float *xe, *ye, *ds, *dw, *wrow;
     float *att_scratch, *head_scratch;
     mt_moe_scratch moe;
+    mt_ws ws;                     /* the kernels' workspace (kernels/ws.h), outside the arena: grown by
+                                   * mt_acts_ws_reserve, between kernels only */
     int64_t *load;
     char *arena;
     size_t arena_bytes;
 };
+
+/* Grows a->ws to what the blocks' kernels need for N rows (the larger of what each needs
+ * alone: they run one after another) with the threads and precision in use now. The forward
+ * and backward entry points call it first; the routed experts' grouped GEMMs over EP, whose
+ * rows depend on the exchange, grow it again before they run (mt_grouped_ws_bytes). */
+void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N);
 
 /* In bf16 mode the FFNs keep the activations and gradients that only products read (the
  * gathered expert rows and output gradients, the SwiGLU output, the gate|up gradient) as

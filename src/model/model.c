@@ -78,7 +78,7 @@ static void norm_in(const mt_model *m, mt_acts *a, int moe_layer, float *rstd, c
     const mt_config *c = &m->cfg;
     const float eps = (float)c->rms_norm_eps;
     const int tp = m->tp ? m->tp->size : 1, h16 = mt_gemm_bf16_enabled() && tp == 1 && !(moe_layer && m->ep);
-    if (h16) mt_rmsnorm_fwd16((uint16_t *)a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
+    if (h16) mt_rmsnorm_fwd16(a->ws, (uint16_t *)a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
     else mt_rmsnorm_fwd(a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
     *f = h16 ? NULL : a->ln;
     *h = h16 ? (const uint16_t *)a->ln : NULL;
@@ -95,6 +95,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
     MT_ASSERT(!a->kv16 || mt_gemm_bf16_enabled()); /* the bf16 scratch sizes (acts_layout) */
+    mt_acts_ws_reserve(a, c, N);
     a->Nl = a->sp ? N / tp : N;
     a->g0 = a->sp ? m->tp->rank * a->Nl : 0;
     MT_ASSERT(!a->sp || N % tp == 0);
@@ -121,25 +122,25 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         const uint16_t *ln16;
         norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
-        mt_linear_fwd_x(L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+        mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
         mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
         if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
                         * dk (free in the forward), rotated and rounded in one pass */
-            mt_linear_fwd_x(a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
-            mt_linear_fwd_x(NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
-            mt_rope_store16(L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D);
+            mt_linear_fwd_x(a->ws, a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+            mt_linear_fwd_x(a->ws, NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+            mt_rope_store16(a->ws, L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D);
             mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch,
                                   a->nthr);
         } else {
-            mt_linear_fwd_x(L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
-            mt_linear_fwd_x(L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+            mt_linear_fwd_x(a->ws, L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+            mt_linear_fwd_x(a->ws, L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
             mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
             mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr);
         }
         if (tp == 1) { /* residual add fused into the output projection */
-            mt_linear_fwd_res(L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
+            mt_linear_fwd_res(a->ws, L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
         } else {       /* row-parallel: partial sums over the local heads, summed over TP */
-            mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
+            mt_linear_fwd(a->ws, a->part, L->att, w->wo, N, H * D, C, 0.0f);
             tp_out(m, L->h, a->part, N, C);
             mt_add(L->h, L->x, (size_t)Nl * C);
         }
@@ -176,7 +177,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         obj = *loss->obj;
         obj.base += a->g0;
     }
-    st->ce_sum += mt_head_ce(train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf, m->head, tg, Nl, C, V,
+    st->ce_sum += mt_head_ce(a->ws, train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf, m->head, tg, Nl, C, V,
                              loss ? loss->ce_scale : 0.0f, loss && loss->obj ? &obj : NULL, a->head_scratch);
     mt_trace_end();
 }
@@ -189,6 +190,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int lo = a->lo, hi = a->hi, Nl = a->Nl;
     MT_ASSERT(!a->kv16 || mt_gemm_bf16_enabled()); /* the bf16 scratch sizes (acts_layout) */
+    mt_acts_ws_reserve(a, c, N);
     float *d = a->dres;
     if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
         mt_zero(d, (size_t)Nl * C);
@@ -201,9 +203,9 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_layer_w *dw = &m->g[l];
         if (a->policy == MT_RECOMPUTE_SELECTIVE) { /* h = x + att Wo^T, as in the forward */
             if (tp == 1) {
-                mt_linear_fwd_res(L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
+                mt_linear_fwd_res(a->ws, L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
             } else {
-                mt_linear_fwd(a->part, L->att, w->wo, N, H * D, C, 0.0f);
+                mt_linear_fwd(a->ws, a->part, L->att, w->wo, N, H * D, C, 0.0f);
                 tp_out(m, L->h, a->part, N, C);
                 mt_add(L->h, L->x, (size_t)Nl * C);
             }
@@ -234,7 +236,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         norm_in(m, a, 0, a->rstd_tmp, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
         const float *df = tp > 1 ? tp_in(m, a, a->dgat, d, C) : d;
-        mt_linear_bwd(a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
+        mt_linear_bwd(a->ws, a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
         if (a->kv16)
             mt_attention_bwd_kv16(a->dq, a->dk, a->dv, a->datt, L->q, L->k16, L->v16, L->att, L->lse, pos, B, T, H,
                                   G, D, a->att_scratch, a->nthr);
@@ -244,15 +246,15 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
         mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
         float *dl = tp > 1 ? a->part : a->dln;
-        mt_linear_bwd(dl, NULL, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
-        mt_linear_bwd(dl, NULL, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
-        mt_linear_bwd(dl, NULL, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
+        mt_linear_bwd(a->ws, dl, NULL, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
+        mt_linear_bwd(a->ws, dl, NULL, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
+        mt_linear_bwd(a->ws, dl, NULL, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
         { /* their weight gradients read lnf packed once, into datt (dead since the attention
            * backward) when it is large enough */
             float *const dws[3] = {dw->wq, dw->wk, dw->wv};
             const float *const dos[3] = {a->dq, a->dk, a->dv};
             const int os[3] = {H * D, G * D, G * D};
-            mt_linear_bwd_weight_shared(3, dws, dos, os, lnf, ln16, N, C, a->datt, (size_t)N * H * D);
+            mt_linear_bwd_weight_shared(a->ws, 3, dws, dos, os, lnf, ln16, N, C, a->datt, (size_t)N * H * D);
         }
         if (tp > 1) tp_out(m, a->dln, a->part, N, C);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);

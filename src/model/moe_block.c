@@ -76,11 +76,11 @@ void mt_route_select(const mt_config *c, const float *p, int *sel) {
  * routing replay (rep: the chosen experts of each token of this layer, stride ints apart;
  * a negative first id: select as usual) the experts are given and only their weights come
  * from the scores. */
-static void route_fwd(const mt_config *c, layer_acts *L, const mt_layer_w *w, const float *ln, const uint16_t *ln16,
+static void route_fwd(mt_ws kws, const mt_config *c, layer_acts *L, const mt_layer_w *w, const float *ln, const uint16_t *ln16,
                       int N, const int32_t *rep, int stride) {
     const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
-    mt_linear_fwd_x(L->probs, NULL, ln, ln16, w->router, N, C, E, 0.0f);
+    mt_linear_fwd_x(kws, L->probs, NULL, ln, ln16, w->router, N, C, E, 0.0f);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         float *p = L->probs + (size_t)t * E;
@@ -151,6 +151,7 @@ static void local_attach(mt_acts *a, layer_acts *L, int h16) {
     lp->xe = h16 ? NULL : a->xe;
     lp->xe16 = h16 ? (uint16_t *)a->xe : NULL;
     lp->wrow = a->wrow;
+    lp->ws = a->ws;
     L->epb.plan = lp;
 }
 
@@ -162,7 +163,7 @@ static void local_dispatch(void *ctx, mt_ep_batch *b, const float *x, const uint
     lp->wsel = w;
     const int R = N * K;
     /* bf16 rows: the tables first, then the gather */
-    mt_moe_permute(lp->xe, lp->off, lp->slot_row, lp->perm_tok, x, sel, N, K, E, C);
+    mt_moe_permute(lp->ws, lp->xe, lp->off, lp->slot_row, lp->perm_tok, x, sel, N, K, E, C);
     if (lp->xe16) mt_moe_gather_x(NULL, lp->xe16, x, x16, lp->perm_tok, R, C);
     b->R = R;
     b->off = lp->off;
@@ -267,6 +268,13 @@ static expert_ws expert_scratch(const mt_model *m, mt_acts *a, layer_acts *L, in
     return ws;
 }
 
+/* the kernels' workspace grown for the grouped GEMMs of R rows (over EP more than the
+ * N*K that mt_acts_ws_reserve sized) */
+static void grouped_ws(mt_acts *a, const mt_config *c, int R, int LE, int bf16) {
+    const int Fm = c->moe_intermediate_size, C = c->hidden_size, nthr = mt_get_threads();
+    mt_ws_reserve(&a->ws, mt_grouped_ws_bytes(R, LE, 2 * Fm > C ? 2 * Fm : C, bf16, nthr > a->nthr ? nthr : a->nthr));
+}
+
 void mt_moe_scratch_free(mt_acts *a) {
     mt_moe_scratch *x = &a->moe;
     mt_free(x->act);
@@ -304,7 +312,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
         for (int k = 0; k < l; k++) q += mt_config_is_moe(c, k);
         rep = a->replay + (size_t)a->g0 * a->replay_stride + (size_t)q * K;
     }
-    route_fwd(c, L, w, ln, ln16, N, rep, a->replay_stride);
+    route_fwd(a->ws, c, L, w, ln, ln16, N, rep, a->replay_stride);
     if (a->count_load) /* training tokens only, not evaluation */
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
@@ -325,11 +333,12 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_trace_begin("moe.experts");
     const int R = b->R;
     expert_ws ws = expert_scratch(m, a, L, R);
+    grouped_ws(a, c, R, LE, h16);
     SCRATCH_PAIR(h16, ws.egu, egu, egu16);
     SCRATCH_PAIR(h16, ws.act, act, act16);
-    mt_grouped_linear_fwd_x(egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, b->off, LE, C, 2 * Fm, 0.0f);
-    mt_swiglu_rows_fwd_x(act, act16, egu, egu16, R, Fm);
-    mt_grouped_linear_fwd_x(ws.ye, NULL, act, act16, w->edown, (size_t)C * Fm, b->off, LE, Fm, C, 0.0f);
+    mt_grouped_linear_fwd_x(a->ws, egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, b->off, LE, C, 2 * Fm, 0.0f);
+    mt_swiglu_rows_fwd_x(a->ws, act, act16, egu, egu16, R, Fm);
+    mt_grouped_linear_fwd_x(a->ws, ws.ye, NULL, act, act16, w->edown, (size_t)C * Fm, b->off, LE, Fm, C, 0.0f);
     mt_trace_end();
     mt_trace_begin("moe.combine");
     xo->combine(xo->ctx, b, out, ws.ye);
@@ -421,7 +430,7 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
             for (int e = 0; e < E; e++) dp[e] = dp[e] * p[e] * (1.0f - p[e]);
         }
     }
-    mt_linear_bwd_x(dln, dw->router, a->ds, NULL, ln, ln16, w->router, N, C, E, 1.0f);
+    mt_linear_bwd_x(a->ws, dln, dw->router, a->ds, NULL, ln, ln16, w->router, N, C, E, 1.0f);
 }
 
 /* MoE block backward: dln[N,C] = d/d(ln) (overwritten); weight grads accumulate. With
@@ -440,6 +449,7 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_ep_batch *b = &L->epb;
     const int R = b->R;
     expert_ws ws = expert_scratch(m, a, L, R);
+    grouped_ws(a, c, R, LE, h16);
     /* bf16 mode: the rows only products read as bf16 (see SCRATCH_PAIR); ye is the last
      * product's fp32 output, after its bf16 rows are read */
     SCRATCH_PAIR(h16 && xo->bf16_rows, ws.ye, ye, ye16);
@@ -450,7 +460,7 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_trace_begin("moe.shared");
     if (Fs > 0 && recompute) {
         SCRATCH_PAIR(h16, L->sgu, sgu, sgu16);
-        mt_linear_fwd_x(sgu, sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
+        mt_linear_fwd_x(a->ws, sgu, sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
     }
     if (Fs > 0) mt_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
@@ -464,19 +474,19 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     /* the gate|up outputs: kept over EP (the exchange's rows persist), recomputed locally
      * under SELECTIVE */
     if (recompute && !m->ep)
-        mt_grouped_linear_fwd_x(egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
-    mt_grouped_linear_bwd_data_x(ws.dact, ye, ye16, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
+        mt_grouped_linear_fwd_x(a->ws, egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
+    mt_grouped_linear_bwd_data_x(a->ws, ws.dact, ye, ye16, w->edown, (size_t)C * Fm, off, LE, Fm, C, 0.0f);
     /* per row: the activation again, dw_r = act_r . dact_r, act_r *= w_r */
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++)
-        ws.dwr[r] = mt_swiglu_row_wgrad_x(act ? act + (size_t)r * Fm : NULL, act16 ? act16 + (size_t)r * Fm : NULL,
+        ws.dwr[r] = mt_swiglu_row_wgrad_x(a->ws, act ? act + (size_t)r * Fm : NULL, act16 ? act16 + (size_t)r * Fm : NULL,
                                           egu ? egu + (size_t)r * 2 * Fm : NULL,
                                           egu16 ? egu16 + (size_t)r * 2 * Fm : NULL, ws.dact + (size_t)r * Fm, b->w[r],
                                           Fm);
-    mt_grouped_linear_bwd_weight_x(dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, LE, Fm, C);
-    mt_swiglu_rows_bwd_x(dgu, dgu16, ws.dact, egu, egu16, b->w, R, Fm);
-    mt_grouped_linear_bwd_weight_x(dw->egate, (size_t)2 * Fm * C, dgu, dgu16, b->xe, b->xe16, off, LE, C, 2 * Fm);
-    mt_grouped_linear_bwd_data_x(ws.ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
+    mt_grouped_linear_bwd_weight_x(a->ws, dw->edown, (size_t)C * Fm, ye, ye16, act, act16, off, LE, Fm, C);
+    mt_swiglu_rows_bwd_x(a->ws, dgu, dgu16, ws.dact, egu, egu16, b->w, R, Fm);
+    mt_grouped_linear_bwd_weight_x(a->ws, dw->egate, (size_t)2 * Fm * C, dgu, dgu16, b->xe, b->xe16, off, LE, C, 2 * Fm);
+    mt_grouped_linear_bwd_data_x(a->ws, ws.ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
     mt_trace_end();
     mt_trace_begin("moe.route");
     xo->dispatch_bwd(xo->ctx, b, dln, ws.ye, Fs > 0);

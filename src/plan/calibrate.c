@@ -52,13 +52,16 @@ static float *cal_fill(size_t n, uint64_t seed) {
 /* rate[i * CAL_NNK + j] = GFLOP/s of the forward GEMM of shape (CAL_M[i], CAL_NK[j]), i < nm,
  * in the current precision mode */
 static void time_grid(double *rate, int nm, double bud, const float *x, const float *W, float *y) {
+    mt_ws ws = {0}; /* the bf16 GEMM's packing buffers */
+    if (mt_gemm_bf16_enabled()) mt_ws_reserve(&ws, mt_gemm_ws_bytes(mt_get_threads()));
     for (int i = 0; i < nm; i++)
         for (int j = 0; j < CAL_NNK; j++) {
             int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
             double t;
-            MT_BEST_TIME(t, bud, mt_linear_fwd(y, x, W, M, K, N, 0.0f));
+            MT_BEST_TIME(t, bud, mt_linear_fwd(ws, y, x, W, M, K, N, 0.0f));
             rate[i * CAL_NNK + j] = 2.0 * M * N * K / t * 1e-9;
         }
+    mt_ws_free(&ws);
 }
 
 /* reserve: the resident bytes that are not the measurement's own buffers, read while they
