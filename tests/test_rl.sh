@@ -16,7 +16,9 @@
 #   - under mpirun (when there is one): DP2 gives the per-step reward, accuracy, tokens and
 #     held-out accuracy of one process exactly and its loss within 1e-5 relative (1e-6
 #     absolute: an on-policy loss is a sum of +-A w / N terms that cancel to ~1e-8, where
-#     the last bits of w = exp(logp_old - logp_behav) move with the batch shape).
+#     the last bits of w = exp(logp_old - logp_behav) move with the batch shape); so do
+#     training layouts that split the model (EP2, TP2+SP, PP2+ZeRO-1; DP4 x EP2: RL Fusion, a layout
+#     switch to a whole rollout copy every step, switch_s > 0).
 # Usage: bash tests/test_rl.sh path/to/moetrain
 set -euo pipefail
 NAME=test_rl
@@ -41,7 +43,7 @@ ev = [json.loads(l) for l in open(sys.argv[1])]
 steps = [e for e in ev if e["event"] == "step"]
 fields = ("step version prompts completions completion_tokens reward accuracy uniform_groups length loss pg kl "
           "clip_fraction ratio_dev max_staleness logp_old_behav_max grad_norm rollout_tokens_per_s "
-          "train_tokens_per_s switch_s elapsed").split()
+          "train_tokens_per_s switch_s rss_rollout_mib rss_train_mib elapsed").split()
 bad = []
 def want(c, what):
     if not c: bad.append(what)
@@ -171,6 +173,29 @@ for x, y in zip(a, b):
 sys.exit(1 if bad else 0)
 EOF
     ok "DP2 = one process: rewards, accuracy, tokens, held-out accuracy exactly; loss within 1e-5 (1e-6 abs)"
+    # RL Fusion: training splits the model, every rank rolls out from a whole copy
+    # (4 ranks, DP4 x EP2: ranks 2 and 3 own no tensor, so they send empty blocks)
+    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2"; do
+        np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -')
+        run $np rl "${rlargs[@]}" $L --threads 1 --quiet --out "$T/F$n" > "$T/F$n.log" 2>&1 \
+            || { tail -5 "$T/F$n.log"; fail "rl $L under mpirun -np $np"; }
+        python3 - "$T/S1/metrics.jsonl" "$T/F$n/metrics.jsonl" <<'EOF' || fail "rl $L differs from one process"
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if '"event":"step"' in l] for f in sys.argv[1:3])
+bad = len(a) != 3 or len(b) != 3
+for x, y in zip(a, b):
+    print(f"    step {x['step']}: reward {y['reward']:.6f}, tokens {y['completion_tokens']}, loss {x['loss']:+.8f} / "
+          f"{y['loss']:+.8f}, grad_norm {x['grad_norm']:.6f} / {y['grad_norm']:.6f}, switch {y['switch_s']:.4f} s, "
+          f"rss rollout/train {y['rss_rollout_mib']:.0f}/{y['rss_train_mib']:.0f} MiB")
+    bad |= x["reward"] != y["reward"] or x["completion_tokens"] != y["completion_tokens"]
+    bad |= abs(x["loss"] - y["loss"]) > 1e-5 * abs(x["loss"]) + 1e-6
+    bad |= abs(x["grad_norm"] - y["grad_norm"]) > 1e-4 * x["grad_norm"]
+    bad |= x.get("heldout_accuracy") != y.get("heldout_accuracy")
+    bad |= y["ratio_dev"] != 0 or not (y["switch_s"] > 0)
+sys.exit(1 if bad else 0)
+EOF
+        ok "rl $L on $np ranks (layout switch each step) = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
+    done
     if run 2 rl "${rlargs[@]}" --prompts-per-step 7 --threads 1 --quiet --out "$T/S3" > "$T/S3.log" 2>&1; then
         fail "DP2 with --prompts-per-step 7 accepted"
     fi

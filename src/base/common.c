@@ -110,6 +110,19 @@ void *mt_alloc(size_t bytes) {
 
 void mt_free(void *p) { free(p); }
 
+void mt_release_pages(void *p, size_t bytes) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) / pg * pg,
+                    b = ((uintptr_t)p + bytes) / pg * pg;
+    if (b > a && madvise((void *)a, b - a, MADV_DONTNEED) != 0) memset(p, 0, bytes);
+    /* the page fragments at both ends stay resident: zero them so that the whole range reads 0 */
+    if (b > a) {
+        memset(p, 0, a - (uintptr_t)p);
+        memset((void *)b, 0, (uintptr_t)p + bytes - b);
+    } else {
+        memset(p, 0, bytes);
+    }
+}
+
 void *mt_xmalloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) { fprintf(stderr, "moetrain: out of memory allocating %zu bytes\n", bytes); abort(); }

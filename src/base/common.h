@@ -63,6 +63,11 @@ double mt_now(void);
  * spins while it waits uses CPU time; this is its fallback. */
 double mt_cpu_time(void);
 
+/* Gives the pages of [p, p + bytes) back to the system (madvise MADV_DONTNEED): the range
+ * stays allocated and reads as zeros, its memory is found again on the next touch. For
+ * buffers idle for a while (RL parks its rollout copy of the weights during training). */
+void mt_release_pages(void *p, size_t bytes);
+
 /* Peak resident set size of this process in bytes (VmHWM). */
 size_t mt_peak_rss(void);
 /* Resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0, /proc/self/clear_refs); 0 on success. */

@@ -18,7 +18,7 @@ int mt_cmd_rl(int argc, char **argv) {
     double comm_timeout = MT_COMM_TIMEOUT_DEFAULT;
     mt_arg specs[] = {
         {"init", MT_ARG_STR, &t->init, "checkpoint or run folder of the policy to start from (required)", NULL},
-        {"resume", MT_ARG_STR, &t->resume, "continue an rl run exactly from its run or checkpoint folder, with its settings (only --steps, --out, --threads, --save-every, --keep, --quiet and the dumps may be given)", NULL},
+        {"resume", MT_ARG_STR, &t->resume, "continue an rl run exactly from its run or checkpoint folder, with its settings (only --steps, --out, --threads, --save-every, --keep, --quiet, the dumps and the layout flags may be given)", NULL},
         {"out", MT_ARG_STR, &t->out, "run folder: checkpoints and metrics.jsonl (required)", NULL},
         {"data", MT_ARG_STR, &data, "folder of `data math`: its math_prompts_train.tsv / _val.tsv are the prompts", NULL},
         {"prompts", MT_ARG_STR, &o.prompts, "prompt file (PROMPT<TAB>ANSWER per line)", NULL},
@@ -57,6 +57,13 @@ int mt_cmd_rl(int argc, char **argv) {
         {"threads", MT_ARG_INT, &t->threads, "threads (default: OMP_NUM_THREADS or all cores)", NULL},
         {"bf16", MT_ARG_BOOL, &t->bf16, "mixed precision for rollout and training (AVX512-BF16)", &t->set_bf16},
         {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
+        {"pp", MT_ARG_INT, &t->pp, "under mpirun: training pipeline stages (the rollout runs on every rank from a whole copy of the weights)", NULL},
+        {"tp", MT_ARG_INT, &t->tp, "under mpirun: training tensor-parallel size", NULL},
+        {"sp", MT_ARG_BOOL, &t->sp, "sequence parallelism with --tp", NULL},
+        {"ep", MT_ARG_INT, &t->ep, "under mpirun: training expert-parallel group size", NULL},
+        {"dist-opt", MT_ARG_BOOL, &t->dist_opt, "under mpirun: ZeRO-1 (AdamW state sharded over DP)", NULL},
+        {"a2a", MT_ARG_STR, &t->a2a, "expert all-to-all: hier (default) or flat", NULL},
+        {"ranks-per-node", MT_ARG_INT, &t->ranks_per_node, "emulate nodes of this many consecutive ranks", NULL},
         {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
         {"allow-nonfinite", MT_ARG_BOOL, &t->allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
@@ -67,7 +74,8 @@ int mt_cmd_rl(int argc, char **argv) {
     if (mt_cli_comm_timeout("rl", comm_timeout) != 0) return multi ? (mt_dist_abort(mt_last_error()), 1) : mt_cli_fail();
     if (t->resume) { /* the run's settings come from it: only these flags make sense */
         static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
-                                         "--dump-rollouts", "--dump-grads", "--comm-timeout", "--allow-nonfinite"};
+                                         "--dump-rollouts", "--dump-grads", "--comm-timeout", "--allow-nonfinite",
+                                         "--pp", "--tp", "--sp", "--ep", "--dist-opt", "--a2a", "--ranks-per-node"};
         for (int i = 2; i < argc; i++) {
             if (strncmp(argv[i], "--", 2) != 0) continue;
             size_t n = strcspn(argv[i], "=");

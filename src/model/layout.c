@@ -334,8 +334,8 @@ int mt_model_check(const mt_config *cfg, const char *what) {
     return 0;
 }
 
-int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
-                        const mt_tp_ops *tp) {
+static int init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep, const mt_tp_ops *tp,
+                     int with_grads) {
     memset(m, 0, sizeof *m);
     if (mt_model_check(cfg, "model config") != 0) return -1; /* callers with a file checked it under its name */
     m->cfg = *cfg;
@@ -358,8 +358,8 @@ int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, con
     mt_model_layout_part(cfg, &m->part, m->tensors, &m->nparams, &m->n_tp, &m->n_dense);
     const size_t bytes = (m->nparams + 1) * sizeof(float); /* nparams < SIZE_MAX / 8: mt_model_check */
     m->params = mt_try_alloc(bytes);
-    m->grads = m->params ? mt_try_alloc(bytes) : NULL;
-    if (!m->grads) {
+    m->grads = m->params && with_grads ? mt_try_alloc(bytes) : NULL;
+    if (!m->params || (with_grads && !m->grads)) {
         mt_free(m->params);
         free(m->tensors);
         free(m->slot_of);
@@ -370,11 +370,18 @@ int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, con
     m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
     m->g = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
     bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
-    bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
+    if (with_grads) bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
     return 0;
 }
 
+int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
+                        const mt_tp_ops *tp) {
+    return init_part(m, cfg, sh, ep, tp, 1);
+}
+
 int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_part(m, cfg, NULL, NULL, NULL); }
+
+int mt_model_init_infer(mt_model *m, const mt_config *cfg) { return init_part(m, cfg, NULL, NULL, NULL, 0); }
 
 void mt_model_free(mt_model *m) {
     free(m->slot_of);

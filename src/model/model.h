@@ -180,6 +180,9 @@ double mt_model_flops_per_token(const mt_config *cfg, int T);
  * mt_model_init checks them too; call it before sizing anything per layer. */
 int mt_model_check(const mt_config *cfg, const char *what);
 int mt_model_init(mt_model *m, const mt_config *cfg);
+/* The whole model with parameters only (grads NULL): forward and decode, no backward
+ * (RL's rollout copy when training splits the model). */
+int mt_model_init_infer(mt_model *m, const mt_config *cfg);
 /* The part of the model described by sh (tensor table, offsets and pointers for it only);
  * ep may be NULL when sh->ep_size == 1. */
 int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,

@@ -137,3 +137,67 @@ void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, const float *full,
                         float *pbuf) {
     move(g, full_t, (float *)full, part, pbuf, 0, 0, 0, 0);
 }
+
+void mt_reshard_allgather(mt_group *g, const mt_tensor *full_t, const mt_model *part, const float *pbuf, int own_tp,
+                          int own_dense, int own_expert, float *full) {
+    int *idx;
+    int64_t *hdr;
+    const int n = my_list(part, 1, own_tp, own_dense, own_expert, &idx, &hdr);
+    for (int k = 0; k < n; k++) /* this rank's own tensors: local copies */
+        slice_copy(full, &full_t[hdr[HDR * k]], (float *)pbuf + part->tensors[idx[k]].offset, hdr + HDR * k, 1);
+    const int single = g->size == 1 || g->comm == MPI_COMM_NULL;
+    if (single) {
+        free(idx);
+        free(hdr);
+        return;
+    }
+    double t0 = MPI_Wtime();
+    const int S = g->size, r = g->rank;
+    /* every rank's list of owned tensors, in the order its block packs them */
+    int *counts = mt_xmalloc(sizeof(int) * (size_t)S * 2), *displ = counts + S, cnt = n * HDR;
+    MPI_Allgather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, g->comm);
+    int tot = 0;
+    for (int q = 0; q < S; q++) displ[q] = tot, tot += counts[q];
+    int64_t *all = mt_xmalloc(sizeof(int64_t) * ((size_t)tot + 1));
+    MPI_Allgatherv(hdr, cnt, MPI_INT64_T, all, counts, displ, MPI_INT64_T, g->comm);
+    size_t *floats = mt_xcalloc((size_t)S, sizeof(size_t)), maxf = 0;
+    for (int q = 0; q < S; q++) {
+        for (int k = 0; k < counts[q] / HDR; k++) floats[q] += (size_t)(all[displ[q] + HDR * k + 3] * all[displ[q] + HDR * k + 4]);
+        if (floats[q] > maxf) maxf = floats[q];
+    }
+    /* this rank's block: its owned tensors back to back */
+    float *send = mt_alloc((floats[r] + 1) * sizeof(float)), *recv = mt_alloc((maxf + 1) * sizeof(float));
+    for (size_t k = 0, off = 0; k < (size_t)n; k++) {
+        const mt_tensor *t = &part->tensors[idx[k]];
+        memcpy(send + off, pbuf + t->offset, t->numel * sizeof(float));
+        off += t->numel;
+    }
+    /* round j: this block to rank r + j, rank r - j's block from it; no rank waits on another's
+     * round, and each holds one block in flight */
+    /* every rank makes the same number of calls per round (at least one, even for empty
+     * blocks), so that each send meets its receive */
+    const size_t win = (size_t)1 << 30, nwin = maxf / win + 1;
+    for (int j = 1; j < S; j++) {
+        const int dst = (r + j) % S, src = (r - j + S) % S;
+        for (size_t w = 0, o = 0; w < nwin; w++, o += win) {
+            const size_t sc = o < floats[r] ? (floats[r] - o < win ? floats[r] - o : win) : 0;
+            const size_t rc = o < floats[src] ? (floats[src] - o < win ? floats[src] - o : win) : 0;
+            MPI_Sendrecv(send + o, (int)sc, MPI_FLOAT, dst, 0, recv + o, (int)rc, MPI_FLOAT, src, 0, g->comm,
+                         MPI_STATUS_IGNORE);
+        }
+        size_t off = 0;
+        for (int k = 0; k < counts[src] / HDR; k++) {
+            const int64_t *h = all + displ[src] + HDR * k;
+            slice_copy(full, &full_t[h[0]], recv + off, h, 1);
+            off += (size_t)(h[3] * h[4]);
+        }
+    }
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    mt_free(send);
+    mt_free(recv);
+    free(floats);
+    free(all);
+    free(counts);
+    free(idx);
+    free(hdr);
+}

@@ -66,10 +66,11 @@ static int64_t prompt_at(prompt_order *po, int64_t k) {
     return po->perm[k % po->n];
 }
 
-/* Greedy accuracy on the first n held-out prompts, split over the DP ranks (collective). */
+/* Greedy accuracy on the first n held-out prompts, split over all ranks, each sampling from
+ * its whole copy m (collective). */
 static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int max_new, int slots, mt_dist *d) {
     if ((size_t)n > ev->n) n = (int)ev->n;
-    const int r = d->dp_rank, D = d->dp_size, lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
+    const int r = d->rank, D = d->size, lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
     mt_rollout_req *req = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *req);
     int32_t **toks = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *toks);
     for (int i = lo; i < hi; i++) {
@@ -90,7 +91,7 @@ static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int 
         mt_completion_free(&out[i - lo]);
         free(toks[i - lo]);
     }
-    mt_group_sum_i64(&d->dp, c, 2);
+    mt_group_sum_i64(&d->all, c, 2);
     free(out), free(toks), free(req);
     return c[1] ? (double)c[0] / (double)c[1] : 0.0;
 }
@@ -227,17 +228,18 @@ int mt_rl(const mt_rl_opts *opt) {
                         "--routing-replay");
     const int agg = mt_grpo_agg_parse(o.agg);
     if (agg < 0) return -1;
-    if (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1)
-        return mt_error("rl: --pp, --tp and --ep split the model; the rollout needs it whole on every rank (the "
-                        "train/rollout layout switch is not implemented yet): use data parallelism");
-    const int D = d->size;
+    const int split = o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1;
+    if (split && o.dump_rollouts)
+        return mt_error("rl: --dump-rollouts records the trainer's log-probs per data-parallel rank: it needs data "
+                        "parallelism (no --pp, --tp or --ep) for now");
+    const int D = d->size; /* rollout ranks: every rank samples its share from a whole copy */
     if (o.dump_grads && D > 1)
         return mt_error("rl: --dump-grads writes one process's gradient buffer: run it without mpirun (the rollout "
                         "dump works under any number of ranks)");
     if (o.dump_rollouts && root && mt_mkdir_p(o.dump_rollouts) != 0) mt_dist_abort(mt_last_error());
     if (o.prompts_per_step % D != 0)
-        return mt_error("rl: --prompts-per-step %d is not a multiple of the %d data-parallel ranks", o.prompts_per_step,
-                        D);
+        return mt_error("rl: --prompts-per-step %d is not a multiple of the %d ranks (each rolls out an equal share)",
+                        o.prompts_per_step, D);
     mt_prompt_set ps, ev;
     memset(&ev, 0, sizeof ev);
     if (mt_prompts_load(o.prompts, MT_PROMPTS_MATH, &ps) != 0) return -1;
@@ -250,13 +252,16 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_prompts_free(&ps), mt_prompts_free(&ev);
         return -1;
     }
-    /* the trainer's shape: rows = this rank's completions, positions = the longest row */
-    if ((int64_t)(o.prompts_per_step / D) * o.group > INT_MAX) { /* the rank's completions are counted in int */
+    /* the trainer's shape: rows = the completions of this rank's DP index (world = PP x DP x
+     * TP; a layout that does not divide is refused by mt_trainer_init), positions = the
+     * longest row */
+    const int Dt = D % (o.train.pp * o.train.tp) == 0 ? D / (o.train.pp * o.train.tp) : 1;
+    if ((int64_t)(o.prompts_per_step / Dt) * o.group > INT_MAX) { /* the rank's completions are counted in int */
         mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
         return mt_error("rl: --prompts-per-step %d x --group %d completions per rank is too large", o.prompts_per_step,
                         o.group);
     }
-    const int Pl = o.prompts_per_step / D, rows = Pl * o.group;
+    const int Pl = o.prompts_per_step / Dt, rows = Pl * o.group, Pr = o.prompts_per_step / D;
     size_t longest = 0;
     for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
     const int B = o.micro_batch > 0 ? (o.micro_batch < rows ? o.micro_batch : rows) : (rows < 64 ? rows : 64);
@@ -273,6 +278,12 @@ int mt_rl(const mt_rl_opts *opt) {
     }
     const mt_train_opts *ti = mt_trainer_opts(t);
     mt_model *m = mt_trainer_model(t);
+    /* RL Fusion: when training splits the model, each rank rolls out from a whole copy that
+     * the switch fills from the parts and that gives its pages back while the trainer runs */
+    mt_model roll;
+    memset(&roll, 0, sizeof roll);
+    if (split && mt_model_init_infer(&roll, mt_trainer_config(t)) != 0) mt_dist_abort(mt_last_error());
+    mt_model *rm = split ? &roll : m;
     mt_grpo_loss L;
     mt_grpo_loss_defaults(&L);
     L.eps_low = o.eps_low, L.eps_high = o.eps_high, L.is_cap = o.is_cap, L.temperature = o.temperature;
@@ -310,12 +321,19 @@ int mt_rl(const mt_rl_opts *opt) {
                D > 1 ? "s" : "", o.max_new, o.temperature, mt_grpo_agg_name(agg), ti->lr);
         if (!ti->quiet)
             printf("  trainer: %d micro-batches of %d rows x %d positions per rank\n", ti->accum, ti->batch, ti->seq);
+        if (!ti->quiet && split)
+            printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; every rank rolls out %d prompts from a "
+                   "whole copy (%.1f MiB, filled point to point each step, its pages released while training)\n",
+                   d->pp_size, d->dp_size, d->tp_size, d->sp ? " (SP)" : "", d->ep_size, Pr,
+                   (double)roll.nparams * sizeof(float) / 1048576.0);
         fflush(stdout);
     }
     const int eval_on = ev.n > 0 && o.eval_n > 0;
     double acc0 = -1, acc = -1;
     if (eval_on) {
-        acc0 = acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
+        if (split) mt_trainer_gather_whole(t, roll.params);
+        acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
+        if (split) mt_release_pages(roll.params, roll.nparams * sizeof(float));
         if (root) {
             if (!ti->quiet)
                 printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
@@ -325,6 +343,15 @@ int mt_rl(const mt_rl_opts *opt) {
     }
     prompt_order po = {(int64_t)ps.n, -1, ti->seed, NULL};
     const int G = o.group;
+    /* split layouts: this rank's rollout share (Pr prompts) and the completions of every
+     * rank, exchanged as records of rec_n int32: n, eot, tokens, log-prob bits, routing */
+    const int rrows = Pr * G, route_n = replay_stride * ((int)longest + o.max_new - 1);
+    const size_t rec_n = 2 + 2 * (size_t)o.max_new + (size_t)route_n;
+    mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows, sizeof *rreq) : NULL;
+    mt_completion *rco = split ? mt_xcalloc((size_t)rrows, sizeof *rco) : NULL;
+    int32_t **rptok = split ? mt_xcalloc((size_t)Pr, sizeof *rptok) : NULL;
+    int32_t *mine = split ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)rrows) : NULL;
+    int32_t *every = split ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)rrows * (size_t)D) : NULL;
     mt_rollout_req *req = mt_xcalloc((size_t)rows, sizeof *req);
     int32_t **ptok = mt_xcalloc((size_t)Pl, sizeof *ptok);
     int64_t *pidx = mt_xmalloc(sizeof(int64_t) * (size_t)Pl);
@@ -354,7 +381,59 @@ int mt_rl(const mt_rl_opts *opt) {
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
         ro.seed = ti->seed, ro.step = (uint64_t)step, ro.slots = o.slots, ro.record_routing = o.routing_replay;
         mt_rollout_stats rs;
-        if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
+        double switch_s = 0, rss[2] = {0, 0}; /* peak MiB during the rollout and the training step */
+        mt_reset_peak_rss();
+        if (!split) {
+            if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
+        } else {
+            /* the trainer's gradients are rewritten from zero by the next step: their pages
+             * are not needed while the rollout runs */
+            mt_release_pages(m->grads, m->nparams * sizeof(float));
+            const double t0 = mt_now();
+            mt_trainer_gather_whole(t, roll.params);
+            switch_s = mt_now() - t0;
+            for (int j = 0; j < Pr; j++) {
+                const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->rank * Pr + j;
+                const int64_t pi = prompt_at(&po, k);
+                rptok[j] = mt_xrealloc(rptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pi]));
+                const int len = (int)mt_prompt_encode(ps.prompt[pi], rptok[j]);
+                for (int q = 0; q < G; q++) rreq[j * G + q] = (mt_rollout_req){rptok[j], len, (uint64_t)pi, (uint64_t)q};
+            }
+            if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rs) != 0) { rc = -1; break; }
+            rss[0] = (double)mt_peak_rss() / 1048576.0;
+            const double t1 = mt_now();
+            mt_release_pages(roll.params, roll.nparams * sizeof(float)); /* back to the training layout */
+            for (int i = 0; i < rrows; i++) {
+                int32_t *r = mine + rec_n * (size_t)i;
+                memset(r, 0, sizeof(int32_t) * rec_n);
+                r[0] = rco[i].n, r[1] = rco[i].stopped_eot;
+                memcpy(r + 2, rco[i].tokens, sizeof(int32_t) * (size_t)rco[i].n);
+                memcpy(r + 2 + o.max_new, rco[i].logp, sizeof(float) * (size_t)rco[i].n);
+                if (rco[i].routing)
+                    memcpy(r + 2 + 2 * o.max_new, rco[i].routing,
+                           sizeof(int32_t) * (size_t)replay_stride * (size_t)(rreq[i].len + rco[i].n - 1));
+                mt_completion_free(&rco[i]);
+            }
+            mt_group_allgather_i32(&d->all, mine, rec_n * (size_t)rrows, every);
+            /* this DP index's completions, in the order of its prompts */
+            for (int i = 0; i < rows; i++) {
+                const int32_t *r = every + rec_n * ((size_t)d->dp_rank * (size_t)rows + (size_t)i);
+                mt_completion *c = &co[i];
+                c->n = r[0], c->stopped_eot = r[1];
+                c->tokens = mt_xmalloc(sizeof(int32_t) * ((size_t)c->n + 1));
+                c->logp = mt_xmalloc(sizeof(float) * ((size_t)c->n + 1));
+                memcpy(c->tokens, r + 2, sizeof(int32_t) * (size_t)c->n);
+                memcpy(c->logp, r + 2 + o.max_new, sizeof(float) * (size_t)c->n);
+                c->routing = NULL;
+                if (o.routing_replay) {
+                    const size_t nr = (size_t)replay_stride * (size_t)(req[i].len + c->n - 1);
+                    c->routing = mt_xmalloc(sizeof(int32_t) * (nr + 1));
+                    memcpy(c->routing, r + 2 + 2 * o.max_new, sizeof(int32_t) * nr);
+                }
+            }
+            switch_s += mt_now() - t1;
+        }
+        if (!split) rss[0] = (double)mt_peak_rss() / 1048576.0;
         /* rewards and advantages per group */
         double sums[8] = {0}; /* reward, correct, length, completions, uniform groups, kept, kept tokens, rollout s */
         for (int i = 0; i < rows; i++) {
@@ -395,6 +474,7 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_step_result sr;
         memset(&sr, 0, sizeof sr);
         double t_train = 0;
+        mt_reset_peak_rss();
         if (cnt[0] > 0) {
             mt_grpo_batch gb;
             if (mt_grpo_batch_init(&gb, &L, seq, nseq, ti->accum, ti->batch, ti->seq, cnt[1], cnt[0], replay_stride) !=
@@ -427,14 +507,20 @@ int mt_rl(const mt_rl_opts *opt) {
             }
             mt_grpo_batch_free(&gb);
             if (rc) break;
+            /* a token counts where its head ran: the last stage, and without SP only TP rank 0
+             * (the TP ranks compute the same head) */
+            if (!d->sp && d->tp_rank != 0) memset(gstat, 0, sizeof gstat);
             double mx = gstat[5];
-            mt_group_sum_f64(&d->dp, gstat + 6, 1); /* the kl part; [5] is a maximum */
-            mt_group_sum_f64(&d->dp, gstat, 5);
-            mt_group_max_f64(&d->dp, &mx, 1);
+            mt_group_sum_f64(&d->all, gstat + 6, 1); /* the kl part; [5] is a maximum */
+            mt_group_sum_f64(&d->all, gstat, 5);
+            mt_group_max_f64(&d->all, &mx, 1);
             gstat[5] = mx;
         }
+        rss[1] = (double)mt_peak_rss() / 1048576.0;
         mt_group_sum_f64(&d->dp, sums, 7);
-        mt_group_max_f64(&d->dp, &sums[7], 1);
+        mt_group_max_f64(&d->all, &sums[7], 1);
+        mt_group_max_f64(&d->all, rss, 2);
+        mt_group_max_f64(&d->all, &switch_s, 1);
         if (rec) {
             mt_group_gather_f64(&d->dp, rec, (size_t)rows * stride, rec_all);
             if (root) {
@@ -462,9 +548,11 @@ int mt_rl(const mt_rl_opts *opt) {
             }
         }
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
-        if (eval_on && o.eval_every > 0 && step % o.eval_every == 0 && step != ti->steps)
-            acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
-        if (eval_on && step == ti->steps) acc = heldout_accuracy(m, &ev, o.eval_n, o.max_new, o.slots, d);
+        if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) {
+            if (split) mt_trainer_gather_whole(t, roll.params);
+            acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
+            if (split) mt_release_pages(roll.params, roll.nparams * sizeof(float));
+        }
         if (root) {
             const double el = mt_now() - t_begin;
             const double n = sums[3], ntok = gstat[4];
@@ -474,6 +562,7 @@ int mt_rl(const mt_rl_opts *opt) {
                        "|r-1| %.2e | old-behav %.1e | gnorm %.3f | rollout %.0f tok/s | train %.0f tok/s",
                        step, ti->steps, sums[0] / n, sums[1] / n, sums[2] / n, sums[4] / (n / G), gstat[0],
                        ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps);
+                if (split) printf(" | switch %.3fs", switch_s);
                 if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) printf(" | held-out %.3f", acc);
                 printf("\n");
             }
@@ -482,10 +571,11 @@ int mt_rl(const mt_rl_opts *opt) {
                     "\"completion_tokens\":%.0f,\"reward\":%.6f,\"accuracy\":%.6f,\"uniform_groups\":%.6f,"
                     "\"length\":%.3f,\"loss\":%.8f,\"pg\":%.8f,\"kl\":%.8f,\"clip_fraction\":%.6f,\"ratio_dev\":%.3e,"
                     "\"max_staleness\":0,\"logp_old_behav_max\":%.3e,\"grad_norm\":%.6f,\"rollout_tokens_per_s\":%.1f,"
-                    "\"train_tokens_per_s\":%.1f,\"switch_s\":0,\"elapsed\":%.2f",
+                    "\"train_tokens_per_s\":%.1f,\"switch_s\":%.4f,\"rss_rollout_mib\":%.1f,\"rss_train_mib\":%.1f,"
+                    "\"elapsed\":%.2f",
                     step, step - 1, o.prompts_per_step, n, sums[2], sums[0] / n, sums[1] / n, sums[4] / (n / G),
                     sums[2] / n, gstat[0], gstat[1], gstat[6], ntok > 0 ? gstat[2] / ntok : 0,
-                    ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps, el);
+                    ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps, switch_s, rss[0], rss[1], el);
             if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0)))
                 fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
             fprintf(mf, "}\n");
@@ -509,6 +599,9 @@ int mt_rl(const mt_rl_opts *opt) {
     else if (mf) rc = mt_file_close(mf, path); /* the summary event */
     for (int j = 0; j < Pl; j++) free(ptok[j]);
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
+    for (int j = 0; split && j < Pr; j++) free(rptok[j]);
+    free(rptok), free(rreq), free(rco), free(mine), free(every);
+    mt_model_free(&roll);
     mt_free(ref);
     free(seq_of), free(rec), free(rec_all);
     mt_trainer_free(t);

@@ -39,6 +39,25 @@ static void free_whole(const mt_ckpt_layout *l, float *fp, float *fm, float *fv)
     }
 }
 
+/* Which rank's copy of each element is the one moved: TP slices from DP index 0 of every TP
+ * rank; replicated tensors also from TP rank 0; experts from expert-DP index 0, and TP rank 0
+ * when they are replicated over TP (without SP). */
+static void owners(const mt_dist *d, int *own_t, int *own_d, int *own_e) {
+    *own_t = d->dp_rank == 0;
+    *own_d = *own_t && d->tp_rank == 0;
+    *own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
+}
+
+void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full) {
+    if (l->whole) {
+        memcpy(full, l->m->params, l->nfull * sizeof(float));
+        return;
+    }
+    int own_t, own_d, own_e;
+    owners(d, &own_t, &own_d, &own_e);
+    mt_reshard_allgather(&d->all, l->full_t, l->m, l->m->params, own_t, own_d, own_e, full);
+}
+
 /* A rank holding the whole model writes from its own buffers (ZeRO-1 moments gathered to it
  * first); a sharded layout sends every owned tensor to rank 0 (TP slices: DP index 0 of
  * every TP rank; replicated tensors: also TP rank 0; experts: expert-DP index 0, and TP rank
@@ -73,8 +92,8 @@ int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
             fm = mt_alloc((NF + 1) * sizeof(float));
             fv = mt_alloc((NF + 1) * sizeof(float));
         }
-        const int own_t = d->dp_rank == 0, own_d = own_t && d->tp_rank == 0;
-        const int own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
+        int own_t, own_d, own_e;
+        owners(d, &own_t, &own_d, &own_e);
         mt_reshard_gather(&d->all, l->full_t, m, m->params, own_t, own_d, own_e, fp);
         mt_reshard_gather(&d->all, l->full_t, m, lm, own_t, own_d, own_e, fm);
         mt_reshard_gather(&d->all, l->full_t, m, lv, own_t, own_d, own_e, fv);

@@ -31,6 +31,10 @@ int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
 int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const mt_config *cfg, int resume,
                       int allow_nonfinite);
 
+/* Every rank: full[nfull] = the whole model's parameters in checkpoint order, assembled
+ * point to point from the ranks' parts (collective over the world). */
+void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full);
+
 /* trainer_state.json of a run at state s with options o over dp data-parallel ranks
  * (malloc'd string). */
 char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, int dp);

@@ -515,6 +515,12 @@ const mt_train_opts *mt_trainer_opts(const mt_trainer *t) { return &t->o; }
 const mt_config *mt_trainer_config(const mt_trainer *t) { return &t->cfg; }
 const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t) { return &t->st; }
 mt_model *mt_trainer_model(mt_trainer *t) { return &t->m; }
+int mt_trainer_holds_whole(const mt_trainer *t) { return t->whole; }
+
+void mt_trainer_gather_whole(mt_trainer *t, float *full) {
+    const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
+    mt_ckpt_allgather_whole(&l, t->d, full);
+}
 
 int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     const mt_train_opts *o = &t->o;

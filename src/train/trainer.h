@@ -123,6 +123,12 @@ const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t);
 /* This rank's part of the model (the whole model under pure data parallelism): what a
  * rollout on the same ranks samples from. */
 mt_model *mt_trainer_model(mt_trainer *t);
+/* 1 when this rank's part is the whole model (no TP, PP or EP). */
+int mt_trainer_holds_whole(const mt_trainer *t);
+/* Every rank: full = the whole model's current weights in checkpoint order (the layout of
+ * mt_model_init_infer's buffer), sent point to point from the parts (collective). RL's
+ * switch from the training layout to the rollout one. */
+void mt_trainer_gather_whole(mt_trainer *t, float *full);
 
 /* One optimizer step on batch b: forward and backward of every micro-batch through the
  * pipeline schedule, gradient reduction, global norm, clipping and AdamW at the learning
