@@ -66,6 +66,9 @@ for s in steps:
     want(s["grad_norm"] > 0, f"step {n}: grad_norm {s['grad_norm']}")
     want(("heldout_accuracy" in s) == (n == 3), f"step {n}: heldout_accuracy only at the last step")
 want(steps[-1].get("heldout_accuracy") == ev[-1].get("heldout_accuracy"), "summary's held-out accuracy != the last step's")
+# memory settles: a step's buffers are found again by the next (the rollout's KV cache grew
+# the heap by its size every step when large blocks were 2 MiB-aligned)
+want(steps[-1]["rss_train_mib"] <= steps[0]["rss_train_mib"] + 2, f"peak RSS grows per step: {[s['rss_train_mib'] for s in steps]}")
 for b in bad: print("  " + b)
 sys.exit(1 if bad else 0)
 EOF

@@ -82,13 +82,18 @@ void *mt_try_alloc(size_t bytes) {
     if (bytes == 0) bytes = MT_ALIGN;
     if (bytes > SIZE_MAX - MT_ALIGN) return NULL;
     size_t rounded = (bytes + MT_ALIGN - 1) / MT_ALIGN * MT_ALIGN;
-    if (huge_pages && rounded >= HUGE_MIN && rounded <= SIZE_MAX - HUGE_PAGE) {
-        /* whole 2 MiB pages, so the advice covers this block and nothing else */
-        rounded = (rounded + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-        void *p = aligned_alloc(HUGE_PAGE, rounded);
+    if (huge_pages && rounded >= HUGE_MIN) {
+        /* the advice covers the whole 2 MiB pages inside the block and nothing else. The block
+         * itself is not 2 MiB-aligned: glibc serves aligned_alloc(2 MiB, n) from a chunk of
+         * n + 2 MiB, which the n-byte chunk a free gave back never satisfies, so a buffer
+         * allocated and freed every step (the rollout's KV cache) grew the heap by its size
+         * each time (RL, 'demo': +6 MiB of RSS per step, none with MT_HUGEPAGES=0) */
+        void *p = aligned_alloc(MT_ALIGN, rounded);
         if (p) {
 #ifdef MADV_HUGEPAGE
-            madvise(p, rounded, MADV_HUGEPAGE); /* advice: refused is not an error */
+            const uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE,
+                            b = ((uintptr_t)p + rounded) / HUGE_PAGE * HUGE_PAGE;
+            if (b > a) madvise((void *)a, b - a, MADV_HUGEPAGE); /* advice: refused is not an error */
 #endif
             memset(p, 0, rounded);
         }
