@@ -308,6 +308,7 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     carver cv = {a->arena, 0, 0};
     acts_layout(a, c, &d, &cv);
     mt_rope_table(a->cos_t, a->sin_t, T, c->head_dim, c->rope_theta);
+    a->rope_T = T, a->rope_D = c->head_dim, a->rope_theta = c->rope_theta;
     a->nlayers = c->num_hidden_layers;
     a->nexperts = c->n_routed_experts;
     a->load = mt_xcalloc((size_t)c->num_hidden_layers * (c->n_routed_experts + 1), sizeof(int64_t));
@@ -323,6 +324,13 @@ mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
 }
 
 size_t mt_acts_arena_bytes(const mt_acts *a) { return a->arena_bytes; }
+
+void mt_acts_park(mt_acts *a) {
+    mt_release_pages(a->arena, a->arena_bytes);
+    if (a->ws.p) mt_release_pages(a->ws.p, a->ws.cap);
+    /* the one thing in the arena that outlives a micro-batch */
+    mt_rope_table(a->cos_t, a->sin_t, a->rope_T, a->rope_D, a->rope_theta);
+}
 
 int mt_acts_rows(const mt_acts *a, int n) { return a->sp ? n / a->tp : n; }
 

@@ -75,6 +75,8 @@ struct mt_acts {
     layer_acts *L;
     float *xf, *lnf, *rstdf;      /* chunk output (final residual), final norm out, rstd */
     float *cos_t, *sin_t;
+    int rope_T, rope_D;           /* the tables' shape and base, to rebuild them (mt_acts_park) */
+    double rope_theta;
     /* scratch shared by all layers */
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
     float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */

@@ -219,6 +219,9 @@ size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int 
 enum { MT_FFN_MIN_ROWS = 512 };
 mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp);
+/* Gives the arena's and the workspace's pages back to the system between steps (RL's
+ * rollout runs meanwhile); they are found again, zeroed, at the next touch. */
+void mt_acts_park(mt_acts *a);
 /* Bytes of the arena a was given (what mt_acts_bytes_chunk said for it at creation). */
 size_t mt_acts_arena_bytes(const mt_acts *a);
 /* Rows of the residual stream a chunk holds for a micro-batch of n tokens (n / tp with sp). */

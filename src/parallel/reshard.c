@@ -138,6 +138,11 @@ void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, const float *full,
     move(g, full_t, (float *)full, part, pbuf, 0, 0, 0, 0);
 }
 
+void mt_reshard_extract(const mt_tensor *full_t, const float *full, const mt_model *part, float *pbuf) {
+    mt_group self = {MPI_COMM_NULL, 0, 1}; /* a group of one: local slice copies only */
+    move(&self, full_t, (float *)full, part, pbuf, 0, 0, 0, 0);
+}
+
 void mt_reshard_allgather(mt_group *g, const mt_tensor *full_t, const mt_model *part, const float *pbuf, int own_tp,
                           int own_dense, int own_expert, float *full) {
     int *idx;

@@ -27,6 +27,8 @@ void mt_reshard_gather(mt_group *g, const mt_tensor *full_t, const mt_model *par
 void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, const float *full, const mt_model *part,
                         float *pbuf);
 
+/* pbuf (laid out like part) = part's tensors of the whole buffer full, on this rank alone. */
+void mt_reshard_extract(const mt_tensor *full_t, const float *full, const mt_model *part, float *pbuf);
 /* On every rank of g: full = the whole model, assembled from the tensors the ranks own (the
  * same rule as mt_reshard_gather). Each rank packs its owned tensors once and the blocks go
  * point to point in g->size - 1 rounds (round j: to rank + j, from rank - j), so a rank holds

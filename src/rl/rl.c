@@ -191,6 +191,13 @@ static int settings_load(const char *ck, mt_rl_opts *o, cJSON **keep) {
     return 0;
 }
 
+/* The switch back: the trainer's part from the rollout copy, whose pages are then given
+ * back until the next switch. */
+static void back_to_training(mt_trainer *t, mt_model *roll) {
+    mt_trainer_from_rollout(t, roll->params);
+    mt_release_pages(roll->params, roll->nparams * sizeof(float));
+}
+
 int mt_rl(const mt_rl_opts *opt) {
     mt_rl_opts o = *opt;
     mt_dist *d = mt_dist_get();
@@ -323,7 +330,8 @@ int mt_rl(const mt_rl_opts *opt) {
             printf("  trainer: %d micro-batches of %d rows x %d positions per rank\n", ti->accum, ti->batch, ti->seq);
         if (!ti->quiet && split)
             printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; every rank rolls out %d prompts from a "
-                   "whole copy (%.1f MiB, filled point to point each step, its pages released while training)\n",
+                   "whole copy of the weights (%.1f MiB: the only copy during the rollout, filled point to point each "
+                   "step; the trainer's parameters, gradients and activations parked meanwhile)\n",
                    d->pp_size, d->dp_size, d->tp_size, d->sp ? " (SP)" : "", d->ep_size, Pr,
                    (double)roll.nparams * sizeof(float) / 1048576.0);
         fflush(stdout);
@@ -331,9 +339,9 @@ int mt_rl(const mt_rl_opts *opt) {
     const int eval_on = ev.n > 0 && o.eval_n > 0;
     double acc0 = -1, acc = -1;
     if (eval_on) {
-        if (split) mt_trainer_gather_whole(t, roll.params);
+        if (split) mt_trainer_to_rollout(t, roll.params);
         acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
-        if (split) mt_release_pages(roll.params, roll.nparams * sizeof(float));
+        if (split) back_to_training(t, &roll);
         if (root) {
             if (!ti->quiet)
                 printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
@@ -386,11 +394,8 @@ int mt_rl(const mt_rl_opts *opt) {
         if (!split) {
             if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
         } else {
-            /* the trainer's gradients are rewritten from zero by the next step: their pages
-             * are not needed while the rollout runs */
-            mt_release_pages(m->grads, m->nparams * sizeof(float));
             const double t0 = mt_now();
-            mt_trainer_gather_whole(t, roll.params);
+            mt_trainer_to_rollout(t, roll.params);
             switch_s = mt_now() - t0;
             for (int j = 0; j < Pr; j++) {
                 const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->rank * Pr + j;
@@ -402,7 +407,7 @@ int mt_rl(const mt_rl_opts *opt) {
             if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rs) != 0) { rc = -1; break; }
             rss[0] = (double)mt_peak_rss() / 1048576.0;
             const double t1 = mt_now();
-            mt_release_pages(roll.params, roll.nparams * sizeof(float)); /* back to the training layout */
+            back_to_training(t, &roll);
             for (int i = 0; i < rrows; i++) {
                 int32_t *r = mine + rec_n * (size_t)i;
                 memset(r, 0, sizeof(int32_t) * rec_n);
@@ -549,9 +554,9 @@ int mt_rl(const mt_rl_opts *opt) {
         }
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
         if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) {
-            if (split) mt_trainer_gather_whole(t, roll.params);
+            if (split) mt_trainer_to_rollout(t, roll.params);
             acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
-            if (split) mt_release_pages(roll.params, roll.nparams * sizeof(float));
+            if (split) back_to_training(t, &roll);
         }
         if (root) {
             const double el = mt_now() - t_begin;

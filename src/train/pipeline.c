@@ -58,6 +58,14 @@ static void wait_slot(mt_pipe *p, size_t i) {
     mt_trace_end();
 }
 
+void mt_pipe_park(mt_pipe *p) {
+    for (int i = 0; i < p->V * p->maxslot; i++) {
+        if (!p->slot[i]) continue;
+        wait_slot(p, (size_t)i); /* a send still reading the slot must finish first */
+        mt_acts_park(p->slot[i]);
+    }
+}
+
 /* the slot of (chunk, mb): the one it holds, or a free one (its pending sends completed) */
 static size_t slot_of(mt_pipe *p, int ch, int mb) {
     size_t base = (size_t)ch * p->maxslot, fr = (size_t)-1;

@@ -36,6 +36,8 @@ typedef struct {
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
                  int T, int nthr, int policy, int tp, int sp);
 void mt_pipe_free(mt_pipe *p);
+/* Between steps: waits for the slots' pending sends and parks their activations (mt_acts_park). */
+void mt_pipe_park(mt_pipe *p);
 
 /* One training step's forward and backward of M micro-batches: inputs/targets/pos hold
  * micro-batch mb at offset mb*B*T (pos may be NULL), loss the whole step's (an objective's

@@ -16,6 +16,7 @@
 #include "kernels/blas.h"
 #include "kernels/ops.h"
 #include "train/checkpoint.h"
+#include "parallel/reshard.h"
 #include "train/saveload.h"
 #include "train/trainer_impl.h"
 
@@ -520,6 +521,19 @@ int mt_trainer_holds_whole(const mt_trainer *t) { return t->whole; }
 void mt_trainer_gather_whole(mt_trainer *t, float *full) {
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
     mt_ckpt_allgather_whole(&l, t->d, full);
+}
+
+void mt_trainer_to_rollout(mt_trainer *t, float *full) {
+    /* parked before the copy is filled, so that the two never add up */
+    mt_pipe_park(&t->pipe);
+    mt_release_pages(t->m.grads, t->m.nparams * sizeof(float)); /* the next step zeroes them anyway */
+    mt_trainer_gather_whole(t, full);
+    if (!t->whole) mt_release_pages(t->m.params, t->m.nparams * sizeof(float));
+}
+
+void mt_trainer_from_rollout(mt_trainer *t, const float *full) {
+    if (t->whole) return;
+    mt_reshard_extract(t->full_t, full, &t->m, t->m.params);
 }
 
 int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {

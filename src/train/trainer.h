@@ -126,9 +126,15 @@ mt_model *mt_trainer_model(mt_trainer *t);
 /* 1 when this rank's part is the whole model (no TP, PP or EP). */
 int mt_trainer_holds_whole(const mt_trainer *t);
 /* Every rank: full = the whole model's current weights in checkpoint order (the layout of
- * mt_model_init_infer's buffer), sent point to point from the parts (collective). RL's
- * switch from the training layout to the rollout one. */
+ * mt_model_init_infer's buffer), sent point to point from the parts (collective). */
 void mt_trainer_gather_whole(mt_trainer *t, float *full);
+/* RL's switch to the rollout layout (collective): mt_trainer_gather_whole into full, then
+ * the trainer parks what it does not need until its next step: its part's parameters (full
+ * holds them), gradients and activations give their pages back. mt_trainer_from_rollout
+ * restores the part's parameters from full (local copies; full unchanged since), after
+ * which full may be released. Nothing else may run on the trainer in between. */
+void mt_trainer_to_rollout(mt_trainer *t, float *full);
+void mt_trainer_from_rollout(mt_trainer *t, const float *full);
 
 /* One optimizer step on batch b: forward and backward of every micro-batch through the
  * pipeline schedule, gradient reduction, global norm, clipping and AdamW at the learning
