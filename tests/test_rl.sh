@@ -126,6 +126,16 @@ for f in model.safetensors optimizer.safetensors; do
     cmp -s "$T/RA/step_00000004/$f" "$T/RB/step_00000004/$f" || fail "resumed rl run: $f differs from the uninterrupted run"
 done
 ok "rl --resume from step 2 = the uninterrupted 4-step run (model and optimizer bit for bit)"
+# with a KL to the frozen reference: the resume reloads it from the run's --init checkpoint
+"$MT" rl "${rlargs[@]}" --steps 4 --eval-n 0 --beta 0.1 --save-every 2 --keep 0 --threads 2 --quiet --out "$T/KA" \
+    || fail "rl --beta 4 steps"
+"$MT" rl "${rlargs[@]}" --steps 2 --eval-n 0 --beta 0.1 --save-every 2 --keep 0 --threads 2 --quiet --out "$T/KB" \
+    || fail "rl --beta 2 steps"
+"$MT" rl --resume "$T/KB" --steps 4 --threads 2 --quiet || fail "rl --resume of a --beta run"
+for f in model.safetensors optimizer.safetensors; do
+    cmp -s "$T/KA/step_00000004/$f" "$T/KB/step_00000004/$f" || fail "resumed --beta run: $f differs from the uninterrupted run"
+done
+ok "rl --beta 0.1 --resume from step 2 = the uninterrupted 4-step run (the reference reloaded; bit for bit)"
 
 # errors: one line, non-zero exit
 refused() { # what expected-text args...

@@ -203,16 +203,19 @@ int mt_rl(const mt_rl_opts *opt) {
     mt_dist *d = mt_dist_get();
     const int root = d->rank == 0;
     cJSON *kept = NULL;
+    const char *ref_init = o.train.init; /* the frozen reference of --beta: the run's start weights */
     const int resumed = o.train.resume != NULL;
     if (resumed) {
         if (o.train.init) return mt_error("rl: --resume continues an rl run, --init starts one: give one of them");
         char ck[4200];
         if (mt_ckpt_resolve(o.train.resume, ck, sizeof ck) != 0) return -1;
         if (settings_load(ck, &o, &kept) != 0) return -1;
-        if (o.beta > 0) {
+        const cJSON *in = cJSON_GetObjectItemCaseSensitive(kept, "init");
+        ref_init = cJSON_IsString(in) ? in->valuestring : "";
+        if (o.beta > 0 && !*ref_init) {
             cJSON_Delete(kept);
-            return mt_error("rl: --resume of a run with --beta is not supported yet (the reference weights are its "
-                            "--init checkpoint's, which the resume does not reload)");
+            return mt_error("rl: --resume with --beta %g: rl_settings.json names no init checkpoint (the frozen "
+                            "reference)", o.beta);
         }
     } else if (!o.train.init) {
         return mt_error("rl: --init CKPT is required (the policy to start from)");
@@ -300,7 +303,9 @@ int mt_rl(const mt_rl_opts *opt) {
     if (o.beta > 0) {
         ref = mt_try_alloc(sizeof(float) * (m->nparams + 1));
         if (!ref) mt_dist_abort("rl: no memory for the reference copy of the weights (--beta)");
-        memcpy(ref, m->params, sizeof(float) * m->nparams);
+        if (!resumed) memcpy(ref, m->params, sizeof(float) * m->nparams);
+        else if (mt_trainer_load_params(t, ref_init, ref) != 0) /* the --init checkpoint, as at the start */
+            mt_dist_abort(mt_last_error());
     }
     int nmoe = 0;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) nmoe += mt_config_is_moe(&m->cfg, l);

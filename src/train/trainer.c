@@ -531,6 +531,21 @@ void mt_trainer_to_rollout(mt_trainer *t, float *full) {
     if (!t->whole) mt_release_pages(t->m.params, t->m.nparams * sizeof(float));
 }
 
+int mt_trainer_load_params(mt_trainer *t, const char *ckpt, float *buf) {
+    char dir[4200];
+    mt_config c;
+    if (mt_ckpt_resolve(ckpt, dir, sizeof dir) != 0 || mt_ckpt_load_config(dir, &c) != 0) return -1;
+    char *a = mt_config_to_json(&c), *b = mt_config_to_json(&t->cfg);
+    const int same = strcmp(a, b) == 0;
+    free(a), free(b);
+    if (!same) return mt_error("%s: its config is not the model's: its weights cannot be loaded into this run", dir);
+    float *own = mt_model_use_params(&t->m, buf); /* the load writes through the model's views */
+    const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
+    const int rc = mt_ckpt_load_dist(&l, t->d, dir, &t->cfg, 0, t->o.allow_nonfinite);
+    mt_model_use_params(&t->m, own);
+    return rc;
+}
+
 void mt_trainer_from_rollout(mt_trainer *t, const float *full) {
     if (t->whole) return;
     mt_reshard_extract(t->full_t, full, &t->m, t->m.params);

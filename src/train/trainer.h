@@ -134,6 +134,10 @@ void mt_trainer_gather_whole(mt_trainer *t, float *full);
  * restores the part's parameters from full (local copies; full unchanged since), after
  * which full may be released. Nothing else may run on the trainer in between. */
 void mt_trainer_to_rollout(mt_trainer *t, float *full);
+/* buf (laid out like this rank's part, nparams floats) = the weights of checkpoint ckpt (a
+ * run or step folder of the same architecture), under any layout (collective). RL reloads
+ * its frozen reference this way when it resumes. */
+int mt_trainer_load_params(mt_trainer *t, const char *ckpt, float *buf);
 void mt_trainer_from_rollout(mt_trainer *t, const float *full);
 
 /* One optimizer step on batch b: forward and backward of every micro-batch through the
