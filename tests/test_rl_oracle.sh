@@ -10,7 +10,8 @@
 #     (fp32; the first case also fp64)
 #  3. the oracle is not blind: a dump or gradient changed on purpose fails it
 #  4. with mpirun: a DP2 run of 2 steps (--save-every 1 --keep 0): both steps' dumps
-#     recomputed, step 2 from OUT/step_00000001; --dump-grads refused under mpirun
+#     recomputed, step 2 from OUT/step_00000001; so are TP2+SP and PP2 runs (RL Fusion:
+#     rollout from a whole copy, training split); --dump-grads refused under mpirun
 # Usage: bash tests/test_rl_oracle.sh /path/to/moetrain
 # Env:   MT_SRC (source root; default: this script's ..), MT_TEST_TMP (scratch dir)
 # Exit:  0 pass, 1 fail, 77 skipped (no python3-torch).
@@ -149,6 +150,26 @@ else
       fi
     done
   fi
+  # training split over the ranks (RL Fusion): the dump merges each DP index's records, the
+  # trainer's log-probs from the ranks where the head ran (with SP each TP rank holds a part)
+  for L in "--tp 2 --sp" "--pp 2"; do
+    n=r_$(echo "$L" | tr -d ' -')
+    echo "=== $L: 2 steps, the rollout on both ranks from a whole copy"
+    if ! OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MOETRAIN" rl "${RL[@]}" $L --steps 2 --save-every 1 --keep 0 --out $n \
+         --dump-rollouts $n/ro > $n.log 2>&1; then
+      tail -20 $n.log; fail "$L: moetrain rl failed"
+      continue
+    fi
+    for st in 1 2; do
+      ck=pre; [ $st = 2 ] && ck=$n/step_00000001
+      if "$PY" "$REF" --ckpt $ck --dump $n/ro/step_0000000$st.json > ${n}_$st.ref 2>&1; then
+        grep -E 'logp_old|^  (pg|grad_norm) ' ${n}_$st.ref | sed "s/^/    step $st: /"
+        ok "$L step $st (from $ck)"
+      else
+        sed 's/^/    /' ${n}_$st.ref; fail "$L step $st: grpo_ref.py disagrees"
+      fi
+    done
+  done
   if OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MOETRAIN" rl "${RL[@]}" --out r_dp2g --dump-grads g.safetensors \
        > r_dp2g.log 2>&1; then
     fail "DP2: --dump-grads was accepted under mpirun"

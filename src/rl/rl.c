@@ -191,6 +191,19 @@ static int settings_load(const char *ck, mt_rl_opts *o, cJSON **keep) {
     return 0;
 }
 
+/* all[W][n] (world rank order) -> out[DP][n]: world rank w = (pp x DP + dp) x TP + tp holds
+ * DP index dp's records; a value missing on one rank (NaN: a log-prob whose head ran
+ * elsewhere) is taken from another. */
+static void merge_records(const double *all, double *out, size_t n, int W, int TP, int DP) {
+    for (size_t i = 0; i < n * (size_t)DP; i++) out[i] = NAN;
+    for (int w = 0; w < W; w++) {
+        double *o = out + n * (size_t)((w / TP) % DP);
+        const double *a = all + n * (size_t)w;
+        for (size_t i = 0; i < n; i++)
+            if (isnan(o[i]) && !isnan(a[i])) o[i] = a[i];
+    }
+}
+
 /* The switch back: the trainer's part from the rollout copy, whose pages are then given
  * back until the next switch. */
 static void back_to_training(mt_trainer *t, mt_model *roll) {
@@ -239,9 +252,6 @@ int mt_rl(const mt_rl_opts *opt) {
     const int agg = mt_grpo_agg_parse(o.agg);
     if (agg < 0) return -1;
     const int split = o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1;
-    if (split && o.dump_rollouts)
-        return mt_error("rl: --dump-rollouts records the trainer's log-probs per data-parallel rank: it needs data "
-                        "parallelism (no --pp, --tp or --ep) for now");
     const int D = d->size; /* rollout ranks: every rank samples its share from a whole copy */
     if (o.dump_grads && D > 1)
         return mt_error("rl: --dump-grads writes one process's gradient buffer: run it without mpirun (the rollout "
@@ -376,7 +386,11 @@ int mt_rl(const mt_rl_opts *opt) {
     /* the rollout dump: one record per completion (rl/dump.h), gathered on rank 0 */
     const int stride = mt_rlrec_stride(o.max_new);
     double *rec = o.dump_rollouts ? mt_xmalloc(sizeof(double) * (size_t)rows * stride) : NULL;
+    /* rank 0: every rank's records (split layouts: the ranks of one DP index hold the same
+     * completions, and the trainer's log-prob of a token where its head ran), merged into
+     * rec_all in the trainer's order: DP index, then prompt, then sample */
     double *rec_all = o.dump_rollouts && root ? mt_xmalloc(sizeof(double) * (size_t)rows * stride * D) : NULL;
+    double *rec_world = o.dump_rollouts && root && split ? mt_xmalloc(sizeof(double) * (size_t)rows * stride * D) : NULL;
     int grads_done = !o.dump_grads;
     const double t_begin = mt_now();
     int rc = 0;
@@ -508,7 +522,10 @@ int mt_rl(const mt_rl_opts *opt) {
             mt_grpo_stats(&gb, gstat);
             for (int k = 0; rec && rc == 0 && k < nseq; k++) { /* row k: position plen-1+j predicts token j */
                 double *r = rec + (size_t)seq_of[k] * stride + MT_RLREC_HEAD + 2 * o.max_new;
-                for (int j = 0; j < seq[k].n; j++) r[j] = gb.old[(size_t)k * ti->seq + seq[k].plen - 1 + j];
+                for (int j = 0; j < seq[k].n; j++) {
+                    const size_t at = (size_t)k * ti->seq + seq[k].plen - 1 + j;
+                    if (!split || gb.ratio[at] != 0) r[j] = gb.old[at]; /* split: only where the head ran here */
+                }
             }
             if (rc == 0 && !grads_done) {
                 if (mt_rl_dump_grads(o.dump_grads, m) != 0) rc = -1;
@@ -532,7 +549,12 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_group_max_f64(&d->all, rss, 2);
         mt_group_max_f64(&d->all, &switch_s, 1);
         if (rec) {
-            mt_group_gather_f64(&d->dp, rec, (size_t)rows * stride, rec_all);
+            if (!split) {
+                mt_group_gather_f64(&d->dp, rec, (size_t)rows * stride, rec_all);
+            } else {
+                mt_group_gather_f64(&d->all, rec, (size_t)rows * stride, rec_world);
+                if (root) merge_records(rec_world, rec_all, (size_t)rows * stride, D, d->tp_size, d->dp_size);
+            }
             if (root) {
                 const double ntok = gstat[4];
                 char ck[4200], dp[4200];
@@ -554,7 +576,7 @@ int mt_rl(const mt_rl_opts *opt) {
                     .clip_fraction = ntok > 0 ? gstat[2] / ntok : 0, .ratio_dev = ntok > 0 ? gstat[3] / ntok : 0,
                     .old_behav_max = gstat[5], .balance = sr.balance, .grad_norm = sr.grad_norm};
                 snprintf(dp, sizeof dp, "%s/step_%08d.json", o.dump_rollouts, step);
-                if (mt_rl_dump_write(dp, &ds, rec_all, rows * D, stride, &ps) != 0) mt_dist_abort(mt_last_error());
+                if (mt_rl_dump_write(dp, &ds, rec_all, rows * d->dp_size, stride, &ps) != 0) mt_dist_abort(mt_last_error());
             }
         }
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
@@ -613,7 +635,7 @@ int mt_rl(const mt_rl_opts *opt) {
     free(rptok), free(rreq), free(rco), free(mine), free(every);
     mt_model_free(&roll);
     mt_free(ref);
-    free(seq_of), free(rec), free(rec_all);
+    free(seq_of), free(rec), free(rec_all), free(rec_world);
     mt_trainer_free(t);
     cJSON_Delete(kept);
     mt_reward_free(&reward);
