@@ -18,7 +18,8 @@
 #     absolute: an on-policy loss is a sum of +-A w / N terms that cancel to ~1e-8, where
 #     the last bits of w = exp(logp_old - logp_behav) move with the batch shape); so do
 #     training layouts that split the model (EP2, TP2+SP, PP2+ZeRO-1; DP4 x EP2: RL Fusion, a layout
-#     switch to a whole rollout copy every step, switch_s > 0).
+#     switch to a whole rollout copy every step, switch_s > 0) and separate deployments
+#     (--rollout-ranks 1 of 2, 2 of 3: the weights sent to the rollout ranks each step).
 # Usage: bash tests/test_rl.sh path/to/moetrain
 set -euo pipefail
 NAME=test_rl
@@ -188,7 +189,8 @@ EOF
     ok "DP2 = one process: rewards, accuracy, tokens, held-out accuracy exactly; loss within 1e-5 (1e-6 abs)"
     # RL Fusion: training splits the model, every rank rolls out from a whole copy
     # (4 ranks, DP4 x EP2: ranks 2 and 3 own no tensor, so they send empty blocks)
-    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2"; do
+    # and separate deployments: --rollout-ranks R roll out, the other ranks train
+    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2" "2 --rollout-ranks 1" "3 --rollout-ranks 2"; do
         np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -')
         run $np rl "${rlargs[@]}" $L --threads 1 --quiet --out "$T/F$n" > "$T/F$n.log" 2>&1 \
             || { tail -5 "$T/F$n.log"; fail "rl $L under mpirun -np $np"; }
@@ -207,8 +209,13 @@ for x, y in zip(a, b):
     bad |= y["ratio_dev"] != 0 or not (y["switch_s"] > 0)
 sys.exit(1 if bad else 0)
 EOF
-        ok "rl $L on $np ranks (layout switch each step) = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
+        ok "rl $L on $np ranks (weights moved each step) = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
     done
+    if run 2 rl "${rlargs[@]}" --rollout-ranks 2 --threads 1 --quiet --out "$T/S4" > "$T/S4.log" 2>&1; then
+        fail "--rollout-ranks 2 on 2 ranks accepted"
+    fi
+    grep -q "leaves no rank to train" "$T/S4.log" || { cat "$T/S4.log"; fail "--rollout-ranks 2 on 2 ranks: no clear error"; }
+    ok "--rollout-ranks 2 on 2 ranks refused: $(grep -m1 'no rank to train' "$T/S4.log")"
     if run 2 rl "${rlargs[@]}" --prompts-per-step 7 --threads 1 --quiet --out "$T/S3" > "$T/S3.log" 2>&1; then
         fail "DP2 with --prompts-per-step 7 accepted"
     fi

@@ -57,6 +57,7 @@ int mt_cmd_rl(int argc, char **argv) {
         {"threads", MT_ARG_INT, &t->threads, "threads (default: OMP_NUM_THREADS or all cores)", NULL},
         {"bf16", MT_ARG_BOOL, &t->bf16, "mixed precision for rollout and training (AVX512-BF16)", &t->set_bf16},
         {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
+        {"rollout-ranks", MT_ARG_INT, &o.rollout_ranks, "under mpirun: separate deployment, the last R ranks only roll out and the others only train (weights sent each step); 0 = every rank does both (default)", NULL},
         {"pp", MT_ARG_INT, &t->pp, "under mpirun: training pipeline stages (the rollout runs on every rank from a whole copy of the weights)", NULL},
         {"tp", MT_ARG_INT, &t->tp, "under mpirun: training tensor-parallel size", NULL},
         {"sp", MT_ARG_BOOL, &t->sp, "sequence parallelism with --tp", NULL},
@@ -75,7 +76,8 @@ int mt_cmd_rl(int argc, char **argv) {
     if (t->resume) { /* the run's settings come from it: only these flags make sense */
         static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
                                          "--dump-rollouts", "--dump-grads", "--comm-timeout", "--allow-nonfinite",
-                                         "--pp", "--tp", "--sp", "--ep", "--dist-opt", "--a2a", "--ranks-per-node"};
+                                         "--pp", "--tp", "--sp", "--ep", "--dist-opt", "--a2a", "--ranks-per-node",
+                                         "--rollout-ranks"};
         for (int i = 2; i < argc; i++) {
             if (strncmp(argv[i], "--", 2) != 0) continue;
             size_t n = strcspn(argv[i], "=");

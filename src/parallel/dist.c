@@ -14,7 +14,8 @@ static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
                          .ep_size = 1, .edp_size = 1,
                          .all = {MPI_COMM_NULL, 0, 1}, .dp = {MPI_COMM_NULL, 0, 1}, .tp = {MPI_COMM_NULL, 0, 1},
                          .dpt = {MPI_COMM_NULL, 0, 1}, .tp_size = 1, .ep = {MPI_COMM_NULL, 0, 1},
-                         .edp = {MPI_COMM_NULL, 0, 1}, .pp = {MPI_COMM_NULL, 0, 1}, .emb = {MPI_COMM_NULL, 0, 1}};
+                         .edp = {MPI_COMM_NULL, 0, 1}, .pp = {MPI_COMM_NULL, 0, 1}, .emb = {MPI_COMM_NULL, 0, 1},
+                         .role = -1, .job = {MPI_COMM_NULL, 0, 1}};
 
 /* name: what the watchdog and MPI's own messages call the group */
 static void group_split(mt_group *g, int color, int key, const char *name) {
@@ -52,6 +53,10 @@ int mt_dist_init(int *argc, char ***argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.all.comm);
     MPI_Comm_set_name(g_dist.world, "world");
     MPI_Comm_set_name(g_dist.all.comm, "world");
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_dist.job.comm);
+    MPI_Comm_set_name(g_dist.job.comm, "job (all roles)");
+    g_dist.job.rank = g_dist.rank;
+    g_dist.job.size = g_dist.size;
     g_dist.all.rank = g_dist.rank;
     g_dist.all.size = g_dist.size;
     MPI_Comm node;
@@ -133,9 +138,54 @@ int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep) {
     return 0;
 }
 
+int mt_dist_set_role(mt_dist *d, int role) {
+    if (!d->initialized || d->job.size == 1) return mt_error("roles need more than one rank");
+    MPI_Comm rc;
+    MPI_Comm_split(d->job.comm, role, d->job.rank, &rc);
+    int n;
+    MPI_Comm_size(rc, &n);
+    MPI_Comm_free(&d->world);
+    MPI_Comm_free(&d->all.comm);
+    d->world = rc;
+    MPI_Comm_set_name(d->world, "role world");
+    MPI_Comm_dup(rc, &d->all.comm);
+    MPI_Comm_set_name(d->all.comm, "role world");
+    MPI_Comm_rank(rc, &d->rank);
+    d->size = n;
+    d->all.rank = d->rank;
+    d->all.size = n;
+    d->role = role;
+    return mt_dist_set_layout(d, 1, 1, 0, 1);
+}
+
+/* pieces of at most max_count elements, so that any n fits MPI's int counts */
+void mt_group_send_bytes(mt_group *g, const void *x, size_t n, int peer, int tag) {
+    double t0 = MPI_Wtime();
+    for (size_t i = 0; i < n || i == 0; i += max_count) {
+        const size_t c = n - i < max_count ? n - i : max_count;
+        MPI_Send((const char *)x + i, (int)c, MPI_BYTE, peer, tag, g->comm);
+        if (n == 0) break;
+    }
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_recv_bytes(mt_group *g, void *x, size_t n, int peer, int tag) {
+    double t0 = MPI_Wtime();
+    for (size_t i = 0; i < n || i == 0; i += max_count) {
+        const size_t c = n - i < max_count ? n - i : max_count;
+        MPI_Recv((char *)x + i, (int)c, MPI_BYTE, peer, tag, g->comm, MPI_STATUS_IGNORE);
+        if (n == 0) break;
+    }
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_send_f32(mt_group *g, const float *x, size_t n, int peer, int tag) {
+    mt_group_send_bytes(g, x, n * sizeof *x, peer, tag);
+}
+
 void mt_dist_finalize(void) {
     if (!g_dist.initialized) return;
-    mt_group *gs[] = {&g_dist.all, &g_dist.tp, &g_dist.dpt, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
+    mt_group *gs[] = {&g_dist.job, &g_dist.all, &g_dist.tp, &g_dist.dpt, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
     for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
         if (gs[i]->comm != MPI_COMM_NULL) MPI_Comm_free(&gs[i]->comm);
     MPI_Comm_free(&g_dist.world);
@@ -146,19 +196,19 @@ void mt_dist_finalize(void) {
 mt_dist *mt_dist_get(void) { return &g_dist; }
 
 void mt_dist_set_timeout(double seconds) {
-    if (g_dist.size > 1) mt_watch_set_timeout(seconds);
+    if (g_dist.job.size > 1) mt_watch_set_timeout(seconds);
 }
 
 void mt_dist_abort(const char *msg) {
-    if (g_dist.size > 1) {
+    if (g_dist.job.size > 1) {
         /* most errors (flags, layout, config) are found alike on every rank: let rank 0 say
          * it and end the job; another rank speaks only if the job is still up a moment later */
-        if (g_dist.rank != 0) {
+        if (g_dist.job.rank != 0) {
             struct timespec ts = {0, 500 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
-        fprintf(stderr, "moetrain: error: rank %d of %d: %s\n", g_dist.rank, g_dist.size, msg);
-        fprintf(stderr, "moetrain: rank %d is ending the job (MPI_Abort)\n", g_dist.rank);
+        fprintf(stderr, "moetrain: error: rank %d of %d: %s\n", g_dist.job.rank, g_dist.job.size, msg);
+        fprintf(stderr, "moetrain: rank %d is ending the job (MPI_Abort)\n", g_dist.job.rank);
         fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 1);
     } else {

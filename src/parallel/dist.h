@@ -40,6 +40,11 @@ typedef struct {
     mt_group emb;            /* first and last pipeline stage of one DP index (tied embedding) */
     MPI_Comm world;          /* a duplicate of MPI_COMM_WORLD (the same ranks as `all`) */
     int initialized;         /* MPI_Init was called by mt_dist_init */
+    /* Roles (mt_dist_set_role): the job's ranks split into groups that each run their own
+     * layout, e.g. RL's trainer and rollout ranks. rank, size, world and every group above
+     * then belong to this rank's role; job spans every rank of the job. */
+    int role;                /* -1: no roles (the role is the whole job) */
+    mt_group job;
     double comm_s;           /* seconds spent in collectives since the last reset */
 } mt_dist;
 
@@ -61,6 +66,14 @@ void mt_dist_set_timeout(double seconds);
 /* Prints "moetrain: error: rank R of N: <msg>" to stderr and ends the whole job with
  * MPI_Abort (exit code 1). With one rank it only prints and exits. */
 void mt_dist_abort(const char *msg) __attribute__((noreturn));
+
+/* Splits the job into roles (collective over the job; before mt_dist_set_layout): the ranks
+ * with the same role form this rank's world from then on, in job rank order. */
+int mt_dist_set_role(mt_dist *d, int role);
+/* Blocking point to point of n floats or bytes inside a group (any n: sent in pieces). */
+void mt_group_send_f32(mt_group *g, const float *x, size_t n, int peer, int tag);
+void mt_group_send_bytes(mt_group *g, const void *x, size_t n, int peer, int tag);
+void mt_group_recv_bytes(mt_group *g, void *x, size_t n, int peer, int tag);
 
 /* The parallel layout: PP stages x DP x TP, EP carved out of DP (x TP with sp). Errors
  * (-1, message naming the failed constraint) when pp x tp does not divide the world or ep

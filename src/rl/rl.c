@@ -204,6 +204,149 @@ static void merge_records(const double *all, double *out, size_t n, int W, int T
     }
 }
 
+/* Completions travel between ranks as records of rec_n int32: n, eot, tokens[max_new],
+ * log-prob bits[max_new], routing[replay_stride x (longest prompt + max_new - 1)]. */
+typedef struct {
+    size_t rec_n;
+    int max_new, replay_stride;
+} rec_shape;
+
+static void pack_records(const rec_shape *sh, mt_completion *co, const mt_rollout_req *req, int n, int32_t *out) {
+    for (int i = 0; i < n; i++) {
+        int32_t *r = out + sh->rec_n * (size_t)i;
+        memset(r, 0, sizeof(int32_t) * sh->rec_n);
+        r[0] = co[i].n, r[1] = co[i].stopped_eot;
+        memcpy(r + 2, co[i].tokens, sizeof(int32_t) * (size_t)co[i].n);
+        memcpy(r + 2 + sh->max_new, co[i].logp, sizeof(float) * (size_t)co[i].n);
+        if (co[i].routing)
+            memcpy(r + 2 + 2 * sh->max_new, co[i].routing,
+                   sizeof(int32_t) * (size_t)sh->replay_stride * (size_t)(req[i].len + co[i].n - 1));
+        mt_completion_free(&co[i]);
+    }
+}
+
+/* co[n] = the records in[n] (their prompts' requests req[n] give the routing's length) */
+static void unpack_records(const rec_shape *sh, const int32_t *in, const mt_rollout_req *req, int n,
+                           mt_completion *co) {
+    for (int i = 0; i < n; i++) {
+        const int32_t *r = in + sh->rec_n * (size_t)i;
+        mt_completion *c = &co[i];
+        c->n = r[0], c->stopped_eot = r[1];
+        c->tokens = mt_xmalloc(sizeof(int32_t) * ((size_t)c->n + 1));
+        c->logp = mt_xmalloc(sizeof(float) * ((size_t)c->n + 1));
+        memcpy(c->tokens, r + 2, sizeof(int32_t) * (size_t)c->n);
+        memcpy(c->logp, r + 2 + sh->max_new, sizeof(float) * (size_t)c->n);
+        c->routing = NULL;
+        if (sh->replay_stride) {
+            const size_t nr = (size_t)sh->replay_stride * (size_t)(req[i].len + c->n - 1);
+            c->routing = mt_xmalloc(sizeof(int32_t) * (nr + 1));
+            memcpy(c->routing, r + 2 + 2 * sh->max_new, sizeof(int32_t) * nr);
+        }
+    }
+}
+
+/* The requests of rollout rank r of R at step (its P / R prompts, G samples each). */
+static void share_requests(prompt_order *po, const mt_prompt_set *ps, const mt_rl_opts *o, int step, int r, int R,
+                           int32_t **ptok, mt_rollout_req *req) {
+    const int Pr = o->prompts_per_step / R, G = o->group;
+    for (int j = 0; j < Pr; j++) {
+        const int64_t k = (int64_t)(step - 1) * o->prompts_per_step + (int64_t)r * Pr + j;
+        const int64_t pi = prompt_at(po, k);
+        ptok[j] = mt_xrealloc(ptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps->prompt[pi]));
+        const int len = (int)mt_prompt_encode(ps->prompt[pi], ptok[j]);
+        for (int q = 0; q < G; q++) req[j * G + q] = (mt_rollout_req){ptok[j], len, (uint64_t)pi, (uint64_t)q};
+    }
+}
+
+/* Separate deployment: the messages between the trainer's rank 0 (job rank 0) and the
+ * rollout ranks' rank 0 (job rank J - R). */
+enum { TAG_PLAN = 11, TAG_WEIGHTS, TAG_RECORDS, TAG_ACC };
+
+static int eval_due(const mt_rl_opts *o, int step, int steps) {
+    return step == steps || (o->eval_every > 0 && step % o->eval_every == 0);
+}
+
+/* The rollout ranks' side of a separate deployment: per step the weights arrive, every
+ * rank samples its share, the records go back; held-out evaluations when the trainer's
+ * schedule has them. */
+static int rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *ps, const mt_prompt_set *ev,
+                          size_t longest) {
+    const int T0 = 0, lead = d->rank == 0;
+    uint64_t plan[3] = {0, 0, 0}; /* start step, steps, seed */
+    if (lead) mt_group_recv_bytes(&d->job, plan, sizeof plan, T0, TAG_PLAN);
+    mt_group_bcast_i32(&d->all, (int *)plan, (sizeof plan) / (sizeof(int))); /* 64-bit words as int pairs */
+    const int start = (int)plan[0], steps = (int)plan[1];
+    char ck[4200];
+    mt_config cfg;
+    if (mt_ckpt_resolve(o->train.resume ? o->train.resume : o->train.init, ck, sizeof ck) != 0 ||
+        mt_ckpt_load_config(ck, &cfg) != 0)
+        return -1;
+    mt_model roll;
+    if (mt_model_init_infer(&roll, &cfg) != 0) return -1;
+    int nmoe = 0;
+    for (int l = 0; l < cfg.num_hidden_layers; l++) nmoe += mt_config_is_moe(&cfg, l);
+    const rec_shape sh = {0, o->max_new, o->routing_replay ? nmoe * cfg.num_experts_per_tok : 0};
+    rec_shape shp = sh;
+    shp.rec_n = 2 + 2 * (size_t)o->max_new + (size_t)sh.replay_stride * (longest + (size_t)o->max_new - 1);
+    const int R = d->size, Pr = o->prompts_per_step / R, rrows = Pr * o->group;
+    mt_rollout_req *req = mt_xcalloc((size_t)rrows, sizeof *req);
+    mt_completion *co = mt_xcalloc((size_t)rrows, sizeof *co);
+    int32_t **ptok = mt_xcalloc((size_t)Pr, sizeof *ptok);
+    int32_t *mine = mt_xmalloc(sizeof(int32_t) * shp.rec_n * (size_t)rrows);
+    int32_t *every = mt_xmalloc(sizeof(int32_t) * shp.rec_n * (size_t)rrows * (size_t)R);
+    prompt_order po = {(int64_t)ps->n, -1, plan[2], NULL};
+    const int eval_on = ev->n > 0 && o->eval_n > 0;
+    int rc = 0;
+    for (int step = start; step <= steps && rc == 0; step++) {
+        if (step > start) { /* step's rollout: the weights of version step - 1 */
+            if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, TAG_WEIGHTS);
+            mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
+            mt_rollout_opts ro;
+            mt_rollout_defaults(&ro);
+            ro.temperature = o->temperature, ro.top_k = o->top_k, ro.top_p = o->top_p, ro.max_new = o->max_new;
+            ro.seed = plan[2], ro.step = (uint64_t)step, ro.slots = o->slots, ro.record_routing = o->routing_replay;
+            share_requests(&po, ps, o, step, d->rank, R, ptok, req);
+            mt_rollout_stats rs;
+            if (mt_rollout(&roll, &ro, req, rrows, co, &rs) != 0) mt_dist_abort(mt_last_error());
+            double sec = rs.seconds;
+            mt_group_max_f64(&d->all, &sec, 1);
+            pack_records(&shp, co, req, rrows, mine);
+            mt_group_allgather_i32(&d->all, mine, shp.rec_n * (size_t)rrows, every);
+            if (lead) {
+                mt_group_send_bytes(&d->job, every, sizeof(int32_t) * shp.rec_n * (size_t)rrows * (size_t)R, T0,
+                                    TAG_RECORDS);
+                mt_group_send_bytes(&d->job, &sec, sizeof sec, T0, TAG_RECORDS);
+            }
+        }
+        if (eval_on && (step == start || eval_due(o, step, steps))) {
+            if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, TAG_WEIGHTS);
+            mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
+            double acc = heldout_accuracy(&roll, ev, o->eval_n, o->max_new, o->slots, d);
+            if (lead) mt_group_send_bytes(&d->job, &acc, sizeof acc, T0, TAG_ACC);
+        }
+    }
+    for (int j = 0; j < Pr; j++) free(ptok[j]);
+    free(ptok), free(req), free(co), free(mine), free(every), free(po.perm);
+    mt_model_free(&roll);
+    return rc;
+}
+
+/* The trainer's side of a separate deployment: the current weights to the rollout ranks
+ * (gathered on the trainer's rank 0, sent point to point, broadcast there). */
+static void send_weights(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead) {
+    mt_trainer_gather_whole_root(t, whole);
+    if (d->rank == 0)
+        mt_group_send_f32(&d->job, whole, mt_trainer_whole_floats(t), rollout_lead, TAG_WEIGHTS);
+}
+
+static double remote_accuracy(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead) {
+    send_weights(t, d, whole, rollout_lead);
+    double acc = 0;
+    if (d->rank == 0) mt_group_recv_bytes(&d->job, &acc, sizeof acc, rollout_lead, TAG_ACC);
+    mt_group_bcast_f64(&d->all, &acc, 1);
+    return acc;
+}
+
 /* The switch back: the trainer's part from the rollout copy, whose pages are then given
  * back until the next switch. */
 static void back_to_training(mt_trainer *t, mt_model *roll) {
@@ -251,13 +394,24 @@ int mt_rl(const mt_rl_opts *opt) {
                         "--routing-replay");
     const int agg = mt_grpo_agg_parse(o.agg);
     if (agg < 0) return -1;
-    const int split = o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1;
-    const int D = d->size; /* rollout ranks: every rank samples its share from a whole copy */
+    const int sep = o.rollout_ranks > 0, R = o.rollout_ranks;
+    if (o.rollout_ranks < 0) return mt_error("rl: --rollout-ranks must be >= 0 (0 = rollout on every rank)");
+    if (sep && (d->job.size < 2 || R >= d->job.size))
+        return mt_error("rl: --rollout-ranks %d leaves no rank to train (the job has %d)", R, d->job.size);
+    if (sep && o.prompts_per_step % R != 0)
+        return mt_error("rl: --prompts-per-step %d is not a multiple of --rollout-ranks %d", o.prompts_per_step, R);
+    /* separate deployment: the last R ranks roll out, the others (job rank 0 first) train */
+    const int rollout_lead = d->job.size - R, rollout_role = sep && d->job.rank >= rollout_lead;
+    if (sep && mt_dist_set_role(d, rollout_role) != 0) return -1;
+    const int split = !sep && (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1);
+    /* co-located: every rank samples its share (from a whole copy when training splits the
+     * model); separate: the trainer's ranks sample nothing */
+    const int D = d->size;
     if (o.dump_grads && D > 1)
         return mt_error("rl: --dump-grads writes one process's gradient buffer: run it without mpirun (the rollout "
                         "dump works under any number of ranks)");
     if (o.dump_rollouts && root && mt_mkdir_p(o.dump_rollouts) != 0) mt_dist_abort(mt_last_error());
-    if (o.prompts_per_step % D != 0)
+    if (!sep && o.prompts_per_step % D != 0)
         return mt_error("rl: --prompts-per-step %d is not a multiple of the %d ranks (each rolls out an equal share)",
                         o.prompts_per_step, D);
     mt_prompt_set ps, ev;
@@ -284,6 +438,15 @@ int mt_rl(const mt_rl_opts *opt) {
     const int Pl = o.prompts_per_step / Dt, rows = Pl * o.group, Pr = o.prompts_per_step / D;
     size_t longest = 0;
     for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
+    if (rollout_role) {
+        const int src = rollout_server(&o, d, &ps, &ev, longest);
+        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
+        cJSON_Delete(kept);
+        return src;
+    }
+    if (sep && o.prompts_per_step % Dt != 0)
+        return mt_error("rl: --prompts-per-step %d is not a multiple of the trainer's %d data-parallel ranks",
+                        o.prompts_per_step, Dt);
     const int B = o.micro_batch > 0 ? (o.micro_batch < rows ? o.micro_batch : rows) : (rows < 64 ? rows : 64);
     mt_train_opts *to = &o.train;
     to->external_batches = 1;
@@ -304,6 +467,13 @@ int mt_rl(const mt_rl_opts *opt) {
     memset(&roll, 0, sizeof roll);
     if (split && mt_model_init_infer(&roll, mt_trainer_config(t)) != 0) mt_dist_abort(mt_last_error());
     mt_model *rm = split ? &roll : m;
+    /* separate: the trainer's rank 0 assembles the weights it sends (and tells the rollout
+     * ranks where the run starts) */
+    float *whole = sep && d->rank == 0 ? mt_alloc((mt_trainer_whole_floats(t) + 1) * sizeof(float)) : NULL;
+    if (sep && d->rank == 0) {
+        const uint64_t plan[3] = {(uint64_t)mt_trainer_get_state(t)->step, (uint64_t)ti->steps, ti->seed};
+        mt_group_send_bytes(&d->job, plan, sizeof plan, rollout_lead, TAG_PLAN);
+    }
     mt_grpo_loss L;
     mt_grpo_loss_defaults(&L);
     L.eps_low = o.eps_low, L.eps_high = o.eps_high, L.is_cap = o.is_cap, L.temperature = o.temperature;
@@ -354,9 +524,13 @@ int mt_rl(const mt_rl_opts *opt) {
     const int eval_on = ev.n > 0 && o.eval_n > 0;
     double acc0 = -1, acc = -1;
     if (eval_on) {
-        if (split) mt_trainer_to_rollout(t, roll.params);
-        acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
-        if (split) back_to_training(t, &roll);
+        if (sep) {
+            acc0 = acc = remote_accuracy(t, d, whole, rollout_lead);
+        } else {
+            if (split) mt_trainer_to_rollout(t, roll.params);
+            acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
+            if (split) back_to_training(t, &roll);
+        }
         if (root) {
             if (!ti->quiet)
                 printf("step 0: held-out greedy accuracy %.4f (%d prompts)\n", acc, (int)(ev.n < (size_t)o.eval_n ? ev.n : (size_t)o.eval_n));
@@ -370,11 +544,12 @@ int mt_rl(const mt_rl_opts *opt) {
      * rank, exchanged as records of rec_n int32: n, eot, tokens, log-prob bits, routing */
     const int rrows = Pr * G, route_n = replay_stride * ((int)longest + o.max_new - 1);
     const size_t rec_n = 2 + 2 * (size_t)o.max_new + (size_t)route_n;
+    const rec_shape shp = {rec_n, o.max_new, replay_stride};
     mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows, sizeof *rreq) : NULL;
     mt_completion *rco = split ? mt_xcalloc((size_t)rrows, sizeof *rco) : NULL;
     int32_t **rptok = split ? mt_xcalloc((size_t)Pr, sizeof *rptok) : NULL;
     int32_t *mine = split ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)rrows) : NULL;
-    int32_t *every = split ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)rrows * (size_t)D) : NULL;
+    int32_t *every = split || sep ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)o.prompts_per_step * (size_t)G) : NULL;
     mt_rollout_req *req = mt_xcalloc((size_t)rows, sizeof *req);
     int32_t **ptok = mt_xcalloc((size_t)Pl, sizeof *ptok);
     int64_t *pidx = mt_xmalloc(sizeof(int64_t) * (size_t)Pl);
@@ -410,51 +585,34 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_rollout_stats rs;
         double switch_s = 0, rss[2] = {0, 0}; /* peak MiB during the rollout and the training step */
         mt_reset_peak_rss();
-        if (!split) {
+        if (sep) {
+            const double t0 = mt_now();
+            send_weights(t, d, whole, rollout_lead);
+            switch_s = mt_now() - t0;
+            /* the rollout ranks' records of every prompt, then their slowest rollout time */
+            const size_t nrec = shp.rec_n * (size_t)o.prompts_per_step * (size_t)G;
+            memset(&rs, 0, sizeof rs);
+            if (d->rank == 0) {
+                mt_group_recv_bytes(&d->job, every, sizeof(int32_t) * nrec, rollout_lead, TAG_RECORDS);
+                mt_group_recv_bytes(&d->job, &rs.seconds, sizeof rs.seconds, rollout_lead, TAG_RECORDS);
+            }
+            mt_group_bcast_i32(&d->all, every, nrec);
+            unpack_records(&shp, every + shp.rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
+        } else if (!split) {
             if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
         } else {
             const double t0 = mt_now();
             mt_trainer_to_rollout(t, roll.params);
             switch_s = mt_now() - t0;
-            for (int j = 0; j < Pr; j++) {
-                const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->rank * Pr + j;
-                const int64_t pi = prompt_at(&po, k);
-                rptok[j] = mt_xrealloc(rptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pi]));
-                const int len = (int)mt_prompt_encode(ps.prompt[pi], rptok[j]);
-                for (int q = 0; q < G; q++) rreq[j * G + q] = (mt_rollout_req){rptok[j], len, (uint64_t)pi, (uint64_t)q};
-            }
+            share_requests(&po, &ps, &o, step, d->rank, D, rptok, rreq);
             if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rs) != 0) { rc = -1; break; }
             rss[0] = (double)mt_peak_rss() / 1048576.0;
             const double t1 = mt_now();
             back_to_training(t, &roll);
-            for (int i = 0; i < rrows; i++) {
-                int32_t *r = mine + rec_n * (size_t)i;
-                memset(r, 0, sizeof(int32_t) * rec_n);
-                r[0] = rco[i].n, r[1] = rco[i].stopped_eot;
-                memcpy(r + 2, rco[i].tokens, sizeof(int32_t) * (size_t)rco[i].n);
-                memcpy(r + 2 + o.max_new, rco[i].logp, sizeof(float) * (size_t)rco[i].n);
-                if (rco[i].routing)
-                    memcpy(r + 2 + 2 * o.max_new, rco[i].routing,
-                           sizeof(int32_t) * (size_t)replay_stride * (size_t)(rreq[i].len + rco[i].n - 1));
-                mt_completion_free(&rco[i]);
-            }
+            pack_records(&shp, rco, rreq, rrows, mine);
             mt_group_allgather_i32(&d->all, mine, rec_n * (size_t)rrows, every);
             /* this DP index's completions, in the order of its prompts */
-            for (int i = 0; i < rows; i++) {
-                const int32_t *r = every + rec_n * ((size_t)d->dp_rank * (size_t)rows + (size_t)i);
-                mt_completion *c = &co[i];
-                c->n = r[0], c->stopped_eot = r[1];
-                c->tokens = mt_xmalloc(sizeof(int32_t) * ((size_t)c->n + 1));
-                c->logp = mt_xmalloc(sizeof(float) * ((size_t)c->n + 1));
-                memcpy(c->tokens, r + 2, sizeof(int32_t) * (size_t)c->n);
-                memcpy(c->logp, r + 2 + o.max_new, sizeof(float) * (size_t)c->n);
-                c->routing = NULL;
-                if (o.routing_replay) {
-                    const size_t nr = (size_t)replay_stride * (size_t)(req[i].len + c->n - 1);
-                    c->routing = mt_xmalloc(sizeof(int32_t) * (nr + 1));
-                    memcpy(c->routing, r + 2 + 2 * o.max_new, sizeof(int32_t) * nr);
-                }
-            }
+            unpack_records(&shp, every + rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
             switch_s += mt_now() - t1;
         }
         if (!split) rss[0] = (double)mt_peak_rss() / 1048576.0;
@@ -581,9 +739,13 @@ int mt_rl(const mt_rl_opts *opt) {
         }
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
         if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) {
-            if (split) mt_trainer_to_rollout(t, roll.params);
-            acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
-            if (split) back_to_training(t, &roll);
+            if (sep) {
+                acc = remote_accuracy(t, d, whole, rollout_lead);
+            } else {
+                if (split) mt_trainer_to_rollout(t, roll.params);
+                acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
+                if (split) back_to_training(t, &roll);
+            }
         }
         if (root) {
             const double el = mt_now() - t_begin;
@@ -633,6 +795,7 @@ int mt_rl(const mt_rl_opts *opt) {
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
     for (int j = 0; split && j < Pr; j++) free(rptok[j]);
     free(rptok), free(rreq), free(rco), free(mine), free(every);
+    mt_free(whole);
     mt_model_free(&roll);
     mt_free(ref);
     free(seq_of), free(rec), free(rec_all), free(rec_world);

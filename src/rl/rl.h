@@ -4,9 +4,11 @@
  * each sampled by the rollout engine (rl/rollout.h) with the current weights, rewards
  * (rl/reward.h), group advantages (rl/advantage.h), a forward that records logp_old, then
  * one optimizer step of the trainer (train/trainer.h) on the GRPO loss (rl/grpo.h). Under
- * mpirun the ranks are data-parallel: each rolls out P / DP prompts with its own copy of
- * the weights, training and rollout on the same ranks and the same weights (the layouts
- * that split the model, TP / PP / EP, need the rollout layout switch: not yet). With beta >
+ * mpirun, co-located (default): every rank rolls out P / ranks prompts, from its own
+ * weights under data parallelism, from a whole copy filled by a layout switch each step when
+ * training splits the model (RL Fusion); the completions then go to the trainer's DP ranks.
+ * Separate (rollout_ranks R > 0): the last R ranks only roll out, the others only train;
+ * the weights go to the rollout ranks and the completions back each step. With beta >
  * 0 the --init weights stay as the frozen reference (one more copy of the parameters) and a
  * third forward records logp_ref; with routing replay the rollout records every fed
  * position's experts and both trainer forwards use them. Rank 0
@@ -40,6 +42,7 @@ typedef struct {
     const char *dump_grads;      /* file: the first trained step's summed gradient (one process) */
     double beta;                 /* k3 KL to the --init weights (frozen reference); 0 = none */
     int routing_replay;          /* the trainer's forwards route as the rollout did */
+    int rollout_ranks;           /* separate deployment: the last R ranks roll out; 0 = co-located */
 } mt_rl_opts;
 
 void mt_rl_defaults(mt_rl_opts *o);

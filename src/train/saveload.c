@@ -48,6 +48,16 @@ static void owners(const mt_dist *d, int *own_t, int *own_d, int *own_e) {
     *own_e = d->edp_rank == 0 && (d->sp || d->tp_rank == 0);
 }
 
+void mt_ckpt_gather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full) {
+    if (l->whole) {
+        if (d->rank == 0) memcpy(full, l->m->params, l->nfull * sizeof(float));
+        return;
+    }
+    int own_t, own_d, own_e;
+    owners(d, &own_t, &own_d, &own_e);
+    mt_reshard_gather(&d->all, l->full_t, l->m, l->m->params, own_t, own_d, own_e, full);
+}
+
 void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full) {
     if (l->whole) {
         memcpy(full, l->m->params, l->nfull * sizeof(float));

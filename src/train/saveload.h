@@ -34,6 +34,8 @@ int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
 /* Every rank: full[nfull] = the whole model's parameters in checkpoint order, assembled
  * point to point from the ranks' parts (collective over the world). */
 void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full);
+/* The same on world rank 0 only (full unused elsewhere). */
+void mt_ckpt_gather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full);
 
 /* trainer_state.json of a run at state s with options o over dp data-parallel ranks
  * (malloc'd string). */

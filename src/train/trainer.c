@@ -523,6 +523,13 @@ void mt_trainer_gather_whole(mt_trainer *t, float *full) {
     mt_ckpt_allgather_whole(&l, t->d, full);
 }
 
+void mt_trainer_gather_whole_root(mt_trainer *t, float *full) {
+    const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
+    mt_ckpt_gather_whole(&l, t->d, full);
+}
+
+size_t mt_trainer_whole_floats(const mt_trainer *t) { return t->nfull; }
+
 void mt_trainer_to_rollout(mt_trainer *t, float *full) {
     /* parked before the copy is filled, so that the two never add up */
     mt_pipe_park(&t->pipe);

@@ -128,6 +128,9 @@ int mt_trainer_holds_whole(const mt_trainer *t);
 /* Every rank: full = the whole model's current weights in checkpoint order (the layout of
  * mt_model_init_infer's buffer), sent point to point from the parts (collective). */
 void mt_trainer_gather_whole(mt_trainer *t, float *full);
+/* The same on the trainer's rank 0 only (full unused elsewhere), and the whole model's floats. */
+void mt_trainer_gather_whole_root(mt_trainer *t, float *full);
+size_t mt_trainer_whole_floats(const mt_trainer *t);
 /* RL's switch to the rollout layout (collective): mt_trainer_gather_whole into full, then
  * the trainer parks what it does not need until its next step: its part's parameters (full
  * holds them), gradients and activations give their pages back. mt_trainer_from_rollout
