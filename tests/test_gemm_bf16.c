@@ -227,7 +227,7 @@ static void test_cin(void) {
     for (size_t i = 0; i < (size_t)O * In; i++) W[i] = rnd(45, i);
     for (int bf16 = 0; bf16 < 2; bf16++) {
         snprintf(where, sizeof where, "linear_fwd_res bf16 %d", bf16);
-        CHECK(mt_set_gemm_bf16(bf16) == 0);
+        CHECK(tws_bf16(bf16) == 0);
         for (size_t i = 0; i < (size_t)N * O; i++) res[i] = rnd(46, i);
         memcpy(y1, res, (size_t)N * O * 4);
         mt_linear_fwd(tws(), y1, x, W, N, In, O, 1.0f);
@@ -237,7 +237,7 @@ static void test_cin(void) {
         mt_linear_fwd_res(tws(), res, res, x, NULL, W, N, In, O); /* in place: accumulate */
         CHECK_SAME_F(y1, res, (size_t)N * O);
     }
-    CHECK(mt_set_gemm_bf16(1) == 0);
+    CHECK(tws_bf16(1) == 0);
     mt_free(x);
     mt_free(W);
     mt_free(res);
@@ -352,7 +352,7 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int t = 1; t <= 2; t++)
             for (int pw = 0; pw < 3; pw++) { /* scratch: enough, one word short, none */
-                CHECK(mt_set_gemm_bf16(bf16) == 0);
+                CHECK(tws_bf16(bf16) == 0);
                 omp_set_num_threads(t);
                 for (size_t j = 0; j < words; j++) pack[j] = 0xdeadbeefu;
                 for (size_t j = 0; j + 1 < words; j++) shortp[j] = 0xdeadbeefu;
@@ -379,7 +379,7 @@ static void shared_wgrad_case(int N, int In, const int *O, int n) {
                 CHECK(wrote_short == 0);
             }
     omp_set_num_threads(nthr);
-    CHECK(mt_set_gemm_bf16(1) == 0);
+    CHECK(tws_bf16(1) == 0);
     for (int i = 0; i < n; i++) {
         mt_free(dout[i]);
         mt_free(dW1[i]);
@@ -470,7 +470,7 @@ static void test_bf16_inputs(void) {
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
         for (int tA = 0; tA < 2; tA++)
             for (int tB = 0; tB < 2; tB++) mixed_case(dims[d][0], dims[d][1], dims[d][2], tA, tB);
-    CHECK(mt_set_gemm_bf16(1) == 0);
+    CHECK(tws_bf16(1) == 0);
     snprintf(where, sizeof where, "bf16 activations");
     const int N = 300, C = 48, F = 37, R = 500, E = 5;
     static const int32_t off[6] = {0, 0, 1, 260, 261, 500};
@@ -661,7 +661,7 @@ static void test_head_packed(void) {
     for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rnd(15, i);
     for (size_t i = 0; i < (size_t)V * C; i++) { W[i] = rnd(16, i); dW1[i] = dW2[i] = 0.0f; }
     for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 37) % V);
-    CHECK(mt_set_gemm_bf16(1) == 0);
+    CHECK(tws_bf16(1) == 0);
     double l1 = mt_head_ce(tws(), dx1, dW1, NULL, x, W, tg, N, C, V, 1.0f / N, NULL, scratch), l2 = 0;
     for (int n0 = 0; n0 < N; n0 += MT_HEAD_ROWS) {
         int nr = N - n0 < MT_HEAD_ROWS ? N - n0 : MT_HEAD_ROWS;
@@ -672,7 +672,7 @@ static void test_head_packed(void) {
      * reference product */
     float *lg = mt_alloc((size_t)N * V * 4);
     double l4 = mt_head_ce(tws(), NULL, NULL, lg, x, W, tg, N, C, V, 1.0f / N, NULL, scratch);
-    mt_set_gemm_bf16(0);
+    tws_bf16(0);
     CHECK(fabs(l1 - l2) <= 1e-9 * fabs(l2) && l1 == l3 && l1 == l4);
     CHECK_SAME_F(dx1, dx2, (size_t)N * C);
     CHECK_SAME_F(dW1, dW2, (size_t)V * C);
@@ -695,7 +695,7 @@ static void test_head_packed(void) {
  * against the bf16-rounded reference; y and dx get beta * their old values, dW its old
  * values (the weight gradient accumulates); an expert without rows keeps its dW. */
 static void grouped_case(int E, const int32_t *off, int In, int O, int pad, float beta) {
-    CHECK(mt_set_gemm_bf16(1) == 0 && mt_gemm_bf16_enabled());
+    CHECK(tws_bf16(1) == 0 && t_ws.bf16);
     const int R = off[E];
     const size_t ws = (size_t)O * In + (size_t)pad, ny = (size_t)R * O, nx = (size_t)R * In;
     float *x = mt_alloc(nx * 4), *W = mt_alloc(ws * E * 4), *y = mt_alloc(ny * 4), *y0 = mt_alloc(ny * 4);
@@ -731,14 +731,14 @@ static void grouped_case(int E, const int32_t *off, int In, int O, int pad, floa
     RECORD(S_GL_FWD, "y", ef);
     RECORD(S_GL_DATA, "dx", ed);
     RECORD(S_GL_WEIGHT, "dW", ew);
-    CHECK(mt_set_gemm_bf16(0) == 0 && !mt_gemm_bf16_enabled());
+    CHECK(tws_bf16(0) == 0 && !t_ws.bf16);
     mt_free(x); mt_free(W); mt_free(y); mt_free(y0); mt_free(dy); mt_free(dx); mt_free(dx0);
     mt_free(dW); mt_free(dW0);
 }
 
 /* mt_sgemm dispatches to the kernel in bf16 mode; the grouped expert GEMMs (moe.c) follow */
 static void test_dispatch_and_grouped(void) {
-    CHECK(mt_set_gemm_bf16(1) == 0 && mt_gemm_bf16_enabled());
+    CHECK(tws_bf16(1) == 0 && t_ws.bf16);
     {
         const int M = 70, N = 90, K = 130;
         snprintf(where, sizeof where, "mt_sgemm M %d N %d K %d", M, N, K);
@@ -751,7 +751,7 @@ static void test_dispatch_and_grouped(void) {
         mt_free(B);
         mt_free(C);
     }
-    CHECK(mt_set_gemm_bf16(0) == 0 && !mt_gemm_bf16_enabled());
+    CHECK(tws_bf16(0) == 0 && !t_ws.bf16);
     /* experts with 0, 1, 600 and 37 rows; In 48, O 40 */
     static const int32_t off4[5] = {0, 0, 1, 601, 638};
     grouped_case(4, off4, 48, 40, 0, 0.0f);
@@ -799,13 +799,13 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
     }
     const int nthr = 2;
     float *scratch = mt_alloc(mt_attention_scratch_floats(T, D) * nthr * 4);
-    mt_attention_fwd(out, lse, q, k, v, pos, B, T, H, G, D, scratch, nthr);
-    mt_attention_bwd(g32[0], g32[1], g32[2], dout, q, k, v, out, lse, pos, B, T, H, G, D, scratch, nthr);
-    CHECK(mt_set_gemm_bf16(1) == 0);
-    mt_attention_fwd(out16, lse16, q, k, v, pos, B, T, H, G, D, scratch, nthr);
-    mt_attention_bwd(g16[0], g16[1], g16[2], dout, q, k, v, out16, lse16, pos, B, T, H, G, D, scratch, nthr);
-    CHECK(mt_attention_bf16(D) == (D % 16 == 0 && mt_attention_bf16_built()));
-    if (mt_attention_bf16(D)) {
+    mt_attention_fwd(out, lse, q, k, v, pos, B, T, H, G, D, scratch, nthr, t_ws.bf16);
+    mt_attention_bwd(g32[0], g32[1], g32[2], dout, q, k, v, out, lse, pos, B, T, H, G, D, scratch, nthr, t_ws.bf16);
+    CHECK(tws_bf16(1) == 0);
+    mt_attention_fwd(out16, lse16, q, k, v, pos, B, T, H, G, D, scratch, nthr, t_ws.bf16);
+    mt_attention_bwd(g16[0], g16[1], g16[2], dout, q, k, v, out16, lse16, pos, B, T, H, G, D, scratch, nthr, t_ws.bf16);
+    CHECK(mt_attention_bf16(t_ws.bf16, D) == (D % 16 == 0 && mt_attention_bf16_built()));
+    if (mt_attention_bf16(t_ws.bf16, D)) {
         /* K and V kept as bf16 (train --bf16's layout): the same bits as from fp32 K and V */
         uint16_t *k16 = mt_alloc(nk * 2), *v16 = mt_alloc(nk * 2);
         float *o2 = mt_alloc(nq * 4), *l2 = mt_alloc((size_t)B * H * T * 4), *g2[3];
@@ -831,14 +831,14 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
         mt_attention_set_diag_skip(0);
         for (int i = 0; i < 3; i++)
             for (size_t j = 0; j < n3[i]; j++) g2[i][j] = NAN;
-        mt_attention_bwd(g2[0], g2[1], g2[2], dout, q, k, v, out16, lse16, pos, B, T, H, G, D, scratch, nthr);
+        mt_attention_bwd(g2[0], g2[1], g2[2], dout, q, k, v, out16, lse16, pos, B, T, H, G, D, scratch, nthr, t_ws.bf16);
         mt_attention_set_diag_skip(1);
         for (int i = 0; i < 3; i++) CHECK_SAME_F(g2[i], g16[i], n3[i]);
         for (int i = 0; i < 3; i++) mt_free(g2[i]);
         mt_free(k16); mt_free(v16); mt_free(o2); mt_free(l2);
     }
-    mt_set_gemm_bf16(0);
-    CHECK(!mt_attention_bf16(D));
+    tws_bf16(0);
+    CHECK(!mt_attention_bf16(t_ws.bf16, D));
     if (D % 16 == 0 && mt_attention_bf16_built()) {
         double eo = rel_err(out16, out, nq), el = rel_err(lse16, lse, (size_t)B * H * T);
         RECORD(S_ATT_FWD, "out,lse", eo > el ? eo : el);
@@ -883,19 +883,19 @@ static void attention_prob_sums(int bf16) {
         v[i] = rnd(23, i);
     }
     float *scratch = mt_alloc(mt_attention_scratch_floats(T, D) * 2 * 4);
-    if (bf16) CHECK(mt_set_gemm_bf16(1) == 0);
-    mt_attention_fwd(out, lse, q, k, v, NULL, 1, T, 1, 1, D, scratch, 2);
+    if (bf16) CHECK(tws_bf16(1) == 0);
+    mt_attention_fwd(out, lse, q, k, v, NULL, 1, T, 1, 1, D, scratch, 2, t_ws.bf16);
     static const int rows[] = {3, 64, 100, 150, 199};
     double worst = 0;
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
         memset(dout, 0, n * 4);
         dout[(size_t)rows[r] * D] = 1.0f;
-        mt_attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, NULL, 1, T, 1, 1, D, scratch, 2);
+        mt_attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, NULL, 1, T, 1, 1, D, scratch, 2, t_ws.bf16);
         double sum = 0;
         for (int t = 0; t < T; t++) sum += dv[(size_t)t * D];
         worst = fabs(sum - 1.0) > worst ? fabs(sum - 1.0) : worst;
     }
-    mt_set_gemm_bf16(0);
+    tws_bf16(0);
     snprintf(where, sizeof where, "attention rows of P, T %d D %d bf16 %d", T, D, bf16);
     RECORD(S_ATT_SUMS, bf16 ? "bf16" : "fp32", worst);
     mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(out); mt_free(lse); mt_free(dq); mt_free(dk);
@@ -921,7 +921,7 @@ static void test_attention(void) {
 int main(void) {
     if (!mt_bf16_supported()) {
         printf("test_gemm_bf16: the kernel tier in use (CPU or MT_CPU_TIER) has no AVX512-BF16: skipped\n");
-        CHECK(mt_set_gemm_bf16(1) != 0); /* refused, with a message */
+        CHECK(mt_gemm_bf16_check(1) != 0 && tws_bf16(1) != 0); /* refused, with a message */
         return failures ? 1 : 77;
     }
     mt_set_threads(2);

@@ -310,7 +310,7 @@ static void check_padding(mt_model *m, int agg) {
     for (int v = 0; v < 2; v++) {
         memcpy(m->params, saved_all, sizeof(float) * m->nparams);
         const int nm = shapes[v][0], B = shapes[v][1], T = Tmin + shapes[v][2];
-        mt_acts *a = mt_acts_new(&m->cfg, B, T, mt_get_threads());
+        mt_acts *a = mt_acts_new(&m->cfg, B, T, mt_get_threads(), 0);
         mt_grpo_batch g;
         make_batch(m, a, &g, &L, nm, B, T);
         perturb(m, 17, PERTURB);
@@ -387,7 +387,7 @@ int main(void) {
                 m.params[m.tensors[i].offset + j] = 1.0f + 0.3f * mt_normal(9, (uint64_t)i, j);
     make_seqs(c.vocab_size);
     check_init_errors();
-    mt_acts *a = mt_acts_new(&c, 3, Tmin, mt_get_threads());
+    mt_acts *a = mt_acts_new(&c, 3, Tmin, mt_get_threads(), 0);
     for (int agg = 0; agg < 3; agg++) {
         check_on_policy(&m, a, agg, 1.0, 0.0);
         check_on_policy(&m, a, agg, 0.7, 0.0);

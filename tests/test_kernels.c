@@ -309,8 +309,8 @@ static void att_same_bits(const float *o, const float *l, const float *dq, const
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
     float *o3 = falloc(nq), *l3 = falloc(nl), *dq3 = falloc(nq), *dk3 = falloc(nk);
     float *dv3 = falloc(nk);
-    mt_attention_fwd(o3, l3, q, k, v, pos, B, T, H, G, D, scratch, nthr);
-    mt_attention_bwd(dq3, dk3, dv3, dout, q, k, v, o3, l3, pos, B, T, H, G, D, scratch, nthr);
+    mt_attention_fwd(o3, l3, q, k, v, pos, B, T, H, G, D, scratch, nthr, 0);
+    mt_attention_bwd(dq3, dk3, dv3, dout, q, k, v, o3, l3, pos, B, T, H, G, D, scratch, nthr, 0);
     CHECK_SAME_F(o3, o, nq);
     CHECK_SAME_F(l3, l, nl);
     CHECK_SAME_F(dq3, dq, nq);
@@ -339,12 +339,12 @@ static void attention_case(int B, int T, int H, int G, int D, float amp, const i
     fill_nan(o1, nq); fill_nan(l1, nl); fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk);
     fill_nan(scratch, nscr);
     snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d amp=%g %s", B, T, H, G, D, amp, tag);
-    mt_attention_fwd(o1, l1, q, k, v, pos, B, T, H, G, D, scratch, nthr);
+    mt_attention_fwd(o1, l1, q, k, v, pos, B, T, H, G, D, scratch, nthr, 0);
     mt_ref_attention_fwd(o2, l2, q, k, v, pos, B, T, H, G, D);
     RECORD(S_ATT_FWD, "out", nerr(o1, o2, nq));
     RECORD(S_ATT_FWD, "lse", nerr(l1, l2, nl));
     fill_nan(scratch, nscr);
-    mt_attention_bwd(dq1, dk1, dv1, dout, q, k, v, o1, l1, pos, B, T, H, G, D, scratch, nthr);
+    mt_attention_bwd(dq1, dk1, dv1, dout, q, k, v, o1, l1, pos, B, T, H, G, D, scratch, nthr, 0);
     mt_ref_attention_bwd(dq2, dk2, dv2, dout, q, k, v, pos, B, T, H, G, D);
     RECORD(S_ATT_BWD, "dq", nerr(dq1, dq2, nq));
     RECORD(S_ATT_BWD, "dk", nerr(dk1, dk2, nk));
@@ -744,8 +744,8 @@ static void fd_attention_case(int B, int T, int H, int G, int D, const int32_t *
     int nthr = omp_get_max_threads();
     float *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(T, D));
     mt_ref_attention_bwd(dq, dk, dv, c.R, c.q, c.k, c.v, pos, B, T, H, G, D);
-    mt_attention_fwd(o2, l2, c.q, c.k, c.v, pos, B, T, H, G, D, scratch, nthr);
-    mt_attention_bwd(dq2, dk2, dv2, c.R, c.q, c.k, c.v, o2, l2, pos, B, T, H, G, D, scratch, nthr);
+    mt_attention_fwd(o2, l2, c.q, c.k, c.v, pos, B, T, H, G, D, scratch, nthr, 0);
+    mt_attention_bwd(dq2, dk2, dv2, c.R, c.q, c.k, c.v, o2, l2, pos, B, T, H, G, D, scratch, nthr, 0);
     snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d D=%d%s", B, T, H, G, D,
              pos ? " documents" : "");
     fd_check(S_FD_ATT, "dq", c.q, nq, dq, dq2, fd_att_loss, &c, seed + 4, 20, 1e-2);
@@ -945,8 +945,8 @@ static void bench_attention(void) {
         double tf[2][3], tb[2][3]; /* [1 thread, nthr][flash, old, ref] */
         for (int th = 0; th < 2; th++) {
             int n = th ? nthr : 1;
-            BENCH_TIME(tf[th][0], reps, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, n));
-            BENCH_TIME(tb[th][0], reps, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, n));
+            BENCH_TIME(tf[th][0], reps, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, n, 0));
+            BENCH_TIME(tb[th][0], reps, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, n, 0));
             tf[th][1] = tb[th][1] = NAN;
             if (flash_only) continue;
             BENCH_TIME(tf[th][1], reps, old_attention_fwd(o, l, q, k, v, B, T, H, G, D, scratch, n));

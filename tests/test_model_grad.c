@@ -57,7 +57,7 @@ static void check_config(const char *what, const mt_config *c, int ignore_some) 
         if (m.tensors[i].ndim == 1)
             for (size_t j = 0; j < m.tensors[i].numel; j++)
                 m.params[m.tensors[i].offset + j] = 1.0f + 0.3f * mt_normal(9, (uint64_t)i, j);
-    mt_acts *a = mt_acts_new(c, B, T, mt_get_threads());
+    mt_acts *a = mt_acts_new(c, B, T, mt_get_threads(), 0);
     int32_t in[B * T], tg[B * T];
     int nvalid = 0;
     for (int i = 0; i < B * T; i++) {
@@ -139,7 +139,7 @@ static void check_accumulation(void) {
     mt_model m;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 5, 0.3f);
-    mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads());
+    mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads(), 0);
     int32_t in[B * T], tg[B * T];
     for (int i = 0; i < B * T; i++) {
         in[i] = (int32_t)(mt_hash4(13, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
@@ -209,7 +209,7 @@ static void check_recompute(void) {
     float *g0 = mt_alloc(m.nparams * sizeof(float));
     double loss[2];
     for (int pol = 0; pol < 2; pol++) {
-        mt_acts *a = mt_acts_new_policy(&c, B, T, mt_get_threads(), pol);
+        mt_acts *a = mt_acts_new_policy(&c, B, T, mt_get_threads(), pol, 0);
         mt_model_zero_grads(&m);
         loss[pol] = loss_of(&m, a, in, tg, 1.0f / (B * T), 1);
         if (pol == 0) memcpy(g0, m.grads, m.nparams * sizeof(float));
@@ -217,8 +217,8 @@ static void check_recompute(void) {
     }
     size_t diff = 0;
     for (size_t i = 0; i < m.nparams; i++) diff += memcmp(&g0[i], &m.grads[i], sizeof(float)) != 0;
-    size_t b0 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_NONE);
-    size_t b1 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_SELECTIVE);
+    size_t b0 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_NONE, 0);
+    size_t b1 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_SELECTIVE, 0);
     printf("%-28s loss %.9f vs %.9f, %zu gradient values differ, activations %zu -> %zu bytes\n",
            "selective recompute", loss[0], loss[1], diff, b0, b1);
     CHECK(loss[0] == loss[1] && diff == 0, "selective recompute changed the results");
@@ -249,7 +249,6 @@ static void check_placement(void) {
         tg[i] = (int32_t)(mt_hash4(42, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
     }
     for (int bf = 0; bf < 1 + mt_bf16_supported(); bf++) {
-        MT_ASSERT(mt_set_gemm_bf16(bf) == 0);
         mt_model m[2];
         double loss[2];
         for (int v = 0; v < 2; v++) {
@@ -258,7 +257,7 @@ static void check_placement(void) {
             sh.slot_of = v ? map.slot_of : NULL;
             MT_ASSERT(mt_model_init_part(&m[v], &c, &sh, NULL, NULL) == 0);
             mt_model_init_weights(&m[v], 13, 0.3f);
-            mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads());
+            mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads(), bf);
             mt_model_zero_grads(&m[v]);
             loss[v] = loss_of(&m[v], a, in, tg, 1.0f / (B * T), 1);
             mt_acts_free(a);
@@ -277,7 +276,6 @@ static void check_placement(void) {
         mt_model_free(&m[0]);
         mt_model_free(&m[1]);
     }
-    MT_ASSERT(mt_set_gemm_bf16(0) == 0);
     mt_expert_map_free(&map);
 }
 
@@ -301,7 +299,7 @@ static void check_doc_mode(void) {
     mt_model m;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 8, 0.3f);
-    mt_acts *a = mt_acts_new(&c, 1, TP, mt_get_threads());
+    mt_acts *a = mt_acts_new(&c, 1, TP, mt_get_threads(), 0);
     float *lp = mt_alloc(sizeof(float) * TP * c.vocab_size), *ls = mt_alloc(sizeof(float) * TP * c.vocab_size);
     mt_step_stats st;
     float scale = 1.0f / TP;

@@ -499,7 +499,7 @@ static void test_trainer_mode(void) {
     MT_ASSERT(mt_layout_parse(&l, "mb=4,rc=none", MT_RECOMPUTE_KEEP_ALL) == 0);
     mt_plan_result r;
     mt_plan_eval(&c, &cl, &st, &l, &r);
-    const double arena = (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_NONE);
+    const double arena = (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_NONE, 0);
     CHECK(r.reason == MT_PLAN_OK && r.mem_weights == 4.0 * np && r.mem_grads == 4.0 * np && r.mem_opt == 8.0 * np,
           "trainer: 4+4+8 B a parameter (%g %g %g, %zu params)", r.mem_weights, r.mem_grads, r.mem_opt, np);
     CHECK(r.mem_acts == arena && r.mem_work == 0, "trainer arena %g vs mt_acts_bytes_policy %g", r.mem_acts, arena);
@@ -531,7 +531,7 @@ static void test_trainer_mode(void) {
     MT_ASSERT(mt_layout_parse(&lg, "mb=4,rc=selective", MT_RECOMPUTE_KEEP_ALL) == 0 && lg.rc == MT_RECOMPUTE_SELECTIVE);
     mt_plan_result rg;
     mt_plan_eval(&c, &cl, &st, &lg, &rg);
-    CHECK(rg.mem_acts == (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_SELECTIVE) && rg.mem_acts < r.mem_acts &&
+    CHECK(rg.mem_acts == (double)mt_acts_bytes_policy(&c, 4, 256, 2, MT_RECOMPUTE_SELECTIVE, 0) && rg.mem_acts < r.mem_acts &&
           rg.t_compute > r.t_compute * 1.02, "selective: %g B, %g s vs none %g B, %g s", rg.mem_acts, rg.t_compute,
           r.mem_acts, r.t_compute);
     /* DP2 with ZeRO-1: half the moments, a gradient shard, the reduce-scatter's scratch of
@@ -729,7 +729,7 @@ static void test_trainer_bf16(void) {
          * and V kept as bf16 when attention runs on bf16 pairs */
         const double hp = (double)mt_head_packed_bytes(l.mb * st.seq, c.hidden_size, c.vocab_size, 1, 1);
         const double kv = r[0].mem_acts - r[1].mem_acts;
-        CHECK(mt_attention_bf16_for(1, c.head_dim) ? kv > 0 : kv == 0, "%s: K, V as bf16 saved %g B", lays[li], kv);
+        CHECK(mt_attention_bf16(1, c.head_dim) ? kv > 0 : kv == 0, "%s: K, V as bf16 saved %g B", lays[li], kv);
         CHECK(SAME(r[1].t_opt, r[0].t_opt) && SAME(r[1].t_a2a, r[0].t_a2a) && SAME(r[1].t_dp, r[0].t_dp) &&
                   (hp > 0) == (l.mb * st.seq > MT_HEAD_ROWS) && SAME(r[1].mem_total, r[0].mem_total + hp - kv),
               "%s: bf16 changed more than the GEMMs and the packed head: opt %g/%g a2a %g/%g dp %g/%g mem %g/%g "

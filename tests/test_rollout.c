@@ -52,7 +52,7 @@ static void make_requests(const mt_config *c) {
 /* logits of every position of one sequence from the training forward */
 static float *full_logits(mt_model *m, const int32_t *seq, int T) {
     const int V = m->cfg.vocab_size;
-    mt_acts *a = mt_acts_new(&m->cfg, 1, T, mt_get_threads());
+    mt_acts *a = mt_acts_new(&m->cfg, 1, T, mt_get_threads(), 0);
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
     for (int t = 0; t < T; t++) tg[t] = -1;
     float *lg = mt_alloc(sizeof(float) * (size_t)T * V);
@@ -125,7 +125,7 @@ static void check_engine(mt_model *m) {
         CHECK(co->stopped_eot == (co->tokens[co->n - 1] == EOT) && (co->stopped_eot || co->n == MAXNEW),
               "request %d: stop rule (n %d, eot %d)", i, co->n, co->stopped_eot);
         /* the routing record: the training forward's routing of the same fed positions */
-        mt_acts *a = mt_acts_new(c, 1, T - 1, mt_get_threads());
+        mt_acts *a = mt_acts_new(c, 1, T - 1, mt_get_threads(), 0);
         int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
         for (int t = 0; t < T; t++) tg[t] = -1;
         mt_step_stats st;
@@ -256,7 +256,7 @@ static void check_replay(mt_model *m) {
             q++;
         }
         for (int rep = 0; rep < 2; rep++) {
-            mt_acts *a = mt_acts_new(c, 1, T, mt_get_threads());
+            mt_acts *a = mt_acts_new(c, 1, T, mt_get_threads(), 0);
             mt_step_stats st;
             memset(&st, 0, sizeof st);
             const mt_loss loss = {0.0f, NULL, NULL, rep ? co->routing : NULL, rep ? rw : 0};

@@ -53,8 +53,8 @@ static void test_selection(void) {
 static void attention(int nthr, const float *q, const float *k, const float *v, const float *dout, float *o,
                       float *lse, float *dq, float *dk, float *dv, int B, int T, int H, int G, int D) {
     float *scratch = falloc(mt_attention_scratch_floats(T, D) * (size_t)nthr);
-    mt_attention_fwd(o, lse, q, k, v, NULL, B, T, H, G, D, scratch, nthr);
-    mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, NULL, B, T, H, G, D, scratch, nthr);
+    mt_attention_fwd(o, lse, q, k, v, NULL, B, T, H, G, D, scratch, nthr, 0);
+    mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, lse, NULL, B, T, H, G, D, scratch, nthr, 0);
     mt_free(scratch);
 }
 

@@ -53,12 +53,14 @@ typedef struct {
     MT_BEST_TIME((r)->t_ref, budget, call); \
     (r)->t_ref *= (r)->ref_scale; } while (0)
 
-/* a bf16 row: the call in bf16 mode (every mt_sgemm runs mt_gemm_bf16), its reference the
- * same call in fp32 (OpenBLAS SGEMM); the mode is back to fp32 afterwards */
+/* a bf16 row: the call in bf16 mode (tb->kws.bf16: every mt_sgemm runs mt_gemm_bf16;
+ * attention takes it as its bf16 argument), its reference the same call in fp32 (OpenBLAS
+ * SGEMM); the mode is back to fp32 afterwards */
 #define KB_TIME_BF16(r, budget, call) do { \
-    MT_ASSERT(mt_set_gemm_bf16(1) == 0); /* bf16 rows only when mt_bf16_supported() */ \
+    MT_ASSERT(tb->bf16); /* bf16 rows only when mt_bf16_supported() */ \
+    tb->kws.bf16 = 1; \
     MT_BEST_TIME((r)->t, budget, call); \
-    mt_set_gemm_bf16(0); \
+    tb->kws.bf16 = 0; \
     KB_TIME_REF(r, budget, call); } while (0)
 
 static kb_row *kb_add(kb_table *tb, const char *kernel, int flop_bound, double work, const char *ref,
@@ -195,8 +197,8 @@ static void kb_attention(kb_table *tb, int quick) {
         kb_row *rf = kb_add(tb, "attention_fwd", 1, ff, "naive", scale, "B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
         kb_row *rb = kb_add(tb, "attention_bwd", 1, 2.5 * ff, "naive", scale, "B=%d T=%d H=%d G=%d D=%d", B, T, H,
                             G, D);
-        MT_BEST_TIME(rf->t, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr));
-        MT_BEST_TIME(rb->t, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr));
+        MT_BEST_TIME(rf->t, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr, 0));
+        MT_BEST_TIME(rb->t, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr, 0));
         if (!(quick && pass)) { /* reference of the long shape: ~10 s, skipped by --quick */
             /* one head: q/k/v of that shape are fresh [1,T,1,D] slices of the same data */
             KB_TIME_REF(rf, bud, mt_ref_attention_fwd(o, l, q, k, v, NULL, rB, T, rH, rG, D));
@@ -205,10 +207,12 @@ static void kb_attention(kb_table *tb, int quick) {
         if (tb->bf16) { /* mixed precision (products on bf16 pairs) against the fp32 kernel */
             rf = kb_add(tb, "attention_fwd_bf16", 1, ff, "fp32 flash attention", 1, "B=%d T=%d H=%d G=%d D=%d", B, T, H,
                         G, D);
-            KB_TIME_BF16(rf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr));
+            KB_TIME_BF16(rf, bud,
+                         mt_attention_fwd(o, l, q, k, v, NULL, B, T, H, G, D, scratch, nthr, tb->kws.bf16));
             rb = kb_add(tb, "attention_bwd_bf16", 1, 2.5 * ff, "fp32 flash attention", 1, "B=%d T=%d H=%d G=%d D=%d", B,
                         T, H, G, D);
-            KB_TIME_BF16(rb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr));
+            KB_TIME_BF16(rb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, H, G, D, scratch, nthr,
+                                                   tb->kws.bf16));
         }
         mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o); mt_free(l); mt_free(dq);
         mt_free(dk); mt_free(dv); mt_free(scratch);
@@ -310,7 +314,7 @@ static void kb_moe(kb_table *tb) {
             static const char *iref = "bf16 GEMM from fp32 input";
             uint16_t *in16 = mt_alloc((size_t)R * In * sizeof(uint16_t) + 64);
             mt_bf16_store(in16, in, (size_t)R * In);
-            MT_ASSERT(mt_set_gemm_bf16(1) == 0);
+            tb->kws.bf16 = 1;
             snprintf(kn, sizeof kn, "grouped_fwd_%s_in16", names[pass]);
             r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
             MT_BEST_TIME(r->t, bud, mt_grouped_linear_fwd_x(tb->kws, out, NULL, NULL, in16, W, ws, off, E, In, O, 0.0f));
@@ -319,7 +323,7 @@ static void kb_moe(kb_table *tb) {
             r = kb_add(tb, kn, 1, fl, iref, 1, "R=%d E=%d In=%d O=%d", R, E, In, O);
             MT_BEST_TIME(r->t, bud, mt_grouped_linear_bwd_weight_x(tb->kws, dW, ws, out, NULL, NULL, in16, off, E, In, O));
             KB_TIME_REF(r, bud, mt_grouped_linear_bwd_weight(tb->kws, dW, ws, out, in, off, E, In, O));
-            mt_set_gemm_bf16(0);
+            tb->kws.bf16 = 0;
             mt_free(in16);
         }
         mt_free(W); mt_free(dW); mt_free(in); mt_free(out); mt_free(din);
@@ -483,7 +487,7 @@ int mt_cmd_bench(int argc, char **argv) {
     int policy = mt_recompute_parse(recompute); /* before the timings: a typo fails at once */
     if (policy < 0) return mt_cli_fail();
     /* bf16: every GEMM below (the peak and the steps) runs mt_gemm_bf16 */
-    if (bf16 && mt_set_gemm_bf16(1) != 0) return mt_cli_fail();
+    if (mt_gemm_bf16_check(bf16) != 0) return mt_cli_fail();
     const char *gemm = bf16 ? "gemm bf16" : "sgemm";
     mt_set_threads(threads > 0 ? threads : mt_get_threads());
     if (bf16)
@@ -494,7 +498,7 @@ int mt_cmd_bench(int argc, char **argv) {
                mt_get_threads());
     double peak = 0;
     for (int n = 512; n <= 2048; n *= 2) {
-        double g = mt_gemm_gflops(n, 0.5);
+        double g = mt_gemm_gflops(n, 0.5, bf16);
         if (g > peak) peak = g;
         printf("%-9s %4d^3    %7.1f GFLOP/s\n", gemm, n, g);
     }
@@ -509,7 +513,7 @@ int mt_cmd_bench(int argc, char **argv) {
     if (mt_model_init(&m, &c) != 0) return mt_cli_fail();
     mt_model_init_weights(&m, 1, sqrtf(1.0f / (2.0f * c.hidden_size * c.num_hidden_layers)));
     float *am = mt_alloc(m.nparams * sizeof(float)), *av = mt_alloc(m.nparams * sizeof(float));
-    mt_acts *a = mt_acts_new_policy(&c, B, T, mt_get_threads(), policy);
+    mt_acts *a = mt_acts_new_policy(&c, B, T, mt_get_threads(), policy, bf16);
     size_t N = (size_t)B * T;
     int32_t *in = mt_xmalloc(sizeof(int32_t) * N), *tg = mt_xmalloc(sizeof(int32_t) * N);
     double total = 0;

@@ -59,7 +59,7 @@ int mt_cmd_dump(int argc, char **argv) {
     int64_t nvalid = 0;
     for (size_t i = 0; i < N; i++) nvalid += tg[i] >= 0;
     float *logits = mt_alloc(sizeof(float) * N * c->vocab_size);
-    mt_acts *a = mt_acts_new(c, B, T, mt_get_threads());
+    mt_acts *a = mt_acts_new(c, B, T, mt_get_threads(), 0);
     mt_step_stats st;
     mt_model_zero_grads(&m);
     mt_model_step(&m, a, in, tg, B, T, 1, nvalid ? 1.0f / (float)nvalid : 0.0f, 1.0f / (float)B, logits, &st);

@@ -120,7 +120,7 @@ int mt_cmd_eval(int argc, char **argv) {
         mt_model_free(&m);
         return mt_cli_fail();
     }
-    mt_acts *a = mt_acts_new(&m.cfg, batch, T, mt_get_threads());
+    mt_acts *a = mt_acts_new(&m.cfg, batch, T, mt_get_threads(), 0);
     double vl = mt_eval_loss(&m, a, val, batch, T, windows, doc ? eot : -1);
     uint64_t nw = mt_loader_windows(val);
     printf("val_loss=%.6f (%llu windows of %d tokens, %s)\n", vl,

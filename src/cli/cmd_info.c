@@ -31,7 +31,7 @@ int mt_cmd_info(int argc, char **argv) {
     size_t np;
     mt_model_layout(&c, NULL, &np);
     double active = mt_model_active_params(&c), fpt = mt_model_flops_per_token(&c, T);
-    const int L = c.num_hidden_layers, kv16 = mt_attention_bf16_for(bf16, c.head_dim);
+    const int L = c.num_hidden_layers, kv16 = mt_attention_bf16(bf16, c.head_dim);
     size_t acts = mt_acts_bytes_chunk(&c, 0, L, 1, 1, B, T, mt_get_threads(), MT_RECOMPUTE_NONE, 1, 0, kv16);
     size_t acts_sel = mt_acts_bytes_chunk(&c, 0, L, 1, 1, B, T, mt_get_threads(), MT_RECOMPUTE_SELECTIVE, 1, 0, kv16);
     size_t head = mt_head_packed_bytes(B * T, c.hidden_size, c.vocab_size, bf16, 1);

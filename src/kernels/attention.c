@@ -48,7 +48,7 @@
  * forward + fused epilogues 63/73, + query-block groups 83, + contiguous copies 83/89.
  * Benchmark: tests/test_kernels.c with MT_BENCH=1 (also prints the SGEMM rate).
  *
- * Mixed precision (the GEMMs' bf16 mode, mt_set_gemm_bf16; needs AVX512-BF16 at compile
+ * Mixed precision (the GEMMs' bf16 mode, the callers' bf16 argument; needs AVX512-BF16 at compile
  * time and D % 16 == 0): every product multiplies bf16 pairs with fp32 sums (VDPBF16PS);
  * the operands are packed in pairs along the summed index (q, dO once per head; K, V once
  * per key block; P, dS per block), masks, softmax, log-sum-exp and accumulators stay fp32.
@@ -819,7 +819,7 @@ int mt_attention_bf16_built(void) {
 
 /* 1 when attention runs on bf16 pairs: the GEMMs' bf16 mode, a build with AVX512-BF16, and
  * D a multiple of 16 (the pair layouts' vectors) */
-int mt_attention_bf16_for(int gemm_bf16, int D) {
+int mt_attention_bf16(int gemm_bf16, int D) {
 #if defined(ATT_BF16)
     return gemm_bf16 && D % 16 == 0;
 #else
@@ -829,7 +829,6 @@ int mt_attention_bf16_for(int gemm_bf16, int D) {
 #endif
 }
 
-int mt_attention_bf16(int D) { return mt_attention_bf16_for(mt_gemm_bf16_enabled(), D); }
 
 /* Scratch words of the bf16 forward per thread (0 without it): K of a key block in pairs
  * along D, V in pairs along keys, the probabilities in pairs along keys. */
@@ -968,15 +967,15 @@ static void check_pos(const int32_t *pos, int B, int T) {
 /* k, v fp32, or (bf16 mode only) k16, v16 */
 static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const uint16_t *k16,
                      const uint16_t *v16, const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                     int nthr) {
+                     int nthr, int gemm_bf16) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
-    MT_ASSERT(!k16 || mt_attention_bf16(D));
+    MT_ASSERT(!k16 || mt_attention_bf16(gemm_bf16, D));
     check_pos(pos, B, T);
     const int rep = H / G, nqb = (T + ATT_BQ - 1) / ATT_BQ, nbh = B * H;
     const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
     const float c2 = LOG2E / sqrtf((float)D); /* scores in base 2 */
     const size_t per = mt_attention_scratch_floats(T, D), qstride = fwd_qblock_floats(D);
-    const int bf16 = mt_attention_bf16(D);
+    const int bf16 = mt_attention_bf16(gemm_bf16, D);
     /* one task per group of ATT_QG query blocks of each (b, h), the costliest (last)
      * groups first so the dynamic schedule ends balanced */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
@@ -1071,26 +1070,27 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
 
 void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                      int nthr) {
-    attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, D, scratch, nthr);
+                      int nthr, int bf16) {
+    attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, D, scratch, nthr, bf16);
 }
 
 void mt_attention_fwd_kv16(float *out, float *lse, const float *q, const uint16_t *k, const uint16_t *v,
                            const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                            int nthr) {
-    attn_fwd(out, lse, q, NULL, NULL, k, v, pos, B, T, H, G, D, scratch, nthr);
+    attn_fwd(out, lse, q, NULL, NULL, k, v, pos, B, T, H, G, D, scratch, nthr, 1);
 }
 
 static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                      const float *v, const uint16_t *k16, const uint16_t *v16, const float *out, const float *lse,
-                     const int32_t *pos, int B, int T, int H, int G, int D, float *scratch, int nthr) {
+                     const int32_t *pos, int B, int T, int H, int G, int D, float *scratch, int nthr,
+                     int gemm_bf16) {
     MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
-    MT_ASSERT(!k16 || mt_attention_bf16(D));
+    MT_ASSERT(!k16 || mt_attention_bf16(gemm_bf16, D));
     check_pos(pos, B, T);
     const int rep = H / G;
     const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
     const size_t per = mt_attention_scratch_floats(T, D);
-    const int bf16 = mt_attention_bf16(D);
+    const int bf16 = mt_attention_bf16(gemm_bf16, D);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int task = 0; task < B * G; task++) {
         int b = task / G, g = task % G;
@@ -1199,13 +1199,13 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
 void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                       const float *k, const float *v, const float *out, const float *lse,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                      int nthr) {
-    attn_bwd(dq, dk, dv, dout, q, k, v, NULL, NULL, out, lse, pos, B, T, H, G, D, scratch, nthr);
+                      int nthr, int bf16) {
+    attn_bwd(dq, dk, dv, dout, q, k, v, NULL, NULL, out, lse, pos, B, T, H, G, D, scratch, nthr, bf16);
 }
 
 void mt_attention_bwd_kv16(float *dq, float *dk, float *dv, const float *dout, const float *q,
                            const uint16_t *k, const uint16_t *v, const float *out, const float *lse,
                            const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                            int nthr) {
-    attn_bwd(dq, dk, dv, dout, q, NULL, NULL, k, v, out, lse, pos, B, T, H, G, D, scratch, nthr);
+    attn_bwd(dq, dk, dv, dout, q, NULL, NULL, k, v, out, lse, pos, B, T, H, G, D, scratch, nthr, 1);
 }

@@ -22,18 +22,16 @@
 #include <stdint.h>
 
 /* 1 when this build has the bf16 attention kernels (compiled for a CPU with AVX512-BF16,
- * e.g. the default -march=native on one): then in the GEMMs' bf16 mode (mt_set_gemm_bf16)
- * attention multiplies bf16 pairs too when D % 16 == 0. A portable build (MT_NATIVE=OFF)
+ * e.g. the default -march=native on one): then in the GEMMs' bf16 mode (the bf16 arguments
+ * below, as kernels/ws.h's ws.bf16) attention multiplies bf16 pairs too when D % 16 == 0. A portable build (MT_NATIVE=OFF)
  * keeps attention in fp32 in that mode. */
 int mt_attention_bf16_built(void);
 
-/* 1 when attention runs on bf16 pairs for head_dim D: in the GEMMs' bf16 mode now
- * (mt_attention_bf16), or given that mode (mt_attention_bf16_for, for the planner), in a
- * build that has the kernels, with D % 16 == 0. Then every product reads K and V rounded to
- * bf16, so callers may keep them as bf16 (the _kv16 entry points below): same bits, half
- * the memory. */
-int mt_attention_bf16(int D);
-int mt_attention_bf16_for(int gemm_bf16, int D);
+/* 1 when attention runs on bf16 pairs for head_dim D with the GEMMs in bf16 (gemm_bf16 != 0):
+ * in a build that has the kernels, with D % 16 == 0. Then every product reads K and V
+ * rounded to bf16, so callers may keep them as bf16 (the _kv16 entry points below): same
+ * bits, half the memory. */
+int mt_attention_bf16(int gemm_bf16, int D);
 
 /* For tests: 0 makes the bf16 backward compute its diagonal blocks whole instead of skipping
  * the pairs the causal mask zeroes (default 1); the results must be the same bits. */
@@ -46,10 +44,11 @@ size_t mt_attention_scratch_floats(int T, int D);
 /* q[B,T,H,D] k,v[B,T,G,D] pos[B*T] or NULL -> out[B,T,H,D] (overwrite), lse[B,H,T]
  * (natural log-sum-exp of each row of scaled, masked scores; overwrite).
  * scratch: nthr * mt_attention_scratch_floats(T, D) floats; at most nthr threads, over
- * (batch, head, group of query blocks). */
+ * (batch, head, group of query blocks). bf16: the GEMMs' precision (bf16 pairs when
+ * mt_attention_bf16(bf16, D), else fp32). */
 void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                      int nthr);
+                      int nthr, int bf16);
 
 /* Inverts the line above: dq[B,T,H,D], dk,dv[B,T,G,D] (all overwrite) from dout[B,T,H,D],
  * given the forward's out and lse and the same pos. Threads over (batch, kv head).
@@ -57,11 +56,11 @@ void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, co
 void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                       const float *k, const float *v, const float *out, const float *lse,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                      int nthr);
+                      int nthr, int bf16);
 
-/* The same with K and V kept as bf16 (mt_bf16_store of the fp32 values, after RoPE):
- * the same bits as the fp32 entry points given those values. Only when
- * mt_attention_bf16(D) (asserted). */
+/* The same with K and V kept as bf16 (mt_bf16_store of the fp32 values, after RoPE), in bf16
+ * mode: the same bits as the fp32 entry points given those values and bf16 = 1. Only when
+ * mt_attention_bf16(1, D) (asserted). */
 void mt_attention_fwd_kv16(float *out, float *lse, const float *q, const uint16_t *k, const uint16_t *v,
                            const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                            int nthr);

@@ -113,17 +113,12 @@ void mt_set_threads(int n) {
 
 int mt_get_threads(void) { return omp_get_max_threads(); }
 
-static int g_bf16;
-
-int mt_set_gemm_bf16(int on) {
+int mt_gemm_bf16_check(int on) {
     if (on && !mt_bf16_supported())
         return mt_error("bf16: mixed precision needs AVX512-BF16 (VDPBF16PS), which %s; run without --bf16",
                         mt_cpu_tier_best() == MT_TIER_AVX512BF16 ? "MT_CPU_TIER turns off" : "this CPU lacks");
-    g_bf16 = on != 0;
     return 0;
 }
-
-int mt_gemm_bf16_enabled(void) { return g_bf16; }
 
 void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc) {
     for (int i = 0; i < M; i++)
@@ -186,7 +181,7 @@ static void sgemm_parts(int transA, int transB, int M, int N, int K, float alpha
 void mt_sgemm(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 0 || N == 0) return;
-    if (g_bf16) {
+    if (ws.bf16) {
         mt_gemm_bf16(ws, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
@@ -203,7 +198,7 @@ void mt_sgemm_x(mt_ws ws, int transA, int transB, int M, int N, int K, float alp
         mt_sgemm(ws, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    MT_ASSERT(g_bf16);
+    MT_ASSERT(ws.bf16);
     if (M > 0 && N > 0) mt_gemm_bf16_mixed(ws, transA, transB, M, N, K, alpha, A, A16, lda, B, B16, ldb, beta, C, ldc);
 }
 
@@ -213,13 +208,13 @@ void mt_linear_fwd_x(mt_ws ws, float *out, uint16_t *out16, const float *in, con
         mt_sgemm_x(ws, 0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, beta, out, O);
         return;
     }
-    MT_ASSERT(g_bf16 && !out && beta == 0.0f);
+    MT_ASSERT(ws.bf16 && !out && beta == 0.0f);
     if (N > 0 && O > 0) mt_gemm_bf16_mixed_c16(ws, 0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, out16, O);
 }
 
 void mt_linear_fwd_res(mt_ws ws, float *out, const float *res, const float *in, const uint16_t *in16, const float *W, int N,
                        int In, int O) {
-    if (g_bf16) {
+    if (ws.bf16) {
         if (N > 0 && O > 0) mt_gemm_bf16_mixed_cin(ws, 0, 1, N, O, In, 1.0f, in, in16, In, W, NULL, In, 1.0f, res, out, O);
         return;
     }
@@ -244,7 +239,7 @@ void mt_linear_bwd(mt_ws ws, float *din, float *dW, const float *dout, const flo
 
 void mt_linear_bwd_weight_shared(mt_ws ws, int n, float *const *dW, const float *const *dout, const int *O,
                                  const float *in, const uint16_t *in16, int N, int In, void *pack, size_t pack_words) {
-    if (!g_bf16 || !pack || N <= 0 || mt_gemm_bf16_packed_words(In, N) > pack_words) {
+    if (!ws.bf16 || !pack || N <= 0 || mt_gemm_bf16_packed_words(In, N) > pack_words) {
         for (int i = 0; i < n; i++) mt_linear_bwd_x(ws, NULL, dW[i], dout[i], NULL, in, in16, NULL, N, In, O[i], 0.0f);
         return;
     }
@@ -252,12 +247,12 @@ void mt_linear_bwd_weight_shared(mt_ws ws, int n, float *const *dW, const float 
     for (int i = 0; i < n; i++) mt_gemm_bf16_packed(ws, 1, O[i], In, N, 1.0f, dout[i], O[i], pack, 1.0f, dW[i], In);
 }
 
-double mt_gemm_gflops(int n, double min_seconds) {
+double mt_gemm_gflops(int n, double min_seconds, int bf16) {
     float *a = mt_alloc((size_t)n * n * sizeof(float));
     float *b = mt_alloc((size_t)n * n * sizeof(float));
     float *c = mt_alloc((size_t)n * n * sizeof(float));
-    mt_ws ws = {0};
-    mt_ws_reserve(&ws, mt_gemm_ws_bytes(mt_get_threads()));
+    mt_ws ws = {.bf16 = bf16};
+    if (bf16) mt_ws_reserve(&ws, mt_gemm_ws_bytes(mt_get_threads()));
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = mt_u01(mt_hash4(1, 0, i, 0)) - 0.5f;
         b[i] = mt_u01(mt_hash4(2, 0, i, 0)) - 0.5f;

@@ -4,9 +4,10 @@
  * Layout: row-major; a linear layer's weight W is [O, I] and is applied as y = x W^T
  * (PyTorch nn.Linear). Shapes: N rows (tokens), I inputs, O outputs.
  *
- * Every product takes the caller's workspace ws (kernels/ws.h), which the bf16 kernel packs
- * its operands in: mt_gemm_ws_bytes(threads) (kernels/gemm_bf16.h); fp32 (OpenBLAS) does
- * not read it, so there an empty one ({0}) will do. */
+ * Every product takes the caller's workspace ws (kernels/ws.h), whose ws.bf16 says the
+ * precision it runs in: bf16 (mixed precision, kernels/gemm_bf16.h, which packs its operands
+ * in ws: mt_gemm_ws_bytes(threads)) or fp32 (OpenBLAS, which does not read ws, so there an
+ * empty one ({0}) will do). "bf16 mode" below means ws.bf16. */
 #ifndef MT_KERNELS_BLAS_H
 #define MT_KERNELS_BLAS_H
 
@@ -65,7 +66,7 @@ void mt_linear_bwd_weight_shared(mt_ws ws, int n, float *const *dW, const float 
                                  const float *in, const uint16_t *in16, int N, int In, void *pack,
                                  size_t pack_words);
 /* General strided GEMM: C[M,N] = alpha*op(A) op(B) + beta*C, row-major, fp32 in memory.
- * Runs OpenBLAS SGEMM, or in bf16 mode (mt_set_gemm_bf16) the mixed-precision kernel of
+ * Runs OpenBLAS SGEMM, or in bf16 mode (ws.bf16) the mixed-precision kernel of
  * kernels/gemm_bf16.h: operands rounded to bfloat16, products summed in fp32. */
 void mt_sgemm(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
@@ -73,11 +74,10 @@ void mt_sgemm(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha
 /* C = beta*C, and 0 (not read) when beta == 0: a GEMM with K = 0. */
 void mt_gemm_scale_c(int M, int N, float beta, float *C, int ldc);
 
-/* Mixed precision for every GEMM of the process (1) or fp32 (0, the default); flash
- * attention follows the same mode (kernels/attention.c). Returns -1
- * with mt_last_error() set below the avx512bf16 kernel tier (kernels/tier.h). Set before a step, not during. */
-int mt_set_gemm_bf16(int on);
-int mt_gemm_bf16_enabled(void);
+/* Whether mixed precision (on != 0) can run here: 0, or -1 with mt_last_error() set below
+ * the avx512bf16 kernel tier (kernels/tier.h). Whoever takes a precision from the user
+ * (--bf16) checks it before building the objects that run in it (ws.bf16). */
+int mt_gemm_bf16_check(int on);
 
 /* Thread-seconds of useful work since an arbitrary origin: the time every thread spent
  * running the bodies of top-level OpenMP parallel regions (ours and OpenBLAS's) plus the
@@ -90,7 +90,8 @@ double mt_busy_time(void);
 /* Top-level parallel regions started so far. */
 long mt_parallel_regions(void);
 
-/* Measured GEMM throughput (GFLOP/s) of an n^3 GEMM with the current threads and precision. */
-double mt_gemm_gflops(int n, double min_seconds);
+/* Measured GEMM throughput (GFLOP/s) of an n^3 GEMM with the current threads, in bf16 (1)
+ * or fp32 (0). */
+double mt_gemm_gflops(int n, double min_seconds, int bf16);
 
 #endif

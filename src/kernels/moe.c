@@ -139,15 +139,15 @@ enum { TILE_OUT = 64, TILE_ROWS = 256 };
  * sizes are fixed (not derived from the thread count), so the same rows go to the same SGEMM
  * calls and results do not depend on the threads. The bf16 kernel's result for an element
  * does not depend on the tiling at all, so there tiles grow until each thread has about four. */
-static int tile_size(int total, int min, int nthr) {
-    if (!mt_gemm_bf16_enabled()) return min;
+static int tile_size(int bf16, int total, int min, int nthr) {
+    if (!bf16) return min;
     int t = (total + 4 * nthr - 1) / (4 * nthr);
     t = (t + 15) / 16 * 16;
     return t > min ? t : min;
 }
 
-static int tile_rows(const int32_t *off, int E) {
-    return tile_size(off[E] - off[0], TILE_ROWS, omp_get_max_threads());
+static int tile_rows(int bf16, const int32_t *off, int E) {
+    return tile_size(bf16, off[E] - off[0], TILE_ROWS, omp_get_max_threads());
 }
 
 /* A tile of a grouped GEMM: expert e, rows [r, r + n) of the permuted rows or, for the
@@ -179,7 +179,7 @@ static void order_tiles(tile *t, int n) { qsort(t, (size_t)n, sizeof *t, by_work
  * out16: the forward's output as bf16 instead */
 static void grouped_rows(mt_ws ws, float *out, uint16_t *out16, const float *in, const uint16_t *in16, const float *W,
                          size_t wstride, const int32_t *off, int E, int In, int O, float beta, int data_grad) {
-    const int TR = tile_rows(off, E);
+    const int TR = tile_rows(ws.bf16, off, E);
     int n = 0;
     for (int e = 0; e < E; e++) n += (off[e + 1] - off[e] + TR - 1) / TR;
     tile *tiles = mt_ws_take(&ws, sizeof(tile) * (size_t)n);
@@ -227,7 +227,7 @@ void mt_grouped_linear_bwd_weight_x(mt_ws ws, float *dW, size_t wstride, const f
                                     const float *in, const uint16_t *in16, const int32_t *off, int E, int In, int O) {
     int n = 0, active = 0;
     for (int e = 0; e < E; e++) active += off[e + 1] > off[e];
-    const int TO = active ? tile_size(O * active, TILE_OUT, omp_get_max_threads()) : TILE_OUT;
+    const int TO = active ? tile_size(ws.bf16, O * active, TILE_OUT, omp_get_max_threads()) : TILE_OUT;
     tile *tiles = mt_ws_take(&ws, sizeof(tile) * (size_t)active * ((O + TO - 1) / TO));
     for (int e = 0; e < E; e++)
         if (off[e + 1] > off[e])

@@ -371,9 +371,9 @@ double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x,
     const uint32_t *Wf = NULL, *Wb = NULL;
     /* in bf16 mode the chunk's logit gradients are rounded in place (rows 2 ldl values
      * apart): both products read them rounded anyway, so the same bits from half the bytes */
-    const int l16 = dx && mt_gemm_bf16_enabled();
+    const int l16 = dx && ws.bf16;
     const uint16_t *L16 = l16 ? (const uint16_t *)L : NULL;
-    const size_t words = head_packed_words(N, C, V, mt_gemm_bf16_enabled(), dx != NULL);
+    const size_t words = head_packed_words(N, C, V, ws.bf16, dx != NULL);
     if (words) {
         size_t wf = mt_gemm_bf16_packed_words(V, C);
         uint32_t *p = mt_ws_take(&ws, words * sizeof(uint32_t));

@@ -9,7 +9,8 @@
  *
  * Kernels that need scratch take it from the caller (kernels/ws.h): the bf16 row kernels
  * below one fp32 row per thread (their _ws_bytes), the head its packed weight and the
- * GEMMs' buffers. */
+ * GEMMs' buffers. "bf16 mode" is the workspace's precision, ws.bf16 (the head's products
+ * run in it); the kernels that only write or read bf16 rows take no mode. */
 #ifndef MT_KERNELS_OPS_H
 #define MT_KERNELS_OPS_H
 

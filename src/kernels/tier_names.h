@@ -13,7 +13,6 @@
     X(mt_add) \
     X(mt_attention_bf16) \
     X(mt_attention_bf16_built) \
-    X(mt_attention_bf16_for) \
     X(mt_attention_bwd) \
     X(mt_attention_bwd_kv16) \
     X(mt_attention_fwd) \
@@ -64,7 +63,6 @@
 #define mt_add MT_TIER_CAT(mt_add, MT_TIER_SUFFIX)
 #define mt_attention_bf16 MT_TIER_CAT(mt_attention_bf16, MT_TIER_SUFFIX)
 #define mt_attention_bf16_built MT_TIER_CAT(mt_attention_bf16_built, MT_TIER_SUFFIX)
-#define mt_attention_bf16_for MT_TIER_CAT(mt_attention_bf16_for, MT_TIER_SUFFIX)
 #define mt_attention_bwd MT_TIER_CAT(mt_attention_bwd, MT_TIER_SUFFIX)
 #define mt_attention_bwd_kv16 MT_TIER_CAT(mt_attention_bwd_kv16, MT_TIER_SUFFIX)
 #define mt_attention_fwd MT_TIER_CAT(mt_attention_fwd, MT_TIER_SUFFIX)

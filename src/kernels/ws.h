@@ -10,7 +10,14 @@
  * parts are indexed by omp_get_thread_num() (mt_ws_thread).
  *
  * The owner (the model's activations, a decoder, a test) holds one mt_ws and grows it
- * between calls with mt_ws_reserve, never while a kernel runs. */
+ * between calls with mt_ws_reserve, never while a kernel runs.
+ *
+ * It is also the call's execution context: bf16 is the precision the products run in
+ * (0: fp32 through OpenBLAS; 1: mixed precision, kernels/gemm_bf16.h, which needs
+ * mt_bf16_supported()), so two owners in one process may run in different precisions
+ * (e.g. a bf16 training model next to an fp32 rollout copy). The owner sets it once, when
+ * it sizes its buffers for that precision; the views mt_ws_take leaves keep it, and an
+ * empty workspace ({0}) is fp32's, which needs none. */
 #ifndef MT_KERNELS_WS_H
 #define MT_KERNELS_WS_H
 
@@ -24,6 +31,7 @@
 typedef struct mt_ws {
     void *p;
     size_t cap; /* bytes */
+    int bf16;   /* the products' precision: bf16 operands, fp32 sums (1), or fp32 (0) */
 } mt_ws;
 
 /* a kernel given too small a workspace: a bug of its caller */
@@ -54,7 +62,8 @@ static inline void *mt_ws_thread(mt_ws ws, size_t per_thread) {
     return (char *)ws.p + mt_ws_round(per_thread) * (size_t)omp_get_thread_num();
 }
 
-/* The owner's side: grow to at least `bytes` (the contents are not kept), free. */
+/* The owner's side: grow to at least `bytes` (the contents are not kept), free (both keep
+ * the precision). */
 static inline void mt_ws_reserve(mt_ws *ws, size_t bytes) {
     if (bytes <= ws->cap) return;
     mt_free(ws->p);

@@ -275,17 +275,17 @@ size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int la
     return cv.off;
 }
 
-size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy) {
+size_t mt_acts_bytes_policy(const mt_config *c, int B, int T, int nthr, int policy, int bf16) {
     return mt_acts_bytes_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0,
-                               mt_attention_bf16(c->head_dim));
+                               mt_attention_bf16(bf16, c->head_dim));
 }
 
-size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr) {
-    return mt_acts_bytes_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
+size_t mt_acts_bytes(const mt_config *c, int B, int T, int nthr, int bf16) {
+    return mt_acts_bytes_policy(c, B, T, nthr, MT_RECOMPUTE_NONE, bf16);
 }
 
 mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy, int tp, int sp) {
+                           int policy, int tp, int sp, int bf16) {
     MT_ASSERT(mt_recompute_trainer(policy));
     MT_ASSERT(0 <= lo && lo <= hi && hi <= c->num_hidden_layers);
     mt_acts *a = mt_xcalloc(1, sizeof *a);
@@ -300,7 +300,9 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     a->tp = tp > 1 ? tp : 1;
     a->sp = sp && tp > 1;
     a->cap = (size_t)B * T;
-    a->kv16 = mt_attention_bf16(c->head_dim);
+    a->bf16 = bf16 != 0;
+    a->ws.bf16 = a->bf16; /* every kernel the blocks run gets the precision with a->ws */
+    a->kv16 = mt_attention_bf16(a->bf16, c->head_dim);
     a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
     a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, a->kv16);
     a->arena = mt_alloc(a->arena_bytes);
@@ -315,15 +317,16 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     return a;
 }
 
-mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy) {
-    return mt_acts_new_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0);
+mt_acts *mt_acts_new_policy(const mt_config *c, int B, int T, int nthr, int policy, int bf16) {
+    return mt_acts_new_chunk(c, 0, c->num_hidden_layers, 1, 1, B, T, nthr, policy, 1, 0, bf16);
 }
 
-mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr) {
-    return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE);
+mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr, int bf16) {
+    return mt_acts_new_policy(c, B, T, nthr, MT_RECOMPUTE_NONE, bf16);
 }
 
 size_t mt_acts_arena_bytes(const mt_acts *a) { return a->arena_bytes; }
+int mt_acts_bf16(const mt_acts *a) { return a->bf16; }
 
 void mt_acts_park(mt_acts *a) {
     mt_release_pages(a->arena, a->arena_bytes);
@@ -341,7 +344,7 @@ float *mt_acts_grad(mt_acts *a) { return a->dres; }
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
 void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N) {
-    const int bf16 = mt_gemm_bf16_enabled(), nthr = mt_get_threads() > a->nthr ? mt_get_threads() : a->nthr;
+    const int bf16 = a->bf16, nthr = mt_get_threads() > a->nthr ? mt_get_threads() : a->nthr;
     const int C = c->hidden_size, Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
     int F = c->intermediate_size > Fm ? c->intermediate_size : Fm;
     F = F > Fs ? F : Fs;

@@ -31,7 +31,7 @@ static void *dalloc(mt_decoder *d, size_t bytes) {
     return mt_try_alloc(bytes);
 }
 
-mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr) {
+mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
     const mt_config *c = &m->cfg;
     if (slots < 1 || tmax < 1 || cap < 1)
         return mt_error("decode: need slots, positions and tokens per call >= 1"), NULL;
@@ -40,6 +40,7 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
                NULL;
     if (m->tp || m->ep || !m->part.embed || !m->part.head)
         return mt_error("decode: the model must be whole on this rank (no TP, PP or EP)"), NULL;
+    if (mt_gemm_bf16_check(bf16) != 0) return NULL;
     mt_decoder *d = mt_xcalloc(1, sizeof *d);
     const size_t C = (size_t)c->hidden_size, HD = (size_t)c->num_attention_heads * c->head_dim;
     d->slots = slots, d->tmax = tmax, d->cap = cap, d->nthr = nthr, d->L = c->num_hidden_layers;
@@ -67,7 +68,7 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
     for (int l = 0; l < d->L && ok; l++)
         if (mt_config_is_moe(c, l)) ok = (d->route[l] = dalloc(d, sizeof(int32_t) * (size_t)cap * c->num_experts_per_tok)) != NULL;
     if (ok) {
-        d->a = mt_acts_new(c, cap, 1, nthr); /* rows of one token: the blocks see cap x 1 */
+        d->a = mt_acts_new(c, cap, 1, nthr, bf16); /* rows of one token: the blocks see cap x 1 */
         mt_acts_ws_reserve(d->a, c, cap);     /* the kernels' workspace (the forward grows it if it must) */
         d->bytes += mt_acts_arena_bytes(d->a) + d->a->ws.cap;
     }

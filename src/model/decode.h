@@ -19,9 +19,11 @@
 typedef struct mt_decoder mt_decoder;
 
 /* A decoder for m with `slots` sequences of up to tmax positions and up to cap fed tokens
- * per call; NULL with an error when tmax exceeds max_position_embeddings or the model is
- * split (TP, PP, EP) or the memory cannot be had. */
-mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr);
+ * per call, whose products run in bf16 (mixed precision, as mt_acts_new's bf16) or fp32 (0);
+ * NULL with an error when tmax exceeds max_position_embeddings or the model is split (TP,
+ * PP, EP) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
+ * and training activations of either precision may share one model. */
+mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16);
 void mt_decoder_free(mt_decoder *d);
 /* Bytes the decoder holds (cache, activations, scratch). */
 size_t mt_decoder_bytes(const mt_decoder *d);

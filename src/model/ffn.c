@@ -25,7 +25,7 @@
  * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
 void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const float *x,
                            const uint16_t *x16, const float *wgu, const float *wd, int N, int C, int F, int rows) {
-    const int h16 = mt_gemm_bf16_enabled();
+    const int h16 = a->bf16;
     SCRATCH_PAIR(h16, a->big1, act, act16);
     SCRATCH_PAIR(h16, gubuf, gu, gu16);
     mt_linear_fwd_x(a->ws, gu, gu16, x, x16, wgu, N, C, 2 * F, 0.0f);
@@ -43,7 +43,7 @@ void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const fl
 void mt_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
                            const uint16_t *x16, float *gubuf, const float *wgu, const float *wd, int N, int C,
                            int F, int rows) {
-    const int h16 = mt_gemm_bf16_enabled();
+    const int h16 = a->bf16;
     float *dact = a->big2;
     SCRATCH_PAIR(h16, a->big1, act, act16);
     SCRATCH_PAIR(h16, a->big3, dgu, dgu16);

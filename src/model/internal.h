@@ -63,6 +63,7 @@ typedef struct {
 
 struct mt_acts {
     int B, T, nthr, nlayers, nexperts, policy, count_load;
+    int bf16;                     /* the precision the blocks run in (bf16 GEMMs; ws.bf16 the same) */
     int kv16;                     /* K, V kept as bf16 (bf16 attention: the same bits) */
     int lo, hi, first, last;      /* the chunk: decoder layers [lo, hi), embedding, head */
     int tp, sp;                   /* tensor parallel size, sequence parallelism */
@@ -94,12 +95,12 @@ struct mt_acts {
 };
 
 /* Grows a->ws to what the blocks' kernels need for N rows (the larger of what each needs
- * alone: they run one after another) with the threads and precision in use now. The forward
+ * alone: they run one after another) with the threads in use now and the acts' precision. The forward
  * and backward entry points call it first; the routed experts' grouped GEMMs over EP, whose
  * rows depend on the exchange, grow it again before they run (mt_grouped_ws_bytes). */
 void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N);
 
-/* In bf16 mode the FFNs keep the activations and gradients that only products read (the
+/* In bf16 mode (a->bf16) the FFNs keep the activations and gradients that only products read (the
  * gathered expert rows and output gradients, the SwiGLU output, the gate|up gradient) as
  * bf16, in the scratch that holds them as fp32 otherwise: the products round them anyway, so
  * the same bits in half the bytes (docs/DESIGN.md, Mixed precision). The gate|up outputs

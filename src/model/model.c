@@ -77,7 +77,7 @@ static void norm_in(const mt_model *m, mt_acts *a, int moe_layer, float *rstd, c
                     const float **f, const uint16_t **h) {
     const mt_config *c = &m->cfg;
     const float eps = (float)c->rms_norm_eps;
-    const int tp = m->tp ? m->tp->size : 1, h16 = mt_gemm_bf16_enabled() && tp == 1 && !(moe_layer && m->ep);
+    const int tp = m->tp ? m->tp->size : 1, h16 = a->bf16 && tp == 1 && !(moe_layer && m->ep);
     if (h16) mt_rmsnorm_fwd16(a->ws, (uint16_t *)a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
     else mt_rmsnorm_fwd(a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
     *f = h16 ? NULL : a->ln;
@@ -94,7 +94,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const int V = c->vocab_size, lo = a->lo, hi = a->hi;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
-    MT_ASSERT(!a->kv16 || mt_gemm_bf16_enabled()); /* the bf16 scratch sizes (acts_layout) */
+    MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
     mt_acts_ws_reserve(a, c, N);
     a->Nl = a->sp ? N / tp : N;
     a->g0 = a->sp ? m->tp->rank * a->Nl : 0;
@@ -135,7 +135,8 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
             mt_linear_fwd_x(a->ws, L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
             mt_linear_fwd_x(a->ws, L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
             mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
-            mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr);
+            mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr,
+                             a->bf16);
         }
         if (tp == 1) { /* residual add fused into the output projection */
             mt_linear_fwd_res(a->ws, L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
@@ -189,7 +190,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int lo = a->lo, hi = a->hi, Nl = a->Nl;
-    MT_ASSERT(!a->kv16 || mt_gemm_bf16_enabled()); /* the bf16 scratch sizes (acts_layout) */
+    MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
     mt_acts_ws_reserve(a, c, N);
     float *d = a->dres;
     if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
@@ -242,7 +243,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                                   G, D, a->att_scratch, a->nthr);
         else
             mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
-                             a->att_scratch, a->nthr);
+                             a->att_scratch, a->nthr, a->bf16);
         mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
         mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
         float *dl = tp > 1 ? a->part : a->dln;

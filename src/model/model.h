@@ -199,26 +199,31 @@ void mt_model_zero_grads(mt_model *m);
  * frozen reference copy) and returns the one it used: the views follow. */
 float *mt_model_use_params(mt_model *m, float *params);
 
-/* Activations of one micro-batch of up to B x T tokens, plus backward scratch. In the
- * GEMMs' bf16 mode (mt_attention_bf16) K and V are kept as bf16: the sizes below and the
- * arena follow the mode at the time of the call. */
+/* Activations of one micro-batch of up to B x T tokens, plus backward scratch, and the
+ * execution context of the steps run with them: the kernels' workspace and the precision,
+ * bf16 (mixed precision: GEMM operands rounded to bf16, fp32 sums; needs
+ * mt_gemm_bf16_check(1) == 0) or fp32 (0), fixed at creation. Acts of either precision may
+ * be used side by side on the same model. In bf16 mode K and V are kept as bf16 when
+ * mt_attention_bf16(1, head_dim): the sizes below and the arena follow bf16. */
 typedef struct mt_acts mt_acts;
-size_t mt_acts_bytes(const mt_config *cfg, int B, int T, int nthr);
-mt_acts *mt_acts_new(const mt_config *cfg, int B, int T, int nthr);
+size_t mt_acts_bytes(const mt_config *cfg, int B, int T, int nthr, int bf16);
+mt_acts *mt_acts_new(const mt_config *cfg, int B, int T, int nthr, int bf16);
 /* policy: MT_RECOMPUTE_NONE or MT_RECOMPUTE_SELECTIVE (model/sizes.h, with the arena's size
  * by part) */
-size_t mt_acts_bytes_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
-mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int policy);
+size_t mt_acts_bytes_policy(const mt_config *cfg, int B, int T, int nthr, int policy, int bf16);
+mt_acts *mt_acts_new_policy(const mt_config *cfg, int B, int T, int nthr, int policy, int bf16);
+/* The precision a was created with (1: bf16). */
+int mt_acts_bf16(const mt_acts *a);
 /* Activations of one pipeline chunk: decoder layers [lo, hi), with the embedding when
  * first and the final norm, head and loss when last. kv16: K and V as bf16 (give
- * mt_attention_bf16_for(bf16 GEMMs?, head_dim); mt_acts_new_chunk takes the current mode). */
+ * mt_attention_bf16(bf16, head_dim); mt_acts_new_chunk derives it from its bf16). */
 size_t mt_acts_bytes_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
                            int policy, int tp, int sp, int kv16);
 /* A dense FFN wider than the MoE blocks' [rows, F] scratch runs over row chunks of at
  * least this many rows (fewer only when the micro-batch has fewer): the GEMMs stay long. */
 enum { MT_FFN_MIN_ROWS = 512 };
 mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int last, int B, int T, int nthr,
-                           int policy, int tp, int sp);
+                           int policy, int tp, int sp, int bf16);
 /* Gives the arena's and the workspace's pages back to the system between steps (RL's
  * rollout runs meanwhile); they are found again, zeroed, at the next touch. */
 void mt_acts_park(mt_acts *a);

@@ -303,7 +303,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const mt_ep_ops *xo = xchg_of(m);
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / xo->size;
-    const int h16 = mt_gemm_bf16_enabled();
+    const int h16 = a->bf16;
     mt_ep_batch *b = &L->epb;
     mt_trace_begin("moe.route");
     const int32_t *rep = NULL;
@@ -445,7 +445,7 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const mt_ep_ops *xo = xchg_of(m);
     const int N = a->Nl, C = c->hidden_size, E = c->n_routed_experts;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, LE = E / xo->size;
-    const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE, h16 = mt_gemm_bf16_enabled();
+    const int recompute = a->policy == MT_RECOMPUTE_SELECTIVE, h16 = a->bf16;
     mt_ep_batch *b = &L->epb;
     const int R = b->R;
     expert_ws ws = expert_scratch(m, a, L, R);

@@ -35,7 +35,7 @@ enum { CAL_H = 8, CAL_D = 64, CAL_TOK = 4096 }; /* attention: 8 heads x 64, B*T 
  * NaN by using -1 sentinels through the reduction). */
 typedef struct {
     double gemm[CAL_NG];             /* GFLOP/s, -1 = skipped */
-    double gemm_bf16[CAL_NG];        /* the same in bf16 mode (mt_set_gemm_bf16), -1 = not measured */
+    double gemm_bf16[CAL_NG];        /* the same in bf16 mode (ws.bf16), -1 = not measured */
     double att_f[CAL_NT], att_b[CAL_NT]; /* GFLOP/s fwd, bwd (bwd FLOPs = 2.5 x fwd) */
     double att_f16[CAL_NT], att_b16[CAL_NT]; /* the same in bf16 mode, -1 = not measured */
     double copy_gbs, adamw_gbs;      /* bytes read + written */
@@ -50,10 +50,10 @@ static float *cal_fill(size_t n, uint64_t seed) {
 
 
 /* rate[i * CAL_NNK + j] = GFLOP/s of the forward GEMM of shape (CAL_M[i], CAL_NK[j]), i < nm,
- * in the current precision mode */
-static void time_grid(double *rate, int nm, double bud, const float *x, const float *W, float *y) {
-    mt_ws ws = {0}; /* the bf16 GEMM's packing buffers */
-    if (mt_gemm_bf16_enabled()) mt_ws_reserve(&ws, mt_gemm_ws_bytes(mt_get_threads()));
+ * in bf16 mode (bf16) or fp32 */
+static void time_grid(double *rate, int nm, double bud, const float *x, const float *W, float *y, int bf16) {
+    mt_ws ws = {.bf16 = bf16}; /* the precision, and the bf16 GEMM's packing buffers */
+    if (bf16) mt_ws_reserve(&ws, mt_gemm_ws_bytes(mt_get_threads()));
     for (int i = 0; i < nm; i++)
         for (int j = 0; j < CAL_NNK; j++) {
             int M = CAL_M[i], N = CAL_NK[j][0], K = CAL_NK[j][1];
@@ -80,17 +80,14 @@ static void cal_gemm(cal_meas *m, int quick, double *reserve, int bf16) {
     }
     float *x = cal_fill(in_max, 1), *W = cal_fill(w_max, 2), *y = cal_fill(out_max, 3);
     for (int i = 0; i < CAL_NG; i++) m->gemm[i] = m->gemm_bf16[i] = -1;
-    time_grid(m->gemm, nm, bud, x, W, y);
+    time_grid(m->gemm, nm, bud, x, W, y, 0);
     if (reserve) {
         /* memory freed by the calibration's earlier phases stays in the heap (mt_memory_policy):
          * hand it back first, so only what a process really keeps is counted */
         malloc_trim(0);
         *reserve = mt_proc_status_kb("VmRSS:") * 1024.0 - 4.0 * (double)(in_max + w_max + out_max);
     }
-    if (bf16 && mt_set_gemm_bf16(1) == 0) {
-        time_grid(m->gemm_bf16, nm, bud, x, W, y);
-        mt_set_gemm_bf16(0);
-    }
+    if (bf16 && mt_gemm_bf16_check(1) == 0) time_grid(m->gemm_bf16, nm, bud, x, W, y, 1);
     mt_free(x); mt_free(W); mt_free(y);
 }
 
@@ -114,12 +111,12 @@ static void cal_attention(cal_meas *m, int quick, int bf16) {
         const double ff = cal_att_flops(T);
         double *rate_f[2] = {m->att_f, m->att_f16}, *rate_b[2] = {m->att_b, m->att_b16};
         for (int mode = 0; mode <= bf16; mode++) { /* fp32, then (bf16) in bf16 mode */
-            if (mode && mt_set_gemm_bf16(1) != 0) break;
+            if (mode && mt_gemm_bf16_check(1) != 0) break;
             double tf, tb;
-            MT_BEST_TIME(tf, bud, mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr));
+            MT_BEST_TIME(tf, bud,
+                         mt_attention_fwd(o, l, q, k, v, NULL, B, T, CAL_H, CAL_H, CAL_D, scratch, nthr, mode));
             MT_BEST_TIME(tb, bud, mt_attention_bwd(dq, dk, dv, dout, q, k, v, o, l, NULL, B, T, CAL_H, CAL_H, CAL_D,
-                                               scratch, nthr));
-            if (mode) mt_set_gemm_bf16(0);
+                                               scratch, nthr, mode));
             rate_f[mode][i] = ff / tf * 1e-9;
             rate_b[mode][i] = 2.5 * ff / tb * 1e-9;
         }

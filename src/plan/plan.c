@@ -383,7 +383,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             mo = 8 * (pd / sd + pe / se);
             if (mt_recompute_trainer(l->rc)) {
                 const mt_acts_dims d = {l->mb, st->seq, st->threads, l->rc, l->tp, l->tp > 1,
-                                        mt_attention_bf16_for(st->gemm_bf16, c->head_dim)};
+                                        mt_attention_bf16(st->gemm_bf16, c->head_dim)};
                 int nslot[MT_PLAN_MAX_STAGES];
                 mt_schedule_slots(sched, r, nslot);
                 peak = 0;

@@ -68,7 +68,8 @@ static int64_t prompt_at(prompt_order *po, int64_t k) {
 
 /* Greedy accuracy on the first n held-out prompts, split over all ranks, each sampling from
  * its whole copy m (collective). */
-static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int max_new, int slots, mt_dist *d) {
+static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int max_new, int slots, int bf16,
+                               mt_dist *d) {
     if ((size_t)n > ev->n) n = (int)ev->n;
     const int r = d->rank, D = d->size, lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
     mt_rollout_req *req = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *req);
@@ -80,7 +81,7 @@ static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int 
     }
     mt_rollout_opts ro;
     mt_rollout_defaults(&ro);
-    ro.temperature = 0, ro.max_new = max_new, ro.slots = slots;
+    ro.temperature = 0, ro.max_new = max_new, ro.slots = slots, ro.bf16 = bf16;
     mt_completion *out = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *out);
     mt_rollout_stats st;
     int64_t c[2] = {0, hi - lo};
@@ -272,7 +273,7 @@ static int eval_due(const mt_rl_opts *o, int step, int steps) {
 static int rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *ps, const mt_prompt_set *ev,
                           size_t longest) {
     const int T0 = 0, lead = d->rank == 0;
-    uint64_t plan[3] = {0, 0, 0}; /* start step, steps, seed */
+    uint64_t plan[4] = {0, 0, 0, 0}; /* start step, steps, seed, bf16 */
     if (lead) mt_group_recv_bytes(&d->job, plan, sizeof plan, T0, TAG_PLAN);
     mt_group_bcast_i32(&d->all, (int *)plan, (sizeof plan) / (sizeof(int))); /* 64-bit words as int pairs */
     const int start = (int)plan[0], steps = (int)plan[1];
@@ -305,6 +306,7 @@ static int rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *
             mt_rollout_defaults(&ro);
             ro.temperature = o->temperature, ro.top_k = o->top_k, ro.top_p = o->top_p, ro.max_new = o->max_new;
             ro.seed = plan[2], ro.step = (uint64_t)step, ro.slots = o->slots, ro.record_routing = o->routing_replay;
+            ro.bf16 = (int)plan[3]; /* the trainer's precision, as co-located */
             share_requests(&po, ps, o, step, d->rank, R, ptok, req);
             mt_rollout_stats rs;
             if (mt_rollout(&roll, &ro, req, rrows, co, &rs) != 0) mt_dist_abort(mt_last_error());
@@ -321,7 +323,7 @@ static int rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *
         if (eval_on && (step == start || eval_due(o, step, steps))) {
             if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, TAG_WEIGHTS);
             mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
-            double acc = heldout_accuracy(&roll, ev, o->eval_n, o->max_new, o->slots, d);
+            double acc = heldout_accuracy(&roll, ev, o->eval_n, o->max_new, o->slots, (int)plan[3], d);
             if (lead) mt_group_send_bytes(&d->job, &acc, sizeof acc, T0, TAG_ACC);
         }
     }
@@ -471,7 +473,8 @@ int mt_rl(const mt_rl_opts *opt) {
      * ranks where the run starts) */
     float *whole = sep && d->rank == 0 ? mt_alloc((mt_trainer_whole_floats(t) + 1) * sizeof(float)) : NULL;
     if (sep && d->rank == 0) {
-        const uint64_t plan[3] = {(uint64_t)mt_trainer_get_state(t)->step, (uint64_t)ti->steps, ti->seed};
+        const uint64_t plan[4] = {(uint64_t)mt_trainer_get_state(t)->step, (uint64_t)ti->steps, ti->seed,
+                                  (uint64_t)ti->bf16};
         mt_group_send_bytes(&d->job, plan, sizeof plan, rollout_lead, TAG_PLAN);
     }
     mt_grpo_loss L;
@@ -528,7 +531,7 @@ int mt_rl(const mt_rl_opts *opt) {
             acc0 = acc = remote_accuracy(t, d, whole, rollout_lead);
         } else {
             if (split) mt_trainer_to_rollout(t, roll.params);
-            acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
+            acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
             if (split) back_to_training(t, &roll);
         }
         if (root) {
@@ -582,6 +585,7 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_rollout_defaults(&ro);
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
         ro.seed = ti->seed, ro.step = (uint64_t)step, ro.slots = o.slots, ro.record_routing = o.routing_replay;
+        ro.bf16 = ti->bf16; /* the rollout runs in the trainer's precision */
         mt_rollout_stats rs;
         double switch_s = 0, rss[2] = {0, 0}; /* peak MiB during the rollout and the training step */
         mt_reset_peak_rss();
@@ -743,7 +747,7 @@ int mt_rl(const mt_rl_opts *opt) {
                 acc = remote_accuracy(t, d, whole, rollout_lead);
             } else {
                 if (split) mt_trainer_to_rollout(t, roll.params);
-                acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, d);
+                acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
                 if (split) back_to_training(t, &roll);
             }
         }

@@ -120,7 +120,7 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
     const int S = o->slots < n ? o->slots : n;
     const int budget = o->prefill_tokens > 0 ? o->prefill_tokens : 4 * S;
     const int cap = S + (budget > maxlen ? budget : maxlen);
-    mt_decoder *d = mt_decoder_new(m, S, tmax, cap, mt_get_threads());
+    mt_decoder *d = mt_decoder_new(m, S, tmax, cap, mt_get_threads(), o->bf16);
     if (!d) return -1;
     int nmoe = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);

@@ -34,6 +34,7 @@ typedef struct {
     int slots;               /* sequences decoded together */
     int prefill_tokens;      /* prompt tokens one forward may prefill (0: 4 x slots) */
     int record_routing;      /* keep each fed position's experts (routing replay) */
+    int bf16;                /* the decoder's products in bf16 (mixed precision, as train --bf16), else fp32 */
 } mt_rollout_opts;
 
 void mt_rollout_defaults(mt_rollout_opts *o);

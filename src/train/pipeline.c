@@ -10,7 +10,7 @@
 #include "base/trace.h"
 
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
-                 int T, int nthr, int policy, int tp, int sp) {
+                 int T, int nthr, int policy, int tp, int sp, int bf16) {
     memset(p, 0, sizeof *p);
     if (vpp > 256) return mt_error("--vpp %d: at most 256 chunks per rank", vpp);
     if (mt_schedule_make(&p->sched, pp, vpp, m) != 0) return -1;
@@ -34,7 +34,8 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
             p->slot_mb[i] = -1;
             p->req[2 * i] = p->req[2 * i + 1] = MT_REQUEST_NULL;
             if (k >= p->nslot[ch]) continue;
-            p->slot[i] = mt_acts_new_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp, sp);
+            p->slot[i] = mt_acts_new_chunk(c, p->lo[ch], p->hi[ch], s == 0, s == p->S - 1, B, T, nthr, policy, tp,
+                                           sp, bf16);
             p->acts_bytes += mt_acts_arena_bytes(p->slot[i]);
         }
     }

@@ -32,9 +32,10 @@ typedef struct {
 
 /* The layers of virtual stage s are [bounds[s], bounds[s+1]) (bounds has P*V+1 entries).
  * Errors (-1) when the schedule cannot be built (e.g. M not a multiple of P with V > 1) or
- * the message tags would not fit the MPI tag space (mt_dist_tag_ub). */
+ * the message tags would not fit the MPI tag space (mt_dist_tag_ub). The slots' activations
+ * run in bf16 (mixed precision) or fp32 (model.h, mt_acts_new_chunk). */
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
-                 int T, int nthr, int policy, int tp, int sp);
+                 int T, int nthr, int policy, int tp, int sp, int bf16);
 void mt_pipe_free(mt_pipe *p);
 /* Between steps: waits for the slots' pending sends and parks their activations (mt_acts_park). */
 void mt_pipe_park(mt_pipe *p);

@@ -69,7 +69,7 @@ int mt_report_open(mt_report *rp, const mt_train_opts *o, mt_dist *d, const mt_c
         size_t ev = (size_t)(o->steps - start_step + 1) * (size_t)(cfg->num_hidden_layers * 24 + 32) * (size_t)o->accum;
         mt_trace_enable(d->rank, ev < ((size_t)1 << 20) ? ev : (size_t)1 << 20);
     }
-    rp->peak = o->peak_gflops > 0 ? o->peak_gflops : root ? mt_gemm_gflops(1024, 0.3) : 0.0;
+    rp->peak = o->peak_gflops > 0 ? o->peak_gflops : root ? mt_gemm_gflops(1024, 0.3, o->bf16) : 0.0;
     rp->flops_tok = mt_model_flops_per_token(cfg, o->seq);
     return 0;
 }
@@ -132,7 +132,7 @@ void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, doub
     double mfu = d->rank == 0 ? rp->flops_tok * tps / (rp->peak * W * 1e9) : 0.0;
     if (mfu > 1.0 && o->peak_gflops <= 0 && rp->remeasured < 3) { /* the start-up one ran on a busy machine */
         rp->remeasured++; /* a few times at most: a model whose GEMMs beat the 1024^3 one stays above */
-        double p2 = mt_gemm_gflops(1024, 0.3);
+        double p2 = mt_gemm_gflops(1024, 0.3, o->bf16);
         if (!o->quiet)
             printf("  step %d ran above the measured GEMM peak of %.0f GFLOP/s: measured again, %.0f GFLOP/s\n", step,
                    rp->peak, p2);
@@ -249,7 +249,7 @@ int mt_report_summary(mt_report *rp, const mt_report_run *run) {
     if (d->rank == 0) {
         double tps = rp->t_timed > 0 ? rp->tok_timed / rp->t_timed : 0;
         if (o->peak_gflops <= 0 && rp->steps_timed > 0) { /* the higher of two measurements */
-            double p2 = mt_gemm_gflops(1024, 0.3);
+            double p2 = mt_gemm_gflops(1024, 0.3, o->bf16);
             if (p2 > rp->peak) rp->peak = p2;
         }
         const double peak = rp->peak;

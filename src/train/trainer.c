@@ -241,7 +241,7 @@ static int check_opts(const mt_train_opts *o, const mt_config *cfg) {
     if (o->doc_mode && (o->eot < 0 || o->eot >= cfg->vocab_size))
         return mt_error("train: --eot %d is not a token id of the model (vocab_size %d)", o->eot, cfg->vocab_size);
     if (o->log_every < 1) return mt_error("train: --log-every must be at least 1");
-    if (mt_set_gemm_bf16(o->bf16) != 0) return -1;
+    if (mt_gemm_bf16_check(o->bf16) != 0) return -1; /* --bf16 on a CPU without AVX512-BF16 */
     if (o->save_every < 0 || o->eval_every < 0 || o->load_every < 0 || o->keep < 0)
         return mt_error("train: --save-every, --eval-every, --load-every and --keep must be >= 0");
     if (o->seq > cfg->max_position_embeddings)
@@ -374,8 +374,8 @@ static int init_data(mt_trainer *t) {
  * is refused anyway, and the exact sum could overflow: then the arena of one sequence plus
  * what each further one adds (the arena grows linearly with the rows). */
 static double chunk_acts_bytes(const mt_config *c, int lo, int hi, int first, int last, int B, int T, int nthr,
-                               int policy, int tp, int sp) {
-    const int kv16 = mt_attention_bf16(c->head_dim);
+                               int policy, int tp, int sp, int bf16) {
+    const int kv16 = mt_attention_bf16(bf16, c->head_dim);
     if ((int64_t)B * T <= INT_MAX)
         return (double)mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, kv16);
     const double a1 = (double)mt_acts_bytes_chunk(c, lo, hi, first, last, 1, T, nthr, policy, tp, sp, kv16);
@@ -400,7 +400,7 @@ static int check_memory(const mt_trainer *t, const mt_part *sh, int policy) {
     for (int ch = 0; ch < o->vpp; ch++) {
         const int s = ch * o->pp + d->pp_rank;
         acts += chunk_acts_bytes(cfg, t->bounds[s], t->bounds[s + 1], s == 0, s == S - 1, o->batch, o->seq, t->nthr,
-                                 policy, o->tp, d->sp);
+                                 policy, o->tp, d->sp, o->bf16);
     }
     const double tokens = (double)o->accum * o->batch * o->seq, step = tokens * 4 * (o->doc_mode ? 3 : 2) +
                           (double)o->pp * ((double)o->accum * o->vpp * 6 + 1) * sizeof(mt_action);
@@ -488,7 +488,7 @@ static int init_model(mt_trainer *t) {
         mt_model_init_weights(&t->m, o->seed, std); /* keyed by the whole model's tensor index: any layout */
     }
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
-                     o->tp, d->sp) != 0)
+                     o->tp, d->sp, o->bf16) != 0)
         return -1;
     /* the fullest rank's optimizer state, for the report */
     uint64_t ob = t->opt.bytes;
