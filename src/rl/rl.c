@@ -21,6 +21,7 @@
 #include "rl/grpo.h"
 #include "rl/reward.h"
 #include "rl/rollout.h"
+#include "rl/share.h"
 
 void mt_rl_defaults(mt_rl_opts *o) {
     memset(o, 0, sizeof *o);
@@ -41,60 +42,6 @@ void mt_rl_defaults(mt_rl_opts *o) {
     o->is_cap = 5.0;
     o->agg = "token-mean";
     o->eval_n = 200;
-}
-
-/* The k-th prompt drawn: an epoch-wise permutation of the n prompts, seeded per epoch */
-typedef struct {
-    int64_t n, epoch;
-    uint64_t seed;
-    int64_t *perm;
-} prompt_order;
-
-static int64_t prompt_at(prompt_order *po, int64_t k) {
-    const int64_t e = k / po->n;
-    if (!po->perm || e != po->epoch) {
-        if (!po->perm) po->perm = mt_xmalloc(sizeof(int64_t) * (size_t)po->n);
-        for (int64_t i = 0; i < po->n; i++) po->perm[i] = i;
-        for (int64_t i = po->n - 1; i > 0; i--) {
-            int64_t j = (int64_t)(mt_hash4(po->seed, 0x70726d, (uint64_t)e, (uint64_t)i) % (uint64_t)(i + 1));
-            int64_t x = po->perm[i];
-            po->perm[i] = po->perm[j];
-            po->perm[j] = x;
-        }
-        po->epoch = e;
-    }
-    return po->perm[k % po->n];
-}
-
-/* Greedy accuracy on the first n held-out prompts, split over all ranks, each sampling from
- * its whole copy m (collective). */
-static double heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int max_new, int slots, int bf16,
-                               mt_dist *d) {
-    if ((size_t)n > ev->n) n = (int)ev->n;
-    const int r = d->rank, D = d->size, lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
-    mt_rollout_req *req = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *req);
-    int32_t **toks = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *toks);
-    for (int i = lo; i < hi; i++) {
-        toks[i - lo] = mt_xmalloc(sizeof(int32_t) * mt_prompt_ntokens(ev->prompt[i]));
-        int len = (int)mt_prompt_encode(ev->prompt[i], toks[i - lo]);
-        req[i - lo] = (mt_rollout_req){toks[i - lo], len, (uint64_t)i, 0};
-    }
-    mt_rollout_opts ro;
-    mt_rollout_defaults(&ro);
-    ro.temperature = 0, ro.max_new = max_new, ro.slots = slots, ro.bf16 = bf16;
-    mt_completion *out = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *out);
-    mt_rollout_stats st;
-    int64_t c[2] = {0, hi - lo};
-    if (mt_rollout(m, &ro, req, hi - lo, out, &st) != 0) mt_dist_abort(mt_last_error());
-    for (int i = lo; i < hi; i++) {
-        const mt_completion *co = &out[i - lo];
-        c[0] += mt_math_verdict(co->tokens, co->n, co->stopped_eot, ev->answer[i]) == MT_VERDICT_CORRECT;
-        mt_completion_free(&out[i - lo]);
-        free(toks[i - lo]);
-    }
-    mt_group_sum_i64(&d->all, c, 2);
-    free(out), free(toks), free(req);
-    return c[1] ? (double)c[0] / (double)c[1] : 0.0;
 }
 
 /* The run's RL settings, written at its start to OUT/rl_settings.json so that --resume
@@ -205,150 +152,6 @@ static void merge_records(const double *all, double *out, size_t n, int W, int T
     }
 }
 
-/* Completions travel between ranks as records of rec_n int32: n, eot, tokens[max_new],
- * log-prob bits[max_new], routing[replay_stride x (longest prompt + max_new - 1)]. */
-typedef struct {
-    size_t rec_n;
-    int max_new, replay_stride;
-} rec_shape;
-
-static void pack_records(const rec_shape *sh, mt_completion *co, const mt_rollout_req *req, int n, int32_t *out) {
-    for (int i = 0; i < n; i++) {
-        int32_t *r = out + sh->rec_n * (size_t)i;
-        memset(r, 0, sizeof(int32_t) * sh->rec_n);
-        r[0] = co[i].n, r[1] = co[i].stopped_eot;
-        memcpy(r + 2, co[i].tokens, sizeof(int32_t) * (size_t)co[i].n);
-        memcpy(r + 2 + sh->max_new, co[i].logp, sizeof(float) * (size_t)co[i].n);
-        if (co[i].routing)
-            memcpy(r + 2 + 2 * sh->max_new, co[i].routing,
-                   sizeof(int32_t) * (size_t)sh->replay_stride * (size_t)(req[i].len + co[i].n - 1));
-        mt_completion_free(&co[i]);
-    }
-}
-
-/* co[n] = the records in[n] (their prompts' requests req[n] give the routing's length) */
-static void unpack_records(const rec_shape *sh, const int32_t *in, const mt_rollout_req *req, int n,
-                           mt_completion *co) {
-    for (int i = 0; i < n; i++) {
-        const int32_t *r = in + sh->rec_n * (size_t)i;
-        mt_completion *c = &co[i];
-        c->n = r[0], c->stopped_eot = r[1];
-        c->tokens = mt_xmalloc(sizeof(int32_t) * ((size_t)c->n + 1));
-        c->logp = mt_xmalloc(sizeof(float) * ((size_t)c->n + 1));
-        memcpy(c->tokens, r + 2, sizeof(int32_t) * (size_t)c->n);
-        memcpy(c->logp, r + 2 + sh->max_new, sizeof(float) * (size_t)c->n);
-        c->routing = NULL;
-        if (sh->replay_stride) {
-            const size_t nr = (size_t)sh->replay_stride * (size_t)(req[i].len + c->n - 1);
-            c->routing = mt_xmalloc(sizeof(int32_t) * (nr + 1));
-            memcpy(c->routing, r + 2 + 2 * sh->max_new, sizeof(int32_t) * nr);
-        }
-    }
-}
-
-/* The requests of rollout rank r of R at step (its P / R prompts, G samples each). */
-static void share_requests(prompt_order *po, const mt_prompt_set *ps, const mt_rl_opts *o, int step, int r, int R,
-                           int32_t **ptok, mt_rollout_req *req) {
-    const int Pr = o->prompts_per_step / R, G = o->group;
-    for (int j = 0; j < Pr; j++) {
-        const int64_t k = (int64_t)(step - 1) * o->prompts_per_step + (int64_t)r * Pr + j;
-        const int64_t pi = prompt_at(po, k);
-        ptok[j] = mt_xrealloc(ptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps->prompt[pi]));
-        const int len = (int)mt_prompt_encode(ps->prompt[pi], ptok[j]);
-        for (int q = 0; q < G; q++) req[j * G + q] = (mt_rollout_req){ptok[j], len, (uint64_t)pi, (uint64_t)q};
-    }
-}
-
-/* Separate deployment: the messages between the trainer's rank 0 (job rank 0) and the
- * rollout ranks' rank 0 (job rank J - R). */
-enum { TAG_PLAN = 11, TAG_WEIGHTS, TAG_RECORDS, TAG_ACC };
-
-static int eval_due(const mt_rl_opts *o, int step, int steps) {
-    return step == steps || (o->eval_every > 0 && step % o->eval_every == 0);
-}
-
-/* The rollout ranks' side of a separate deployment: per step the weights arrive, every
- * rank samples its share, the records go back; held-out evaluations when the trainer's
- * schedule has them. */
-static int rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *ps, const mt_prompt_set *ev,
-                          size_t longest) {
-    const int T0 = 0, lead = d->rank == 0;
-    uint64_t plan[4] = {0, 0, 0, 0}; /* start step, steps, seed, bf16 */
-    if (lead) mt_group_recv_bytes(&d->job, plan, sizeof plan, T0, TAG_PLAN);
-    mt_group_bcast_i32(&d->all, (int *)plan, (sizeof plan) / (sizeof(int))); /* 64-bit words as int pairs */
-    const int start = (int)plan[0], steps = (int)plan[1];
-    char ck[4200];
-    mt_config cfg;
-    if (mt_ckpt_resolve(o->train.resume ? o->train.resume : o->train.init, ck, sizeof ck) != 0 ||
-        mt_ckpt_load_config(ck, &cfg) != 0)
-        return -1;
-    mt_model roll;
-    if (mt_model_init_infer(&roll, &cfg) != 0) return -1;
-    int nmoe = 0;
-    for (int l = 0; l < cfg.num_hidden_layers; l++) nmoe += mt_config_is_moe(&cfg, l);
-    const rec_shape sh = {0, o->max_new, o->routing_replay ? nmoe * cfg.num_experts_per_tok : 0};
-    rec_shape shp = sh;
-    shp.rec_n = 2 + 2 * (size_t)o->max_new + (size_t)sh.replay_stride * (longest + (size_t)o->max_new - 1);
-    const int R = d->size, Pr = o->prompts_per_step / R, rrows = Pr * o->group;
-    mt_rollout_req *req = mt_xcalloc((size_t)rrows, sizeof *req);
-    mt_completion *co = mt_xcalloc((size_t)rrows, sizeof *co);
-    int32_t **ptok = mt_xcalloc((size_t)Pr, sizeof *ptok);
-    int32_t *mine = mt_xmalloc(sizeof(int32_t) * shp.rec_n * (size_t)rrows);
-    int32_t *every = mt_xmalloc(sizeof(int32_t) * shp.rec_n * (size_t)rrows * (size_t)R);
-    prompt_order po = {(int64_t)ps->n, -1, plan[2], NULL};
-    const int eval_on = ev->n > 0 && o->eval_n > 0;
-    int rc = 0;
-    for (int step = start; step <= steps && rc == 0; step++) {
-        if (step > start) { /* step's rollout: the weights of version step - 1 */
-            if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, TAG_WEIGHTS);
-            mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
-            mt_rollout_opts ro;
-            mt_rollout_defaults(&ro);
-            ro.temperature = o->temperature, ro.top_k = o->top_k, ro.top_p = o->top_p, ro.max_new = o->max_new;
-            ro.seed = plan[2], ro.step = (uint64_t)step, ro.slots = o->slots, ro.record_routing = o->routing_replay;
-            ro.bf16 = (int)plan[3]; /* the trainer's precision, as co-located */
-            share_requests(&po, ps, o, step, d->rank, R, ptok, req);
-            mt_rollout_stats rs;
-            if (mt_rollout(&roll, &ro, req, rrows, co, &rs) != 0) mt_dist_abort(mt_last_error());
-            double sec = rs.seconds;
-            mt_group_max_f64(&d->all, &sec, 1);
-            pack_records(&shp, co, req, rrows, mine);
-            mt_group_allgather_i32(&d->all, mine, shp.rec_n * (size_t)rrows, every);
-            if (lead) {
-                mt_group_send_bytes(&d->job, every, sizeof(int32_t) * shp.rec_n * (size_t)rrows * (size_t)R, T0,
-                                    TAG_RECORDS);
-                mt_group_send_bytes(&d->job, &sec, sizeof sec, T0, TAG_RECORDS);
-            }
-        }
-        if (eval_on && (step == start || eval_due(o, step, steps))) {
-            if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, TAG_WEIGHTS);
-            mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
-            double acc = heldout_accuracy(&roll, ev, o->eval_n, o->max_new, o->slots, (int)plan[3], d);
-            if (lead) mt_group_send_bytes(&d->job, &acc, sizeof acc, T0, TAG_ACC);
-        }
-    }
-    for (int j = 0; j < Pr; j++) free(ptok[j]);
-    free(ptok), free(req), free(co), free(mine), free(every), free(po.perm);
-    mt_model_free(&roll);
-    return rc;
-}
-
-/* The trainer's side of a separate deployment: the current weights to the rollout ranks
- * (gathered on the trainer's rank 0, sent point to point, broadcast there). */
-static void send_weights(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead) {
-    mt_trainer_gather_whole_root(t, whole);
-    if (d->rank == 0)
-        mt_group_send_f32(&d->job, whole, mt_trainer_whole_floats(t), rollout_lead, TAG_WEIGHTS);
-}
-
-static double remote_accuracy(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead) {
-    send_weights(t, d, whole, rollout_lead);
-    double acc = 0;
-    if (d->rank == 0) mt_group_recv_bytes(&d->job, &acc, sizeof acc, rollout_lead, TAG_ACC);
-    mt_group_bcast_f64(&d->all, &acc, 1);
-    return acc;
-}
-
 /* The switch back: the trainer's part from the rollout copy, whose pages are then given
  * back until the next switch. */
 static void back_to_training(mt_trainer *t, mt_model *roll) {
@@ -441,7 +244,7 @@ int mt_rl(const mt_rl_opts *opt) {
     size_t longest = 0;
     for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
     if (rollout_role) {
-        const int src = rollout_server(&o, d, &ps, &ev, longest);
+        const int src = mt_rl_rollout_server(&o, d, &ps, &ev, longest);
         mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
         cJSON_Delete(kept);
         return src;
@@ -475,7 +278,7 @@ int mt_rl(const mt_rl_opts *opt) {
     if (sep && d->rank == 0) {
         const uint64_t plan[4] = {(uint64_t)mt_trainer_get_state(t)->step, (uint64_t)ti->steps, ti->seed,
                                   (uint64_t)ti->bf16};
-        mt_group_send_bytes(&d->job, plan, sizeof plan, rollout_lead, TAG_PLAN);
+        mt_group_send_bytes(&d->job, plan, sizeof plan, rollout_lead, MT_RL_TAG_PLAN);
     }
     mt_grpo_loss L;
     mt_grpo_loss_defaults(&L);
@@ -528,10 +331,10 @@ int mt_rl(const mt_rl_opts *opt) {
     double acc0 = -1, acc = -1;
     if (eval_on) {
         if (sep) {
-            acc0 = acc = remote_accuracy(t, d, whole, rollout_lead);
+            acc0 = acc = mt_rl_remote_accuracy(t, d, whole, rollout_lead);
         } else {
             if (split) mt_trainer_to_rollout(t, roll.params);
-            acc0 = acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
+            acc0 = acc = mt_rl_heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
             if (split) back_to_training(t, &roll);
         }
         if (root) {
@@ -541,13 +344,13 @@ int mt_rl(const mt_rl_opts *opt) {
             if (mt_file_check(mf, path) != 0 || mt_file_check(stdout, "stdout") != 0) mt_dist_abort(mt_last_error());
         }
     }
-    prompt_order po = {(int64_t)ps.n, -1, ti->seed, NULL};
+    mt_prompt_order po = {(int64_t)ps.n, -1, ti->seed, NULL};
     const int G = o.group;
     /* split layouts: this rank's rollout share (Pr prompts) and the completions of every
      * rank, exchanged as records of rec_n int32: n, eot, tokens, log-prob bits, routing */
     const int rrows = Pr * G, route_n = replay_stride * ((int)longest + o.max_new - 1);
     const size_t rec_n = 2 + 2 * (size_t)o.max_new + (size_t)route_n;
-    const rec_shape shp = {rec_n, o.max_new, replay_stride};
+    const mt_rl_rec_shape shp = {rec_n, o.max_new, replay_stride};
     mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows, sizeof *rreq) : NULL;
     mt_completion *rco = split ? mt_xcalloc((size_t)rrows, sizeof *rco) : NULL;
     int32_t **rptok = split ? mt_xcalloc((size_t)Pr, sizeof *rptok) : NULL;
@@ -576,7 +379,7 @@ int mt_rl(const mt_rl_opts *opt) {
         /* rollout: this rank's prompts of the step, G samples each */
         for (int j = 0; j < Pl; j++) {
             const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
-            pidx[j] = prompt_at(&po, k);
+            pidx[j] = mt_prompt_order_at(&po, k);
             ptok[j] = mt_xrealloc(ptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pidx[j]]));
             const int len = (int)mt_prompt_encode(ps.prompt[pidx[j]], ptok[j]);
             for (int s = 0; s < G; s++) req[j * G + s] = (mt_rollout_req){ptok[j], len, (uint64_t)pidx[j], (uint64_t)s};
@@ -591,32 +394,32 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_reset_peak_rss();
         if (sep) {
             const double t0 = mt_now();
-            send_weights(t, d, whole, rollout_lead);
+            mt_rl_send_weights(t, d, whole, rollout_lead);
             switch_s = mt_now() - t0;
             /* the rollout ranks' records of every prompt, then their slowest rollout time */
             const size_t nrec = shp.rec_n * (size_t)o.prompts_per_step * (size_t)G;
             memset(&rs, 0, sizeof rs);
             if (d->rank == 0) {
-                mt_group_recv_bytes(&d->job, every, sizeof(int32_t) * nrec, rollout_lead, TAG_RECORDS);
-                mt_group_recv_bytes(&d->job, &rs.seconds, sizeof rs.seconds, rollout_lead, TAG_RECORDS);
+                mt_group_recv_bytes(&d->job, every, sizeof(int32_t) * nrec, rollout_lead, MT_RL_TAG_RECORDS);
+                mt_group_recv_bytes(&d->job, &rs.seconds, sizeof rs.seconds, rollout_lead, MT_RL_TAG_RECORDS);
             }
             mt_group_bcast_i32(&d->all, every, nrec);
-            unpack_records(&shp, every + shp.rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
+            mt_rl_unpack_records(&shp, every + shp.rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
         } else if (!split) {
             if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
         } else {
             const double t0 = mt_now();
             mt_trainer_to_rollout(t, roll.params);
             switch_s = mt_now() - t0;
-            share_requests(&po, &ps, &o, step, d->rank, D, rptok, rreq);
+            mt_rl_share_requests(&po, &ps, &o, step, d->rank, D, rptok, rreq);
             if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rs) != 0) { rc = -1; break; }
             rss[0] = (double)mt_peak_rss() / 1048576.0;
             const double t1 = mt_now();
             back_to_training(t, &roll);
-            pack_records(&shp, rco, rreq, rrows, mine);
+            mt_rl_pack_records(&shp, rco, rreq, rrows, mine);
             mt_group_allgather_i32(&d->all, mine, rec_n * (size_t)rrows, every);
             /* this DP index's completions, in the order of its prompts */
-            unpack_records(&shp, every + rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
+            mt_rl_unpack_records(&shp, every + rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
             switch_s += mt_now() - t1;
         }
         if (!split) rss[0] = (double)mt_peak_rss() / 1048576.0;
@@ -744,10 +547,10 @@ int mt_rl(const mt_rl_opts *opt) {
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
         if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) {
             if (sep) {
-                acc = remote_accuracy(t, d, whole, rollout_lead);
+                acc = mt_rl_remote_accuracy(t, d, whole, rollout_lead);
             } else {
                 if (split) mt_trainer_to_rollout(t, roll.params);
-                acc = heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
+                acc = mt_rl_heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
                 if (split) back_to_training(t, &roll);
             }
         }
