@@ -93,7 +93,9 @@ static const float LOG2E = 1.44269504088896341f, LN2 = 0.693147180559945309f;
 
 static int round16(int x) { return (x + 15) & ~15; }
 
-static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+/* the first 64-byte boundary at or after p in a thread's scratch: raw bytes, which the kernels lay out as
+ * fp32 and bf16-pair regions */
+static void *align64(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 /* Dispatch a row count 0 < m_ < ATT_MR to CALL(rows, ...) with a constant row count (so the
  * micro-kernel's loops unroll and its accumulators stay in registers); the other arguments
@@ -987,7 +989,7 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
 #if defined(ATT_BF16)
         /* after the query blocks' state: K pairs along D [BK][D/2], V pairs along keys
          * [BK/2][D], probabilities pairs along keys [BK/2][BQ] */
-        uint32_t *Kr = (uint32_t *)align64(blk + (size_t)ATT_QG * qstride), *Vp = Kr + (size_t)ATT_BK * D / 2;
+        uint32_t *Kr = align64(blk + (size_t)ATT_QG * qstride), *Vp = Kr + (size_t)ATT_BK * D / 2;
         uint32_t *St2 = Vp + (size_t)ATT_BK / 2 * D;
 #endif
         int32_t lo[ATT_BQ], hi[ATT_BQ];
@@ -1102,7 +1104,7 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
         /* pair buffers after l2 (64-byte aligned): q and dO of the head, K of the block, P and
          * dS pairs along queries ([BQ/2][BK]), dS pairs along keys ([BQ][BK/2]) */
         const size_t hp = (size_t)((T + 2) / 2) * D;
-        uint32_t *Qp = (uint32_t *)align64(l2 + T + ATT_BQ), *dOp = Qp + hp, *Kp = dOp + hp;
+        uint32_t *Qp = align64(l2 + T + ATT_BQ), *dOp = Qp + hp, *Kp = dOp + hp;
         uint32_t *P2 = Kp + (size_t)ATT_BK / 2 * D, *S2 = P2 + ATT_BQ / 2 * ATT_BK, *Sr = S2 + ATT_BQ / 2 * ATT_BK;
         uint32_t *Qr = Sr + ATT_BQ * ATT_BK / 2, *dOr = Qr + (size_t)T * D / 2, *Kt2 = dOr + (size_t)T * D / 2;
         uint32_t *Vt2 = Kt2 + (size_t)D / 2 * ATT_BK;

@@ -367,12 +367,14 @@ double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x,
                   const int32_t *targets, int N, int C, int V, float grad_scale, const mt_head_obj *obj, float *scratch) {
     double total = 0.0;
     const int ldl = head_ld(V);
-    float *L = scratch, *rowloss = scratch + (size_t)MT_HEAD_ROWS * ldl;
+    void *chunk = scratch; /* the logits chunk [MT_HEAD_ROWS, ldl]: fp32, then (l16) bf16 in place */
+    float *L = chunk, *rowloss = scratch + (size_t)MT_HEAD_ROWS * ldl;
+    uint16_t *L16w = chunk;
     const uint32_t *Wf = NULL, *Wb = NULL;
     /* in bf16 mode the chunk's logit gradients are rounded in place (rows 2 ldl values
      * apart): both products read them rounded anyway, so the same bits from half the bytes */
     const int l16 = dx && ws.bf16;
-    const uint16_t *L16 = l16 ? (const uint16_t *)L : NULL;
+    const uint16_t *L16 = l16 ? L16w : NULL;
     const size_t words = head_packed_words(N, C, V, ws.bf16, dx != NULL);
     if (words) {
         size_t wf = mt_gemm_bf16_packed_words(V, C);
@@ -407,7 +409,8 @@ double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x,
                     head_row_exp(l, l, V, lse, gs);
                     l[tgt] -= gs;
                 }
-                if (l16) mt_bf16_store_row((uint16_t *)l, l, (size_t)V); /* in place: writes trail reads */
+                /* in place (row i of the bf16 view starts where row i of the fp32 one does): writes trail reads */
+                if (l16) mt_bf16_store_row(L16w + (size_t)i * 2 * ldl, l, (size_t)V);
             }
         }
         for (int i = 0; i < nr; i++) total += rowloss[i];

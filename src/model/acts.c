@@ -29,6 +29,14 @@ static void *carve(carver *cv, size_t bytes) {
 
 static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
 
+/* A buffer that holds bf16 in bf16 mode (h16) and fp32 otherwise: one carve, whose pointer of
+ * the matching type is set, the other NULL (model/internal.h). */
+static void carve_pair(carver *cv, size_t bytes, int h16, float **f32, uint16_t **b16) {
+    void *p = carve(cv, bytes);
+    *f32 = h16 ? NULL : p;
+    *b16 = h16 ? p : NULL;
+}
+
 /* The arena's dimensions. With TP, attention and the dense FFN see all Nt tokens with the
  * local heads / columns; the residual stream, norms, MoE and head hold N = Nt/tp tokens with
  * SP (else Nt). hl: bytes of a value the FFNs keep or write to bf16-able scratch. */
@@ -57,7 +65,7 @@ static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
     g->sel = d->policy == MT_RECOMPUTE_SELECTIVE;
     g->kv16 = d->kv16;
     /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
-     * (SCRATCH_PAIR), and their scratch that only products read (carve_scratch) */
+     * (model/internal.h), and their scratch that only products read (carve_scratch) */
     g->hl = d->kv16 ? sizeof(uint16_t) : sizeof(float);
 }
 
@@ -69,7 +77,7 @@ static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
 static void carve_shared(carver *cv, mt_acts *a, const geom *g) {
     if (!g->sel) return;
     a->hbuf = carve(cv, g->N * g->C * sizeof(float));
-    a->gubuf = g->E ? carve(cv, maxz(g->R * 2 * g->Fm, g->N * 2 * g->Fs) * g->hl) : NULL;
+    if (g->E) carve_pair(cv, maxz(g->R * 2 * g->Fm, g->N * 2 * g->Fs) * g->hl, a->bf16, &a->gubuf, &a->gubuf16);
 }
 
 /* What decoder layer l keeps. */
@@ -91,7 +99,7 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
     L->h = g->sel ? a->hbuf : carve(cv, N * C * fl);
     L->rstd2 = carve(cv, N * fl);
     if (!mt_config_is_moe(c, l)) {
-        L->gu = carve(cv, Nt * 2 * g->F * hl);
+        carve_pair(cv, Nt * 2 * g->F * hl, a->bf16, &L->gu, &L->gu16);
     } else {
         L->probs = carve(cv, N * E * fl);
         L->sel = carve(cv, R * il);
@@ -99,8 +107,10 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
         L->slot_row = carve(cv, R * il);
         L->perm_tok = carve(cv, R * il);
         L->eoff = carve(cv, (E + 1) * il);
-        L->egu = g->sel ? a->gubuf : carve(cv, R * 2 * g->Fm * hl);
-        if (g->Fs) L->sgu = g->sel ? a->gubuf : carve(cv, N * 2 * g->Fs * hl);
+        if (g->sel) L->egu = a->gubuf, L->egu16 = a->gubuf16;
+        else carve_pair(cv, R * 2 * g->Fm * hl, a->bf16, &L->egu, &L->egu16);
+        if (g->Fs && g->sel) L->sgu = a->gubuf, L->sgu16 = a->gubuf16;
+        else if (g->Fs) carve_pair(cv, N * 2 * g->Fs * hl, a->bf16, &L->sgu, &L->sgu16);
         L->f = carve(cv, g->B * E * fl);
     }
 }
@@ -112,7 +122,9 @@ static void carve_stream(carver *cv, mt_acts *a, const geom *g) {
     if (a->last) a->rstdf = carve(cv, N * fl);
     a->cos_t = carve(cv, g->T * g->D / 2 * fl);
     a->sin_t = carve(cv, g->T * g->D / 2 * fl);
-    a->ln = carve(cv, N * C * fl);
+    void *ln = carve(cv, N * C * fl); /* norm_in writes it as bf16 or as fp32: both views */
+    a->ln = ln;
+    a->ln16 = ln;
     /* the final norm's output lives only while the head (whose backward runs with its
      * forward) reads it: the blocks' normed-input buffer, free by then */
     if (a->last) a->lnf = a->ln;
@@ -158,14 +170,16 @@ static void carve_scratch(carver *cv, mt_acts *a, const mt_config *c, const geom
     const size_t u1 = cv->off;
     cv->off = u0;
     /* the bf16 scratch: the SwiGLU output (big1), the gate|up gradient (big3) and the
-     * gathered expert rows (xe) (SCRATCH_PAIR): half the bytes (dact in big2 and the expert
+     * gathered expert rows (xe) (model/internal.h): half the bytes (dact in big2 and the expert
      * outputs in ye stay fp32) */
-    a->big1 = carve(cv, bigsz * hl);
+    carve_pair(cv, bigsz * hl, a->bf16, &a->big1, &a->big1_16);
     a->big2 = carve(cv, bigsz * fl);
-    a->big3 = carve(cv, 2 * bigsz * hl);
+    carve_pair(cv, 2 * bigsz * hl, a->bf16, &a->big3, &a->big3_16);
     if (E) {
-        a->xe = carve(cv, R * C * hl);
-        a->ye = carve(cv, R * C * fl);
+        carve_pair(cv, R * C * hl, a->bf16, &a->xe, &a->xe16);
+        void *ye = carve(cv, R * C * fl); /* the gathered output gradients as bf16, then fp32 */
+        a->ye = ye;
+        a->ye16 = ye;
         a->ds = carve(cv, N * E * fl);
         a->dw = carve(cv, R * fl);
         a->wrow = carve(cv, R * fl);

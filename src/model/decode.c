@@ -157,7 +157,7 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
         mt_rmsnorm_fwd(d->ln, d->rstd, d->h, w->post_norm, n, C, eps);
         layer_acts *L = &a->L[l];
         if (!mt_config_is_moe(c, l)) {
-            mt_ffn_fwd(a, d->x, d->h, L->gu, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
+            mt_ffn_fwd(a, d->x, d->h, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
         } else {
             mt_moe_block_fwd(m, a, L, w, l, n, 1, d->ln, NULL, d->h, d->x, 0);
             memcpy(d->route[l], L->sel, sizeof(int32_t) * (size_t)n * K);

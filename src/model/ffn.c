@@ -20,14 +20,13 @@
 /* SwiGLU FFN with gate|up in one GEMM (Wgu = [gate; up] is [2F, C], adjacent in the layout):
  * out[N,C] = res + (silu(g)*u) Wd^T (res NULL: 0; the residual add in the product's output
  * pass, mt_linear_fwd_res) ; gu[N,2F] is kept for the backward. The input is
- * x, or x16 when it is bf16 (the other NULL). The SwiGLU
+ * x, or x16 when it is bf16 (the other NULL); gu, or gu16 in bf16 mode. The SwiGLU
  * and the down projection run over chunks of `rows` rows in the scratch a->big1 (the dense
  * FFN, wider than the MoE-sized scratch, passes a->ffn_rows; the shared experts fit: N). */
-void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const float *x,
-                           const uint16_t *x16, const float *wgu, const float *wd, int N, int C, int F, int rows) {
-    const int h16 = a->bf16;
-    SCRATCH_PAIR(h16, a->big1, act, act16);
-    SCRATCH_PAIR(h16, gubuf, gu, gu16);
+void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gu, uint16_t *gu16, const float *x,
+                const uint16_t *x16, const float *wgu, const float *wd, int N, int C, int F, int rows) {
+    float *act = a->big1;
+    uint16_t *act16 = a->big1_16;
     mt_linear_fwd_x(a->ws, gu, gu16, x, x16, wgu, N, C, 2 * F, 0.0f);
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
@@ -41,13 +40,10 @@ void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const fl
 /* dx[N,C] = d/dx (overwritten); weight grads accumulate (dwgu is [2F, C]), over the same
  * chunks of rows, in the scratch a->big1 [rows,F], big2 [rows,F], big3 [rows,2F]. */
 void mt_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
-                           const uint16_t *x16, float *gubuf, const float *wgu, const float *wd, int N, int C,
-                           int F, int rows) {
-    const int h16 = a->bf16;
-    float *dact = a->big2;
-    SCRATCH_PAIR(h16, a->big1, act, act16);
-    SCRATCH_PAIR(h16, a->big3, dgu, dgu16);
-    SCRATCH_PAIR(h16, gubuf, gu, gu16);
+                const uint16_t *x16, const float *gu, const uint16_t *gu16, const float *wgu, const float *wd, int N,
+                int C, int F, int rows) {
+    float *dact = a->big2, *act = a->big1, *dgu = a->big3;
+    uint16_t *act16 = a->big1_16, *dgu16 = a->big3_16;
     for (int n0 = 0; n0 < N; n0 += rows) {
         const int n = N - n0 < rows ? N - n0 : rows;
         const size_t o = (size_t)n0 * 2 * F;

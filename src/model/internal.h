@@ -36,19 +36,22 @@ typedef struct {
     float *att, *lse;             /* [N,H*D], [B,H,T] */
     float *h;                     /* [N,C] residual after attention */
     float *rstd2;                 /* [N] */
-    float *gu;                    /* dense: [N,2F] gate|up (bf16 mode: bf16, SCRATCH_PAIR) */
+    float *gu;                    /* dense: [N,2F] gate|up; NULL in bf16 mode, */
+    uint16_t *gu16;               /* which keeps it as bf16 here (one of each such pair is set) */
     float *probs;                 /* MoE: [N,E] selection scores p */
     int32_t *sel;                 /* [N,k] */
     float *wsel;                  /* [N,k] final routing weights */
     int32_t *slot_row;            /* [N*k] permuted row of (token, slot) */
     int32_t *perm_tok;            /* [N*k] token of permuted row */
     int32_t *eoff;                /* [E+1] */
-    float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order; bf16 mode: bf16) */
-    float *sgu;                   /* [N,2Fs] shared experts gate|up (bf16 mode: bf16) */
+    float *egu;                   /* [N*k,2Fm] expert gate|up (permuted order) */
+    float *sgu;                   /* [N,2Fs] shared experts gate|up */
+    uint16_t *egu16, *sgu16;      /* bf16 mode: the same as bf16 (egu, sgu NULL) */
     float *f;                     /* [B,E] per-sequence routed fraction f_e */
     mt_ep_batch epb;              /* the dispatch of this layer (its plan: the exchange's) */
     mt_local_plan local;          /* the local exchange's plan (moe_block.c) */
-    float *ep_egu;                /* EP: [>= epb.R, 2Fm] expert gate|up (grown, kept; bf16 mode: bf16) */
+    float *ep_egu;                /* EP: [>= epb.R, 2Fm] expert gate|up (grown, kept) */
+    uint16_t *ep_egu16;           /* bf16 mode: the same as bf16 (ep_egu NULL) */
     size_t ep_egu_cap;
 } layer_acts;
 
@@ -57,6 +60,7 @@ typedef struct {
  * placement the selection in slots */
 typedef struct {
     float *act, *ye, *dact, *dgu, *dwr;
+    uint16_t *act16, *ye16, *dgu16; /* bf16 mode: act16, dgu16 (act, dgu NULL); ye16: ye's bytes */
     int32_t *slot_sel;
     size_t cap[6];
 } mt_moe_scratch;
@@ -80,11 +84,15 @@ struct mt_acts {
     double rope_theta;
     /* scratch shared by all layers */
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
+    uint16_t *ln16;               /* ln's bytes, as bf16 (norm_in writes one or the other) */
     float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */
+    uint16_t *gubuf16;            /* bf16 mode: gubuf as bf16 (gubuf NULL) */
     float *dres, *dln, *datt, *dq, *dk, *dv;
     float *big1, *big2, *big3;    /* [max(ffn_rows*F, R*Fm, N*Fs)] x2, [twice that] */
+    uint16_t *big1_16, *big3_16;  /* bf16 mode: big1, big3 as bf16 (big1, big3 NULL) */
     int ffn_rows;                 /* rows of the dense FFN per pass over big1-3 (<= B*T) */
     float *xe, *ye, *ds, *dw, *wrow;
+    uint16_t *xe16, *ye16;        /* bf16 mode: xe as bf16 (xe NULL); ye16: ye's bytes, as bf16 */
     float *att_scratch, *head_scratch;
     mt_moe_scratch moe;
     mt_ws ws;                     /* the kernels' workspace (kernels/ws.h), outside the arena: grown by
@@ -106,16 +114,17 @@ void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N);
  * the same bits in half the bytes (docs/DESIGN.md, Mixed precision). The gate|up outputs
  * that the backward keeps (gu, egu, sgu) are bf16 too, rounded as the product writes them,
  * as autocast keeps a product's output: the SwiGLU forward and backward both read the
- * rounded values, in fp32 math. One pointer of each pair is set: bf16 (h16) or fp32. */
-#define SCRATCH_PAIR(h16, buf, f32, b16) \
-    float *f32 = (h16) ? NULL : (buf);  \
-    uint16_t *b16 = (h16) ? (uint16_t *)(buf) : NULL
+ * rounded values, in fp32 math. Each such buffer has a pointer pair, as k / k16: acts_layout
+ * (or the EP scratch's growth) sets the bf16 one in bf16 mode and the fp32 one otherwise,
+ * the other NULL; the kernels take both and use the one that is set. The buffers that hold
+ * either within one mode (ln, ye) have both set, to the same bytes. */
 
 /* ffn.c: the SwiGLU FFN (dense layers and shared experts) */
-void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gubuf, const float *x, const uint16_t *x16,
-                const float *wgu, const float *wd, int N, int C, int F, int rows);
+void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gu, uint16_t *gu16, const float *x,
+                const uint16_t *x16, const float *wgu, const float *wd, int N, int C, int F, int rows);
 void mt_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dout, const float *x,
-                const uint16_t *x16, float *gubuf, const float *wgu, const float *wd, int N, int C, int F, int rows);
+                const uint16_t *x16, const float *gu, const uint16_t *gu16, const float *wgu, const float *wd, int N,
+                int C, int F, int rows);
 
 /* moe_block.c: the MoE block of layer l on the normed input ln (or ln16) of a->Nl rows:
  * out = res + shared(ln) + sum_j w_j E_j(ln), and its backward (dln overwritten) */

@@ -78,10 +78,10 @@ static void norm_in(const mt_model *m, mt_acts *a, int moe_layer, float *rstd, c
     const mt_config *c = &m->cfg;
     const float eps = (float)c->rms_norm_eps;
     const int tp = m->tp ? m->tp->size : 1, h16 = a->bf16 && tp == 1 && !(moe_layer && m->ep);
-    if (h16) mt_rmsnorm_fwd16(a->ws, (uint16_t *)a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
+    if (h16) mt_rmsnorm_fwd16(a->ws, a->ln16, rstd, x, w, a->Nl, c->hidden_size, eps);
     else mt_rmsnorm_fwd(a->ln, rstd, x, w, a->Nl, c->hidden_size, eps);
     *f = h16 ? NULL : a->ln;
-    *h = h16 ? (const uint16_t *)a->ln : NULL;
+    *h = h16 ? a->ln16 : NULL;
 }
 
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
@@ -151,10 +151,10 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
             if (tp == 1) {
-                mt_ffn_fwd(a, xout, L->h, L->gu, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
+                mt_ffn_fwd(a, xout, L->h, L->gu, L->gu16, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                mt_ffn_fwd(a, a->part, NULL, L->gu, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows);
+                mt_ffn_fwd(a, a->part, NULL, L->gu, L->gu16, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows);
                 tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
                 mt_copy(xout, L->h, (size_t)Nl * C);
                 mt_add(xout, a->dln, (size_t)Nl * C);
@@ -218,13 +218,13 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         norm_in(m, a, mt_config_is_moe(c, l), a->rstd_tmp, L->h, w->post_norm, &lnx, &ln16);
         if (!mt_config_is_moe(c, l)) {
             if (tp == 1) {
-                mt_ffn_bwd(a, a->dln, dw->gate, dw->down, d, lnx, ln16, L->gu, w->gate, w->down, N, C, F,
-                               a->ffn_rows);
+                mt_ffn_bwd(a, a->dln, dw->gate, dw->down, d, lnx, ln16, L->gu, L->gu16, w->gate, w->down, N, C, F,
+                           a->ffn_rows);
             } else { /* gathered input and output gradient; the input gradient summed over TP */
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
                 const float *df = tp_in(m, a, a->dgat, d, C);
-                mt_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, NULL, L->gu, w->gate, w->down, N, C, F,
-                               a->ffn_rows);
+                mt_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, NULL, L->gu, L->gu16, w->gate, w->down, N, C,
+                           F, a->ffn_rows);
                 tp_out(m, a->dln, a->part, N, C);
             }
         } else {

@@ -142,14 +142,14 @@ static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, 
  * batch by local_attach before the dispatch. */
 typedef mt_local_plan local_plan;
 
-static void local_attach(mt_acts *a, layer_acts *L, int h16) {
+static void local_attach(mt_acts *a, layer_acts *L) {
     local_plan *lp = &L->local;
     memset(lp, 0, sizeof *lp);
     lp->off = L->eoff;
     lp->slot_row = L->slot_row;
     lp->perm_tok = L->perm_tok;
-    lp->xe = h16 ? NULL : a->xe;
-    lp->xe16 = h16 ? (uint16_t *)a->xe : NULL;
+    lp->xe = a->xe; /* one of the two is set: the acts' precision */
+    lp->xe16 = a->xe16;
     lp->wrow = a->wrow;
     lp->ws = a->ws;
     L->epb.plan = lp;
@@ -237,9 +237,11 @@ static const mt_ep_ops *xchg_of(const mt_model *m) { return m->ep ? m->ep : &loc
 /* The buffers the routed experts compute in for a batch of R rows. The local exchange's
  * R = N*K fits the arena; over EP, R depends on the routing of the whole group, so the
  * buffers grow to the largest batch seen and stay (gate|up per layer: the backward reads
- * it). */
+ * it). egu, act and dgu are bf16 in bf16 mode (the fp32 pointer NULL; model/internal.h);
+ * ye and ye16 are the same bytes, the output gradients' rows as bf16, then fp32 outputs. */
 typedef struct {
     float *egu, *act, *ye, *dact, *dgu, *dwr;
+    uint16_t *egu16, *act16, *ye16, *dgu16;
 } expert_ws;
 
 static void *grow(void *p, size_t *cap, size_t bytes) {
@@ -249,22 +251,34 @@ static void *grow(void *p, size_t *cap, size_t bytes) {
     return mt_alloc(*cap);
 }
 
+/* grow for a pair: the pointer of the precision h16 set, the other NULL */
+static void grow_pair(float **f32, uint16_t **b16, size_t *cap, size_t bytes, int h16) {
+    void *p = *f32;
+    if (!p) p = *b16;
+    p = grow(p, cap, bytes);
+    *f32 = h16 ? NULL : p;
+    *b16 = h16 ? p : NULL;
+}
+
 static expert_ws expert_scratch(const mt_model *m, mt_acts *a, layer_acts *L, int R) {
     const mt_config *c = &m->cfg;
     const size_t Fm = (size_t)c->moe_intermediate_size, C = (size_t)c->hidden_size, r = (size_t)R + 1;
     expert_ws ws;
     if (!m->ep) {
-        ws = (expert_ws){L->egu, a->big1, a->ye, a->big2, a->big3, a->ds};
+        ws = (expert_ws){L->egu, a->big1, a->ye, a->big2, a->big3, a->ds, L->egu16, a->big1_16, a->ye16, a->big3_16};
         return ws;
     }
-    L->ep_egu = grow(L->ep_egu, &L->ep_egu_cap, sizeof(float) * r * 2 * Fm);
+    const int h16 = a->bf16;
+    grow_pair(&L->ep_egu, &L->ep_egu16, &L->ep_egu_cap, sizeof(float) * r * 2 * Fm, h16);
     mt_moe_scratch *x = &a->moe;
-    x->act = grow(x->act, &x->cap[0], sizeof(float) * r * Fm);
-    x->ye = grow(x->ye, &x->cap[1], sizeof(float) * r * C);
+    grow_pair(&x->act, &x->act16, &x->cap[0], sizeof(float) * r * Fm, h16);
+    void *ye = grow(x->ye, &x->cap[1], sizeof(float) * r * C);
+    x->ye = ye; /* and ye16: the same bytes (expert_ws) */
+    x->ye16 = ye;
     x->dact = grow(x->dact, &x->cap[2], sizeof(float) * r * Fm);
-    x->dgu = grow(x->dgu, &x->cap[3], sizeof(float) * r * 2 * Fm);
+    grow_pair(&x->dgu, &x->dgu16, &x->cap[3], sizeof(float) * r * 2 * Fm, h16);
     x->dwr = grow(x->dwr, &x->cap[4], sizeof(float) * r);
-    ws = (expert_ws){L->ep_egu, x->act, x->ye, x->dact, x->dgu, x->dwr};
+    ws = (expert_ws){L->ep_egu, x->act, x->ye, x->dact, x->dgu, x->dwr, L->ep_egu16, x->act16, x->ye16, x->dgu16};
     return ws;
 }
 
@@ -277,16 +291,20 @@ static void grouped_ws(mt_acts *a, const mt_config *c, int R, int LE, int bf16) 
 
 void mt_moe_scratch_free(mt_acts *a) {
     mt_moe_scratch *x = &a->moe;
-    mt_free(x->act);
+    mt_free(x->act); /* of each pair one is set */
+    mt_free(x->act16);
     mt_free(x->ye);
     mt_free(x->dact);
     mt_free(x->dgu);
+    mt_free(x->dgu16);
     mt_free(x->dwr);
     mt_free(x->slot_sel);
     memset(x, 0, sizeof *x);
     for (int l = 0; l < a->hi - a->lo; l++) {
         mt_free(a->L[l].ep_egu);
+        mt_free(a->L[l].ep_egu16);
         a->L[l].ep_egu = NULL;
+        a->L[l].ep_egu16 = NULL;
         a->L[l].ep_egu_cap = 0;
     }
 }
@@ -316,7 +334,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     if (a->count_load) /* training tokens only, not evaluation */
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
-    if (!m->ep) local_attach(a, L, h16);
+    if (!m->ep) local_attach(a, L);
     /* the exchange addresses experts by placement slot */
     const int32_t *sel = L->sel;
     if (m->slot_of) {
@@ -334,11 +352,10 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const int R = b->R;
     expert_ws ws = expert_scratch(m, a, L, R);
     grouped_ws(a, c, R, LE, h16);
-    SCRATCH_PAIR(h16, ws.egu, egu, egu16);
-    SCRATCH_PAIR(h16, ws.act, act, act16);
-    mt_grouped_linear_fwd_x(a->ws, egu, egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, b->off, LE, C, 2 * Fm, 0.0f);
-    mt_swiglu_rows_fwd_x(a->ws, act, act16, egu, egu16, R, Fm);
-    mt_grouped_linear_fwd_x(a->ws, ws.ye, NULL, act, act16, w->edown, (size_t)C * Fm, b->off, LE, Fm, C, 0.0f);
+    mt_grouped_linear_fwd_x(a->ws, ws.egu, ws.egu16, b->xe, b->xe16, w->egate, (size_t)2 * Fm * C, b->off, LE, C,
+                            2 * Fm, 0.0f);
+    mt_swiglu_rows_fwd_x(a->ws, ws.act, ws.act16, ws.egu, ws.egu16, R, Fm);
+    mt_grouped_linear_fwd_x(a->ws, ws.ye, NULL, ws.act, ws.act16, w->edown, (size_t)C * Fm, b->off, LE, Fm, C, 0.0f);
     mt_trace_end();
     mt_trace_begin("moe.combine");
     xo->combine(xo->ctx, b, out, ws.ye);
@@ -346,7 +363,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     /* the shared experts' product adds the residual stream in its output pass and the
      * weighted combine accumulates: the residual add costs no pass of its own */
     mt_trace_begin("moe.shared");
-    if (Fs > 0) mt_ffn_fwd(a, out, res, L->sgu, ln, ln16, w->sgate, w->sdown, N, C, Fs, N);
+    if (Fs > 0) mt_ffn_fwd(a, out, res, L->sgu, L->sgu16, ln, ln16, w->sgate, w->sdown, N, C, Fs, N);
     else mt_copy(out, res, (size_t)N * C);
     mt_trace_end();
     mt_trace_begin("moe.combine");
@@ -450,26 +467,26 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     const int R = b->R;
     expert_ws ws = expert_scratch(m, a, L, R);
     grouped_ws(a, c, R, LE, h16);
-    /* bf16 mode: the rows only products read as bf16 (see SCRATCH_PAIR); ye is the last
+    /* bf16 mode: the rows only products read as bf16 (model/internal.h); ye is the last
      * product's fp32 output, after its bf16 rows are read */
-    SCRATCH_PAIR(h16 && xo->bf16_rows, ws.ye, ye, ye16);
+    uint16_t *ye16 = h16 && xo->bf16_rows ? ws.ye16 : NULL;
+    float *ye = ye16 ? NULL : ws.ye;
     mt_trace_begin("moe.experts");
     xo->gather(xo->ctx, b, ye, ye16, dout);
     mt_trace_end();
     /* shared experts (SELECTIVE: their gate|up output is recomputed first) */
     mt_trace_begin("moe.shared");
     if (Fs > 0 && recompute) {
-        SCRATCH_PAIR(h16, L->sgu, sgu, sgu16);
-        mt_linear_fwd_x(a->ws, sgu, sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
+        mt_linear_fwd_x(a->ws, L->sgu, L->sgu16, ln, ln16, w->sgate, N, C, 2 * Fs, 0.0f);
     }
-    if (Fs > 0) mt_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, w->sgate, w->sdown, N, C, Fs, N);
+    if (Fs > 0)
+        mt_ffn_bwd(a, dln, dw->sgate, dw->sdown, dout, ln, ln16, L->sgu, L->sgu16, w->sgate, w->sdown, N, C, Fs, N);
     mt_trace_end();
     mt_trace_begin("moe.experts");
     xo->wait(xo->ctx, b);
     xo->redispatch(xo->ctx, b, ln, xo->bf16_rows ? ln16 : NULL);
-    SCRATCH_PAIR(h16, ws.egu, egu, egu16);
-    SCRATCH_PAIR(h16, ws.act, act, act16);
-    SCRATCH_PAIR(h16, ws.dgu, dgu, dgu16);
+    float *egu = ws.egu, *act = ws.act, *dgu = ws.dgu;
+    uint16_t *egu16 = ws.egu16, *act16 = ws.act16, *dgu16 = ws.dgu16;
     const int32_t *off = b->off;
     /* the gate|up outputs: kept over EP (the exchange's rows persist), recomputed locally
      * under SELECTIVE */
