@@ -83,8 +83,7 @@
 #define NV (ATT_BQ / 16)
 _Static_assert(ATT_BQ == ATT_BK, "a key block starting where a query block starts is its diagonal");
 #ifndef ATT_QG
-#define ATT_QG 8 /* query blocks per forward task: each key block read serves all of them (8 against
-                    * 4: forward 0-5% faster at T=512 and 4096 in paired bench kernels runs) */
+#define ATT_QG 8 /* query blocks per forward task: each key block read serves all of them */
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))

@@ -83,9 +83,8 @@ MT_BF16_TARGET static inline void mt_bf16_pack_panel(uint32_t *out, int W, const
  * high half; otherwise the pairs are the row's consecutive values, read as 32-bit words
  * (any alignment) and transposed 16 x 16 in registers, with no conversion. The loops repeat
  * mt_bf16_pack_panel's on purpose: one body for both types (the element type a constant
- * argument, the loads in two helpers) changed the specialised clones' code (the fp32 one
- * grew from 521 to 672 instructions) and packed bf16 rows in pairs slower standalone
- * (0.39 against 0.29 counter cycles an element, three runs). */
+ * argument, the loads in two helpers) made the specialised clones' code larger and packed
+ * bf16 rows in pairs slower. */
 MT_BF16_TARGET static inline void mt_bf16_pack_panel16(uint32_t *out, int W, const uint16_t *X, int ld, int rowmaj,
                                                        int k0, int kc, int x0, int w) {
     int kp = (kc + 1) / 2;

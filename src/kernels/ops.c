@@ -334,10 +334,8 @@ static float head_row_exp(float *out, const float *l, int V, float sub, float mu
 /* Row stride of the logits chunk: V rounded up to 16 floats, plus 16 when that is a multiple
  * of 256 (1 KiB). With a power-of-two stride (V = 8192: 32 KiB) the rows of a column strip
  * share a few cache sets, and the weight gradient, whose packing reads the chunk in column
- * strips two rows at a time, missed in L1 and L2 even with the chunk cached: packing a
- * cached 768 x 192 block took 1.34 counter cycles an element at stride 8192, 0.68 at 8208;
- * in training ("small", --bf16) the head's weight-gradient products took a median 1099
- * against 1167 Mcycles over 4 steps (seven alternated runs). */
+ * strips two rows at a time, missed in L1 and L2 even with the chunk cached (packing ran at
+ * about half speed; figures in docs/DESIGN.md, "the head"). */
 static int head_ld(int V) {
     int ld = (V + 15) / 16 * 16;
     return ld % 256 == 0 ? ld + 16 : ld;

@@ -91,8 +91,7 @@ static inline size_t mt_swiglu_ws_bytes(int F, int nthr) {
  * logits != NULL the full logits[N,V] are also stored (evaluation, small N).
  * scratch: mt_head_scratch_floats(V) floats. Chunks of MT_HEAD_ROWS rows: the weight
  * gradient's product sums over a chunk's rows, and with 512 (one 768-deep block of the bf16
- * GEMM) it ran its 8192 x 512 fp32 accumulator through memory half as often as with 256
- * ("small", --bf16: the head's three products 14 ms a step faster, three alternated runs). */
+ * GEMM) it runs its 8192 x 512 fp32 accumulator through memory half as often as with 256. */
 #define MT_HEAD_ROWS 512
 size_t mt_head_scratch_floats(int V);
 /* Memory the head needs besides the scratch: in bf16 mode with more rows than one chunk
