@@ -518,7 +518,7 @@ static void test_bf16_inputs(void) {
         for (int n = 0; n < N; n++) pos[n] = (n * 5) % 11 % T;
         for (size_t i = 0; i < (size_t)N * W; i++) k[i] = k0[i] = rnd(61, i) * 2.0f;
         for (int withpos = 0; withpos < 2; withpos++) {
-            mt_rope_store16(tws(), k16, k, ct, st, withpos ? pos : NULL, N, T, nh, D);
+            mt_rope_store16(tws(), k16, k, ct, st, withpos ? pos : NULL, N, T, nh, D, 0);
             CHECK_SAME_F(k, k0, (size_t)N * W);
             float *kr = mt_alloc((size_t)N * W * 4);
             memcpy(kr, k, (size_t)N * W * 4);

@@ -214,13 +214,13 @@ static void test_rope(void) {
     for (size_t c = 0; c < 2; c++)
     for (size_t d = 0; d < 3; d++)
     for (size_t e = 0; e < 2; e++)
-    for (int inv = 0; inv < 2; inv++) {
+    for (int inv = 0; inv < 4; inv++) { /* flags: MT_ROPE_INVERSE | MT_ROPE_INTERLEAVE */
         int N = Ns[a], T = Ts[b], nh = nhs[c], D = Ds[d];
         size_t n = (size_t)N * nh * D, nt = (size_t)T * (D / 2);
         float *ct = falloc(nt), *st = falloc(nt);
         mt_rope_table(ct, st, T, D, thetas[e]);
         float *x1 = rnd(n, 30, -1, 1), *x2 = dup(x1, n);
-        snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d theta=%g inverse=%d", N, T, nh, D,
+        snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d theta=%g flags=%d", N, T, nh, D,
                  thetas[e], inv);
         mt_rope_apply(x1, ct, st, N, T, nh, D, inv);
         mt_ref_rope_apply(x2, N, T, nh, D, thetas[e], inv);
@@ -239,6 +239,22 @@ static void test_rope(void) {
     RECORD(S_ROPE, "x (long)", nerr(x1, x2, n));
     mt_rope_apply(x1, ct, st, N, T, nh, D, 1);
     RECORD(S_ROPE, "inverse(forward(x)) vs x", nerr(x1, x0, n));
+    /* interleaved pairs: their own round trip, and not the rotate-half result */
+    memcpy(x1, x0, n * sizeof *x1);
+    memcpy(x2, x0, n * sizeof *x2);
+    mt_rope_apply(x1, ct, st, N, T, nh, D, MT_ROPE_INTERLEAVE);
+    mt_ref_rope_apply(x2, N, T, nh, D, 1e4, 0);
+    CHECK(nerr(x1, x2, n) > 1e-3);
+    mt_rope_apply(x1, ct, st, N, T, nh, D, MT_ROPE_INTERLEAVE | MT_ROPE_INVERSE);
+    RECORD(S_ROPE, "interleaved inverse(forward(x)) vs x", nerr(x1, x0, n));
+    /* one pair by hand: out[2i] = x[2i] cos a - x[2i+1] sin a at row 1 (position 1), i = 0 */
+    memcpy(x1, x0, n * sizeof *x1);
+    mt_rope_apply(x1, ct, st, N, T, nh, D, MT_ROPE_INTERLEAVE);
+    {
+        const float *r0 = x0 + (size_t)1 * nh * D, *r1 = x1 + (size_t)1 * nh * D;
+        const double a = 1.0, want0 = r0[0] * cos(a) - r0[1] * sin(a), want1 = r0[1] * cos(a) + r0[0] * sin(a);
+        CHECK(fabs(r1[0] - want0) < 1e-5 && fabs(r1[1] - want1) < 1e-5);
+    }
     free(ct); free(st); free(x0); free(x1); free(x2);
 
     /* explicit positions (document mode): 3 rows of 70 tokens, positions restarting at each
@@ -250,9 +266,9 @@ static void test_rope(void) {
     int32_t *pos = make_pos(3, T, docs);
     ct = falloc(nt); st = falloc(nt);
     mt_rope_table(ct, st, T, D, 1e4);
-    for (int inv = 0; inv < 2; inv++) {
+    for (int inv = 0; inv < 4; inv++) {
         x1 = rnd(n, 32, -1, 1); x2 = dup(x1, n);
-        snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d documents inverse=%d", N, T, nh, D, inv);
+        snprintf(where, sizeof where, "N=%d T=%d nh=%d D=%d documents flags=%d", N, T, nh, D, inv);
         mt_rope_apply_pos(x1, ct, st, pos, N, T, nh, D, inv);
         mt_ref_rope_apply_pos(x2, pos, N, T, nh, D, 1e4, inv);
         RECORD(S_ROPE, "x (documents)", nerr(x1, x2, n));

@@ -50,6 +50,7 @@ variants = {
     "tied": {"tie_word_embeddings": True},
     "all_dense": None,
     "mha_hkv_eq_h": {"num_key_value_heads": 4},
+    "rope_interleave": {"rope_interleave": True},
 }
 for name, patch in variants.items():
     if patch is None:   # no MoE keys at all: every layer dense (defaults)
@@ -64,7 +65,7 @@ for name, patch in variants.items():
 EOF
 [ $? -eq 0 ] || { echo "FAIL: could not write the test configs"; exit 1; }
 
-CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h"
+CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h rope_interleave"
 # run_case NAME CONFIG B T: the oracle's case at batch B x seq T against moetrain dump
 run_case() {
   local name=$1 cfg=$2 B=$3 T=$4 case_dir="$TMP/case_$1"

@@ -83,8 +83,19 @@ void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta) {
         }
 }
 
-/* one head of D = 2h values rotated into out (which may be v) */
-static inline void rope_head(float *out, const float *v, const float *c, const float *s, int h, int inverse) {
+/* one head of D = 2h values rotated into out (which may be v): pairs (i, i + h), or with
+ * MT_ROPE_INTERLEAVE the neighbours (2i, 2i + 1) */
+static inline void rope_head(float *out, const float *v, const float *c, const float *s, int h, int flags) {
+    const int inverse = flags & MT_ROPE_INVERSE;
+    if (flags & MT_ROPE_INTERLEAVE) {
+        for (int i = 0; i < h; i++) {
+            float x1 = v[2 * i], x2 = v[2 * i + 1];
+            float si = inverse ? -s[i] : s[i];
+            out[2 * i] = x1 * c[i] - x2 * si;
+            out[2 * i + 1] = x2 * c[i] + x1 * si;
+        }
+        return;
+    }
     for (int i = 0; i < h; i++) {
         float x1 = v[i], x2 = v[i + h];
         float si = inverse ? -s[i] : s[i];
@@ -94,7 +105,7 @@ static inline void rope_head(float *out, const float *v, const float *c, const f
 }
 
 void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
-                       int T, int nh, int D, int inverse) {
+                       int T, int nh, int D, int flags) {
     int h = D / 2;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -102,13 +113,13 @@ void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const i
         const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
         for (int head = 0; head < nh; head++) {
             float *v = x + ((size_t)n * nh + head) * D;
-            rope_head(v, v, c, s, h, inverse);
+            rope_head(v, v, c, s, h, flags);
         }
     }
 }
 
 void mt_rope_store16(mt_ws ws, uint16_t *out, const float *x, const float *cos_t, const float *sin_t,
-                     const int32_t *pos, int N, int T, int nh, int D) {
+                     const int32_t *pos, int N, int T, int nh, int D, int flags) {
     int h = D / 2;
     const size_t W = (size_t)nh * D;
     rows_ws_check(ws, W);
@@ -117,14 +128,15 @@ void mt_rope_store16(mt_ws ws, uint16_t *out, const float *x, const float *cos_t
         int t = pos ? pos[n] : n % T;
         const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
         float *r = ROW_WS(ws, W);
-        for (int head = 0; head < nh; head++) rope_head(r + (size_t)head * D, x + n * W + (size_t)head * D, c, s, h, 0);
+        for (int head = 0; head < nh; head++) rope_head(r + (size_t)head * D, x + n * W + (size_t)head * D, c, s, h,
+                                                        flags & MT_ROPE_INTERLEAVE);
         mt_bf16_store_row(out + n * W, r, W);
     }
 }
 
 void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int T, int nh, int D,
-                   int inverse) {
-    mt_rope_apply_pos(x, cos_t, sin_t, NULL, N, T, nh, D, inverse);
+                   int flags) {
+    mt_rope_apply_pos(x, cos_t, sin_t, NULL, N, T, nh, D, flags);
 }
 
 /* SwiGLU element spans, shared by the flat and the row-wise forms: a = silu(g) u =

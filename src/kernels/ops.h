@@ -32,19 +32,21 @@ void mt_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, con
 
 /* RoPE tables, "rotate half": cos/sin[T, D/2] for positions 0..T-1, computed in double. */
 void mt_rope_table(float *cos_t, float *sin_t, int T, int D, double theta);
-/* In place on x[N, nh, D] where row n has position n % T. inverse=1 rotates by -angle
- * (the backward of the forward rotation). */
+/* In place on x[N, nh, D] where row n has position n % T. flags: MT_ROPE_INVERSE rotates by
+ * -angle (the backward of the forward rotation); MT_ROPE_INTERLEAVE pairs neighbouring
+ * dimensions (2i, 2i + 1) instead of (i, i + D/2) (config rope_interleave), same angles. */
+enum { MT_ROPE_INVERSE = 1, MT_ROPE_INTERLEAVE = 2 };
 void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int T, int nh, int D,
-                   int inverse);
+                   int flags);
 /* Same with explicit positions pos[N] (< T) of each row, e.g. restarting at every document
  * start in document mode; pos == NULL means n % T. */
 void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
-                       int T, int nh, int D, int inverse);
+                       int T, int nh, int D, int flags);
 /* The forward rotation of x written as bf16 into out (the bits mt_bf16_store writes of what
  * mt_rope_apply_pos leaves in x; x unchanged; bf16 mode only): train --bf16's K, rotated and
  * rounded in one pass. ws: one row of nh D floats per thread (mt_rope_store16_ws_bytes). */
 void mt_rope_store16(mt_ws ws, uint16_t *out, const float *x, const float *cos_t, const float *sin_t,
-                     const int32_t *pos, int N, int T, int nh, int D);
+                     const int32_t *pos, int N, int T, int nh, int D, int flags);
 
 /* a[N,F] = silu(g) * u */
 void mt_swiglu_fwd(float *a, const float *g, const float *u, size_t n);

@@ -93,12 +93,13 @@ void mt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x,
 
 /* ---- RoPE --------------------------------------------------------------------------- */
 
-void mt_ref_rope_apply(float *x, int N, int T, int nh, int D, double theta, int inverse) {
-    mt_ref_rope_apply_pos(x, NULL, N, T, nh, D, theta, inverse);
+void mt_ref_rope_apply(float *x, int N, int T, int nh, int D, double theta, int flags) {
+    mt_ref_rope_apply_pos(x, NULL, N, T, nh, D, theta, flags);
 }
 
 void mt_ref_rope_apply_pos(float *x, const int32_t *pos, int N, int T, int nh, int D, double theta,
-                           int inverse) {
+                           int flags) {
+    const int inverse = flags & 1, inter = flags & 2; /* MT_ROPE_INVERSE, MT_ROPE_INTERLEAVE */
     MT_ASSERT(D % 2 == 0 && T > 0);
     int half = D / 2;
     for (int n = 0; n < N; n++) {
@@ -108,9 +109,10 @@ void mt_ref_rope_apply_pos(float *x, const int32_t *pos, int N, int T, int nh, i
             for (int i = 0; i < half; i++) {
                 double a = (double)t * pow(theta, -2.0 * i / (double)D);
                 if (inverse) a = -a;
-                double c = cos(a), s = sin(a), x1 = v[i], x2 = v[i + half];
-                v[i] = (float)(x1 * c - x2 * s);
-                v[i + half] = (float)(x2 * c + x1 * s);
+                const int i1 = inter ? 2 * i : i, i2 = inter ? 2 * i + 1 : i + half;
+                double c = cos(a), s = sin(a), x1 = v[i1], x2 = v[i2];
+                v[i1] = (float)(x1 * c - x2 * s);
+                v[i2] = (float)(x2 * c + x1 * s);
             }
         }
     }

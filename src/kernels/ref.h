@@ -39,10 +39,11 @@ void mt_ref_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x,
  *   out[i]     = x[i] cos a - x[i+D/2] sin a
  *   out[i+D/2] = x[i+D/2] cos a + x[i] sin a,    a = t * theta^(-2i/D), i < D/2,
  * with a, cos a, sin a computed in double (no tables). inverse=1 rotates by -a. */
-void mt_ref_rope_apply(float *x, int N, int T, int nh, int D, double theta, int inverse);
-/* The same with row n at position pos[n] (document mode); pos == NULL means n % T. */
+void mt_ref_rope_apply(float *x, int N, int T, int nh, int D, double theta, int flags);
+/* The same with row n at position pos[n] (document mode); pos == NULL means n % T. flags as
+ * mt_rope_apply's: 1 inverse, 2 interleaved pairs (2i, 2i + 1). */
 void mt_ref_rope_apply_pos(float *x, const int32_t *pos, int N, int T, int nh, int D, double theta,
-                           int inverse);
+                           int flags);
 
 /* a[n] = silu(g) * u = g / (1 + exp(-g)) * u */
 void mt_ref_swiglu_fwd(float *a, const float *g, const float *u, size_t n);

@@ -129,6 +129,7 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
                         int n, const int32_t *rows, int no, float *logits) {
     const mt_config *c = &m->cfg;
     const int C = c->hidden_size, H = c->num_attention_heads, D = c->head_dim, HD = H * D, kvw = d->kvw;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
     const int F = c->intermediate_size, K = c->num_experts_per_tok;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(n >= 1 && n <= d->cap && no >= 0 && no <= n);
@@ -145,8 +146,8 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
         mt_linear_fwd(a->ws, d->q, d->ln, w->wq, n, C, HD, 0.0f);
         mt_linear_fwd(a->ws, d->k, d->ln, w->wk, n, C, kvw, 0.0f);
         mt_linear_fwd(a->ws, d->v, d->ln, w->wv, n, C, kvw, 0.0f);
-        mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, 0);
-        mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, c->num_key_value_heads, D, 0);
+        mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, rope);
+        mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, c->num_key_value_heads, D, rope);
         for (int i = 0; i < n; i++) {
             const size_t at = (((size_t)l * d->slots + slot[i]) * d->tmax + pos[i]) * kvw;
             memcpy(d->kc + at, d->k + (size_t)i * kvw, sizeof(float) * kvw);

@@ -322,9 +322,6 @@ int mt_model_check(const mt_config *cfg, const char *what) {
     if (cfg->num_nextn_predict_layers > 0)
         return mt_error("%s: key num_nextn_predict_layers: %d: multi-token prediction is not implemented by the "
                         "trainer (moetrain plan models it)", what, cfg->num_nextn_predict_layers);
-    if (cfg->rope_interleave)
-        return mt_error("%s: key rope_interleave: true (RoPE on neighbouring pairs) is not implemented by the "
-                        "trainer yet (rotate-half only)", what);
     if (cfg->sandwich_norm)
         return mt_error("%s: key sandwich_norm: true is not implemented by the trainer yet (moetrain plan models it)",
                         what);

@@ -91,6 +91,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const int tp = m->tp ? m->tp->size : 1;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
     const int V = c->vocab_size, lo = a->lo, hi = a->hi;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
@@ -123,18 +124,18 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
         mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
-        mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, 0);
+        mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
         if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
                         * dk (free in the forward), rotated and rounded in one pass */
             mt_linear_fwd_x(a->ws, a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
             mt_linear_fwd_x(a->ws, NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
-            mt_rope_store16(a->ws, L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D);
+            mt_rope_store16(a->ws, L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
             mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch,
                                   a->nthr);
         } else {
             mt_linear_fwd_x(a->ws, L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
             mt_linear_fwd_x(a->ws, L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
-            mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, 0);
+            mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
             mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr,
                              a->bf16);
         }
@@ -189,6 +190,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     const int tp = m->tp ? m->tp->size : 1;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
     const int lo = a->lo, hi = a->hi, Nl = a->Nl;
     MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
     mt_acts_ws_reserve(a, c, N);
@@ -244,8 +246,8 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         else
             mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
                              a->att_scratch, a->nthr, a->bf16);
-        mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, 1);
-        mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, 1);
+        mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, rope | MT_ROPE_INVERSE);
+        mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope | MT_ROPE_INVERSE);
         float *dl = tp > 1 ? a->part : a->dln;
         mt_linear_bwd(a->ws, dl, NULL, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
         mt_linear_bwd(a->ws, dl, NULL, a->dk, lnf, w->wk, N, C, G * D, 1.0f);

@@ -255,6 +255,8 @@ def load_config(path_or_dict):
     c.rope_theta = float(raw.get("rope_theta", 10000.0))
     c.eps = float(raw.get("rms_norm_eps", 1e-6))
     c.attn_type = raw.get("attention_type", "gqa")
+    # RoPE on neighbouring pairs (2i, 2i+1) instead of rotate-half; MLA's default is true
+    c.rope_interleave = bool(raw.get("rope_interleave", c.attn_type == "mla"))
     c.tied = raw.get("tie_word_embeddings", False)
     for k, bad in (("rope_scaling", lambda v: v is not None), ("moe_layer_freq", lambda v: v != 1),
                    ("attention_bias", lambda v: v is True)):
@@ -379,8 +381,11 @@ def rope_tables(T, hd, theta, dtype):
     return _rope_cache[key]
 
 
-def apply_rope(x, cos, sin):
-    # x [B, heads, T, hd]; rotate-half
+def apply_rope(x, cos, sin, interleave=False):
+    # x [B, heads, T, hd]; rotate-half, or neighbouring pairs (2i, 2i+1) with the same angles
+    if interleave:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -406,8 +411,8 @@ def attention(c, P, p, x):
                    P[p + "self_attn.v_proj.weight"]], 0)
     qkv = F.linear(x, W).view(B, T, H + 2 * Hkv, hd).transpose(1, 2)   # [B, H+2Hkv, T, hd]
     cos, sin = rope_tables(T, hd, c.rope_theta, x.dtype)
-    q = apply_rope(qkv[:, :H], cos, sin)                                # [B, H, T, hd]
-    k = apply_rope(qkv[:, H:H + Hkv], cos, sin)                         # [B, Hkv, T, hd]
+    q = apply_rope(qkv[:, :H], cos, sin, c.rope_interleave)             # [B, H, T, hd]
+    k = apply_rope(qkv[:, H:H + Hkv], cos, sin, c.rope_interleave)      # [B, Hkv, T, hd]
     v = qkv[:, H + Hkv:]
     rep = H // Hkv
     # query head h uses kv head h // rep: group the query heads by kv head
