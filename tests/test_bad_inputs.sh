@@ -9,73 +9,10 @@
 # Usage: bash tests/test_bad_inputs.sh /path/to/moetrain
 # Env:   MT_TEST_TMP (scratch dir; a unique subdir is made and removed on success)
 set -u
-MOETRAIN=${1:?usage: bash tests/test_bad_inputs.sh /path/to/moetrain}
-case "$MOETRAIN" in /*) ;; *) MOETRAIN="$PWD/$MOETRAIN" ;; esac
-[ -x "$MOETRAIN" ] || { echo "FAIL: $MOETRAIN is not an executable"; exit 1; }
-SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-PY=$(command -v python3 || true)
-[ -n "$PY" ] || { echo "FAIL: python3 is needed to build the test inputs"; exit 1; }
+NAME=test_bad_inputs
+source "$(dirname "$0")/lib/cli.sh"
 command -v timeout >/dev/null 2>&1 || { echo "FAIL: timeout (coreutils) is needed: a FIFO must not hang the test"; exit 1; }
 command -v mkfifo >/dev/null 2>&1 || { echo "FAIL: mkfifo is needed"; exit 1; }
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-
-mkdir -p "${MT_TEST_TMP:-/tmp}"
-TMP=$(mktemp -d "${MT_TEST_TMP:-/tmp}/bad_inputs.XXXXXX") || exit 1
-cd "$TMP" || exit 1
-M="$MOETRAIN"
-
-PASS=0
-FAILS=()
-ok()   { echo "ok $1"; PASS=$((PASS + 1)); }
-fail() { echo "FAIL $1: $2"; FAILS+=("$1"); }
-
-# run_cmd SECONDS OUT ERR cmd...  -> RC (124 = timed out)
-run_cmd() {
-  local secs=$1 out=$2 err=$3; shift 3
-  timeout -k 5 "$secs" "$@" >"$out" 2>"$err" </dev/null; RC=$?
-}
-
-# expect_fail NAME PATTERN [--timeout S] -- cmd...
-#   exit 1..127 (not a signal, not a timeout), exactly one "moetrain: error:" line of at most
-#   400 characters matching PATTERN (grep -E), at most 3 stderr lines.
-expect_fail() {
-  local name=$1 pat=$2; shift 2
-  local secs=30
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
-    case "$1" in
-      --timeout) secs=$2; shift 2 ;;
-      *) echo "expect_fail: bad option $1" >&2; exit 2 ;;
-    esac
-  done
-  shift
-  local err="$TMP/$name.err"
-  run_cmd "$secs" "$TMP/$name.out" "$err" "$@"
-  local nerr nlines line
-  nerr=$(grep -c '^moetrain: error:' "$err")
-  nlines=$(wc -l <"$err")
-  line=$(grep -m1 '^moetrain: error:' "$err")
-  if [ $RC = 124 ] || [ $RC = 137 ]; then fail "$name" "timed out after ${secs}s (hang) [$*]"
-  elif [ $RC = 0 ]; then fail "$name" "exit 0, expected an error [$*]; stderr: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ $RC -ge 128 ]; then fail "$name" "killed by signal $((RC - 128)) [$*]; stderr: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ "$nerr" != 1 ]; then fail "$name" "expected one 'moetrain: error:' line, got $nerr: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ "$nlines" -gt 3 ]; then fail "$name" "stderr has $nlines lines: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ ${#line} -gt 400 ]; then fail "$name" "error line is ${#line} characters long: ${line:0:200}..."
-  elif ! printf '%s\n' "$line" | grep -qE -- "$pat"; then fail "$name" "error line does not match /$pat/: $line"
-  else ok "$name"; fi
-}
-
-# expect_ok NAME [STDERR_PATTERN] -- cmd...   (exit 0; stderr matching the pattern when given)
-expect_ok() {
-  local name=$1 pat=""
-  shift
-  if [ "$1" != "--" ]; then pat=$1; shift; fi
-  shift
-  run_cmd 120 "$TMP/$name.out" "$TMP/$name.err" "$@"
-  if [ $RC != 0 ]; then fail "$name" "exit $RC [$*]; stderr: $(head -c 300 "$TMP/$name.err" | tr '\n' '|')"
-  elif [ -n "$pat" ] && ! grep -qE -- "$pat" "$TMP/$name.err"; then
-    fail "$name" "stderr does not match /$pat/: $(head -c 300 "$TMP/$name.err" | tr '\n' '|')"
-  else ok "$name"; fi
-}
 
 # ---- a tiny model, data and one checkpoint ---------------------------------------------
 "$PY" - "$SRC/configs/demo.json" <<'EOF' || { echo "FAIL: cannot write configs"; exit 1; }
@@ -286,12 +223,4 @@ expect_fail vocab_names_shard_and_key 'D/math_train_000000\.bin: token id [0-9]+
 "$PY" -c 'import json; c=json.load(open("c.json")); c["num_nextn_predict_layers"]=1; json.dump(c, open("mtp.json","w"))'
 expect_fail trainer_limit_names_file 'mtp\.json: key num_nextn_predict_layers' -- "$M" train --config mtp.json --data D $TR --out R_MTP
 
-# ---- summary ------------------------------------------------------------------------------
-echo "${PASS} passed, ${#FAILS[@]} failed"
-if [ ${#FAILS[@]} -gt 0 ]; then
-  echo "failed: ${FAILS[*]}"
-  echo "(scratch kept in $TMP)"
-  exit 1
-fi
-cd / && rm -rf "$TMP"
-exit 0
+cli_summary

@@ -124,14 +124,7 @@ if [ -f r_token_mean/grads.safetensors ]; then
 fi
 
 # ---- 4. data parallel (optional) ----------------------------------------------------------
-MPI=()
-if command -v mpirun >/dev/null 2>&1; then
-  MPI=(mpirun)
-  if mpirun --version 2>&1 | grep -q "Open MPI"; then
-    MPI+=(--oversubscribe)
-    [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-  fi
-fi
+source "$SRC/tests/lib/mpirun.sh"
 if [ ${#MPI[@]} -eq 0 ]; then
   echo "note: mpirun not found: the DP2 part did not run"
 else

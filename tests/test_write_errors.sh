@@ -11,85 +11,11 @@
 # Env:   MT_TEST_TMP (scratch dir; a unique subdir is made and removed on success)
 # Exit:  0 all passed, 1 some failed.
 set -u
-MOETRAIN=${1:?usage: bash tests/test_write_errors.sh /path/to/moetrain}
-case "$MOETRAIN" in /*) ;; *) MOETRAIN="$PWD/$MOETRAIN" ;; esac
-[ -x "$MOETRAIN" ] || { echo "FAIL: $MOETRAIN is not an executable"; exit 1; }
-SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-PY=$(command -v python3 || true)
-[ -n "$PY" ] || { echo "FAIL: python3 is needed to build the test inputs"; exit 1; }
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+NAME=test_write_errors
+source "$(dirname "$0")/lib/cli.sh"
 # the MPI singleton's PMIx keeps its store in shared-memory files, which a small `ulimit -f`
 # forbids: its hash store instead (the checkpoint is what must hit the limit)
 export PMIX_MCA_gds=hash
-
-mkdir -p "${MT_TEST_TMP:-/tmp}"
-TMP=$(mktemp -d "${MT_TEST_TMP:-/tmp}/write_errors.XXXXXX") || exit 1
-cd "$TMP" || exit 1
-M="$MOETRAIN"
-
-PASS=0
-FAILS=()
-ok()   { echo "ok $1"; PASS=$((PASS + 1)); }
-fail() { echo "FAIL $1: $2"; FAILS+=("$1"); }
-have_timeout=0; command -v timeout >/dev/null 2>&1 && have_timeout=1
-
-# run_cmd SECONDS OUT ERR cmd...  -> sets RC (124 = timed out when `timeout` exists)
-run_cmd() {
-  local secs=$1 out=$2 err=$3; shift 3
-  if [ $have_timeout = 1 ]; then
-    timeout -k 5 "$secs" "$@" >"$out" 2>"$err" </dev/null; RC=$?
-  else
-    "$@" >"$out" 2>"$err" </dev/null; RC=$?
-  fi
-}
-
-# expect_fail NAME PATTERN [--lines N] [--timeout S] -- cmd...
-#   exit code in 1..127 (not a signal, not a timeout); exactly one stderr line starting
-#   with "moetrain: error:", at most 400 characters, matching PATTERN (grep -E); stderr at
-#   most N lines in total (default 3: room for a warning such as "no checksums.json").
-expect_fail() {
-  local name=$1 pat=$2; shift 2
-  local maxlines=3 secs=30
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
-    case "$1" in
-      --lines) maxlines=$2; shift 2 ;;
-      --timeout) secs=$2; shift 2 ;;
-      *) echo "expect_fail: bad option $1" >&2; exit 2 ;;
-    esac
-  done
-  shift  # --
-  local out="$TMP/$name.out" err="$TMP/$name.err"
-  run_cmd "$secs" "$out" "$err" "$@"
-  local nerr nlines line
-  nerr=$(grep -c '^moetrain: error:' "$err")
-  nlines=$(wc -l <"$err")
-  line=$(grep -m1 '^moetrain: error:' "$err")
-  if [ $have_timeout = 1 ] && [ $RC = 124 ]; then
-    fail "$name" "timed out after ${secs}s (hang) [$*]"
-  elif [ $RC = 0 ]; then
-    fail "$name" "exit 0, expected an error [$*]; stderr: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ $RC -ge 128 ]; then
-    fail "$name" "killed by signal $((RC - 128)) (exit $RC) [$*]; stderr: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ "$nerr" != 1 ]; then
-    fail "$name" "expected exactly one 'moetrain: error:' line, got $nerr; stderr: $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ "$nlines" -gt "$maxlines" ]; then
-    fail "$name" "stderr has $nlines lines (max $maxlines): $(head -c 300 "$err" | tr '\n' '|')"
-  elif [ ${#line} -gt 400 ]; then
-    fail "$name" "error line is ${#line} characters long: ${line:0:200}..."
-  elif ! printf '%s\n' "$line" | grep -qE -- "$pat"; then
-    fail "$name" "error line does not match /$pat/: $line"
-  else
-    ok "$name"
-  fi
-}
-
-# expect_ok NAME -- cmd...   (positive controls)
-expect_ok() {
-  local name=$1; shift 2
-  run_cmd 60 "$TMP/$name.out" "$TMP/$name.err" "$@"
-  if [ $RC = 0 ]; then ok "$name"
-  else fail "$name" "exit $RC [$*]; stderr: $(head -c 300 "$TMP/$name.err" | tr '\n' '|')"; fi
-}
 
 # ---- inputs ----------------------------------------------------------------------------
 # tiny model: demo.json with d 32, 2 layers (layer 1 MoE, 4 experts), 64 positions
@@ -217,14 +143,7 @@ expect_fail rl_too_large 'rl: the trainer.s [0-9]+ micro-batches .* need ~[0-9.]
 expect_fail rl_rows_overflow 'rl: --prompts-per-step 16 x --group 300000000' --timeout 15 -- "$M" rl --init RUN --data D --out R_RLOV --steps 1 --prompts-per-step 16 --group 300000000 --quiet
 
 # ---- MPI: rank 0 refuses the NaN checkpoint, the job ends cleanly -----------------------
-MPI=()
-if command -v mpirun >/dev/null 2>&1; then
-  MPI=(mpirun)
-  if mpirun --version 2>&1 | grep -q "Open MPI"; then
-    MPI+=(--oversubscribe)
-    [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-  fi
-fi
+source "$SRC/tests/lib/mpirun.sh"
 if [ ${#MPI[@]} -eq 0 ]; then
   echo "note: mpirun not found: the 2-rank case did not run"
 else
@@ -236,12 +155,4 @@ else
   else ok mpi_nan_resume; fi
 fi
 
-# ---- summary ---------------------------------------------------------------------------
-echo "${PASS} passed, ${#FAILS[@]} failed"
-if [ ${#FAILS[@]} -gt 0 ]; then
-  echo "failed: ${FAILS[*]}"
-  echo "(scratch kept in $TMP)"
-  exit 1
-fi
-cd / && rm -rf "$TMP"
-exit 0
+cli_summary

@@ -6,14 +6,8 @@
 # Exits 77 (CTest's skip) when mpirun is missing, unless MPI_OPTIONAL=1 (a test whose MPI
 # part is optional): then MPI is empty and the test checks ${#MPI[@]}.
 MT=$(realpath "$1")
-MPI=()
-if command -v mpirun >/dev/null 2>&1; then
-    MPI=(mpirun)
-    if mpirun --version 2>&1 | grep -q "Open MPI"; then
-        MPI+=(--oversubscribe)
-        [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-    fi
-elif [ "${MPI_OPTIONAL:-0}" != 1 ]; then
+source "$(dirname "${BASH_SOURCE[0]}")/mpirun.sh"
+if [ ${#MPI[@]} -eq 0 ] && [ "${MPI_OPTIONAL:-0}" != 1 ]; then
     echo "SKIP: mpirun not found (apt-get install openmpi-bin): the MPI tests did not run"
     exit 77
 fi
