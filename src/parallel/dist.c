@@ -158,24 +158,27 @@ int mt_dist_set_role(mt_dist *d, int role) {
     return mt_dist_set_layout(d, 1, 1, 0, 1);
 }
 
-/* pieces of at most max_count elements, so that any n fits MPI's int counts */
+/* pieces of at most max_count bytes, so that any n fits MPI's int counts; one message even
+ * when n is 0, so that a send always meets its receive */
 void mt_group_send_bytes(mt_group *g, const void *x, size_t n, int peer, int tag) {
     double t0 = MPI_Wtime();
-    for (size_t i = 0; i < n || i == 0; i += max_count) {
+    size_t i = 0;
+    do {
         const size_t c = n - i < max_count ? n - i : max_count;
         MPI_Send((const char *)x + i, (int)c, MPI_BYTE, peer, tag, g->comm);
-        if (n == 0) break;
-    }
+        i += c;
+    } while (i < n);
     g_dist.comm_s += MPI_Wtime() - t0;
 }
 
 void mt_group_recv_bytes(mt_group *g, void *x, size_t n, int peer, int tag) {
     double t0 = MPI_Wtime();
-    for (size_t i = 0; i < n || i == 0; i += max_count) {
+    size_t i = 0;
+    do {
         const size_t c = n - i < max_count ? n - i : max_count;
         MPI_Recv((char *)x + i, (int)c, MPI_BYTE, peer, tag, g->comm, MPI_STATUS_IGNORE);
-        if (n == 0) break;
-    }
+        i += c;
+    } while (i < n);
     g_dist.comm_s += MPI_Wtime() - t0;
 }
 

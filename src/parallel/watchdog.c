@@ -97,7 +97,6 @@ int mt_watch_start(int rank, int size, double timeout_s) {
 }
 
 void mt_watch_set_timeout(double timeout_s) { atomic_store(&W.timeout_s, timeout_s); }
-double mt_watch_timeout(void) { return atomic_load(&W.timeout_s); }
 
 void mt_watch_begin(const char *op, MPI_Comm comm) {
     if (W.depth++ > 0) return;

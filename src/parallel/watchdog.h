@@ -9,7 +9,6 @@
 /* Starts the watching thread (once; later calls only update the figures). -1 if it cannot. */
 int mt_watch_start(int rank, int size, double timeout_s);
 void mt_watch_set_timeout(double timeout_s);
-double mt_watch_timeout(void);
 /* op: a static string naming the call; comm: its communicator (its MPI name is reported) or
  * MPI_COMM_NULL. Nested begin/end pairs count as the outermost one. */
 void mt_watch_begin(const char *op, MPI_Comm comm);

@@ -293,9 +293,9 @@ int mt_rl(const mt_rl_opts *opt) {
         else if (mt_trainer_load_params(t, ref_init, ref) != 0) /* the --init checkpoint, as at the start */
             mt_dist_abort(mt_last_error());
     }
-    int nmoe = 0;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) nmoe += mt_config_is_moe(&m->cfg, l);
-    const int replay_stride = o.routing_replay ? nmoe * m->cfg.num_experts_per_tok : 0;
+    /* completions travel as records of this shape (rl/share.h) */
+    const mt_rl_rec_shape shp = mt_rl_rec_shape_of(&m->cfg, &o, longest);
+    const int replay_stride = shp.replay_stride;
     mt_adv_opts ao;
     mt_adv_defaults(&ao);
     ao.scale = !o.no_scale, ao.drop_uniform_groups = o.drop_uniform;
@@ -348,9 +348,8 @@ int mt_rl(const mt_rl_opts *opt) {
     const int G = o.group;
     /* split layouts: this rank's rollout share (Pr prompts) and the completions of every
      * rank, exchanged as records of rec_n int32: n, eot, tokens, log-prob bits, routing */
-    const int rrows = Pr * G, route_n = replay_stride * ((int)longest + o.max_new - 1);
-    const size_t rec_n = 2 + 2 * (size_t)o.max_new + (size_t)route_n;
-    const mt_rl_rec_shape shp = {rec_n, o.max_new, replay_stride};
+    const int rrows = Pr * G;
+    const size_t rec_n = shp.rec_n;
     mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows, sizeof *rreq) : NULL;
     mt_completion *rco = split ? mt_xcalloc((size_t)rrows, sizeof *rco) : NULL;
     int32_t **rptok = split ? mt_xcalloc((size_t)Pr, sizeof *rptok) : NULL;

@@ -56,6 +56,14 @@ double mt_rl_heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int m
     return c[1] ? (double)c[0] / (double)c[1] : 0.0;
 }
 
+mt_rl_rec_shape mt_rl_rec_shape_of(const mt_config *cfg, const mt_rl_opts *o, size_t longest) {
+    int nmoe = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++) nmoe += mt_config_is_moe(cfg, l);
+    const int stride = o->routing_replay ? nmoe * cfg->num_experts_per_tok : 0;
+    const size_t rec_n = 2 + 2 * (size_t)o->max_new + (size_t)stride * (longest + (size_t)o->max_new - 1);
+    return (mt_rl_rec_shape){rec_n, o->max_new, stride};
+}
+
 void mt_rl_pack_records(const mt_rl_rec_shape *sh, mt_completion *co, const mt_rollout_req *req, int n, int32_t *out) {
     for (int i = 0; i < n; i++) {
         int32_t *r = out + sh->rec_n * (size_t)i;
@@ -124,11 +132,7 @@ int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *p
         return -1;
     mt_model roll;
     if (mt_model_init_infer(&roll, &cfg) != 0) return -1;
-    int nmoe = 0;
-    for (int l = 0; l < cfg.num_hidden_layers; l++) nmoe += mt_config_is_moe(&cfg, l);
-    const mt_rl_rec_shape sh = {0, o->max_new, o->routing_replay ? nmoe * cfg.num_experts_per_tok : 0};
-    mt_rl_rec_shape shp = sh;
-    shp.rec_n = 2 + 2 * (size_t)o->max_new + (size_t)sh.replay_stride * (longest + (size_t)o->max_new - 1);
+    const mt_rl_rec_shape shp = mt_rl_rec_shape_of(&cfg, o, longest);
     const int R = d->size, Pr = o->prompts_per_step / R, rrows = Pr * o->group;
     mt_rollout_req *req = mt_xcalloc((size_t)rrows, sizeof *req);
     mt_completion *co = mt_xcalloc((size_t)rrows, sizeof *co);

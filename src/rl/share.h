@@ -38,6 +38,9 @@ typedef struct {
     size_t rec_n;
     int max_new, replay_stride;
 } mt_rl_rec_shape;
+/* The records of a run: cfg's MoE layers x top-k expert ids per routed position when the
+ * run replays the routing, prompts of at most `longest` tokens. */
+mt_rl_rec_shape mt_rl_rec_shape_of(const mt_config *cfg, const mt_rl_opts *o, size_t longest);
 /* out[n] = the records of co[n] (their requests req[n]), which are freed. */
 void mt_rl_pack_records(const mt_rl_rec_shape *sh, mt_completion *co, const mt_rollout_req *req, int n, int32_t *out);
 /* co[n] = the records in[n] (their prompts' requests req[n] give the routing's length). */
