@@ -12,14 +12,10 @@ NAME=test_cli_errors
 source "$(dirname "$0")/lib/cli.sh"
 
 # ---- inputs ----------------------------------------------------------------------------
-# tiny model: demo.json with d 32, 2 layers (layer 1 MoE, 4 experts), 64 positions
-"$PY" - "$SRC/configs/demo.json" <<'EOF' || { echo "FAIL: cannot write configs"; exit 1; }
+cli_tiny_config # c.json, the base of the variants below
+"$PY" - <<'EOF' || { echo "FAIL: cannot write configs"; exit 1; }
 import json, sys, struct, os
-c = json.load(open(sys.argv[1]))
-c.update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-         head_dim=16, intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
-         moe_intermediate_size=32, max_position_embeddings=64)
-json.dump(c, open("c.json", "w"), indent=1)
+c = json.load(open("c.json"))
 os.makedirs("cfg", exist_ok=True)
 def variant(name, patch=None, drop=()):
     v = dict(c); v.update(patch or {})

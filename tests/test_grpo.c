@@ -23,6 +23,7 @@
 #include "base/common.h"
 #include "kernels/blas.h"
 #include "model/model.h"
+#include "tinymoe.h"
 #include "rl/grpo.h"
 
 static int failures = 0;
@@ -33,23 +34,7 @@ enum { NSEQ = 6, MAXNEW = 6, MAXP = 6 };
 #define PERTURB 0.01f
 #endif
 
-static void config(mt_config *c) {
-    mt_config_defaults(c);
-    c->vocab_size = 41;
-    c->hidden_size = 32;
-    c->num_hidden_layers = 3;
-    c->num_attention_heads = 4;
-    c->num_key_value_heads = 2;
-    c->head_dim = 8;
-    c->intermediate_size = 48;
-    c->max_position_embeddings = 64;
-    c->first_k_dense_replace = 1;
-    c->n_routed_experts = 8;
-    c->num_experts_per_tok = 2;
-    c->n_shared_experts = 1;
-    c->moe_intermediate_size = 16;
-    c->aux_loss_alpha = 0.05; /* large enough that the balance gradient matters */
-}
+static void config(mt_config *c) { tiny_moe_config(c, 0.05); } /* large enough that the balance gradient matters */
 
 /* the completions: two groups of 3, advantages of both signs and one 0 */
 static int32_t prompt[NSEQ][MAXP], comp[NSEQ][MAXNEW];

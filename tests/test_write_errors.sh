@@ -18,15 +18,7 @@ source "$(dirname "$0")/lib/cli.sh"
 export PMIX_MCA_gds=hash
 
 # ---- inputs ----------------------------------------------------------------------------
-# tiny model: demo.json with d 32, 2 layers (layer 1 MoE, 4 experts), 64 positions
-"$PY" - "$SRC/configs/demo.json" <<'EOF' || { echo "FAIL: cannot write the config"; exit 1; }
-import json, sys
-c = json.load(open(sys.argv[1]))
-c.update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-         head_dim=16, intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
-         moe_intermediate_size=32, max_position_embeddings=64)
-json.dump(c, open("c.json", "w"), indent=1)
-EOF
+cli_tiny_config # c.json
 # poison.py SRC DST TENSOR VALUE INDEX: a copy of checkpoint SRC with one float of TENSOR set to
 # VALUE (nan, inf), its checksums.json recomputed (XXH64, as train/checkpoint.c verifies) so
 # that only the value is wrong

@@ -87,6 +87,18 @@ expect_ok() {
   else ok "$name"; fi
 }
 
+# c.json: demo.json with d 32, 2 layers (layer 1 MoE, 4 experts), 64 positions
+cli_tiny_config() {
+  "$PY" - "$SRC/configs/demo.json" <<'EOF' || { echo "FAIL: cannot write c.json"; exit 1; }
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+         head_dim=16, intermediate_size=64, n_routed_experts=4, num_experts_per_tok=2,
+         moe_intermediate_size=32, max_position_embeddings=64)
+json.dump(c, open("c.json", "w"), indent=1)
+EOF
+}
+
 # the summary line; the scratch folder is removed when everything passed
 cli_summary() {
   echo "${PASS} passed, ${#FAILS[@]} failed"
