@@ -24,17 +24,7 @@
 #include "parallel/a2a.h"
 #include "testutil.h"
 
-static int g_pass, g_fail, g_rank;
-#define CHECK(c, ...)                                                        \
-    do {                                                                     \
-        if (c) g_pass++;                                                     \
-        else {                                                               \
-            g_fail++;                                                        \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s: ", g_rank, __FILE__, __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-        }                                                                    \
-    } while (0)
+#include "mpicheck.h"
 
 enum { E = 16, C = 24 };
 enum { R_UNIFORM, R_SKIP_RANK1, R_REMOTE_NODE };

@@ -139,29 +139,21 @@ done
 ok "rl --beta 0.1 --resume from step 2 = the uninterrupted 4-step run (the reference reloaded; bit for bit)"
 
 # errors: one line, non-zero exit
-refused() { # what expected-text args...
-    local what=$1 want=$2
-    shift 2
-    if "$MT" rl "$@" > "$T/err.log" 2>&1; then fail "$what: accepted"; fi
-    [ "$(wc -l < "$T/err.log")" = 1 ] || { cat "$T/err.log"; fail "$what: not one line"; }
-    grep -q -- "$want" "$T/err.log" || { cat "$T/err.log"; fail "$what: the message does not say '$want'"; }
-    ok "$what refused: $(cat "$T/err.log")"
-}
 base=(--data "$T/D" --steps 1 --group 4 --prompts-per-step 8 --max-new 4 --eval-n 0 --threads 2 --quiet --out "$T/E")
 printf '1+2=\t3\n4+5=9\n' > "$T/notab.tsv"
 printf '1+2=\t3\n4+5=\t9\n2*3=\t5\n' > "$T/wrong.tsv"
-refused "--group 1" "group" --init "$T/run" "${base[@]}" --group 1
-refused "a prompt line without TAB" "notab.tsv:2" --init "$T/run" "${base[@]}" --prompts "$T/notab.tsv"
-refused "a prompt with a wrong answer" "wrong.tsv:3" --init "$T/run" "${base[@]}" --prompts "$T/wrong.tsv"
-refused "--tp 2" "tp" --init "$T/run" "${base[@]}" --tp 2
-refused "no --init" "init" "${base[@]}"
-refused "--init at a data folder" "$T/D" --init "$T/D" "${base[@]}"
-refused "--init at a missing folder" "$T/nothere" --init "$T/nothere" "${base[@]}"
-refused "--agg bogus" "bogus" --init "$T/run" "${base[@]}" --agg bogus
-refused "--temperature -1" "temperature" --init "$T/run" "${base[@]}" --temperature -1
-refused "an RL flag with --resume" "cannot be given with it" --resume "$T/RB" --group 3
-refused "--beta -1" "beta" --init "$T/run" "${base[@]}" --beta -1
-refused "--routing-replay with --dump-rollouts" "routing" --init "$T/run" "${base[@]}" --routing-replay --dump-rollouts "$T/dd"
+refused "--group 1" "group" rl --init "$T/run" "${base[@]}" --group 1
+refused "a prompt line without TAB" "notab.tsv:2" rl --init "$T/run" "${base[@]}" --prompts "$T/notab.tsv"
+refused "a prompt with a wrong answer" "wrong.tsv:3" rl --init "$T/run" "${base[@]}" --prompts "$T/wrong.tsv"
+refused "--tp 2" "tp" rl --init "$T/run" "${base[@]}" --tp 2
+refused "no --init" "init" rl "${base[@]}"
+refused "--init at a data folder" "$T/D" rl --init "$T/D" "${base[@]}"
+refused "--init at a missing folder" "$T/nothere" rl --init "$T/nothere" "${base[@]}"
+refused "--agg bogus" "bogus" rl --init "$T/run" "${base[@]}" --agg bogus
+refused "--temperature -1" "temperature" rl --init "$T/run" "${base[@]}" --temperature -1
+refused "an RL flag with --resume" "cannot be given with it" rl --resume "$T/RB" --group 3
+refused "--beta -1" "beta" rl --init "$T/run" "${base[@]}" --beta -1
+refused "--routing-replay with --dump-rollouts" "routing" rl --init "$T/run" "${base[@]}" --routing-replay --dump-rollouts "$T/dd"
 
 if [ ${#MPI[@]} -gt 0 ]; then
     # one process and DP2 on one thread per rank (the same global batch: 8 prompts x 4)

@@ -58,6 +58,10 @@ int mt_cmd_rl(int argc, char **argv) {
         {"bf16", MT_ARG_BOOL, &t->bf16, "mixed precision for rollout and training (AVX512-BF16)", &t->set_bf16},
         {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
         {"rollout-ranks", MT_ARG_INT, &o.rollout_ranks, "under mpirun: separate deployment, the last R ranks only roll out and the others only train (weights sent each step); 0 = every rank does both (default)", NULL},
+        {"max-staleness", MT_ARG_INT, &o.max_staleness, "StaleSync: step n may train on completions sampled by version n-1-S (S steps old; default 0: synchronous); co-located the rollout of step n+S runs after step n-1, separate it overlaps training", NULL},
+        {"stale-free", MT_ARG_BOOL, &o.stale_free, "with --rollout-ranks: sample with the newest weights that have arrived (fresher, not reproducible) instead of exactly version n-1-S", NULL},
+        {"no-is-weight", MT_ARG_BOOL, &o.no_is_weight, "no truncated importance weight w = min(exp(logp_old - logp_behav), is-cap): w = 1 (the ablation of stale rollouts)", NULL},
+        {"profile", MT_ARG_BOOL, &o.profile, "write a Chrome trace per rank (OUT/trace_rank<R>.json): rollout, waits, switch, training", NULL},
         {"pp", MT_ARG_INT, &t->pp, "under mpirun: training pipeline stages (the rollout runs on every rank from a whole copy of the weights)", NULL},
         {"tp", MT_ARG_INT, &t->tp, "under mpirun: training tensor-parallel size", NULL},
         {"sp", MT_ARG_BOOL, &t->sp, "sequence parallelism with --tp", NULL},
@@ -77,7 +81,7 @@ int mt_cmd_rl(int argc, char **argv) {
         static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
                                          "--dump-rollouts", "--dump-grads", "--comm-timeout", "--allow-nonfinite",
                                          "--pp", "--tp", "--sp", "--ep", "--dist-opt", "--a2a", "--ranks-per-node",
-                                         "--rollout-ranks"};
+                                         "--rollout-ranks", "--profile"};
         for (int i = 2; i < argc; i++) {
             if (strncmp(argv[i], "--", 2) != 0) continue;
             size_t n = strcspn(argv[i], "=");

@@ -1,6 +1,7 @@
 /* parallel/dist.c — MPI layout and collectives (see dist.h). */
 #include "parallel/dist.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,23 @@ void mt_group_recv_bytes(mt_group *g, void *x, size_t n, int peer, int tag) {
 
 void mt_group_send_f32(mt_group *g, const float *x, size_t n, int peer, int tag) {
     mt_group_send_bytes(g, x, n * sizeof *x, peer, tag);
+}
+
+void mt_group_isend_bytes(mt_group *g, const void *x, size_t n, int peer, int tag, mt_request *req) {
+    MT_ASSERT(n <= (size_t)INT_MAX);
+    MPI_Isend(x, (int)n, MPI_BYTE, peer, tag, g->comm, req);
+}
+
+int mt_request_test(mt_request *req) {
+    int done = 1;
+    if (*req != MPI_REQUEST_NULL) MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    return done;
+}
+
+int mt_group_probe(mt_group *g, int peer, int tag) {
+    int flag = 0;
+    MPI_Iprobe(peer, tag, g->comm, &flag, MPI_STATUS_IGNORE);
+    return flag;
 }
 
 void mt_dist_finalize(void) {

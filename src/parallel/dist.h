@@ -133,6 +133,11 @@ typedef MPI_Request mt_request;
 void mt_group_isend_f32(mt_group *g, const float *x, size_t n, int peer, int tag, mt_request *req);
 void mt_group_recv_f32(mt_group *g, float *x, size_t n, int peer, int tag);
 void mt_request_waitall(mt_request *req, int n);
+/* The same for bytes (n < 2^31); 1 when a request is done (an empty one is); 1 when a message
+ * with this tag from peer is waiting to be received. */
+void mt_group_isend_bytes(mt_group *g, const void *x, size_t n, int peer, int tag, mt_request *req);
+int mt_request_test(mt_request *req);
+int mt_group_probe(mt_group *g, int peer, int tag);
 /* The largest message tag (MPI_TAG_UB; 32767, the least MPI guarantees, without MPI). */
 long mt_dist_tag_ub(void);
 

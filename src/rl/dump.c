@@ -110,7 +110,7 @@ int mt_rl_dump_write(const char *path, const mt_rl_dump_step *s, const double *r
             put_f32(f, lb[k]);
         }
         fputs("],\"version\":[", f);
-        for (int k = 0; k < len; k++) fprintf(f, "%s%d", k ? "," : "", s->version);
+        for (int k = 0; k < len; k++) fprintf(f, "%s%.0f", k ? "," : "", r[MT_RLREC_VERSION]);
         fputs("],\"logp_old\":[", f);
         for (int k = 0; k < len; k++) {
             if (k) fputc(',', f);

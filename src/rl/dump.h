@@ -17,12 +17,12 @@
  * logp_old[max_new] (the first n of each used; logp_old NaN where none was computed). */
 enum {
     MT_RLREC_PROMPT = 0, MT_RLREC_SAMPLE, MT_RLREC_N, MT_RLREC_EOT, MT_RLREC_REWARD, MT_RLREC_ADV, MT_RLREC_KEPT,
-    MT_RLREC_HEAD
+    MT_RLREC_VERSION, MT_RLREC_HEAD
 };
 static inline int mt_rlrec_stride(int max_new) { return MT_RLREC_HEAD + 3 * max_new; }
 
 typedef struct {
-    int step, version;          /* the step; the policy version it started from (= the tokens') */
+    int step, version;          /* the step; the policy version it started from (a token's is in its record) */
     const char *checkpoint;     /* the checkpoint holding those weights, NULL when none was saved */
     const char *prompts;        /* the prompt file */
     int prompts_per_step, group;

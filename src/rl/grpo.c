@@ -40,7 +40,7 @@ static double grpo_fn(void *ctx, int64_t row, double logp) {
     /* min() takes the clipped term only where it is strictly smaller: there the gradient is 0 */
     const int clipped = rc * A < ratio * A;
     g->clipped[row] = (uint8_t)clipped;
-    double w = exp((double)g->old[row] - (double)g->behav[row]);
+    double w = g->L.no_is_weight ? 1.0 : exp((double)g->old[row] - (double)g->behav[row]);
     if (w > g->L.is_cap) w = g->L.is_cap;
     const double dpg = clipped ? 0.0 : -A * ratio;
     /* kl = e^d - d - 1, d = logp_ref - logp; d kl / d logp = 1 - e^d */

@@ -31,6 +31,7 @@ const char *mt_grpo_agg_name(int agg);
 typedef struct {
     double eps_low, eps_high;  /* clip range (default 0.2, 0.2) */
     double is_cap;             /* truncated importance weight's cap (default 5) */
+    int no_is_weight;          /* w_t = 1: no correction for stale rollouts (the ablation of --no-is-weight) */
     double beta;               /* weight of the k3 KL to the reference (default 0: none) */
     double temperature;        /* the rollout's tau (0: the tau = 1 distribution) */
     int agg;                   /* enum mt_grpo_agg */

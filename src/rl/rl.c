@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "base/json.h"
 #include "data/prompts.h"
 #include "parallel/dist.h"
@@ -58,7 +59,8 @@ static char *settings_json(const mt_rl_opts *o) {
         {"max_new", o->max_new}, {"top_k", o->top_k}, {"slots", o->slots}, {"temperature", o->temperature},
         {"top_p", o->top_p}, {"eps_low", o->eps_low}, {"eps_high", o->eps_high}, {"is_cap", o->is_cap},
         {"format_penalty", o->format_penalty}, {"no_scale", o->no_scale}, {"drop_uniform", o->drop_uniform},
-        {"eval_every", o->eval_every}, {"eval_n", o->eval_n}, {"beta", o->beta}, {"routing_replay", o->routing_replay}};
+        {"eval_every", o->eval_every}, {"eval_n", o->eval_n}, {"beta", o->beta}, {"routing_replay", o->routing_replay},
+        {"max_staleness", o->max_staleness}, {"stale_free", o->stale_free}, {"no_is_weight", o->no_is_weight}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) cJSON_AddNumberToObject(r, nums[i].k, nums[i].v);
     char *txt = cJSON_Print(r);
     cJSON_Delete(r);
@@ -98,12 +100,18 @@ static int settings_read(const char *p, const cJSON *r, mt_rl_opts *o) {
         {"eval_every", &o->eval_every, NULL, 0, IM, "0 .. 2147483647"},
         {"eval_n", &o->eval_n, NULL, 0, IM, "0 .. 2147483647"},
         {"beta", NULL, &o->beta, 0, FM, "0 .. 3.4e38"},
-        {"routing_replay", &o->routing_replay, NULL, 0, 1, "0 or 1"}};
+        {"routing_replay", &o->routing_replay, NULL, 0, 1, "0 or 1"},
+        /* optional from here: runs written before StaleSync have none */
+        {"max_staleness", &o->max_staleness, NULL, 0, IM, "0 .. 2147483647"},
+        {"stale_free", &o->stale_free, NULL, 0, 1, "0 or 1"},
+        {"no_is_weight", &o->no_is_weight, NULL, 0, 1, "0 or 1"}};
+    const size_t nrequired = sizeof nums / sizeof nums[0] - 3;
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         double v;
         const int got = mt_json_number(p, r, nums[i].k, nums[i].i != NULL, nums[i].lo, nums[i].hi, nums[i].range, &v);
         if (got < 0) return -1;
-        if (got == 0) return mt_error("%s: key %s: required key is missing", p, nums[i].k);
+        if (got == 0 && i < nrequired) return mt_error("%s: key %s: required key is missing", p, nums[i].k);
+        if (got == 0) continue;
         if (nums[i].i) *nums[i].i = (int)v;
         else *nums[i].d = v;
     }
@@ -159,6 +167,18 @@ static void back_to_training(mt_trainer *t, mt_model *roll) {
     mt_release_pages(roll->params, roll->nparams * sizeof(float));
 }
 
+/* --profile: this rank's trace as OUT/trace_rank<job rank>.json. */
+static void write_trace(const mt_rl_opts *o) {
+    if (!o->profile) return;
+    const mt_dist *d = mt_dist_get();
+    char tp[4200];
+    snprintf(tp, sizeof tp, "%s/trace_rank%d.json", o->train.out, d->job.size > 1 ? d->job.rank : d->rank);
+    if (mt_trace_write(tp) != 0) mt_warn("%s", mt_last_error());
+    else if (d->job.size > 1 ? d->job.rank == 0 : d->rank == 0) {
+        if (!o->train.quiet) printf("  trace      %s (one per rank)\n", tp);
+    }
+}
+
 int mt_rl(const mt_rl_opts *opt) {
     mt_rl_opts o = *opt;
     mt_dist *d = mt_dist_get();
@@ -197,6 +217,13 @@ int mt_rl(const mt_rl_opts *opt) {
     if (o.routing_replay && o.dump_rollouts)
         return mt_error("rl: --dump-rollouts does not record the routing yet: it cannot be combined with "
                         "--routing-replay");
+    if (o.max_staleness < 0) return mt_error("rl: --max-staleness must be >= 0 (0 = synchronous)");
+    if (o.stale_free && o.rollout_ranks <= 0)
+        return mt_error("rl: --stale-free needs --rollout-ranks (co-located, the newest version is always the one "
+                        "the rollout has)");
+    if (o.no_is_weight && o.dump_rollouts)
+        return mt_error("rl: --dump-rollouts records the loss of RL.md's importance weight: it cannot be combined with "
+                        "--no-is-weight");
     const int agg = mt_grpo_agg_parse(o.agg);
     if (agg < 0) return -1;
     const int sep = o.rollout_ranks > 0, R = o.rollout_ranks;
@@ -208,6 +235,7 @@ int mt_rl(const mt_rl_opts *opt) {
     /* separate deployment: the last R ranks roll out, the others (job rank 0 first) train */
     const int rollout_lead = d->job.size - R, rollout_role = sep && d->job.rank >= rollout_lead;
     if (sep && mt_dist_set_role(d, rollout_role) != 0) return -1;
+    if (o.profile) mt_trace_enable(d->job.size > 1 ? d->job.rank : d->rank, (size_t)1 << 20);
     const int split = !sep && (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1);
     /* co-located: every rank samples its share (from a whole copy when training splits the
      * model); separate: the trainer's ranks sample nothing */
@@ -245,6 +273,7 @@ int mt_rl(const mt_rl_opts *opt) {
     for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
     if (rollout_role) {
         const int src = mt_rl_rollout_server(&o, d, &ps, &ev, longest);
+        if (src == 0) write_trace(&o);
         mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
         cJSON_Delete(kept);
         return src;
@@ -272,18 +301,18 @@ int mt_rl(const mt_rl_opts *opt) {
     memset(&roll, 0, sizeof roll);
     if (split && mt_model_init_infer(&roll, mt_trainer_config(t)) != 0) mt_dist_abort(mt_last_error());
     mt_model *rm = split ? &roll : m;
-    /* separate: the trainer's rank 0 assembles the weights it sends (and tells the rollout
-     * ranks where the run starts) */
-    float *whole = sep && d->rank == 0 ? mt_alloc((mt_trainer_whole_floats(t) + 1) * sizeof(float)) : NULL;
+    /* separate: the trainer's rank 0 tells the rollout ranks where the run starts, then the
+     * weights and the completions flow through the link (rl/share.h) */
+    const int start = mt_trainer_get_state(t)->step;
     if (sep && d->rank == 0) {
-        const uint64_t plan[4] = {(uint64_t)mt_trainer_get_state(t)->step, (uint64_t)ti->steps, ti->seed,
-                                  (uint64_t)ti->bf16};
+        const uint64_t plan[4] = {(uint64_t)start, (uint64_t)ti->steps, ti->seed, (uint64_t)ti->bf16};
         mt_group_send_bytes(&d->job, plan, sizeof plan, rollout_lead, MT_RL_TAG_PLAN);
     }
+    mt_rl_link *link = sep ? mt_rl_link_init(t, d, &o, rollout_lead) : NULL;
     mt_grpo_loss L;
     mt_grpo_loss_defaults(&L);
     L.eps_low = o.eps_low, L.eps_high = o.eps_high, L.is_cap = o.is_cap, L.temperature = o.temperature;
-    L.agg = agg, L.max_new = o.max_new, L.beta = o.beta;
+    L.agg = agg, L.max_new = o.max_new, L.beta = o.beta, L.no_is_weight = o.no_is_weight;
     /* the frozen reference: the weights the run starts from */
     float *ref = NULL;
     if (o.beta > 0) {
@@ -331,7 +360,8 @@ int mt_rl(const mt_rl_opts *opt) {
     double acc0 = -1, acc = -1;
     if (eval_on) {
         if (sep) {
-            acc0 = acc = mt_rl_remote_accuracy(t, d, whole, rollout_lead);
+            mt_rl_link_send(link, t, d, start, 1);
+            acc0 = acc = mt_rl_link_accuracy(link, d);
         } else {
             if (split) mt_trainer_to_rollout(t, roll.params);
             acc0 = acc = mt_rl_heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
@@ -353,6 +383,10 @@ int mt_rl(const mt_rl_opts *opt) {
     mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows, sizeof *rreq) : NULL;
     mt_completion *rco = split ? mt_xcalloc((size_t)rrows, sizeof *rco) : NULL;
     int32_t **rptok = split ? mt_xcalloc((size_t)Pr, sizeof *rptok) : NULL;
+    /* unsplit co-located: the requests of the round being sampled (another step's prompts
+     * than the trainer's with --max-staleness) */
+    mt_rollout_req *rreq2 = mt_xcalloc((size_t)rows, sizeof *rreq2);
+    int32_t **rptok2 = mt_xcalloc((size_t)Pl, sizeof *rptok2);
     int32_t *mine = split ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)rrows) : NULL;
     int32_t *every = split || sep ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)o.prompts_per_step * (size_t)G) : NULL;
     mt_rollout_req *req = mt_xcalloc((size_t)rows, sizeof *req);
@@ -374,8 +408,19 @@ int mt_rl(const mt_rl_opts *opt) {
     int grads_done = !o.dump_grads;
     const double t_begin = mt_now();
     int rc = 0;
-    for (int step = mt_trainer_get_state(t)->step + 1; step <= ti->steps && rc == 0; step++) {
-        /* rollout: this rank's prompts of the step, G samples each */
+    /* co-located StaleSync: the records of the rounds sampled ahead, s + 1 of them, round n
+     * in ring[n % (s + 1)] (sampled with the weights of the step before the one that made it) */
+    const int S = o.max_staleness, nring = S + 1;
+    int32_t *ring = !sep ? mt_xmalloc(sizeof(int32_t) * rec_n * (size_t)rows * (size_t)nring) : NULL;
+    double *ring_s = mt_xcalloc((size_t)nring, sizeof *ring_s); /* rollout seconds of each round */
+    int *ring_v = mt_xcalloc((size_t)nring, sizeof *ring_v);    /* the version that sampled it */
+    int *ver = mt_xmalloc(sizeof(int) * (size_t)rows);            /* each completion's version */
+    double *score = sep ? mt_xmalloc(sizeof(double) * MT_RL_NSCORE * (size_t)o.prompts_per_step * (size_t)G) : NULL;
+    int *vall = sep ? mt_xmalloc(sizeof(int) * (size_t)o.prompts_per_step * (size_t)G) : NULL;
+    if (sep && !eval_on && ti->steps > start) mt_rl_link_send(link, t, d, start, 0);
+    int made = start; /* co-located: rounds sampled so far */
+    for (int step = start + 1; step <= ti->steps && rc == 0; step++) {
+        /* this DP index's prompts of the step, G samples each */
         for (int j = 0; j < Pl; j++) {
             const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
             pidx[j] = mt_prompt_order_at(&po, k);
@@ -386,46 +431,85 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_rollout_opts ro;
         mt_rollout_defaults(&ro);
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
-        ro.seed = ti->seed, ro.step = (uint64_t)step, ro.slots = o.slots, ro.record_routing = o.routing_replay;
+        ro.seed = ti->seed, ro.slots = o.slots, ro.record_routing = o.routing_replay;
         ro.bf16 = ti->bf16; /* the rollout runs in the trainer's precision */
         mt_rollout_stats rs;
+        memset(&rs, 0, sizeof rs);
         double switch_s = 0, rss[2] = {0, 0}; /* peak MiB during the rollout and the training step */
+        double waits[4] = {0, 0, 0, 0};       /* trainer for samples, rollout for weights, for room; queue depth */
         mt_reset_peak_rss();
         if (sep) {
-            const double t0 = mt_now();
-            mt_rl_send_weights(t, d, whole, rollout_lead);
-            switch_s = mt_now() - t0;
-            /* the rollout ranks' records of every prompt, then their slowest rollout time */
-            const size_t nrec = shp.rec_n * (size_t)o.prompts_per_step * (size_t)G;
-            memset(&rs, 0, sizeof rs);
-            if (d->rank == 0) {
-                mt_group_recv_bytes(&d->job, every, sizeof(int32_t) * nrec, rollout_lead, MT_RL_TAG_RECORDS);
-                mt_group_recv_bytes(&d->job, &rs.seconds, sizeof rs.seconds, rollout_lead, MT_RL_TAG_RECORDS);
+            mt_rl_link_take(link, d, &o, &shp, step, every, score, vall, &waits[3]);
+            waits[0] = link->wait_s;
+            /* the rollout time of the round: its slowest rank's */
+            const size_t nall = (size_t)o.prompts_per_step * (size_t)G, off = (size_t)d->dp_rank * (size_t)rows;
+            for (size_t i = 0; i < nall; i++) {
+                const double *sc = score + MT_RL_NSCORE * i;
+                rs.seconds = sc[MT_RL_SCORE_ROLLOUT_S] > rs.seconds ? sc[MT_RL_SCORE_ROLLOUT_S] : rs.seconds;
+                waits[1] = sc[MT_RL_SCORE_WAIT_WEIGHTS] > waits[1] ? sc[MT_RL_SCORE_WAIT_WEIGHTS] : waits[1];
+                waits[2] += sc[MT_RL_SCORE_WAIT_ROOM] / R;
             }
-            mt_group_bcast_i32(&d->all, every, nrec);
-            mt_rl_unpack_records(&shp, every + shp.rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
-        } else if (!split) {
-            if (mt_rollout(m, &ro, req, rows, co, &rs) != 0) { rc = -1; break; }
+            mt_rl_unpack_records(&shp, every + shp.rec_n * off, req, rows, co);
+            for (int i = 0; i < rows; i++) ver[i] = vall[off + (size_t)i];
         } else {
-            const double t0 = mt_now();
-            mt_trainer_to_rollout(t, roll.params);
-            switch_s = mt_now() - t0;
-            mt_rl_share_requests(&po, &ps, &o, step, d->rank, D, rptok, rreq);
-            if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rs) != 0) { rc = -1; break; }
-            rss[0] = (double)mt_peak_rss() / 1048576.0;
-            const double t1 = mt_now();
-            back_to_training(t, &roll);
-            mt_rl_pack_records(&shp, rco, rreq, rrows, mine);
-            mt_group_allgather_i32(&d->all, mine, rec_n * (size_t)rrows, every);
-            /* this DP index's completions, in the order of its prompts */
-            mt_rl_unpack_records(&shp, every + rec_n * (size_t)d->dp_rank * (size_t)rows, req, rows, co);
-            switch_s += mt_now() - t1;
+            /* the rounds due now: at the first step s + 1 of them, then the one s steps ahead,
+             * all with the current weights */
+            const int upto = step + S < ti->steps ? step + S : ti->steps;
+            for (; made < upto; made++) {
+                const int n = made + 1;
+                int32_t *slot = ring + rec_n * (size_t)rows * (size_t)(n % nring);
+                ro.step = (uint64_t)n;
+                mt_rollout_stats rn;
+                if (!split) {
+                    for (int j = 0; j < Pl; j++) { /* round n's prompts of this DP index */
+                        const int64_t k = (int64_t)(n - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
+                        const int64_t pi = mt_prompt_order_at(&po, k);
+                        rptok2[j] = mt_xrealloc(rptok2[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pi]));
+                        const int len = (int)mt_prompt_encode(ps.prompt[pi], rptok2[j]);
+                        for (int s = 0; s < G; s++) rreq2[j * G + s] = (mt_rollout_req){rptok2[j], len, (uint64_t)pi, (uint64_t)s};
+                    }
+                    mt_trace_begin("rl.rollout");
+                    if (mt_rollout(m, &ro, rreq2, rows, co, &rn) != 0) { rc = -1; mt_trace_end(); break; }
+                    mt_trace_end();
+                    mt_rl_pack_records(&shp, co, rreq2, rows, slot);
+                } else {
+                    mt_trace_begin("rl.switch");
+                    const double t0 = mt_now();
+                    mt_trainer_to_rollout(t, roll.params);
+                    switch_s += mt_now() - t0;
+                    mt_trace_end();
+                    mt_rl_share_requests(&po, &ps, &o, n, d->rank, D, rptok, rreq);
+                    mt_trace_begin("rl.rollout");
+                    if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rn) != 0) { rc = -1; mt_trace_end(); break; }
+                    mt_trace_end();
+                    const double r0 = (double)mt_peak_rss() / 1048576.0;
+                    rss[0] = r0 > rss[0] ? r0 : rss[0];
+                    mt_trace_begin("rl.switch");
+                    const double t1 = mt_now();
+                    back_to_training(t, &roll);
+                    mt_rl_pack_records(&shp, rco, rreq, rrows, mine);
+                    mt_group_allgather_i32(&d->all, mine, rec_n * (size_t)rrows, every);
+                    /* this DP index's completions, in the order of its prompts */
+                    memcpy(slot, every + rec_n * (size_t)d->dp_rank * (size_t)rows, sizeof(int32_t) * rec_n * (size_t)rows);
+                    switch_s += mt_now() - t1;
+                    mt_trace_end();
+                }
+                ring_s[n % nring] = rn.seconds;
+                ring_v[n % nring] = step - 1;
+            }
+            if (rc) break;
+            rs.seconds = ring_s[step % nring];
+            mt_rl_unpack_records(&shp, ring + rec_n * (size_t)rows * (size_t)(step % nring), req, rows, co);
+            for (int i = 0; i < rows; i++) ver[i] = ring_v[step % nring];
+            waits[3] = (double)(made - step) * o.prompts_per_step * G;
         }
         if (!split) rss[0] = (double)mt_peak_rss() / 1048576.0;
         /* rewards and advantages per group */
         double sums[8] = {0}; /* reward, correct, length, completions, uniform groups, kept, kept tokens, rollout s */
         for (int i = 0; i < rows; i++) {
-            rew[i] = mt_reward_score(&reward, co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]);
+            /* separate: the reward the rollout rank's reward task put into the queue */
+            rew[i] = sep ? (float)score[MT_RL_NSCORE * ((size_t)d->dp_rank * (size_t)rows + (size_t)i) + MT_RL_SCORE_REWARD]
+                         : mt_reward_score(&reward, co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]);
             sums[0] += rew[i];
             sums[1] += mt_math_verdict(co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]) ==
                        MT_VERDICT_CORRECT;
@@ -452,7 +536,7 @@ int mt_rl(const mt_rl_opts *opt) {
             for (int k = 0; k < stride; k++) r[k] = NAN;
             r[MT_RLREC_PROMPT] = (double)pidx[i / G], r[MT_RLREC_SAMPLE] = i % G, r[MT_RLREC_N] = co[i].n;
             r[MT_RLREC_EOT] = co[i].stopped_eot, r[MT_RLREC_REWARD] = rew[i], r[MT_RLREC_ADV] = adv[i];
-            r[MT_RLREC_KEPT] = !drop[i / G];
+            r[MT_RLREC_KEPT] = !drop[i / G], r[MT_RLREC_VERSION] = ver[i];
             for (int k = 0; k < co[i].n; k++) {
                 r[MT_RLREC_HEAD + k] = co[i].tokens[k];
                 r[MT_RLREC_HEAD + o.max_new + k] = co[i].logp[k];
@@ -508,6 +592,20 @@ int mt_rl(const mt_rl_opts *opt) {
             gstat[5] = mx;
         }
         rss[1] = (double)mt_peak_rss() / 1048576.0;
+        /* staleness: the trainer's version (step - 1) minus the one that sampled, per completion */
+        int64_t *hist = mt_xcalloc((size_t)S + 2, sizeof *hist); /* [S + 1]: older than S (never) */
+        for (int i = 0; i < rows; i++) {
+            const int st = step - 1 - ver[i];
+            hist[st >= 0 && st <= S ? st : S + 1]++;
+        }
+        mt_group_sum_i64(&d->dp, hist, (size_t)S + 2);
+        int stale_max = 0;
+        double stale_mean = 0;
+        for (int k = 0; k <= S + 1; k++) {
+            if (hist[k]) stale_max = k;
+            stale_mean += (double)k * (double)hist[k];
+        }
+        if (hist[S + 1]) mt_dist_abort("rl: a completion older than --max-staleness reached the trainer");
         mt_group_sum_f64(&d->dp, sums, 7);
         mt_group_max_f64(&d->all, &sums[7], 1);
         mt_group_max_f64(&d->all, rss, 2);
@@ -544,9 +642,17 @@ int mt_rl(const mt_rl_opts *opt) {
             }
         }
         for (int i = 0; i < rows; i++) mt_completion_free(&co[i]);
-        if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) {
+        const int eval_now = eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0));
+        if (sep && (step < ti->steps || eval_now)) { /* the new version to the rollout ranks, not waiting */
+            mt_trace_begin("rl.send_weights");
+            const double t0 = mt_now();
+            mt_rl_link_send(link, t, d, step, eval_now);
+            switch_s = mt_now() - t0; /* separate: the trainer's time to hand the weights over */
+            mt_trace_end();
+        }
+        if (eval_now) {
             if (sep) {
-                acc = mt_rl_remote_accuracy(t, d, whole, rollout_lead);
+                acc = mt_rl_link_accuracy(link, d);
             } else {
                 if (split) mt_trainer_to_rollout(t, roll.params);
                 acc = mt_rl_heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
@@ -563,24 +669,31 @@ int mt_rl(const mt_rl_opts *opt) {
                        step, ti->steps, sums[0] / n, sums[1] / n, sums[2] / n, sums[4] / (n / G), gstat[0],
                        ntok > 0 ? gstat[2] / ntok : 0, ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps);
                 if (split) printf(" | switch %.3fs", switch_s);
-                if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0))) printf(" | held-out %.3f", acc);
+                if (S > 0) printf(" | stale %.2f", stale_mean / n);
+                if (sep) printf(" | wait train %.2fs rollout %.2fs", waits[0], waits[1] + waits[2]);
+                if (eval_now) printf(" | held-out %.3f", acc);
                 printf("\n");
             }
             fprintf(mf,
                     "{\"event\":\"step\",\"step\":%d,\"version\":%d,\"prompts\":%d,\"completions\":%.0f,"
                     "\"completion_tokens\":%.0f,\"reward\":%.6f,\"accuracy\":%.6f,\"uniform_groups\":%.6f,"
                     "\"length\":%.3f,\"loss\":%.8f,\"pg\":%.8f,\"kl\":%.8f,\"clip_fraction\":%.6f,\"ratio_dev\":%.3e,"
-                    "\"max_staleness\":0,\"logp_old_behav_max\":%.3e,\"grad_norm\":%.6f,\"rollout_tokens_per_s\":%.1f,"
+                    "\"max_staleness\":%d,\"staleness_mean\":%.4f,\"queue_depth\":%.0f,\"wait_trainer_s\":%.4f,"
+                    "\"wait_rollout_weights_s\":%.4f,\"wait_rollout_room_s\":%.4f,\"logp_old_behav_max\":%.3e,\"grad_norm\":%.6f,\"rollout_tokens_per_s\":%.1f,"
                     "\"train_tokens_per_s\":%.1f,\"switch_s\":%.4f,\"rss_rollout_mib\":%.1f,\"rss_train_mib\":%.1f,"
                     "\"elapsed\":%.2f",
                     step, step - 1, o.prompts_per_step, n, sums[2], sums[0] / n, sums[1] / n, sums[4] / (n / G),
                     sums[2] / n, gstat[0], gstat[1], gstat[6], ntok > 0 ? gstat[2] / ntok : 0,
-                    ntok > 0 ? gstat[3] / ntok : 0, gstat[5], sr.grad_norm, rtps, ttps, switch_s, rss[0], rss[1], el);
-            if (eval_on && (step == ti->steps || (o.eval_every > 0 && step % o.eval_every == 0)))
-                fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
+                    ntok > 0 ? gstat[3] / ntok : 0, stale_max, stale_mean / n, waits[3], waits[0], waits[1], waits[2],
+                    gstat[5], sr.grad_norm, rtps, ttps, switch_s, rss[0], rss[1], el);
+            fprintf(mf, ",\"staleness_hist\":[");
+            for (int k = 0; k <= S; k++) fprintf(mf, "%s%lld", k ? "," : "", (long long)hist[k]);
+            fprintf(mf, "]");
+            if (eval_now) fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
             fprintf(mf, "}\n");
             if (mt_file_check(mf, path) != 0 || mt_file_check(stdout, "stdout") != 0) mt_dist_abort(mt_last_error());
         }
+        free(hist);
         if (ti->save_every > 0 && step % ti->save_every == 0 && step != ti->steps) {
             char dir[4200];
             if (mt_trainer_save(t, dir, sizeof dir) != 0) rc = -1;
@@ -601,7 +714,10 @@ int mt_rl(const mt_rl_opts *opt) {
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
     for (int j = 0; split && j < Pr; j++) free(rptok[j]);
     free(rptok), free(rreq), free(rco), free(mine), free(every);
-    mt_free(whole);
+    for (int j = 0; j < Pl; j++) free(rptok2[j]);
+    free(rptok2), free(rreq2), free(ring), free(ring_s), free(ring_v), free(ver), free(score), free(vall);
+    mt_rl_link_free(link, d);
+    if (rc == 0) write_trace(&o);
     mt_model_free(&roll);
     mt_free(ref);
     free(seq_of), free(rec), free(rec_all), free(rec_world);

@@ -43,6 +43,10 @@ typedef struct {
     double beta;                 /* k3 KL to the --init weights (frozen reference); 0 = none */
     int routing_replay;          /* the trainer's forwards route as the rollout did */
     int rollout_ranks;           /* separate deployment: the last R ranks roll out; 0 = co-located */
+    int max_staleness;           /* StaleSync: step n trains on rollouts of version >= n - 1 - s (0: synchronous) */
+    int stale_free;              /* separate: sample with the newest version arrived (else exactly n - 1 - s) */
+    int no_is_weight;            /* w_t = 1: no truncated importance weight (the ablation) */
+    int profile;                 /* a Chrome trace per rank: OUT/trace_rank<R>.json */
 } mt_rl_opts;
 
 void mt_rl_defaults(mt_rl_opts *o);

@@ -162,6 +162,7 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
         }
         mt_decoder_forward(d, m, tok, slot, pos, nt, rows, no, logits);
         st->forwards++;
+        if (o->poll) o->poll(o->poll_ctx);
         if (o->record_routing && rw > 0)
             for (int i = 0; i < nt; i++) {
                 int32_t *dst = out[sreq[slot[i]]].routing + (size_t)pos[i] * rw;

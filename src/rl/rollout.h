@@ -35,6 +35,8 @@ typedef struct {
     int prefill_tokens;      /* prompt tokens one forward may prefill (0: 4 x slots) */
     int record_routing;      /* keep each fed position's experts (routing replay) */
     int bf16;                /* the decoder's products in bf16 (mixed precision, as train --bf16), else fp32 */
+    void (*poll)(void *ctx); /* called after every forward (e.g. to serve a DistQueue); NULL: none */
+    void *poll_ctx;
 } mt_rollout_opts;
 
 void mt_rollout_defaults(mt_rollout_opts *o);

@@ -3,8 +3,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "model/config.h"
 #include "rl/reward.h"
 #include "train/checkpoint.h"
@@ -115,16 +117,68 @@ int mt_rl_eval_due(const mt_rl_opts *o, int step, int steps) {
     return step == steps || (o->eval_every > 0 && step % o->eval_every == 0);
 }
 
-/* The rollout ranks' side of a separate deployment: per step the weights arrive, every
- * rank samples its share, the records go back; held-out evaluations when the trainer's
- * schedule has them. */
+/* ---- separate deployment ---- */
+
+int mt_rl_versions_sent(int start, int steps, int eval_on) {
+    return steps > start ? steps - start + (eval_on ? 1 : 0) : (eval_on ? 1 : 0);
+}
+
+int mt_rl_version_evaluated(const mt_rl_opts *o, int v, int start, int steps, int eval_on) {
+    return eval_on && (v == start || mt_rl_eval_due(o, v, steps));
+}
+
+mt_dq *mt_rl_queue_init(mt_dist *d, const mt_rl_opts *o) {
+    const int R = o->rollout_ranks, Pr = o->prompts_per_step / R;
+    /* a rollout rank is at most max_staleness + 1 rounds ahead of the trainer: its store
+     * holds those with one round to spare */
+    const mt_dq_opts qo = {o->group, MT_RL_NFIELDS, 1, (o->max_staleness + 2) * Pr * o->group, R};
+    return mt_dq_init(&d->job, &qo);
+}
+
+typedef struct {
+    mt_dq *q;
+    mt_dist *d;
+    mt_model *roll;
+    const mt_rl_opts *o;
+    const mt_prompt_set *ev;
+    int start, steps, eval_on, bf16;
+    int cur, received, expected; /* the version in use; weight messages received and due */
+} server;
+
+static void serve_queue(void *ctx) { mt_dq_progress((mt_dq *)ctx); }
+
+/* The next version from the trainer (serving the queue while it has not come); held-out
+ * accuracy when the trainer asked for it. */
+static void server_recv(server *sv) {
+    mt_dist *d = sv->d;
+    while (!mt_group_probe(&d->job, 0, MT_RL_TAG_WHDR)) {
+        mt_dq_progress(sv->q);
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    int64_t hdr[3];
+    mt_group_recv_bytes(&d->job, hdr, sizeof hdr, 0, MT_RL_TAG_WHDR);
+    if ((size_t)hdr[2] != sv->roll->nparams) mt_dist_abort("rl: the trainer's weights do not match the rollout model");
+    mt_group_recv_bytes(&d->job, sv->roll->params, sv->roll->nparams * sizeof(float), 0, MT_RL_TAG_WEIGHTS);
+    sv->cur = (int)hdr[0];
+    sv->received++;
+    if (hdr[1]) {
+        double acc = mt_rl_heldout_accuracy(sv->roll, sv->ev, sv->o->eval_n, sv->o->max_new, sv->o->slots, sv->bf16, d);
+        if (d->rank == 0) mt_group_send_bytes(&d->job, &acc, sizeof acc, 0, MT_RL_TAG_ACC);
+    }
+}
+
+/* The rollout ranks' side: round n (the prompts of training step n) is sampled with version
+ * max(start, n - 1 - s), or in free mode with the newest version that has arrived (never an
+ * older one); each completion goes into the queue as its record and its score, the ranks
+ * independent of one another. */
 int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *ps, const mt_prompt_set *ev,
                           size_t longest) {
-    const int T0 = 0, lead = d->rank == 0;
+    const int lead = d->rank == 0;
     uint64_t plan[4] = {0, 0, 0, 0}; /* start step, steps, seed, bf16 */
-    if (lead) mt_group_recv_bytes(&d->job, plan, sizeof plan, T0, MT_RL_TAG_PLAN);
+    if (lead) mt_group_recv_bytes(&d->job, plan, sizeof plan, 0, MT_RL_TAG_PLAN);
     mt_group_bcast_i32(&d->all, (int *)plan, (sizeof plan) / (sizeof(int))); /* 64-bit words as int pairs */
-    const int start = (int)plan[0], steps = (int)plan[1];
+    const int start = (int)plan[0], steps = (int)plan[1], s = o->max_staleness;
     char ck[4200];
     mt_config cfg;
     if (mt_ckpt_resolve(o->train.resume ? o->train.resume : o->train.init, ck, sizeof ck) != 0 ||
@@ -132,63 +186,158 @@ int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *p
         return -1;
     mt_model roll;
     if (mt_model_init_infer(&roll, &cfg) != 0) return -1;
+    mt_reward reward;
+    if (mt_reward_init(&reward, o->task, (float)o->format_penalty) != 0) return -1;
     const mt_rl_rec_shape shp = mt_rl_rec_shape_of(&cfg, o, longest);
-    const int R = d->size, Pr = o->prompts_per_step / R, rrows = Pr * o->group;
+    const int R = d->size, Pr = o->prompts_per_step / R, rrows = Pr * o->group, G = o->group;
     mt_rollout_req *req = mt_xcalloc((size_t)rrows, sizeof *req);
     mt_completion *co = mt_xcalloc((size_t)rrows, sizeof *co);
     int32_t **ptok = mt_xcalloc((size_t)Pr, sizeof *ptok);
-    int32_t *mine = mt_xmalloc(sizeof(int32_t) * shp.rec_n * (size_t)rrows);
-    int32_t *every = mt_xmalloc(sizeof(int32_t) * shp.rec_n * (size_t)rrows * (size_t)R);
+    int32_t *rec = mt_xmalloc(sizeof(int32_t) * shp.rec_n);
     mt_prompt_order po = {(int64_t)ps->n, -1, plan[2], NULL};
     const int eval_on = ev->n > 0 && o->eval_n > 0;
-    int rc = 0;
-    for (int step = start; step <= steps && rc == 0; step++) {
-        if (step > start) { /* step's rollout: the weights of version step - 1 */
-            if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, MT_RL_TAG_WEIGHTS);
-            mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
-            mt_rollout_opts ro;
-            mt_rollout_defaults(&ro);
-            ro.temperature = o->temperature, ro.top_k = o->top_k, ro.top_p = o->top_p, ro.max_new = o->max_new;
-            ro.seed = plan[2], ro.step = (uint64_t)step, ro.slots = o->slots, ro.record_routing = o->routing_replay;
-            ro.bf16 = (int)plan[3]; /* the trainer's precision, as co-located */
-            mt_rl_share_requests(&po, ps, o, step, d->rank, R, ptok, req);
-            mt_rollout_stats rs;
-            if (mt_rollout(&roll, &ro, req, rrows, co, &rs) != 0) mt_dist_abort(mt_last_error());
-            double sec = rs.seconds;
-            mt_group_max_f64(&d->all, &sec, 1);
-            mt_rl_pack_records(&shp, co, req, rrows, mine);
-            mt_group_allgather_i32(&d->all, mine, shp.rec_n * (size_t)rrows, every);
-            if (lead) {
-                mt_group_send_bytes(&d->job, every, sizeof(int32_t) * shp.rec_n * (size_t)rrows * (size_t)R, T0,
-                                    MT_RL_TAG_RECORDS);
-                mt_group_send_bytes(&d->job, &sec, sizeof sec, T0, MT_RL_TAG_RECORDS);
-            }
+    server sv = {mt_rl_queue_init(d, o), d, &roll, o, ev, start, steps, eval_on, (int)plan[3], -1, 0,
+                 mt_rl_versions_sent(start, steps, eval_on)};
+    double room0 = 0;
+    for (int n = start + 1; n <= steps; n++) {
+        const int need = n - 1 - s > start ? n - 1 - s : start;
+        mt_trace_begin("rl.wait_weights");
+        const double t0 = mt_now();
+        while (sv.cur < need) server_recv(&sv);
+        if (o->stale_free)
+            while (sv.received < sv.expected && mt_group_probe(&d->job, 0, MT_RL_TAG_WHDR)) server_recv(&sv);
+        const double wait_w = mt_now() - t0;
+        mt_trace_end();
+        mt_rollout_opts ro;
+        mt_rollout_defaults(&ro);
+        ro.temperature = o->temperature, ro.top_k = o->top_k, ro.top_p = o->top_p, ro.max_new = o->max_new;
+        ro.seed = plan[2], ro.step = (uint64_t)n, ro.slots = o->slots, ro.record_routing = o->routing_replay;
+        ro.bf16 = (int)plan[3]; /* the trainer's precision, as co-located */
+        ro.poll = serve_queue, ro.poll_ctx = sv.q;
+        mt_rl_share_requests(&po, ps, o, n, d->rank, R, ptok, req);
+        mt_rollout_stats rs;
+        mt_trace_begin("rl.rollout");
+        if (mt_rollout(&roll, &ro, req, rrows, co, &rs) != 0) mt_dist_abort(mt_last_error());
+        mt_trace_end();
+        mt_trace_begin("rl.put");
+        for (int i = 0; i < rrows; i++) {
+            const int64_t id = ((int64_t)(n - 1) * o->prompts_per_step + (int64_t)d->rank * Pr) * G + i;
+            const double room = mt_dq_get_stats(sv.q).wait_put_s;
+            const double score[MT_RL_NSCORE] = {
+                mt_reward_score(&reward, co[i].tokens, co[i].n, co[i].stopped_eot, ps->answer[req[i].prompt_index]),
+                rs.seconds, wait_w, room - room0};
+            room0 = room;
+            mt_rl_pack_records(&shp, &co[i], &req[i], 1, rec);
+            mt_dq_put(sv.q, id, MT_RL_FIELD_RECORD, rec, sizeof(int32_t) * shp.rec_n, sv.cur);
+            mt_dq_put(sv.q, id, MT_RL_FIELD_SCORE, score, sizeof score, -1);
         }
-        if (eval_on && (step == start || mt_rl_eval_due(o, step, steps))) {
-            if (lead) mt_group_recv_bytes(&d->job, roll.params, roll.nparams * sizeof(float), T0, MT_RL_TAG_WEIGHTS);
-            mt_group_bcast_f32(&d->all, roll.params, roll.nparams);
-            double acc = mt_rl_heldout_accuracy(&roll, ev, o->eval_n, o->max_new, o->slots, (int)plan[3], d);
-            if (lead) mt_group_send_bytes(&d->job, &acc, sizeof acc, T0, MT_RL_TAG_ACC);
+        mt_trace_end();
+    }
+    while (sv.received < sv.expected) server_recv(&sv); /* the versions left: the evaluations */
+    mt_dq_close(sv.q);
+    mt_dq_free(sv.q);
+    for (int j = 0; j < Pr; j++) free(ptok[j]);
+    free(ptok), free(req), free(co), free(rec), free(po.perm);
+    mt_reward_free(&reward);
+    mt_model_free(&roll);
+    return 0;
+}
+
+/* ---- the trainer's side ---- */
+
+mt_rl_link *mt_rl_link_init(mt_trainer *t, mt_dist *d, const mt_rl_opts *o, int rollout_lead) {
+    mt_rl_link *k = mt_xcalloc(1, sizeof *k);
+    k->q = mt_rl_queue_init(d, o);
+    k->R = o->rollout_ranks, k->lead = rollout_lead, k->nslot = o->max_staleness + 2;
+    k->n = mt_trainer_whole_floats(t);
+    if (d->rank == 0) {
+        k->slot = mt_xcalloc((size_t)k->nslot, sizeof *k->slot);
+        for (int i = 0; i < k->nslot; i++) {
+            k->slot[i].w = mt_alloc((k->n + 1) * sizeof(float));
+            k->slot[i].req = mt_xcalloc(2 * (size_t)k->R, sizeof(mt_request));
+            for (int r = 0; r < 2 * k->R; r++) k->slot[i].req[r] = MT_REQUEST_NULL;
         }
     }
-    for (int j = 0; j < Pr; j++) free(ptok[j]);
-    free(ptok), free(req), free(co), free(mine), free(every), free(po.perm);
-    mt_model_free(&roll);
-    return rc;
+    return k;
 }
 
-/* The trainer's side of a separate deployment: the current weights to the rollout ranks
- * (gathered on the trainer's rank 0, sent point to point, broadcast there). */
-void mt_rl_send_weights(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead) {
-    mt_trainer_gather_whole_root(t, whole);
-    if (d->rank == 0)
-        mt_group_send_f32(&d->job, whole, mt_trainer_whole_floats(t), rollout_lead, MT_RL_TAG_WEIGHTS);
+/* Serves the queue until every request of a weight slot is done. */
+static void wait_slot(mt_rl_link *k, mt_rl_slot *sl) {
+    for (;;) {
+        int done = 1;
+        for (int r = 0; r < 2 * k->R; r++) done &= mt_request_test(&sl->req[r]);
+        if (done) return;
+        mt_dq_progress(k->q);
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
 }
 
-double mt_rl_remote_accuracy(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead) {
-    mt_rl_send_weights(t, d, whole, rollout_lead);
+void mt_rl_link_send(mt_rl_link *k, mt_trainer *t, mt_dist *d, int version, int eval) {
+    mt_rl_slot *sl = d->rank == 0 ? &k->slot[k->next] : NULL;
+    if (sl) wait_slot(k, sl); /* the rollout ranks took this slot's older version */
+    mt_trainer_gather_whole_root(t, sl ? sl->w : NULL);
+    if (!sl) return;
+    sl->hdr[0] = version, sl->hdr[1] = eval, sl->hdr[2] = (int64_t)k->n;
+    for (int r = 0; r < k->R; r++) {
+        mt_group_isend_bytes(&d->job, sl->hdr, sizeof sl->hdr, k->lead + r, MT_RL_TAG_WHDR, &sl->req[2 * r]);
+        mt_group_isend_f32(&d->job, sl->w, k->n, k->lead + r, MT_RL_TAG_WEIGHTS, &sl->req[2 * r + 1]);
+    }
+    k->next = (k->next + 1) % k->nslot;
+}
+
+double mt_rl_link_accuracy(mt_rl_link *k, mt_dist *d) {
     double acc = 0;
-    if (d->rank == 0) mt_group_recv_bytes(&d->job, &acc, sizeof acc, rollout_lead, MT_RL_TAG_ACC);
+    if (d->rank == 0) {
+        while (!mt_group_probe(&d->job, k->lead, MT_RL_TAG_ACC)) {
+            mt_dq_progress(k->q);
+            const struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+        mt_group_recv_bytes(&d->job, &acc, sizeof acc, k->lead, MT_RL_TAG_ACC);
+    }
     mt_group_bcast_f64(&d->all, &acc, 1);
     return acc;
+}
+
+void mt_rl_link_take(mt_rl_link *k, mt_dist *d, const mt_rl_opts *o, const mt_rl_rec_shape *sh, int step,
+                     int32_t *rec, double *score, int *version, double *depth) {
+    const size_t n = (size_t)o->prompts_per_step * (size_t)o->group;
+    if (d->rank == 0) {
+        mt_dq_batch b;
+        mt_trace_begin("rl.wait_samples");
+        const double t0 = mt_now();
+        mt_dq_get_range(k->q, 0, (1u << MT_RL_FIELD_RECORD) | (1u << MT_RL_FIELD_SCORE),
+                        (int64_t)(step - 1) * o->prompts_per_step, (int64_t)step * o->prompts_per_step, &b);
+        k->wait_s = mt_now() - t0;
+        mt_trace_end();
+        MT_ASSERT((size_t)b.n == n);
+        for (size_t i = 0; i < n; i++) {
+            MT_ASSERT(b.bytes[MT_RL_FIELD_RECORD][i] == sizeof(int32_t) * sh->rec_n &&
+                      b.bytes[MT_RL_FIELD_SCORE][i] == sizeof(double) * MT_RL_NSCORE);
+            memcpy(rec + sh->rec_n * i, b.data[MT_RL_FIELD_RECORD][i], sizeof(int32_t) * sh->rec_n);
+            memcpy(score + MT_RL_NSCORE * i, b.data[MT_RL_FIELD_SCORE][i], sizeof(double) * MT_RL_NSCORE);
+            version[i] = b.version[i];
+        }
+        mt_dq_batch_free(&b);
+        *depth = (double)mt_dq_get_stats(k->q).live;
+    }
+    mt_group_bcast_i32(&d->all, rec, sh->rec_n * n);
+    mt_group_bcast_f64(&d->all, score, MT_RL_NSCORE * n);
+    mt_group_bcast_i32(&d->all, version, n);
+    mt_group_bcast_f64(&d->all, depth, 1);
+    mt_group_bcast_f64(&d->all, &k->wait_s, 1);
+}
+
+void mt_rl_link_free(mt_rl_link *k, mt_dist *d) {
+    if (!k) return;
+    if (d->rank == 0)
+        for (int i = 0; i < k->nslot; i++) {
+            wait_slot(k, &k->slot[i]);
+            mt_free(k->slot[i].w);
+            free(k->slot[i].req);
+        }
+    mt_dq_free(k->q);
+    free(k->slot);
+    free(k);
 }

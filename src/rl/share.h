@@ -10,6 +10,7 @@
 
 #include "data/prompts.h"
 #include "parallel/dist.h"
+#include "parallel/distqueue.h"
 #include "rl/rl.h"
 #include "rl/rollout.h"
 #include "train/trainer.h"
@@ -50,18 +51,56 @@ void mt_rl_unpack_records(const mt_rl_rec_shape *sh, const int32_t *in, const mt
 /* Whether the held-out accuracy is evaluated after step (of steps). */
 int mt_rl_eval_due(const mt_rl_opts *o, int step, int steps);
 
-/* Separate deployment. The rollout ranks' side (after mt_dist_set_role): the plan (start
- * step, steps, seed, precision) from the trainer, then per step the weights, every rank's
- * share sampled, the records of every completion back; held-out evaluations on the
- * trainer's schedule. The trainer's side: its rank 0 (job rank 0) talks to the rollout
- * ranks' rank 0 (job rank rollout_lead). */
+/* Separate deployment (--rollout-ranks R): the last R ranks roll out, the others train, and
+ * the completions travel through a DistQueue (parallel/distqueue.h) whose controller is the
+ * trainer's rank 0: sample id = (round x P + prompt) x G + sample, where round n holds the
+ * prompts of training step n; field 0 the record above (version: the policy that sampled
+ * it), field 1 its score. The trainer sends every version it makes, start .. steps - 1 (and
+ * steps when it evaluates), each as a header (version, evaluate?, floats) and the weights,
+ * non-blocking to every rollout rank; those evaluate a version when asked and send the
+ * accuracy back. Round n is sampled with version max(start, n - 1 - max_staleness); with
+ * stale_free, with the newest version that has arrived by then (never an older one). */
+enum { MT_RL_FIELD_RECORD = 0, MT_RL_FIELD_SCORE, MT_RL_NFIELDS };
+/* score: reward, seconds of the rollout that sampled it, the rollout rank's wait for weights
+ * before it, and its wait for room in the queue since its previous completion */
+enum { MT_RL_SCORE_REWARD = 0, MT_RL_SCORE_ROLLOUT_S, MT_RL_SCORE_WAIT_WEIGHTS, MT_RL_SCORE_WAIT_ROOM, MT_RL_NSCORE };
+enum { MT_RL_TAG_PLAN = 11, MT_RL_TAG_WEIGHTS, MT_RL_TAG_ACC, MT_RL_TAG_WHDR };
+/* How many versions the trainer sends, and whether it asks for version v's accuracy. */
+int mt_rl_versions_sent(int start, int steps, int eval_on);
+int mt_rl_version_evaluated(const mt_rl_opts *o, int v, int start, int steps, int eval_on);
+/* The queue of a separate deployment (collective over the job). */
+mt_dq *mt_rl_queue_init(mt_dist *d, const mt_rl_opts *o);
+/* The rollout ranks' whole run (after mt_dist_set_role): the plan (start step, steps, seed,
+ * precision) from the trainer, then the rounds. */
 int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *ps, const mt_prompt_set *ev,
                          size_t longest);
-enum { MT_RL_TAG_PLAN = 11, MT_RL_TAG_WEIGHTS, MT_RL_TAG_RECORDS, MT_RL_TAG_ACC };
-/* The current weights to the rollout ranks (gathered on the trainer's rank 0; whole holds
- * them there, unused elsewhere). Collective over the trainer's ranks. */
-void mt_rl_send_weights(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead);
-/* The held-out accuracy of the current weights, evaluated by the rollout ranks. */
-double mt_rl_remote_accuracy(mt_trainer *t, mt_dist *d, float *whole, int rollout_lead);
+
+/* The trainer's side: weight snapshots in flight (on its rank 0: max_staleness + 2 of them,
+ * each reused once the rollout ranks took it) and the queue. */
+typedef struct {
+    float *w;
+    int64_t hdr[3];
+    mt_request *req;             /* [2R]: header and weights to each rollout rank */
+} mt_rl_slot;
+typedef struct {
+    mt_dq *q;
+    int R, lead, nslot, next;
+    size_t n;                /* floats of the whole weights */
+    mt_rl_slot *slot;
+    double wait_s;           /* the last take's wait for its samples */
+} mt_rl_link;
+/* Collective over the job's trainer ranks (and the queue: over the job). */
+mt_rl_link *mt_rl_link_init(mt_trainer *t, mt_dist *d, const mt_rl_opts *o, int rollout_lead);
+/* The current weights as `version` to every rollout rank, without waiting for them (eval:
+ * they evaluate it). Collective over the trainer's ranks. */
+void mt_rl_link_send(mt_rl_link *k, mt_trainer *t, mt_dist *d, int version, int eval);
+/* The accuracy of the version last sent with eval (collective over the trainer's ranks). */
+double mt_rl_link_accuracy(mt_rl_link *k, mt_dist *d);
+/* Every completion of round `step` (P x G, prompt-major) on every trainer rank: records
+ * rec[P G rec_n], scores[P G MT_RL_NSCORE], versions[P G]; *depth: the samples left in the
+ * queue after the take (rounds sampled ahead). Collective over the trainer's ranks. */
+void mt_rl_link_take(mt_rl_link *k, mt_dist *d, const mt_rl_opts *o, const mt_rl_rec_shape *sh, int step,
+                     int32_t *rec, double *score, int *version, double *depth);
+void mt_rl_link_free(mt_rl_link *k, mt_dist *d);
 
 #endif

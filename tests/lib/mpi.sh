@@ -20,3 +20,12 @@ fail() { echo "FAIL: $*"; echo "$passed passed, 1 failed"; exit 1; }
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
 export OMP_NUM_THREADS=1
 run() { local n=$1; shift; "${MPI[@]}" -np "$n" "$MT" "$@"; }
+# refused WHAT WANT ARGS...: `moetrain ARGS` must fail with one line that says WANT.
+refused() {
+    local what=$1 want=$2
+    shift 2
+    if "$MT" "$@" > "$T/err.log" 2>&1; then fail "$what: accepted"; fi
+    [ "$(wc -l < "$T/err.log")" = 1 ] || { cat "$T/err.log"; fail "$what: not one line"; }
+    grep -q -- "$want" "$T/err.log" || { cat "$T/err.log"; fail "$what: the message does not say '$want'"; }
+    ok "$what refused: $(cat "$T/err.log")"
+}

@@ -119,7 +119,7 @@ def recompute(c, P0, comps, ls, sm, Nc, Ntok, dt, fail):
         tol = 1e-4 + 1e-4 * float(z.detach().abs().max())
         for key in ("behav", "old"):
             ref = x["logp_behav"] if key == "behav" else x.get("logp_old")
-            if ref is None or any(v is None for v in ref):
+            if ref is None or any(v is None for v in ref) or (key == "behav" and x.get("_stale")):
                 continue
             err = float((lp.detach().double() - torch.tensor(ref, dtype=torch.float64)).abs().max())
             max_err[key] = max(max_err[key], err)
@@ -196,6 +196,13 @@ def main(argv=None):
     tau_eff = tau if tau > 0 else 1.0
     eot, max_new, G = int(sm["eot"]), int(sm["max_new_tokens"]), int(D["group"])
     comps = D["completions"]
+    # a completion sampled by an older version (--max-staleness) has a logp_behav that this
+    # checkpoint cannot reproduce: it enters the loss through w_t only
+    for x in comps:
+        x["_stale"] = any(v != D["version"] for v in x.get("version", []))
+    nstale = sum(x["_stale"] for x in comps)
+    if nstale:
+        print(f"note: {nstale} completion(s) sampled by an older version: their logp_behav is used, not checked")
     print(f"grpo_ref: step {D['step']} (version {D['version']}) from {ck}: {len(comps)} completions "
           f"(groups of {G}), tau {tau}, top-k {sm['top_k']}, top-p {sm['top_p']}, max_new {max_new}, "
           f"{ls['aggregation']}, alpha {alpha}, {a.dtype}")
