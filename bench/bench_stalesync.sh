@@ -6,6 +6,8 @@
 # Usage: bash bench/bench_stalesync.sh build/moetrain [CKPT DATA [STEPS [PROMPTS_PER_STEP]]]
 #   e.g. CKPT DATA = demo_out/run/step_00000350 demo_out (what `make demo` leaves: a model that
 #   half solves its task); without them it pretrains "demo" 300 steps on 1-2 digit sums.
+# Env: CONFIGS (default "colocated:0 separate:0 separate:1 separate:2"), EXTRA (more rl flags,
+#   e.g. "--slots 8": a smaller decode batch, a rollout as long as the training step).
 set -euo pipefail
 MT=$(realpath "$1")
 W=${BENCH_DIR:-/tmp/bench_stalesync}
@@ -20,7 +22,7 @@ STEPS=${4:-12} P=${5:-16}
 source "$(dirname "$0")/../tests/lib/mpirun.sh"
 export OMP_NUM_THREADS=1
 ARGS=(--init "$CK" --data "$DATA" --steps "$STEPS" --group 8 --prompts-per-step "$P" --max-new 8 --temperature 0.7
-      --lr 1e-4 --eval-n 500 --threads 1 --quiet)
+      --lr 1e-4 --eval-n 500 --threads 1 --quiet ${EXTRA:-})
 lscpu | grep -m1 'Model name' || true
 printf '%-26s %10s %8s %8s %10s %10s %10s\n' run "tok/s" acc0 acc "wait_train" "wait_roll" "stale"
 for cfg in ${CONFIGS:-colocated:0 separate:0 separate:1 separate:2}; do

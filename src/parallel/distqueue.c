@@ -440,6 +440,13 @@ static void wait_until(mt_dq *q, int (*done)(mt_dq *), const char *what) {
     mt_watch_end();
 }
 
+void mt_dq_wait(mt_dq *q, int (*done)(void *ctx), void *ctx, const char *what) {
+    mt_watch_begin(what, q->comm);
+    while (!done(ctx))
+        if (!dq_serve(q)) nap();
+    mt_watch_end();
+}
+
 /* ---- the API ---- */
 
 mt_dq *mt_dq_init(const mt_group *g, const mt_dq_opts *o) {

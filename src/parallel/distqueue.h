@@ -50,6 +50,10 @@ void mt_dq_put(mt_dq *q, int64_t id, int field, const void *data, size_t bytes, 
 void mt_dq_close(mt_dq *q);
 /* Serves what has arrived (owner and controller duties) without waiting. */
 void mt_dq_progress(mt_dq *q);
+/* Serves the queue until done(ctx) holds: a rank that waits for something else (a message,
+ * a request) keeps its queue duties; watched like the queue's own waits, `what` (a static
+ * string) naming the wait in the watchdog's message. */
+void mt_dq_wait(mt_dq *q, int (*done)(void *ctx), void *ctx, const char *what);
 
 /* What a consumer takes: n samples in id order, each with the fields it asked for. */
 typedef struct {

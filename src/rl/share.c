@@ -3,7 +3,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/common.h"
 #include "base/trace.h"
@@ -147,15 +146,13 @@ typedef struct {
 
 static void serve_queue(void *ctx) { mt_dq_progress((mt_dq *)ctx); }
 
+static int weights_waiting(void *ctx) { return mt_group_probe(&((mt_dist *)ctx)->job, 0, MT_RL_TAG_WHDR); }
+
 /* The next version from the trainer (serving the queue while it has not come); held-out
  * accuracy when the trainer asked for it. */
 static void server_recv(server *sv) {
     mt_dist *d = sv->d;
-    while (!mt_group_probe(&d->job, 0, MT_RL_TAG_WHDR)) {
-        mt_dq_progress(sv->q);
-        const struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    }
+    mt_dq_wait(sv->q, weights_waiting, d, "rl: a rollout rank waiting for the trainer's weights");
     int64_t hdr[3];
     mt_group_recv_bytes(&d->job, hdr, sizeof hdr, 0, MT_RL_TAG_WHDR);
     if ((size_t)hdr[2] != sv->roll->nparams) mt_dist_abort("rl: the trainer's weights do not match the rollout model");
@@ -261,16 +258,32 @@ mt_rl_link *mt_rl_link_init(mt_trainer *t, mt_dist *d, const mt_rl_opts *o, int 
     return k;
 }
 
+typedef struct {
+    mt_rl_link *k;
+    mt_rl_slot *sl;
+} slot_ctx;
+
+static int slot_sent(void *ctx) {
+    const slot_ctx *c = ctx;
+    int done = 1;
+    for (int r = 0; r < 2 * c->k->R; r++) done &= mt_request_test(&c->sl->req[r]);
+    return done;
+}
+
 /* Serves the queue until every request of a weight slot is done. */
 static void wait_slot(mt_rl_link *k, mt_rl_slot *sl) {
-    for (;;) {
-        int done = 1;
-        for (int r = 0; r < 2 * k->R; r++) done &= mt_request_test(&sl->req[r]);
-        if (done) return;
-        mt_dq_progress(k->q);
-        const struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    }
+    slot_ctx c = {k, sl};
+    mt_dq_wait(k->q, slot_sent, &c, "rl: the trainer waiting for a rollout rank to take its weights");
+}
+
+typedef struct {
+    mt_dist *d;
+    int lead;
+} acc_ctx;
+
+static int acc_waiting(void *ctx) {
+    const acc_ctx *c = ctx;
+    return mt_group_probe(&c->d->job, c->lead, MT_RL_TAG_ACC);
 }
 
 void mt_rl_link_send(mt_rl_link *k, mt_trainer *t, mt_dist *d, int version, int eval) {
@@ -289,11 +302,8 @@ void mt_rl_link_send(mt_rl_link *k, mt_trainer *t, mt_dist *d, int version, int 
 double mt_rl_link_accuracy(mt_rl_link *k, mt_dist *d) {
     double acc = 0;
     if (d->rank == 0) {
-        while (!mt_group_probe(&d->job, k->lead, MT_RL_TAG_ACC)) {
-            mt_dq_progress(k->q);
-            const struct timespec ts = {0, 100000};
-            nanosleep(&ts, NULL);
-        }
+        acc_ctx c = {d, k->lead};
+        mt_dq_wait(k->q, acc_waiting, &c, "rl: the trainer waiting for the rollout ranks' held-out accuracy");
         mt_group_recv_bytes(&d->job, &acc, sizeof acc, k->lead, MT_RL_TAG_ACC);
     }
     mt_group_bcast_f64(&d->all, &acc, 1);
