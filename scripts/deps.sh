@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moetrain needs (when root), or prints the apt-get line.
-# Usage: scripts/deps.sh [--with-torch]   (--with-torch adds the PyTorch oracle's packages)
+# Usage: scripts/deps.sh [--with-torch]   (--with-torch adds the test oracles' packages: PyTorch, regex)
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libxxhash-dev gnuplot-nox libopenmpi-dev openmpi-bin)
-if [ "${1:-}" = "--with-torch" ]; then pkgs+=(python3 python3-torch python3-numpy); fi
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libxxhash-dev gnuplot-nox libopenmpi-dev openmpi-bin)
+if [ "${1:-}" = "--with-torch" ]; then pkgs+=(python3 python3-torch python3-numpy python3-regex); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

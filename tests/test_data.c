@@ -495,11 +495,11 @@ static void test_text(void) {
     want[k++] = MT_BYTE_EOT; k += mt_byte_encode("hello", 5, want + k);
     want[k++] = MT_BYTE_EOT; k += mt_byte_encode("world, again", 12, want + k);
     /* 4-token shards: documents split across 2 + 4 shards */
-    CHECK_OK(mt_text_to_shards(files, 3, out, 0.2, 4));
+    CHECK_OK(mt_text_to_shards(files, 3, out, 0.2, 4, NULL));
     size_t n = read_split(out, "text_train", 6, 4, got);
     CHECK(n == k && memcmp(got, want, k * sizeof *got) == 0);
     /* 16-token shards: EOT hello | EOT world, again; the 4 stale shards are removed */
-    CHECK_OK(mt_text_to_shards(files, 3, out, 0.2, 16));
+    CHECK_OK(mt_text_to_shards(files, 3, out, 0.2, 16, NULL));
     n = read_split(out, "text_train", 2, 16, got);
     CHECK(n == k && memcmp(got, want, k * sizeof *got) == 0);
     n = read_split(out, "text_val", 1, 10, got);
@@ -514,22 +514,22 @@ static void test_text(void) {
     for (int i = 0; i < 100; i++) big[i] = (char)('a' + i % 26);
     memcpy(big + 89, "\xe2\x82\xac", 3); /* a 3-byte character straddling the 90% mark */
     write_raw(fa, big, 100);
-    CHECK_OK(mt_text_to_shards(files, 1, out, 0.1, 0));
+    CHECK_OK(mt_text_to_shards(files, 1, out, 0.1, 0, NULL));
     n = read_split(out, "text_train", 1, 200, got);
     CHECK(n == 93 && got[0] == MT_BYTE_EOT && got[92] == 0xac);
     n = read_split(out, "text_val", 1, 200, got);
     CHECK(n == 9 && got[0] == MT_BYTE_EOT && got[1] == (uint32_t)big[92]);
     /* no validation */
-    CHECK_OK(mt_text_to_shards(files, 3, out, 0, 0));
+    CHECK_OK(mt_text_to_shards(files, 3, out, 0, 0, NULL));
     snprintf(fb, sizeof fb, "%.1000s/text_val_000000.bin", out);
     CHECK(!file_exists(fb));
 
     /* errors */
     snprintf(fb, sizeof fb, "%s/missing.txt", dir);
     files[1] = fb;
-    CHECK_ERR(mt_text_to_shards(files, 3, out, 0.2, 0), fb);
-    CHECK_ERR(mt_text_to_shards(files, 3, out, 1.0, 0), "fraction");
-    CHECK_ERR(mt_text_to_shards(files, 0, out, 0.1, 0), out);
+    CHECK_ERR(mt_text_to_shards(files, 3, out, 0.2, 0, NULL), fb);
+    CHECK_ERR(mt_text_to_shards(files, 3, out, 1.0, 0, NULL), "fraction");
+    CHECK_ERR(mt_text_to_shards(files, 0, out, 0.1, 0, NULL), out);
 }
 
 /* Split names are whole words of a file name: "eval_train.bin" is train data, not val. */

@@ -128,7 +128,7 @@ static void test_reward(void) {
     int32_t t[64];
     int n;
     mt_reward r;
-    CHECK_OK(mt_reward_init(&r, "math", 0.0f));
+    CHECK_OK(mt_reward_init(&r, "math", 0.0f, NULL));
     CHECK(strcmp(r.name, "math") == 0 && r.score && r.ctx);
     n = toks("46", 1, t);
     CHECK(mt_reward_score(&r, t, n, 1, "46") == 1.0f);
@@ -140,7 +140,7 @@ static void test_reward(void) {
     mt_reward_free(&r);
     CHECK(r.score == NULL && r.ctx == NULL);
 
-    CHECK_OK(mt_reward_init(&r, "math", 0.5f));
+    CHECK_OK(mt_reward_init(&r, "math", 0.5f, NULL));
     n = toks("46", 1, t);
     CHECK(mt_reward_score(&r, t, n, 1, "46") == 1.0f);
     n = toks("046", 1, t);
@@ -156,11 +156,11 @@ static void test_reward(void) {
     CHECK(mt_math_reward_of(MT_VERDICT_WRONG, 2.0f) == 0.0f);
     CHECK(mt_math_reward_of(MT_VERDICT_MALFORMED, 2.0f) == -2.0f);
 
-    CHECK_ERR(mt_reward_init(&r, "maths", 0.0f), "'maths' unknown (known: math)");
+    CHECK_ERR(mt_reward_init(&r, "maths", 0.0f, NULL), "'maths' unknown (known: math)");
     CHECK(r.score == NULL);
-    CHECK_ERR(mt_reward_init(&r, "math", -0.1f), "format penalty -0.1");
-    CHECK_ERR(mt_reward_init(&r, "math", NAN), "format penalty");
-    CHECK_ERR(mt_reward_init(&r, "math", INFINITY), "format penalty");
+    CHECK_ERR(mt_reward_init(&r, "math", -0.1f, NULL), "format penalty -0.1");
+    CHECK_ERR(mt_reward_init(&r, "math", NAN, NULL), "format penalty");
+    CHECK_ERR(mt_reward_init(&r, "math", INFINITY, NULL), "format penalty");
 
     float scale = 0.25f;
     mt_reward custom = {"length", length_score, &scale, NULL};
@@ -434,7 +434,7 @@ static void test_data_math_prompts(void) {
 
     /* the reward of a completion that is the expected answer: 1; fed prompts start with EOT */
     mt_reward r;
-    CHECK_OK(mt_reward_init(&r, "math", 1.0f));
+    CHECK_OK(mt_reward_init(&r, "math", 1.0f, NULL));
     int32_t tok[64];
     for (size_t i = 0; i < va.n; i++) {
         int n = toks(va.answer[i], 1, tok);

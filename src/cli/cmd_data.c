@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "data/math.h"
 #include "data/text.h"
+#include "data/tokenizer.h"
 #include "parallel/dist.h"
 
 int mt_cli_fail(void) {
@@ -61,7 +62,7 @@ static int data_math(int argc, char **argv) {
 }
 
 static int data_text(int argc, char **argv) {
-    const char *out = NULL;
+    const char *out = NULL, *tok_path = NULL, *eot_name = NULL;
     double valf = 0.05;
     int shard_m = 100;
     const char *files[1024];
@@ -70,17 +71,30 @@ static int data_text(int argc, char **argv) {
         {"out", MT_ARG_STR, &out, "output folder (required)", NULL},
         {"val-fraction", MT_ARG_DBL, &valf, "fraction of documents held out for validation (default 0.05)", NULL},
         {"shard-mtokens", MT_ARG_INT, &shard_m, "tokens per shard, in millions (default 100)", NULL},
+        {"tokenizer", MT_ARG_STR, &tok_path, "a Hugging Face tokenizer.json (byte-level BPE), or a folder holding one; "
+                                             "copied into DIR (default: the byte tokenizer)", NULL},
+        {"eot-token", MT_ARG_STR, &eot_name, "with --tokenizer: the end-of-text token's text (default: the file's "
+                                             "<|endoftext|>, <|end_of_text|>, <\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c> or </s>)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
-    int rc = mt_args_parse("data text", "--out DIR FILE...\n\nEncodes text files with the byte tokenizer "
-                           "(each file one document) into text_train_*.bin and text_val_*.bin.",
+    int rc = mt_args_parse("data text", "--out DIR FILE...\n\nEncodes text files with the byte tokenizer or "
+                           "--tokenizer (each file one document, after an end-of-text token) into text_train_*.bin "
+                           "and text_val_*.bin; a tokenizer.json goes into DIR with them.",
                            specs, argc, argv, 3, files, 1024, &nf);
     if (rc) return rc > 0 ? 0 : mt_cli_fail();
     if (!out) { mt_error("moetrain data text: --out DIR is required"); return mt_cli_fail(); }
     if (nf == 0) { mt_error("moetrain data text: no input files given"); return mt_cli_fail(); }
     if (valf < 0 || valf >= 1) { mt_error("moetrain data text: --val-fraction must be in [0, 1)"); return mt_cli_fail(); }
     if (shard_m < 1) { mt_error("moetrain data text: --shard-mtokens must be positive"); return mt_cli_fail(); }
-    if (mt_text_to_shards(files, nf, out, valf, (size_t)shard_m * 1000000) != 0) return mt_cli_fail();
-    printf("wrote shards of %d file(s) to %s\n", nf, out);
+    if (eot_name && !tok_path) { mt_error("moetrain data text: --eot-token needs --tokenizer"); return mt_cli_fail(); }
+    mt_tokenizer tk;
+    mt_tokenizer_byte(&tk);
+    if (tok_path && mt_tokenizer_load_path(&tk, tok_path, eot_name) != 0) return mt_cli_fail();
+    rc = mt_text_to_shards(files, nf, out, valf, (size_t)shard_m * 1000000, &tk);
+    char desc[512];
+    mt_tokenizer_describe(&tk, desc, sizeof desc);
+    mt_tokenizer_free(&tk);
+    if (rc != 0) return mt_cli_fail();
+    printf("wrote shards of %d file(s) to %s (%s)\n", nf, out, desc);
     return 0;
 }
 
@@ -89,7 +103,7 @@ int mt_cmd_data(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[2], "text") == 0) return data_text(argc, argv);
     if (argc >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
         printf("usage: moetrain data math --out DIR [flags]   synthetic arithmetic corpus\n"
-               "       moetrain data text --out DIR FILE...   text files via the byte tokenizer\n");
+               "       moetrain data text --out DIR FILE...   text files via the byte tokenizer or --tokenizer\n");
         return 0;
     }
     fprintf(stderr, "moetrain: error: data: expected 'math' or 'text' (see moetrain data --help)\n");

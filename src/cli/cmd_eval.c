@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/common.h"
 #include "cli/args.h"
@@ -74,7 +75,7 @@ static int math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, in
 int mt_cmd_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL;
     int T = 0, windows = 256, batch = 8, nprob = 500, max_new = 16, show = 0, threads = 0, doc = 0, eot = 256;
-    int allow_nonfinite = 0;
+    int allow_nonfinite = 0, eot_given = 0;
     mt_arg specs[] = {
         {"ckpt", MT_ARG_STR, &ckpt, "checkpoint or run folder (required)", NULL},
         {"data", MT_ARG_STR, &data, "folder with *val*.bin shards (required)", NULL},
@@ -86,7 +87,7 @@ int mt_cmd_eval(int argc, char **argv) {
         {"show", MT_ARG_INT, &show, "print the first N problems with the model's answer", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
         {"doc-mode", MT_ARG_BOOL, &doc, "validation loss in document mode (restart after each --eot)", NULL},
-        {"eot", MT_ARG_INT, &eot, "end-of-text token id for --doc-mode (default 256)", NULL},
+        {"eot", MT_ARG_INT, &eot, "end-of-text token id for --doc-mode (default: the checkpoint tokenizer's, 256 for bytes)", &eot_given},
         {"allow-nonfinite", MT_ARG_BOOL, &allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("eval", "--ckpt DIR --data DIR [flags]", specs, argc, argv, 2, NULL, 0, NULL);
@@ -101,6 +102,28 @@ int mt_cmd_eval(int argc, char **argv) {
     char dir[4096];
     if (mt_ckpt_open_model(ckpt, &m, dir, sizeof dir, allow_nonfinite) != 0) return mt_cli_fail();
     if (T <= 0) T = m.cfg.max_position_embeddings < 256 ? m.cfg.max_position_embeddings : 256;
+    mt_tokenizer tk, dtk; /* the checkpoint's and the data folder's must be one */
+    mt_tokenizer_byte(&dtk);
+    struct stat dst;
+    const int data_dir = stat(data, &dst) == 0 && S_ISDIR(dst.st_mode);
+    if (mt_tokenizer_load_dir(&tk, dir) != 0 || (data_dir && mt_tokenizer_load_dir(&dtk, data) != 0)) {
+        mt_tokenizer_free(&tk);
+        mt_model_free(&m);
+        return mt_cli_fail();
+    }
+    const int bpe = tk.bpe != NULL, same = !data_dir || mt_tokenizer_same(&tk, &dtk);
+    if (bpe && !eot_given) eot = tk.eot;
+    char da[512], db[512];
+    mt_tokenizer_describe(&dtk, da, sizeof da);
+    mt_tokenizer_describe(&tk, db, sizeof db);
+    mt_tokenizer_free(&tk);
+    mt_tokenizer_free(&dtk);
+    if (!same) {
+        mt_error("moetrain eval: the data %s was made with %s, checkpoint %s with %s: they must be the same", data, da,
+                 dir, db);
+        mt_model_free(&m);
+        return mt_cli_fail();
+    }
     if (doc && eot >= m.cfg.vocab_size) {
         mt_error("moetrain eval: --eot %d is not a token id of the model (vocab_size %d)", eot, m.cfg.vocab_size);
         mt_model_free(&m);
@@ -126,7 +149,9 @@ int mt_cmd_eval(int argc, char **argv) {
     printf("val_loss=%.6f (%llu windows of %d tokens, %s)\n", vl,
            (unsigned long long)(windows <= 0 || (uint64_t)windows > nw ? nw : (uint64_t)windows), T, dir);
     mt_acts_free(a);
-    if (nprob > 0) {
+    if (nprob > 0 && bpe) {
+        printf("accuracy: skipped, the checkpoint has a tokenizer.json and math problems are byte-tokenizer documents\n");
+    } else if (nprob > 0) {
         uint64_t ntok;
         const uint32_t *all = mt_loader_all_tokens(val, &ntok);
         mt_math_problem *probs;
@@ -217,35 +242,48 @@ int mt_cmd_generate(int argc, char **argv) {
         return mt_cli_fail();
     }
     mt_model m;
-    if (mt_ckpt_open_model(ckpt, &m, NULL, 0, allow_nonfinite) != 0) { free(lines); free(text); return mt_cli_fail(); }
+    char dir[4096];
+    if (mt_ckpt_open_model(ckpt, &m, dir, sizeof dir, allow_nonfinite) != 0) { free(lines); free(text); return mt_cli_fail(); }
     const int V = m.cfg.vocab_size;
-    if (V <= MT_BYTE_EOT) { /* prompts are bytes after an end-of-text token */
-        mt_error("moetrain generate: the prompt is byte tokens after end-of-text %d: vocab_size %d is too small",
-                 MT_BYTE_EOT, V);
+    mt_tokenizer tk; /* the checkpoint's: tokenizer.json beside config.json, else bytes */
+    if (mt_tokenizer_load_dir(&tk, dir) != 0) rc = -1;
+    else if (!tk.bpe && V <= MT_BYTE_EOT) /* prompts are bytes after an end-of-text token */
+        rc = mt_error("moetrain generate: the prompt is byte tokens after end-of-text %d: vocab_size %d is too small",
+                      MT_BYTE_EOT, V);
+    else if (tk.bpe && tk.vocab > V)
+        rc = mt_error("%s/tokenizer.json: %d ids do not fit %s/config.json: key vocab_size: %d", dir, (int)tk.vocab, dir, V);
+    if (rc != 0) {
+        mt_tokenizer_free(&tk);
         mt_model_free(&m);
         free(lines);
         free(text);
         return mt_cli_fail();
     }
-    size_t tcap = 0;
-    for (int i = 0; i < np; i++) tcap += strlen(lines[i]) + 1;
-    int32_t *toks = mt_xmalloc(sizeof(int32_t) * (tcap + 1));
-    mt_rollout_req *req = mt_xcalloc((size_t)np, sizeof *req);
-    for (int i = 0, at = 0; i < np; i++) {
-        const int len = (int)mt_prompt_encode(lines[i], toks + at);
-        req[i] = (mt_rollout_req){toks + at, len, (uint64_t)i, 0};
-        at += len;
+    /* every prompt is a document start: end-of-text, then the prompt's tokens */
+    int32_t *toks = NULL;
+    size_t ntok = 0, tcap = 0, *start = mt_xmalloc(sizeof(size_t) * (size_t)(np + 1));
+    for (int i = 0; i < np && rc == 0; i++) {
+        start[i] = ntok;
+        if (ntok == tcap) toks = mt_xrealloc(toks, sizeof *toks * (tcap = 2 * tcap + 16));
+        toks[ntok++] = tk.eot;
+        if (mt_tokenizer_encode(&tk, prompts ? prompts : "--prompt", lines[i], strlen(lines[i]), &toks, &ntok, &tcap) != 0)
+            rc = -1;
     }
+    start[np] = ntok;
+    mt_rollout_req *req = mt_xcalloc((size_t)np, sizeof *req);
+    for (int i = 0; i < np && rc == 0; i++)
+        req[i] = (mt_rollout_req){toks + start[i], (int)(start[i + 1] - start[i]), (uint64_t)i, 0};
+    free(start);
     mt_rollout_opts o;
     mt_rollout_defaults(&o);
     o.temperature = temp, o.top_k = top_k, o.top_p = top_p, o.seed = seed, o.slots = batch;
-    o.eot = stop_eot ? MT_BYTE_EOT : -1;
+    o.eot = stop_eot ? tk.eot : -1;
     /* without --max-new given, a long prompt still gets what fits */
     int longest = 0;
     for (int i = 0; i < np; i++) longest = req[i].len > longest ? req[i].len : longest;
     o.max_new = max_new;
     if (longest + o.max_new > m.cfg.max_position_embeddings) o.max_new = m.cfg.max_position_embeddings - longest;
-    if (o.max_new < 1) {
+    if (rc == 0 && o.max_new < 1) {
         mt_error("moetrain generate: a prompt of %d tokens leaves no room under max_position_embeddings %d", longest,
                  m.cfg.max_position_embeddings);
         rc = -1;
@@ -253,14 +291,15 @@ int mt_cmd_generate(int argc, char **argv) {
     mt_completion *out = mt_xcalloc((size_t)np, sizeof *out);
     mt_rollout_stats st;
     if (rc == 0 && mt_rollout(&m, &o, req, np, out, &st) != 0) rc = -1;
+    char *dec = NULL;
+    size_t dlen = 0, dcap = 0;
     for (int i = 0; rc == 0 && i < np; i++) {
         if (prompts) printf("%s\t", lines[i]);
         else fputs(lines[i], stdout);
         const mt_completion *co = &out[i];
-        for (int j = 0; j < co->n - co->stopped_eot; j++) {
-            if (co->tokens[j] < 256) putchar(co->tokens[j]);
-            else printf("<%d>", co->tokens[j]);
-        }
+        mt_tokenizer_decode(&tk, co->tokens, (size_t)(co->n - co->stopped_eot), &dec, &dlen, &dcap);
+        fwrite(dec, 1, dlen, stdout);
+        dlen = 0;
         putchar('\n');
     }
     if (rc == 0 && prompts)
@@ -268,6 +307,8 @@ int mt_cmd_generate(int argc, char **argv) {
                (long long)st.completion_tokens, st.seconds, st.seconds > 0 ? st.completion_tokens / st.seconds : 0.0,
                o.slots < np ? o.slots : np, st.forwards, (double)st.bytes / 1048576.0);
     for (int i = 0; i < np; i++) mt_completion_free(&out[i]);
+    free(dec);
+    mt_tokenizer_free(&tk);
     free(out);
     free(req);
     free(toks);

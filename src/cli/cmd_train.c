@@ -48,7 +48,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"bf16", MT_ARG_BOOL, &o.bf16, "mixed precision: matrix products in bfloat16 with fp32 sums (AVX512-BF16); weights, gradients and optimizer stay fp32", &o.set_bf16},
         {"recompute", MT_ARG_STR, &o.recompute, "memory policy: none (recompute only element-wise results) or selective (also the output projection and gate|up GEMMs)", NULL},
         {"doc-mode", MT_ARG_BOOL, &o.doc_mode, "document mode: attention and positions restart after each --eot", &o.set_doc_mode},
-        {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default 256, the byte tokenizer's)", &o.set_eot},
+        {"eot", MT_ARG_INT, &o.eot, "end-of-text token id for --doc-mode (default: the data's tokenizer's, 256 for bytes)", &o.set_eot},
         {"quiet", MT_ARG_BOOL, &o.quiet, "no progress output", NULL},
         {"allow-nonfinite", MT_ARG_BOOL, &o.allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {"dist-opt", MT_ARG_BOOL, &o.dist_opt, "under mpirun: distributed optimizer (ZeRO-1, AdamW state sharded over DP)", NULL},

@@ -83,8 +83,42 @@ int mt_prompts_load(const char *path, int flags, mt_prompt_set *s) {
     return 0;
 }
 
+int mt_prompts_encode(mt_prompt_set *s, const char *path, const mt_tokenizer *tk) {
+    MT_ASSERT(s && tk);
+    free(s->tok);
+    free(s->tok_at);
+    s->tk = tk;
+    s->tok = NULL;
+    s->tok_at = mt_xmalloc(sizeof *s->tok_at * (s->n + 1));
+    size_t len = 0, cap = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        s->tok_at[i] = len;
+        if (len == cap) s->tok = mt_xrealloc(s->tok, sizeof *s->tok * (cap = 2 * cap + 64));
+        s->tok[len++] = tk->eot;
+        char where[1100];
+        snprintf(where, sizeof where, "%s:%zu: prompt", path, i + 1);
+        if (mt_tokenizer_encode(tk, where, s->prompt[i], strlen(s->prompt[i]), &s->tok, &len, &cap) != 0) return -1;
+    }
+    s->tok_at[s->n] = len;
+    return 0;
+}
+
+size_t mt_prompt_len(const mt_prompt_set *s, size_t i) {
+    MT_ASSERT(s->tok_at && i < s->n);
+    return s->tok_at[i + 1] - s->tok_at[i];
+}
+
+size_t mt_prompt_copy(const mt_prompt_set *s, size_t i, int32_t **buf) {
+    const size_t n = mt_prompt_len(s, i);
+    *buf = mt_xrealloc(*buf, sizeof **buf * (n + 1));
+    memcpy(*buf, s->tok + s->tok_at[i], sizeof **buf * n);
+    return n;
+}
+
 void mt_prompts_free(mt_prompt_set *s) {
     if (!s) return;
+    free(s->tok);
+    free(s->tok_at);
     free(s->prompt);
     free(s->answer);
     free(s->text);

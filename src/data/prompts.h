@@ -5,14 +5,16 @@
  * "12+34=\t46". Neither field is empty or holds a TAB, CR, LF or NUL byte; there is no
  * header, comment or blank line. `moetrain data math` writes math_prompts_train.tsv and
  * math_prompts_val.tsv next to its shards, line i being document i of that split. The
- * model is fed a prompt as EOT followed by its bytes (mt_prompt_encode), as training
- * documents start. */
+ * model is fed a prompt as its tokenizer's end of text followed by the prompt's tokens
+ * (mt_prompts_encode; bytes for the byte tokenizer), as training documents start. */
 #ifndef MT_DATA_PROMPTS_H
 #define MT_DATA_PROMPTS_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "data/tokenizer.h"
 
 /* mt_prompts_load flags. MT_PROMPTS_MATH also checks every line is an arithmetic problem:
  * PROMPT is "EXPR=" with EXPR valid for mt_math_eval, ANSWER is its value in canonical
@@ -24,6 +26,9 @@ typedef struct {
     const char **prompt;  /* [n] NUL-terminated, pointing into text */
     const char **answer;  /* [n] the expected answer strings */
     char *text;           /* the file's bytes, split in place */
+    const mt_tokenizer *tk; /* set by mt_prompts_encode (not owned) */
+    int32_t *tok;         /* every prompt's tokens, end-of-text first, one after another */
+    size_t *tok_at;       /* [n + 1]: prompt i is tok[tok_at[i] .. tok_at[i+1]) */
 } mt_prompt_set;
 
 /* Reads a prompt file. Errors name path:line and what is wrong with that line (no TAB,
@@ -33,7 +38,16 @@ typedef struct {
 int mt_prompts_load(const char *path, int flags, mt_prompt_set *s);
 void mt_prompts_free(mt_prompt_set *s);
 
-/* Tokens fed to the model for prompt: EOT, then one byte token per byte. */
+/* Encodes every prompt of s with tk (kept by pointer: it must outlive s) as the model is
+ * fed it: tk's end-of-text, then the prompt's tokens. Errors name the file's line of a
+ * prompt tk cannot take (a BPE: not UTF-8). */
+int mt_prompts_encode(mt_prompt_set *s, const char *path, const mt_tokenizer *tk);
+/* Tokens of prompt i (after mt_prompts_encode). */
+size_t mt_prompt_len(const mt_prompt_set *s, size_t i);
+/* Copies them into *buf (grown with realloc); returns their count. */
+size_t mt_prompt_copy(const mt_prompt_set *s, size_t i, int32_t **buf);
+
+/* The byte tokenizer's tokens of prompt: EOT, then one byte token per byte. */
 size_t mt_prompt_ntokens(const char *prompt);
 /* Writes those tokens to out (room for mt_prompt_ntokens(prompt)); returns their count. */
 size_t mt_prompt_encode(const char *prompt, int32_t *out);

@@ -1,4 +1,4 @@
-/* data/text.c — shard sets and text files to byte-token shards (see text.h). */
+/* data/text.c — shard sets and text files to token shards (see text.h). */
 #include "data/text.h"
 
 #include "base/common.h"
@@ -20,6 +20,7 @@ int mt_shard_set_init(mt_shard_set *s, const char *out_dir, const char *name, si
     s->prefix = mt_xmalloc(len);
     snprintf(s->prefix, len, "%s/%s", out_dir, name);
     s->shard_tokens = shard_tokens;
+    s->eot = MT_BYTE_EOT;
     return 0;
 }
 
@@ -50,17 +51,18 @@ static void reserve(mt_shard_set *s, size_t k) {
     s->cap = cap;
 }
 
-/* Appends EOT + n tokens taken from tok (uint32) or bytes (byte tokens). */
-static int add_doc(mt_shard_set *s, const uint32_t *tok, const unsigned char *bytes, size_t n) {
+/* Appends EOT + n tokens taken from tok (uint32), itok (int32) or bytes (byte tokens). */
+static int add_doc(mt_shard_set *s, const uint32_t *tok, const int32_t *itok, const unsigned char *bytes, size_t n) {
     if (s->n > 0 && s->n + n + 1 > s->shard_tokens && flush(s) != 0) return -1;
     reserve(s, 1);
-    s->buf[s->n++] = MT_BYTE_EOT;
+    s->buf[s->n++] = s->eot;
     for (size_t done = 0; done < n;) {
         if (s->n == s->shard_tokens && flush(s) != 0) return -1;
         size_t k = s->shard_tokens - s->n;
         if (k > n - done) k = n - done;
         reserve(s, k);
         if (tok) memcpy(s->buf + s->n, tok + done, k * sizeof *tok);
+        else if (itok) for (size_t i = 0; i < k; i++) s->buf[s->n + i] = (uint32_t)itok[done + i];
         else for (size_t i = 0; i < k; i++) s->buf[s->n + i] = bytes[done + i];
         s->n += k;
         done += k;
@@ -71,11 +73,20 @@ static int add_doc(mt_shard_set *s, const uint32_t *tok, const unsigned char *by
 }
 
 int mt_shard_set_add(mt_shard_set *s, const uint32_t *tok, size_t n) {
-    return add_doc(s, tok, NULL, n);
+    return add_doc(s, tok, NULL, NULL, n);
 }
 
 int mt_shard_set_add_bytes(mt_shard_set *s, const char *bytes, size_t n) {
-    return add_doc(s, NULL, (const unsigned char *)bytes, n);
+    return add_doc(s, NULL, NULL, (const unsigned char *)bytes, n);
+}
+
+/* One document of text: bytes as they are, or its tokens under a BPE. */
+static int add_text(mt_shard_set *s, const mt_tokenizer *tk, const char *what, const char *text, size_t n,
+                    int32_t **tok, size_t *cap) {
+    if (!tk || !tk->bpe) return mt_shard_set_add_bytes(s, text, n);
+    size_t len = 0;
+    if (mt_tokenizer_encode(tk, what, text, n, tok, &len, cap) != 0) return -1;
+    return add_doc(s, NULL, *tok, NULL, len);
 }
 
 /* Deletes shards from..., stopping at the first missing one: shards an earlier run left
@@ -104,7 +115,7 @@ void mt_shard_set_free(mt_shard_set *s) {
 }
 
 int mt_text_to_shards(const char *const *files, int nfiles, const char *out_dir,
-                      double val_fraction, size_t shard_tokens) {
+                      double val_fraction, size_t shard_tokens, const mt_tokenizer *tk) {
     MT_ASSERT(out_dir && (files || nfiles == 0));
     if (nfiles < 1) return mt_error("%s: no input text files", out_dir);
     if (!(val_fraction >= 0.0 && val_fraction < 1.0))
@@ -119,6 +130,9 @@ int mt_text_to_shards(const char *const *files, int nfiles, const char *out_dir,
     mt_shard_set train, val;
     if (mt_shard_set_init(&train, out_dir, "text_train", shard_tokens) != 0) return -1;
     if (mt_shard_set_init(&val, out_dir, "text_val", shard_tokens) != 0) { mt_shard_set_free(&train); return -1; }
+    train.eot = val.eot = tk ? (uint32_t)tk->eot : MT_BYTE_EOT;
+    int32_t *tok = NULL;
+    size_t tcap = 0;
     int rc = 0;
     for (int i = 0; i < nfiles && rc == 0; i++) {
         char *data;
@@ -127,16 +141,20 @@ int mt_text_to_shards(const char *const *files, int nfiles, const char *out_dir,
         if (nfiles == 1 && val_fraction > 0) {
             size_t cut = len - (size_t)((double)len * val_fraction);
             while (cut < len && ((unsigned char)data[cut] & 0xc0) == 0x80) cut++; /* UTF-8 continuation */
-            rc = mt_shard_set_add_bytes(&train, data, cut);
-            if (rc == 0) rc = mt_shard_set_add_bytes(&val, data + cut, len - cut);
+            rc = add_text(&train, tk, files[i], data, cut, &tok, &tcap);
+            if (rc == 0) rc = add_text(&val, tk, files[i], data + cut, len - cut, &tok, &tcap);
         } else {
-            rc = mt_shard_set_add_bytes(i >= nfiles - nval ? &val : &train, data, len);
+            rc = add_text(i >= nfiles - nval ? &val : &train, tk, files[i], data, len, &tok, &tcap);
         }
         free(data);
     }
     if (rc == 0) rc = mt_shard_set_finish(&train);
     if (rc == 0 && val.ndocs > 0) rc = mt_shard_set_finish(&val);
     else if (rc == 0) remove_stale(&val, 0);
+    mt_tokenizer byte;
+    mt_tokenizer_byte(&byte);
+    if (rc == 0) rc = mt_tokenizer_save_dir(tk ? tk : &byte, out_dir);
+    free(tok);
     mt_shard_set_free(&train);
     mt_shard_set_free(&val);
     return rc;

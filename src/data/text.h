@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/tokenizer.h"
+
 #define MT_SHARD_TOKENS_DEFAULT ((size_t)100000000)
 
 typedef struct {
@@ -20,6 +22,7 @@ typedef struct {
     int nshards;         /* shards written so far */
     uint64_t ntokens;    /* tokens added so far (EOTs included) */
     uint64_t ndocs;
+    uint32_t eot;        /* the token before every document (MT_BYTE_EOT unless set after init) */
 } mt_shard_set;
 
 /* Starts a set; shard_tokens 0 means MT_SHARD_TOKENS_DEFAULT, else it must be at most
@@ -36,14 +39,15 @@ int mt_shard_set_finish(mt_shard_set *s);
 /* Frees the buffers (after finish or on an error path). */
 void mt_shard_set_free(mt_shard_set *s);
 
-/* Each file is one document of byte tokens. The last val_fraction of the documents
+/* Each file is one document, encoded by tk (NULL: the byte tokenizer). The last val_fraction of the documents
  * (rounded; at least one and never all when val_fraction > 0) goes to out_dir/text_val_NNNNNN.bin, the rest to
  * text_train_NNNNNN.bin, shards of at most shard_tokens tokens (0 = default). With a
  * single file, its last val_fraction of bytes (cut at a UTF-8 character boundary) becomes
  * the validation document. val_fraction must be in [0,1); 0 writes no validation shard
- * (and removes text_val shards of an earlier run).
- * Errors name a missing or unreadable file. */
+ * (and removes text_val shards of an earlier run). The folder records the tokenizer
+ * (mt_tokenizer_save_dir: tokenizer.json for a BPE, none for bytes).
+ * Errors name a missing or unreadable file, or one a BPE cannot take (not UTF-8). */
 int mt_text_to_shards(const char *const *files, int nfiles, const char *out_dir,
-                      double val_fraction, size_t shard_tokens);
+                      double val_fraction, size_t shard_tokens, const mt_tokenizer *tk);
 
 #endif

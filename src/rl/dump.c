@@ -92,8 +92,7 @@ int mt_rl_dump_write(const char *path, const mt_rl_dump_step *s, const double *r
         fprintf(f, "%s\n{\"prompt_index\":%zu,\"sample_index\":%.0f,\"kept\":%s,\"stopped_eot\":%s,\"prompt_tokens\":[",
                 i ? "," : "", pidx, r[MT_RLREC_SAMPLE], jbool(r[MT_RLREC_KEPT] != 0), jbool(r[MT_RLREC_EOT] != 0));
         if (pidx < ps->n) {
-            pt = mt_xrealloc(pt, sizeof(int32_t) * mt_prompt_ntokens(ps->prompt[pidx]));
-            const size_t np = mt_prompt_encode(ps->prompt[pidx], pt);
+            const size_t np = mt_prompt_copy(ps, pidx, &pt);
             for (size_t k = 0; k < np; k++) fprintf(f, "%s%d", k ? "," : "", pt[k]);
         }
         fputs("],\"completion_tokens\":[", f);

@@ -254,9 +254,20 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_prompts_free(&ps);
         return -1;
     }
+    /* the policy's tokenizer (its checkpoint's tokenizer.json, else bytes) encodes the
+     * prompts and judges the completions */
+    mt_tokenizer tk;
+    mt_tokenizer_byte(&tk);
+    char tkdir[4200];
+    if (mt_ckpt_resolve(resumed ? o.train.resume : o.train.init, tkdir, sizeof tkdir) != 0 ||
+        mt_tokenizer_load_dir(&tk, tkdir) != 0 || mt_prompts_encode(&ps, o.prompts, &tk) != 0 ||
+        (ev.n > 0 && mt_prompts_encode(&ev, o.eval_prompts, &tk) != 0)) {
+        mt_tokenizer_free(&tk), mt_prompts_free(&ps), mt_prompts_free(&ev);
+        return -1;
+    }
     mt_reward reward;
-    if (mt_reward_init(&reward, o.task, (float)o.format_penalty) != 0) {
-        mt_prompts_free(&ps), mt_prompts_free(&ev);
+    if (mt_reward_init(&reward, o.task, (float)o.format_penalty, &tk) != 0) {
+        mt_tokenizer_free(&tk), mt_prompts_free(&ps), mt_prompts_free(&ev);
         return -1;
     }
     /* the trainer's shape: rows = the completions of this rank's DP index (world = PP x DP x
@@ -264,17 +275,17 @@ int mt_rl(const mt_rl_opts *opt) {
      * longest row */
     const int Dt = D % (o.train.pp * o.train.tp) == 0 ? D / (o.train.pp * o.train.tp) : 1;
     if ((int64_t)(o.prompts_per_step / Dt) * o.group > INT_MAX) { /* the rank's completions are counted in int */
-        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
+        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev), mt_tokenizer_free(&tk);
         return mt_error("rl: --prompts-per-step %d x --group %d completions per rank is too large", o.prompts_per_step,
                         o.group);
     }
     const int Pl = o.prompts_per_step / Dt, rows = Pl * o.group, Pr = o.prompts_per_step / D;
     size_t longest = 0;
-    for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_ntokens(ps.prompt[i]) > longest ? mt_prompt_ntokens(ps.prompt[i]) : longest;
+    for (size_t i = 0; i < ps.n; i++) longest = mt_prompt_len(&ps, i) > longest ? mt_prompt_len(&ps, i) : longest;
     if (rollout_role) {
         const int src = mt_rl_rollout_server(&o, d, &ps, &ev, longest);
         if (src == 0) write_trace(&o);
-        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);
+        mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev), mt_tokenizer_free(&tk);
         cJSON_Delete(kept);
         return src;
     }
@@ -424,8 +435,7 @@ int mt_rl(const mt_rl_opts *opt) {
         for (int j = 0; j < Pl; j++) {
             const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
             pidx[j] = mt_prompt_order_at(&po, k);
-            ptok[j] = mt_xrealloc(ptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pidx[j]]));
-            const int len = (int)mt_prompt_encode(ps.prompt[pidx[j]], ptok[j]);
+            const int len = (int)mt_prompt_copy(&ps, (size_t)pidx[j], &ptok[j]);
             for (int s = 0; s < G; s++) req[j * G + s] = (mt_rollout_req){ptok[j], len, (uint64_t)pidx[j], (uint64_t)s};
         }
         mt_rollout_opts ro;
@@ -433,6 +443,7 @@ int mt_rl(const mt_rl_opts *opt) {
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
         ro.seed = ti->seed, ro.slots = o.slots, ro.record_routing = o.routing_replay;
         ro.bf16 = ti->bf16; /* the rollout runs in the trainer's precision */
+        ro.eot = tk.eot;
         mt_rollout_stats rs;
         memset(&rs, 0, sizeof rs);
         double switch_s = 0, rss[2] = {0, 0}; /* peak MiB during the rollout and the training step */
@@ -464,8 +475,7 @@ int mt_rl(const mt_rl_opts *opt) {
                     for (int j = 0; j < Pl; j++) { /* round n's prompts of this DP index */
                         const int64_t k = (int64_t)(n - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
                         const int64_t pi = mt_prompt_order_at(&po, k);
-                        rptok2[j] = mt_xrealloc(rptok2[j], sizeof(int32_t) * mt_prompt_ntokens(ps.prompt[pi]));
-                        const int len = (int)mt_prompt_encode(ps.prompt[pi], rptok2[j]);
+                        const int len = (int)mt_prompt_copy(&ps, (size_t)pi, &rptok2[j]);
                         for (int s = 0; s < G; s++) rreq2[j * G + s] = (mt_rollout_req){rptok2[j], len, (uint64_t)pi, (uint64_t)s};
                     }
                     mt_trace_begin("rl.rollout");
@@ -511,7 +521,7 @@ int mt_rl(const mt_rl_opts *opt) {
             rew[i] = sep ? (float)score[MT_RL_NSCORE * ((size_t)d->dp_rank * (size_t)rows + (size_t)i) + MT_RL_SCORE_REWARD]
                          : mt_reward_score(&reward, co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]);
             sums[0] += rew[i];
-            sums[1] += mt_math_verdict(co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]) ==
+            sums[1] += mt_math_verdict_tk(&tk, co[i].tokens, co[i].n, co[i].stopped_eot, ps.answer[pidx[i / G]]) ==
                        MT_VERDICT_CORRECT;
             sums[2] += co[i].n;
             sums[3] += 1;
@@ -726,5 +736,6 @@ int mt_rl(const mt_rl_opts *opt) {
     mt_reward_free(&reward);
     mt_prompts_free(&ps);
     mt_prompts_free(&ev);
+    mt_tokenizer_free(&tk);
     return rc;
 }

@@ -35,20 +35,19 @@ double mt_rl_heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int m
     mt_rollout_req *req = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *req);
     int32_t **toks = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *toks);
     for (int i = lo; i < hi; i++) {
-        toks[i - lo] = mt_xmalloc(sizeof(int32_t) * mt_prompt_ntokens(ev->prompt[i]));
-        int len = (int)mt_prompt_encode(ev->prompt[i], toks[i - lo]);
+        const int len = (int)mt_prompt_copy(ev, (size_t)i, &toks[i - lo]);
         req[i - lo] = (mt_rollout_req){toks[i - lo], len, (uint64_t)i, 0};
     }
     mt_rollout_opts ro;
     mt_rollout_defaults(&ro);
-    ro.temperature = 0, ro.max_new = max_new, ro.slots = slots, ro.bf16 = bf16;
+    ro.temperature = 0, ro.max_new = max_new, ro.slots = slots, ro.bf16 = bf16, ro.eot = ev->tk->eot;
     mt_completion *out = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *out);
     mt_rollout_stats st;
     int64_t c[2] = {0, hi - lo};
     if (mt_rollout(m, &ro, req, hi - lo, out, &st) != 0) mt_dist_abort(mt_last_error());
     for (int i = lo; i < hi; i++) {
         const mt_completion *co = &out[i - lo];
-        c[0] += mt_math_verdict(co->tokens, co->n, co->stopped_eot, ev->answer[i]) == MT_VERDICT_CORRECT;
+        c[0] += mt_math_verdict_tk(ev->tk, co->tokens, co->n, co->stopped_eot, ev->answer[i]) == MT_VERDICT_CORRECT;
         mt_completion_free(&out[i - lo]);
         free(toks[i - lo]);
     }
@@ -106,8 +105,7 @@ void mt_rl_share_requests(mt_prompt_order *po, const mt_prompt_set *ps, const mt
     for (int j = 0; j < Pr; j++) {
         const int64_t k = (int64_t)(step - 1) * o->prompts_per_step + (int64_t)r * Pr + j;
         const int64_t pi = mt_prompt_order_at(po, k);
-        ptok[j] = mt_xrealloc(ptok[j], sizeof(int32_t) * mt_prompt_ntokens(ps->prompt[pi]));
-        const int len = (int)mt_prompt_encode(ps->prompt[pi], ptok[j]);
+        const int len = (int)mt_prompt_copy(ps, (size_t)pi, &ptok[j]);
         for (int q = 0; q < G; q++) req[j * G + q] = (mt_rollout_req){ptok[j], len, (uint64_t)pi, (uint64_t)q};
     }
 }
@@ -184,7 +182,7 @@ int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *p
     mt_model roll;
     if (mt_model_init_infer(&roll, &cfg) != 0) return -1;
     mt_reward reward;
-    if (mt_reward_init(&reward, o->task, (float)o->format_penalty) != 0) return -1;
+    if (mt_reward_init(&reward, o->task, (float)o->format_penalty, ps->tk) != 0) return -1;
     const mt_rl_rec_shape shp = mt_rl_rec_shape_of(&cfg, o, longest);
     const int R = d->size, Pr = o->prompts_per_step / R, rrows = Pr * o->group, G = o->group;
     mt_rollout_req *req = mt_xcalloc((size_t)rrows, sizeof *req);
@@ -211,6 +209,7 @@ int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *p
         ro.seed = plan[2], ro.step = (uint64_t)n, ro.slots = o->slots, ro.record_routing = o->routing_replay;
         ro.bf16 = (int)plan[3]; /* the trainer's precision, as co-located */
         ro.poll = serve_queue, ro.poll_ctx = sv.q;
+        ro.eot = ps->tk->eot;
         mt_rl_share_requests(&po, ps, o, n, d->rank, R, ptok, req);
         mt_rollout_stats rs;
         mt_trace_begin("rl.rollout");

@@ -16,7 +16,7 @@
 #include "base/safetensors.h"
 
 static const char *const ckpt_files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
-                                         "trainer_state.json", NULL};
+                                         "trainer_state.json", "tokenizer.json", "tokenizer_config.json", NULL};
 
 static int file_xxh64(const char *path, unsigned long long *out) {
     int fd = mt_open_regular(path); /* a FIFO in place of a file would block the hash forever */
@@ -71,7 +71,7 @@ static int write_params(const char *path, const mt_model *m, const float *base, 
 
 /* Writes the checkpoint's files into folder dir (made). */
 static int save_files(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
-                      const char *state_json) {
+                      const char *state_json, const mt_tokenizer *tk) {
     char path[4096];
     if (mt_mkdir_p(dir) != 0) return -1;
     join(path, sizeof path, dir, "config.json");
@@ -106,6 +106,7 @@ static int save_files(const char *dir, const mt_model *m, const float *m_adam, c
         join(path, sizeof path, dir, "trainer_state.json");
         if (mt_write_file_atomic(path, state_json, strlen(state_json)) != 0) return -1;
     }
+    if (tk && tk->bpe && mt_tokenizer_save_dir(tk, dir) != 0) return -1;
     cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "algorithm", "xxh64");
     for (int i = 0; ckpt_files[i]; i++) {
@@ -136,14 +137,14 @@ static int drop_tmp(const char *dir, const char *tmp) {
 }
 
 int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
-                 const char *state_json) {
+                 const char *state_json, const mt_tokenizer *tk) {
     /* the whole folder is written beside it (DIR.tmp), then put in place by one rename, or,
      * when DIR exists (saving a step again), by an atomic exchange: a crash leaves either the
      * old folder or the new one, never a mix */
     char tmp[4200], old[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     if (mt_rm_tree(tmp) != 0) return -1; /* left by a crash */
-    if (save_files(tmp, m, m_adam, v_adam, state_json) != 0) return drop_tmp(dir, tmp);
+    if (save_files(tmp, m, m_adam, v_adam, state_json, tk) != 0) return drop_tmp(dir, tmp);
     struct stat st;
     if (stat(dir, &st) != 0) {
         if (rename(tmp, dir) != 0) {

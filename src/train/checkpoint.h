@@ -9,13 +9,16 @@
 
 #include <stddef.h>
 
+#include "data/tokenizer.h"
 #include "model/model.h"
 
 /* Writes a complete checkpoint as folder dir: into dir.tmp first (checksums.json last),
  * then renamed into place, or exchanged with an existing dir, so a crash leaves the old
- * folder or the new one. m_adam / v_adam may be NULL (weights only); state_json may be NULL. */
+ * folder or the new one. m_adam / v_adam may be NULL (weights only); state_json may be NULL.
+ * tk (NULL or the byte tokenizer: none) is recorded as tokenizer.json and
+ * tokenizer_config.json (mt_tokenizer_save_dir), covered by checksums.json. */
 int mt_ckpt_save(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
-                 const char *state_json);
+                 const char *state_json, const mt_tokenizer *tk);
 /* Resolves a run folder (with `latest`) or a checkpoint folder to the checkpoint folder. */
 int mt_ckpt_resolve(const char *path, char *out, size_t cap);
 /* Verifies checksums.json of a checkpoint. If it is absent: error when `required`,

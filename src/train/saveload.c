@@ -72,7 +72,8 @@ void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full) {
  * first); a sharded layout sends every owned tensor to rank 0 (TP slices: DP index 0 of
  * every TP rank; replicated tensors: also TP rank 0; experts: expert-DP index 0, and TP rank
  * 0 when they are replicated over TP, without SP), which alone holds whole-model buffers. */
-int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const char *state_json) {
+int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const char *state_json,
+                      const mt_tokenizer *tk) {
     mt_model *m = l->m;
     mt_optim *op = l->opt;
     const size_t P = m->nparams, NF = l->nfull;
@@ -111,7 +112,7 @@ int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
     int rc = 0;
     if (root) {
         mt_model full = whole_view(l, &m->cfg, fp);
-        rc = mt_ckpt_save(dir, &full, fm, fv, state_json);
+        rc = mt_ckpt_save(dir, &full, fm, fv, state_json, tk);
     }
     if (lm != op->mom_m) {
         mt_free(lm);

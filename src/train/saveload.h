@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "data/tokenizer.h"
 #include "parallel/dist.h"
 #include "model/model.h"
 #include "train/optimizer.h"
@@ -22,9 +23,10 @@ typedef struct {
     int whole;                 /* this rank holds the whole model (no TP, PP or EP) */
 } mt_ckpt_layout;
 
-/* Writes checkpoint folder dir of the whole model with state_json (used on world rank 0
- * only) from world rank 0 (collective). Returns -1 on rank 0 when writing failed. */
-int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const char *state_json);
+/* Writes checkpoint folder dir of the whole model with state_json and tokenizer tk (used on
+ * world rank 0 only) from world rank 0 (collective). Returns -1 on rank 0 when writing failed. */
+int mt_ckpt_save_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, const char *state_json,
+                      const mt_tokenizer *tk);
 /* Loads the weights (and, when resume, the AdamW moments) of checkpoint dir into this
  * rank's part (collective); cfg is the checkpoint's config. An error on rank 0 is an error
  * on every rank; non-finite values are one unless allow_nonfinite (mt_ckpt_load_weights). */

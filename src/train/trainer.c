@@ -196,6 +196,7 @@ static void trainer_release(mt_trainer *t) {
     if (t->train) mt_loader_free(t->train);
     if (t->val) mt_loader_free(t->val);
     mt_optim_free(&t->opt);
+    mt_tokenizer_free(&t->tok);
     free(t->bounds);
     free(t->red);
     free(t);
@@ -275,6 +276,45 @@ static int check_layout(const mt_train_opts *o, const mt_config *cfg) {
     return 0;
 }
 
+/* The tokenizer of the run: the data folder's (tokenizer.json beside the shards; none: the
+ * byte tokenizer), else the checkpoint's. Data and a checkpoint must agree, a BPE's ids must
+ * fit vocab_size, and document mode's end of text defaults to its end-of-text id. */
+static int init_tokenizer(mt_trainer *t) {
+    mt_train_opts *o = &t->o;
+    const int has_ck = t->ckdir[0] != 0, has_data = o->data && !o->external_batches;
+    mt_tokenizer ck;
+    mt_tokenizer_byte(&ck);
+    if (has_ck && mt_tokenizer_load_dir(&ck, t->ckdir) != 0) return -1;
+    if (!has_data) {
+        t->tok = ck;
+    } else {
+        char dir[4096];
+        struct stat st;
+        snprintf(dir, sizeof dir, "%s", o->data);
+        if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) { /* a single .bin: its folder */
+            char *slash = strrchr(dir, '/');
+            if (slash) *slash = 0;
+            else snprintf(dir, sizeof dir, ".");
+        }
+        if (mt_tokenizer_load_dir(&t->tok, dir) != 0) { mt_tokenizer_free(&ck); return -1; }
+        const int same = mt_tokenizer_same(&t->tok, &ck);
+        char a[512], b[512];
+        mt_tokenizer_describe(&t->tok, a, sizeof a);
+        mt_tokenizer_describe(&ck, b, sizeof b);
+        mt_tokenizer_free(&ck);
+        if (has_ck && !same)
+            return mt_error("train: the data %s was made with %s, checkpoint %s with %s: they must be the same "
+                            "(tokenizer.json and tokenizer_config.json)", dir, a, t->ckdir, b);
+    }
+    if (t->tok.bpe && t->tok.vocab > t->cfg.vocab_size) { /* bytes: the loader checks the ids the data holds */
+        char a[512];
+        mt_tokenizer_describe(&t->tok, a, sizeof a);
+        return mt_error("train: %s does not fit %s: key vocab_size: %d", a, t->cfg_path, t->cfg.vocab_size);
+    }
+    if (t->tok.bpe && !o->set_eot) o->eot = t->tok.eot;
+    return 0;
+}
+
 /* The layout, the config (resume > init > --config) and the options in force. */
 static int init_config(mt_trainer *t) {
     mt_train_opts *o = &t->o;
@@ -332,6 +372,7 @@ static int init_config(mt_trainer *t) {
     else snprintf(t->cfg_path, sizeof t->cfg_path, "%s", o->config);
     if (check_ranks_agree(d, o, &t->cfg, ckdir) != 0) return -1;
     if (mt_model_check(&t->cfg, t->cfg_path) != 0) return -1; /* before anything is sized per layer */
+    if (init_tokenizer(t) != 0) return -1;
     if (check_opts(o, &t->cfg) != 0) return -1;
     if (o->warmup < 0) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
     if (t->st.step >= o->steps)
@@ -654,7 +695,7 @@ int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
     snprintf(dir, sizeof dir, "%s/%s", o->out, name);
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
     char *state = root ? mt_train_state_to_json(o, &t->st, d->dp_size) : NULL;
-    int rc = mt_ckpt_save_dist(&l, d, dir, state);
+    int rc = mt_ckpt_save_dist(&l, d, dir, state, &t->tok);
     free(state);
     if (root && rc == 0) rc = mt_ckpt_set_latest(o->out, name);
     if (rc != 0) return -1;

@@ -42,7 +42,7 @@ typedef struct {
     int profile;             /* per-step breakdown + OUT/trace_rank<R>.json (Chrome trace) */
     int doc_mode;            /* attention and positions restart after every eot token */
     const char *recompute;   /* memory policy: "none" (default) or "selective" */
-    int eot;                 /* end-of-text token id for doc_mode (default 256: byte tokenizer) */
+    int eot;                 /* end-of-text token id for doc_mode (default: the data's tokenizer's, 256 for bytes) */
     int quiet;
     int allow_nonfinite;     /* load a checkpoint with NaN/Inf values (with a warning) instead of refusing it */
     int dist_opt;            /* ZeRO-1: shard the AdamW state and update over DP */

@@ -4,6 +4,7 @@
 #define MT_TRAIN_TRAINER_IMPL_H
 
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "parallel/a2a.h"
 #include "parallel/dist.h"
 #include "parallel/ep.h"
@@ -37,6 +38,7 @@ struct mt_trainer {
     size_t opt_bytes;             /* AdamW moments of the fullest rank */
     size_t bucket_bytes;          /* gradient all-reduce bucket */
     mt_loader *train, *val;       /* val: NULL without a val split or --eval-every */
+    mt_tokenizer tok;             /* the data's (or the checkpoint's): copied into checkpoints */
     double *red;                  /* the loss terms' reduction [1 + layers] */
 };
 
