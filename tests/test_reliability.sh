@@ -18,15 +18,6 @@ source "$(dirname "$0")/lib/mpi.sh"
 "$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
 common=(--config demo --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --threads 1)
 
-# rank_pid RUN_DIR RANK: the pid of that rank of the job writing RUN_DIR
-rank_pid() {
-    local p
-    for p in $(pgrep -f -- "--out $1( |$)"); do
-        if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qE "^(OMPI_COMM_WORLD_RANK|PMI_RANK)=$2\$"; then
-            echo "$p"; return 0; fi
-    done
-    return 1
-}
 # start_job OUT_FILE ARGS...: mpirun in the background (JOB = its pid)
 start_job() { local out=$1; shift; timeout 300 "${MPI[@]}" "$@" > "$out" 2>&1 & JOB=$!; }
 # wait_training RUN_DIR: until the run has logged a step

@@ -14,7 +14,8 @@
 #     DistQueue, weights sent without waiting) at s = 1 ends on the one-process weights bit for
 #     bit; 2 rollout ranks + 1 train rank at s = 2 give its rewards and tokens (loss within
 #     1e-5); --stale-free runs and never exceeds the bound; co-located DP2 and EP2 (RL Fusion)
-#     at s = 1 give the one-process rewards and tokens.
+#     at s = 1 give the one-process rewards and tokens; a stopped rollout rank ends the job
+#     with the watchdog's message (--comm-timeout 3), not a hang.
 # Usage: bash tests/test_stalesync.sh path/to/moetrain
 set -euo pipefail
 NAME=test_stalesync
@@ -133,6 +134,23 @@ EOF
         same "$T/C1/metrics.jsonl" "$T/M$np${L// /}/metrics.jsonl" "co-located -np $np$L at s=1"
         ok "co-located -np $np$L at s=1 = one process (rewards, tokens, staleness; loss within 1e-5)"
     done
+    # a rollout rank that stops: the trainer's wait in the queue ends the job, naming it
+    set +e
+    timeout 120 "${MPI[@]}" -np 2 "$MT" rl "${A[@]}" --steps 100000 --eval-n 0 --max-staleness 1 --rollout-ranks 1 \
+        --comm-timeout 3 --out "$T/H" > "$T/H.log" 2>&1 &
+    job=$!
+    for _ in $(seq 1 300); do [ -s "$T/H/metrics.jsonl" ] && break; sleep 0.1; done
+    victim=$(rank_pid "$T/H" 1)
+    [ -n "$victim" ] && kill -STOP "$victim"
+    t0=$(date +%s)
+    wait $job; rc=$?
+    t1=$(date +%s)
+    [ -n "$victim" ] && { kill -CONT "$victim"; kill -9 "$victim"; } 2>/dev/null
+    set -e
+    [ -n "$victim" ] || { cat "$T/H.log"; fail "could not find the rollout rank's process"; }
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $((t1 - t0)) -lt 15 ] && grep -qE "no progress for 3 s in (DistQueue|rl: )" "$T/H.log" \
+        || { cat "$T/H.log"; fail "a stopped rollout rank: exit $rc after $((t1 - t0)) s, not the watchdog's message"; }
+    ok "a stopped rollout rank ends the job in $((t1 - t0)) s: $(grep -m1 -oE "no progress for 3 s in [^(]*" "$T/H.log")"
 else
     echo "note: mpirun not found: the separate and co-located multi-rank cases were left out"
 fi

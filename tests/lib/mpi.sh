@@ -29,3 +29,12 @@ refused() {
     grep -q -- "$want" "$T/err.log" || { cat "$T/err.log"; fail "$what: the message does not say '$want'"; }
     ok "$what refused: $(cat "$T/err.log")"
 }
+# rank_pid RUN_DIR RANK: the pid of that rank of the job writing RUN_DIR
+rank_pid() {
+    local p
+    for p in $(pgrep -f -- "--out $1( |$)"); do
+        if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qE "^(OMPI_COMM_WORLD_RANK|PMI_RANK)=$2\$"; then
+            echo "$p"; return 0; fi
+    done
+    return 1
+}
