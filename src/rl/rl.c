@@ -359,6 +359,13 @@ int mt_rl(const mt_rl_opts *opt) {
                D > 1 ? "s" : "", o.max_new, o.temperature, mt_grpo_agg_name(agg), ti->lr);
         if (!ti->quiet)
             printf("  trainer: %d micro-batches of %d rows x %d positions per rank\n", ti->accum, ti->batch, ti->seq);
+        if (!ti->quiet && sep)
+            printf("  separate deployment: %d rollout rank%s, %d training; completions through a DistQueue, weights sent "
+                   "after each step without waiting\n", R, R > 1 ? "s" : "", D);
+        if (!ti->quiet && o.max_staleness > 0)
+            printf("  StaleSync: step n trains on rollouts of version n-1-%d%s, corrected by the truncated importance "
+                   "weight%s\n", o.max_staleness, o.stale_free ? " or newer (the newest the rollout ranks have)" : "",
+                   o.no_is_weight ? " -- turned off (--no-is-weight)" : "");
         if (!ti->quiet && split)
             printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; every rank rolls out %d prompts from a "
                    "whole copy of the weights (%.1f MiB: the only copy during the rollout, filled point to point each "
