@@ -1,6 +1,8 @@
 /* parallel/tp.c — see tp.h. */
 #include "parallel/tp.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
@@ -12,8 +14,80 @@ static void tp_gather(void *ctx, float *full, const float *local, size_t n) {
     mt_trace_begin("comm.tp");
     double t0 = MPI_Wtime();
     MPI_Allgather(local, (int)n, MPI_FLOAT, full, (int)n, MPI_FLOAT, t->g->comm);
+    t->st.bytes += (int64_t)(4 * (double)n * (t->g->size - 1)), t->st.bytes_fp32 += (int64_t)(4 * (double)n * (t->g->size - 1));
     mt_dist_get()->comm_s += MPI_Wtime() - t0;
     mt_trace_end();
+}
+
+/* Blocks [lo, hi) of nb owned by rank r of W: whole blocks, so each scale has one owner. */
+static void block_range(size_t nb, int r, int W, size_t *lo, size_t *hi) {
+    *lo = nb * (size_t)r / (size_t)W, *hi = nb * (size_t)(r + 1) / (size_t)W;
+}
+
+void mt_tp_allreduce_int8(mt_tp *t, float *x, size_t n) {
+    const int W = t->g->size, me = t->g->rank;
+    const size_t B = MT_FLASHCOMM_BLOCK, nb = (n + B - 1) / B;
+    int *cnt = mt_xmalloc(sizeof(int) * 2 * (size_t)W), *dsp = cnt + W;
+    /* reduce-scatter in fp32: rank r's blocks summed on rank r */
+    size_t lo, hi;
+    for (int r = 0; r < W; r++) {
+        block_range(nb, r, W, &lo, &hi);
+        const size_t a = lo * B, e = hi * B < n ? hi * B : n;
+        cnt[r] = (int)(e > a ? e - a : 0), dsp[r] = (int)a;
+    }
+    block_range(nb, me, W, &lo, &hi);
+    const size_t a = lo * B, mine = (size_t)cnt[me];
+    float *sum = mt_xmalloc(sizeof(float) * (mine + 1));
+    MPI_Reduce_scatter(x, sum, cnt, MPI_FLOAT, MPI_SUM, t->g->comm);
+    /* each rank's part travels as [scales of its blocks][int8 values], 4 (hi-lo) + len bytes */
+    size_t most = 0;
+    for (int r = 0; r < W; r++) {
+        size_t l, h;
+        block_range(nb, r, W, &l, &h);
+        const size_t bytes = 4 * (h - l) + (size_t)cnt[r];
+        most = bytes > most ? bytes : most;
+        most = (most + 3) & ~(size_t)3; /* the next part's scales stay 4-byte aligned */
+    }
+    if (t->cap < most * (size_t)(W + 1)) {
+        free(t->buf);
+        t->cap = most * (size_t)(W + 1);
+        t->buf = mt_xmalloc(t->cap);
+    }
+    uint8_t *pk = t->buf, *all = t->buf + most;
+    float *sc = (float *)pk;
+    int8_t *q = (int8_t *)(pk + 4 * (hi - lo));
+    for (size_t b = lo; b < hi; b++) {
+        const size_t s = b * B - a, e = (b + 1) * B < n ? (b + 1) * B - a : n - a;
+        float amax = 0;
+        for (size_t i = s; i < e; i++) amax = fabsf(sum[i]) > amax ? fabsf(sum[i]) : amax;
+        const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        sc[b - lo] = scale;
+        for (size_t i = s; i < e; i++) {
+            const float v = rintf(sum[i] * inv);
+            q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            const double d = (double)q[i] * scale - sum[i];
+            t->st.err_sq += d * d, t->st.ref_sq += (double)sum[i] * sum[i];
+        }
+    }
+    const int nbytes = (int)(4 * (hi - lo) + mine);
+    int *bc = mt_xmalloc(sizeof(int) * 2 * (size_t)W), *bd = bc + W;
+    for (int r = 0; r < W; r++) {
+        size_t l, h;
+        block_range(nb, r, W, &l, &h);
+        bc[r] = (int)(4 * (h - l) + (size_t)cnt[r]), bd[r] = (int)(most * (size_t)r);
+    }
+    MPI_Allgatherv(pk, nbytes, MPI_BYTE, all, bc, bd, MPI_BYTE, t->g->comm);
+    for (int r = 0; r < W; r++) { /* dequantise every part, this rank's too */
+        size_t l, h;
+        block_range(nb, r, W, &l, &h);
+        const float *rs = (const float *)(all + most * (size_t)r);
+        const int8_t *rq = (const int8_t *)(all + most * (size_t)r + 4 * (h - l));
+        for (size_t i = 0; i < (size_t)cnt[r]; i++) x[(size_t)dsp[r] + i] = (float)rq[i] * rs[i / B];
+    }
+    const double f = (double)(W - 1) / W;
+    t->st.bytes += (int64_t)(f * 4 * (double)n + f * (double)n + f * 4 * (double)nb);
+    t->st.bytes_fp32 += (int64_t)(2 * f * 4 * (double)n);
+    free(sum), free(cnt), free(bc);
 }
 
 static void tp_reduce(void *ctx, float *out, float *full, size_t n) {
@@ -21,9 +95,15 @@ static void tp_reduce(void *ctx, float *out, float *full, size_t n) {
     MT_ASSERT(n <= (size_t)INT32_MAX);
     mt_trace_begin("comm.tp");
     double t0 = MPI_Wtime();
+    const double f = (double)(t->g->size - 1) / t->g->size;
     if (t->ops.sp) {
         MPI_Reduce_scatter_block(full, out, (int)(n / (size_t)t->g->size), MPI_FLOAT, MPI_SUM, t->g->comm);
+        t->st.bytes += (int64_t)(f * 4 * (double)n), t->st.bytes_fp32 += (int64_t)(f * 4 * (double)n);
+    } else if (t->flash) {
+        mt_tp_allreduce_int8(t, full, n);
+        if (out != full) memcpy(out, full, n * sizeof(float));
     } else {
+        t->st.bytes += (int64_t)(2 * f * 4 * (double)n), t->st.bytes_fp32 += (int64_t)(2 * f * 4 * (double)n);
         MPI_Allreduce(MPI_IN_PLACE, full, (int)n, MPI_FLOAT, MPI_SUM, t->g->comm);
         if (out != full) memcpy(out, full, n * sizeof(float));
     }
@@ -41,8 +121,15 @@ static void tp_sum_f64(void *ctx, double *x, size_t n) {
     mt_group_sum_f64(t->g, x, n);
 }
 
-void mt_tp_init(mt_tp *t, mt_group *g, int sp) {
+void mt_tp_init(mt_tp *t, mt_group *g, int sp, int flash) {
+    memset(t, 0, sizeof *t);
     t->g = g;
+    t->flash = flash && !sp;
     t->ops = (mt_tp_ops){.ctx = t, .rank = g->rank, .size = g->size, .sp = sp, .gather = tp_gather,
                          .reduce = tp_reduce, .sum_f32 = tp_sum_f32, .sum_f64 = tp_sum_f64};
+}
+
+void mt_tp_free(mt_tp *t) {
+    free(t->buf);
+    t->buf = NULL, t->cap = 0;
 }

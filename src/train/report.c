@@ -160,6 +160,9 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
             fprintf(rp->metrics, ",\"a2a_inter_bytes\":%lld,\"a2a_intra_bytes\":%lld,\"a2a_inter_rows_flat\":%lld,"
                     "\"a2a_inter_rows_hier\":%lld", (long long)ab[0], (long long)ab[1], (long long)ab[2],
                     (long long)ab[3]);
+        if (o->tp > 1)
+            fprintf(rp->metrics, ",\"tp_bytes\":%lld,\"tp_bytes_fp32\":%lld,\"flashcomm_rel_err\":%.3e",
+                    (long long)s->tp_bytes[0], (long long)s->tp_bytes[1], s->tp_err);
         if (!isnan(s->val_loss)) fprintf(rp->metrics, ",\"val_loss\":%.6f", s->val_loss);
         fprintf(rp->metrics, "}\n");
         if (isnan(s->val_loss)) fprintf(rp->tsv, "%d\t%.6f\tNaN\n", step, r->loss);

@@ -35,7 +35,8 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
            (double)t->pipe.acts_bytes / 1048576.0,
            (unsigned long long)mt_loader_tokens(t->train), t->val || o->eval_every == 0 ? "" : " (no val split)");
     if (W > 1) {
-        printf("  layout: %d ranks = PP %d x DP %d x TP %d%s", W, o->pp, D, o->tp, d->sp ? " (sequence parallel)" : "");
+        printf("  layout: %d ranks = PP %d x DP %d x TP %d%s%s", W, o->pp, D, o->tp, d->sp ? " (sequence parallel)" : "",
+               t->tp.flash ? " (FlashComm: INT8 all-reduces)" : "");
         if (o->vpp > 1) printf(", %d chunks per stage (interleaved schedule)", o->vpp);
         else if (o->pp > 1) printf(" (1F1B schedule)");
         if (o->ep > 1)
@@ -58,6 +59,20 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
     printf("  optimizer state per rank: %.2f MiB (AdamW moments%s; the fullest rank)\n",
            (double)t->opt_bytes / 1048576.0, o->dist_opt && W > 1 ? ", sharded" : "");
     fflush(stdout);
+}
+
+/* The TP collectives' bytes since the last call, summed over the ranks, and FlashComm's
+ * relative rounding error over them. */
+static void tp_step_bytes(mt_trainer *t, mt_tp_stats *prev, mt_report_step *s) {
+    memset(s->tp_bytes, 0, sizeof s->tp_bytes);
+    s->tp_err = 0;
+    if (t->o.tp < 2) return;
+    double e[4] = {(double)(t->tp.st.bytes - prev->bytes), (double)(t->tp.st.bytes_fp32 - prev->bytes_fp32),
+                   t->tp.st.err_sq - prev->err_sq, t->tp.st.ref_sq - prev->ref_sq};
+    *prev = t->tp.st;
+    mt_group_sum_f64(&t->d->all, e, 4);
+    s->tp_bytes[0] = (int64_t)e[0], s->tp_bytes[1] = (int64_t)e[1];
+    s->tp_err = e[3] > 0 ? sqrt(e[2] / e[3]) : 0;
 }
 
 /* The expert all-to-all bytes since the last call, summed over the ranks: inter-node,
@@ -97,6 +112,7 @@ int mt_train(const mt_train_opts *opts) {
     if (o->resume) snprintf(last_good, sizeof last_good, "%s", t->ckdir);
     rp.t_begin = mt_now();
     mt_a2a_bytes a2a_prev = {0};
+    mt_tp_stats tp_prev = t->tp.st;
     for (int step = t->start_step + 1; step <= o->steps; step++) {
         double t0 = mt_now(), c0 = mt_busy_time();
         d->comm_s = 0;
@@ -129,6 +145,7 @@ int mt_train(const mt_train_opts *opts) {
         }
         mt_trace_end(); /* step */
         mt_report_time(&rp, &s, t0, c0, d->comm_s);
+        tp_step_bytes(t, &tp_prev, &s); /* the step's, not the evaluation's */
         s.val_loss = NAN;
         if (t->val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps))
             s.val_loss = mt_trainer_eval(t, t->val, o->eval_windows);

@@ -192,6 +192,7 @@ static void trainer_release(mt_trainer *t) {
     mt_pipe_free(&t->pipe);
     mt_model_free(&t->m);
     if (t->have_ep) mt_ep_free(&t->ep);
+    mt_tp_free(&t->tp);
     free(t->full_t);
     if (t->train) mt_loader_free(t->train);
     if (t->val) mt_loader_free(t->val);
@@ -330,6 +331,12 @@ static int init_config(mt_trainer *t) {
     else if (o->a2a && strcmp(o->a2a, "hier") != 0)
         return mt_error("train: --a2a '%s': flat or hier", o->a2a);
     if (o->ranks_per_node < 0) return mt_error("train: --ranks-per-node must be >= 0 (0 = real nodes)");
+    const int flash = o->flashcomm && strcmp(o->flashcomm, "int8") == 0;
+    if (o->flashcomm && !flash && strcmp(o->flashcomm, "off") != 0)
+        return mt_error("train: --flashcomm '%s': int8 or off", o->flashcomm);
+    if (flash && (o->tp < 2 || o->sp))
+        return mt_error("train: --flashcomm int8 compresses the tensor-parallel all-reduce: it needs --tp >= 2 "
+                        "without --sp");
     if (o->ep < 2 && (o->a2a || o->ranks_per_node) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
     mt_set_threads(o->threads > 0 ? o->threads : mt_get_threads());
@@ -505,7 +512,7 @@ static int init_model(mt_trainer *t) {
     }
     const int policy = mt_recompute_parse(o->recompute ? o->recompute : "none");
     if (policy < 0 || check_memory(t, &sh, policy) != 0) return -1;
-    if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp);
+    if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp, o->flashcomm && strcmp(o->flashcomm, "int8") == 0);
     if (o->ep > 1) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode) != 0) return -1;
         t->have_ep = 1;

@@ -52,6 +52,7 @@ typedef struct {
     int bf16;                /* mixed precision: GEMM operands rounded to bf16, fp32 sums and master weights */
     const char *split;       /* layers per virtual stage ("3,2,2,1"); NULL = even */
     const char *a2a;         /* "hier" (default) or "flat" */
+    const char *flashcomm;   /* "int8": the TP all-reduces as FlashComm (parallel/tp.h); NULL or "off": fp32 */
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     int external_batches;    /* the caller makes every batch (RL): no token shards are read */
