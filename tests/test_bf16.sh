@@ -2,7 +2,7 @@
 # `moetrain train --bf16` (mixed precision: GEMM operands rounded to bf16, fp32 sums, weights
 # and optimizer): on the demo config
 #   - the losses of 8 steps follow the fp32 run's within 0.2% (and are not the same numbers:
-#     the bf16 kernel ran), the summary says "precision":"bf16";
+#     the bf16 kernel ran), the summary says "precision":"bf16"; the same with the sandwich norm;
 #   - a bf16 run resumed from its step-4 checkpoint without the flag continues in bf16 and
 #     gives the uninterrupted run's losses exactly; with --no-bf16 it continues in fp32;
 #   - results do not depend on the thread count (1 vs 2 threads: identical weights);
@@ -57,6 +57,21 @@ for prec in fp32 bf16; do
     || fail "info $flag: activations $got MiB, train $prec allocated $want B"
 done
 ok "info and info --bf16 give the activations train allocates"
+
+# the sandwich norm: its norms of the sublayer outputs in fp32 between the bf16 products
+sed 's/"tie_word_embeddings": false/"tie_word_embeddings": false, "sandwich_norm": true/' \
+    "$(dirname "$0")/../configs/demo.json" > "$T/sw.json"
+for prec in fp32 bf16; do
+  flag=; [ $prec = bf16 ] && flag=--bf16
+  "$MT" train "${common[@]}" --config "$T/sw.json" --steps 8 --threads 2 --out "$T/sw_$prec" $flag
+  losses "$T/sw_$prec/metrics.jsonl" > "$T/l_sw_$prec"
+  want=$(grep -o '"activation_bytes_per_rank":[0-9]*' "$T/sw_$prec/metrics.jsonl" | cut -d: -f2)
+  got=$("$MT" info --config "$T/sw.json" --batch 4 --seq 64 --threads 2 $flag | awk '/^  activations/ {print $2}')
+  "$PY" -c "import sys; sys.exit(0 if abs(float(sys.argv[1]) - int(sys.argv[2]) / 1048576) < 0.05 else 1)" "$got" "$want" \
+    || fail "sandwich norm, info $flag: activations $got MiB, train $prec allocated $want B"
+done
+compare "$T/l_sw_fp32" "$T/l_sw_bf16" 2e-3 differ || fail "sandwich norm: bf16 losses do not follow fp32"
+ok "sandwich norm: bf16 follows fp32 within 0.2%, info gives the activations train allocates"
 
 "$MT" train --resume "$T/bf16/step_00000004" --data "$T/data" --steps 8 --quiet --threads 2 --out "$T/res"
 losses "$T/res/metrics.jsonl" > "$T/l_res"

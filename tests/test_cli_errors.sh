@@ -38,6 +38,7 @@ variant("missing_key", drop=("intermediate_size",))
 variant("vocab200", {"vocab_size": 200})
 variant("layers300", {"num_hidden_layers": 300, "first_k_dense_replace": 300})
 variant("mtp", {"num_nextn_predict_layers": 1})
+variant("tied", {"tie_word_embeddings": True})
 variant("absurd", {"vocab_size": 2000000000, "hidden_size": 2000000000})
 # accepted spellings (positive control for the rules above)
 variant("accepted", {"hidden_size": 32.0, "rope_scaling": None, "moe_layer_freq": 1,
@@ -77,6 +78,10 @@ expect_fail trailing_garbage_lr '--lr' -- "$M" train --config c.json --data D $T
 # the planner's policies beyond the trainer's two are refused by name; an unknown one too
 expect_fail recompute_planner_only "--recompute: 'full' is a policy of the planner only" -- "$M" train --config c.json --data D $TR --out R1 --recompute full
 expect_fail recompute_unknown "--recompute: unknown policy 'selective-gemm'" -- "$M" train --config c.json --data D $TR --out R1 --recompute selective-gemm
+# the balance loss's scope and the init scheme: the values are named
+expect_fail aux_scope_unknown "--aux-scope 'batch': sequence or ep-group" -- "$M" train --config c.json --data D $TR --out R1 --aux-scope batch
+expect_fail init_scheme_unknown "--init-scheme 'small': default or tiny" -- "$M" train --config c.json --data D $TR --out R1 --init-scheme small
+expect_fail init_scheme_tiny_tied "--init-scheme tiny.*tie_word_embeddings" -- "$M" train --config cfg/tied.json --data D $TR --out R1 --init-scheme tiny
 # bench: the default sequence fits the config (demo's maximum is 256); a longer --seq is refused
 expect_ok control_bench_demo_default_seq -- "$M" bench --config demo --batch 1 --steps 1
 expect_fail bench_seq_too_long 'max_position_embeddings' -- "$M" bench --config demo --batch 1 --steps 1 --seq 300

@@ -1,6 +1,6 @@
 /* tests/test_model_grad.c — finite-difference checks of the full model's gradient, tensor by
  * tensor (directional derivatives), for every routing method and scoring function, tied
- * embeddings, a dense-only model, and ignored targets. Also checks that a forward gives the
+ * embeddings, a dense-only model, ignored targets and the sandwich norm. Also checks that a forward gives the
  * same loss whatever the thread count and that grads accumulate across micro-batches like a
  * single batch. */
 #include <math.h>
@@ -48,9 +48,11 @@ static double loss_of(mt_model *m, mt_acts *a, const int32_t *in, const int32_t 
     return st.ce_sum * ce_scale + m->cfg.aux_loss_alpha * bal_scale * bal;
 }
 
-static void check_config(const char *what, const mt_config *c, int ignore_some) {
+/* scope: the balance loss's (enum mt_aux_scope; one process: ep-group is the micro-batch's) */
+static void check_config_scope(const char *what, const mt_config *c, int ignore_some, int scope) {
     mt_model m;
     if (mt_model_init(&m, c) != 0) { CHECK(0, "%s: init: %s", what, mt_last_error()); return; }
+    m.aux_scope = scope;
     mt_model_init_weights(&m, 42, 0.2f);
     /* norms away from 1 so their gradients matter */
     for (int i = 0; i < m.ntensors; i++)
@@ -132,6 +134,45 @@ static void check_config(const char *what, const mt_config *c, int ignore_some) 
     mt_model_free(&m);
 }
 
+static void check_config(const char *what, const mt_config *c, int ignore_some) {
+    check_config_scope(what, c, ignore_some, MT_AUX_SEQUENCE);
+}
+
+/* The ep-group scope in one process: the balance over the micro-batch's tokens together, which
+ * is not the mean of the sequences' balances; B times it (one value per sequence) in bal_sum. */
+static void check_group_scope(void) {
+    mt_config c;
+    base_config(&c);
+    mt_model m;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 21, 0.3f);
+    mt_acts *a = mt_acts_new(&c, B, T, mt_get_threads(), 0);
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)(mt_hash4(41, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
+        tg[i] = (int32_t)(mt_hash4(42, (uint64_t)i, 0, 0) % (uint64_t)c.vocab_size);
+    }
+    mt_step_stats st;
+    double seq[2] = {0, 0}, grp = 0, one[2] = {0, 0};
+    mt_model_step(&m, a, in, tg, B, T, 0, 1.0f, 1.0f, NULL, &st);
+    for (int l = 0; l < c.num_hidden_layers; l++) seq[0] += st.bal_sum[l];
+    m.aux_scope = MT_AUX_EP_GROUP;
+    mt_model_step(&m, a, in, tg, B, T, 0, 1.0f, 1.0f, NULL, &st);
+    for (int l = 0; l < c.num_hidden_layers; l++) grp += st.bal_sum[l];
+    /* each sequence alone is a group of its own: the sequence scope's values */
+    for (int b = 0; b < B; b++) {
+        mt_model_step(&m, a, in + b * T, tg + b * T, 1, T, 0, 1.0f, 1.0f, NULL, &st);
+        for (int l = 0; l < c.num_hidden_layers; l++) one[b] += st.bal_sum[l];
+    }
+    seq[1] = one[0] + one[1];
+    printf("%-28s sequence %.6f, ep-group %.6f (per-sequence groups: %.6f)\n", "balance scope", seq[0] / B, grp / B,
+           seq[1] / B);
+    CHECK(fabs(seq[1] - seq[0]) <= 1e-6 * fabs(seq[0]), "one-sequence groups differ from the sequence scope");
+    CHECK(fabs(grp - seq[0]) > 1e-4 * fabs(seq[0]), "the ep-group scope gave the sequence scope's balance");
+    mt_acts_free(a);
+    mt_model_free(&m);
+}
+
 /* micro-batch accumulation: two micro-batches of B/2 accumulate the gradient of one batch of B */
 static void check_accumulation(void) {
     mt_config c;
@@ -195,9 +236,10 @@ static void check_routing(void) {
 }
 
 /* Selective recompute gives the same bits as keeping everything, with less memory. */
-static void check_recompute(void) {
+static void check_recompute(int sandwich) {
     mt_config c;
     base_config(&c);
+    c.sandwich_norm = sandwich;
     mt_model m;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 11, 0.3f);
@@ -220,7 +262,7 @@ static void check_recompute(void) {
     size_t b0 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_NONE, 0);
     size_t b1 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_SELECTIVE, 0);
     printf("%-28s loss %.9f vs %.9f, %zu gradient values differ, activations %zu -> %zu bytes\n",
-           "selective recompute", loss[0], loss[1], diff, b0, b1);
+           sandwich ? "selective recompute, sandwich" : "selective recompute", loss[0], loss[1], diff, b0, b1);
     CHECK(loss[0] == loss[1] && diff == 0, "selective recompute changed the results");
     CHECK(b1 < b0, "selective recompute does not save memory");
     mt_free(g0);
@@ -352,9 +394,25 @@ int main(void) {
     check_config("tied embeddings, MHA", &c, 1);
     base_config(&c); c.n_routed_experts = 0; c.num_experts_per_tok = 0; c.first_k_dense_replace = 3;
     check_config("dense only, ignored targets", &c, 1);
+    /* the sandwich norm: its four norms per layer in every routing family, dense and tied */
+    base_config(&c); c.sandwich_norm = 1;
+    check_config("sandwich, softmax greedy", &c, 0);
+    base_config(&c); c.sandwich_norm = 1; c.n_group = 2; c.topk_method = MT_TOPK_MOGE;
+    c.scoring_func = MT_SCORING_SIGMOID; c.n_shared_experts = 0;
+    check_config("sandwich, sigmoid moge", &c, 0);
+    base_config(&c); c.sandwich_norm = 1; c.n_routed_experts = 0; c.num_experts_per_tok = 0;
+    c.first_k_dense_replace = 3; c.tie_word_embeddings = 1; c.rope_interleave = 1;
+    check_config("sandwich, dense, tied, rope2", &c, 1);
+    /* the balance loss over the micro-batch's tokens (--aux-scope ep-group in one process) */
+    base_config(&c);
+    check_config_scope("ep-group scope, softmax", &c, 0, MT_AUX_EP_GROUP);
+    base_config(&c); c.scoring_func = MT_SCORING_SIGMOID; c.sandwich_norm = 1;
+    check_config_scope("ep-group scope, sigmoid, sw", &c, 0, MT_AUX_EP_GROUP);
+    check_group_scope();
     check_accumulation();
     check_doc_mode();
-    check_recompute();
+    check_recompute(0);
+    check_recompute(1);
     check_placement();
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all model gradient checks passed\n");

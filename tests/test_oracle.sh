@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PyTorch oracle test: moetrain's forward/backward against tests/oracle/moe_ref.py, an
 # independent PyTorch implementation of docs/FORMATS.md, and the reverse direction (a
-# checkpoint written by PyTorch trains and evaluates in moetrain with the same loss).
+# checkpoint written by PyTorch trains and evaluates in moetrain with the same loss; one
+# written by moetrain with the sandwich norm evaluates in PyTorch with the same loss).
 #
 # Usage: bash tests/test_oracle.sh /path/to/moetrain
 # Env:   MT_SRC (source root; default: this script's ..), MT_TEST_TMP (scratch dir)
@@ -51,6 +52,13 @@ variants = {
     "all_dense": None,
     "mha_hkv_eq_h": {"num_key_value_heads": 4},
     "rope_interleave": {"rope_interleave": True},
+    # sandwich norm, with each routing family and with interleaved RoPE
+    "sandwich": {"sandwich_norm": True},
+    "sandwich_sigmoid_group_limited": {"sandwich_norm": True, "scoring_func": "sigmoid", "topk_method": "group_limited",
+                                       "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3},
+    "sandwich_moge_nonorm": {"sandwich_norm": True, "topk_method": "moge", "n_group": 2, "norm_topk_prob": False,
+                             "routed_scaling_factor": 2.5, "n_shared_experts": 0},
+    "sandwich_rope_interleave_tied": {"sandwich_norm": True, "rope_interleave": True, "tie_word_embeddings": True},
 }
 for name, patch in variants.items():
     if patch is None:   # no MoE keys at all: every layer dense (defaults)
@@ -65,7 +73,7 @@ for name, patch in variants.items():
 EOF
 [ $? -eq 0 ] || { echo "FAIL: could not write the test configs"; exit 1; }
 
-CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h rope_interleave"
+CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h rope_interleave sandwich sandwich_sigmoid_group_limited sandwich_moge_nonorm sandwich_rope_interleave_tied"
 # run_case NAME CONFIG B T: the oracle's case at batch B x seq T against moetrain dump
 run_case() {
   local name=$1 cfg=$2 B=$3 T=$4 case_dir="$TMP/case_$1"
@@ -118,6 +126,28 @@ else
     fail "reverse: val loss of the oracle checkpoint: moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
   else
     echo "    val_loss (seq $SEQ, $WIN windows): PyTorch $py_val  moetrain $mt_val  ok"
+  fi
+fi
+
+# ---- a checkpoint written by moetrain with the sandwich norm, evaluated by PyTorch --------
+echo "=== moetrain-written sandwich-norm checkpoint in PyTorch"
+SWR="$TMP/sw_run"
+if [ ! -d "$DATA" ]; then
+  fail "sandwich checkpoint: no data (the reverse direction's data step failed)"
+elif ! "$MOETRAIN" train --config "$TMP/sandwich.json" --data "$DATA" --steps 3 --batch 2 --seq $SEQ --lr 1e-3 \
+       --warmup 1 --init-scheme tiny --out "$SWR" --quiet > "$TMP/sw_train.log" 2>&1; then
+  tail -20 "$TMP/sw_train.log"; fail "sandwich checkpoint: moetrain train failed"
+else
+  mt_val=$("$MOETRAIN" eval --ckpt "$SWR" --data "$DATA" --seq $SEQ --windows $WIN 2> "$TMP/sw_mt_eval.err" \
+           | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
+  py_val=$("$PY" "$REF" eval --ckpt "$SWR/step_00000003" --data "$DATA" --seq $SEQ --windows $WIN 2> "$TMP/sw_py_eval.err" \
+           | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
+  if [ -z "$mt_val" ] || [ -z "$py_val" ]; then
+    tail -5 "$TMP/sw_mt_eval.err" "$TMP/sw_py_eval.err"; fail "sandwich checkpoint: an eval printed no val_loss="
+  elif ! "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-4*abs(a) else 1)" "$py_val" "$mt_val"; then
+    fail "sandwich checkpoint: val loss moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
+  else
+    echo "    val_loss (seq $SEQ, $WIN windows): moetrain $mt_val  PyTorch $py_val  ok"
   fi
 fi
 

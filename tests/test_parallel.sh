@@ -7,6 +7,9 @@
 #   PP2 (1F1B), PP2 x VPP2 (interleaved), PP4 x VPP2 with an uneven --split (10 layers),
 #   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x TP2 (SP) x DP2 with EP4 (8 ranks),
 #   PP2 x EP2 with --dist-opt and tied embeddings, EP4 with a shuffled expert placement;
+# a sandwich-norm model under TP2, TP2 x EP2 (SP), EP2, PP2 x VPP2 (selective recompute) and
+# PP2 x TP2 (SP) x EP2; the balance loss's ep-group scope under EP2, EP4, PP2 x EP2, TP2 and
+# TP2 x EP2 (SP) against one process whose micro-batch holds the EP group's sequences;
 # a checkpoint saved under TP2 x PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
 # run; impossible layouts are refused naming the constraint.
 # Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
@@ -96,6 +99,52 @@ grep -v '"step":[1-5],' "$T/s2/metrics.jsonl" > "$T/u_tail.jsonl"
 close "$(losses "$T/u_tail.jsonl")" "$(losses "$T/rb/metrics.jsonl")" \
     || { paste <(losses "$T/u_tail.jsonl") <(losses "$T/rb/metrics.jsonl"); fail "TP2 x PP2 -> EP2 x DP2 resume changed the losses"; }
 ok "a TP2 x PP2 checkpoint resumes under EP2 x DP2 with the losses of the uninterrupted run (steps 6-10)"
+
+# the sandwich norm (four norms per layer, replicated over TP) under the layouts
+sed 's/"tie_word_embeddings": false/"tie_word_embeddings": false, "sandwich_norm": true/' "$SRC/configs/demo.json" > "$T/sw.json"
+grep -q '"sandwich_norm": true' "$T/sw.json" || fail "could not derive the sandwich config from configs/demo.json"
+for a in 1 2; do "$MT" train --config "$T/sw.json" "${base[@]}" --accum $a --out "$T/w$a"; done
+run 2 train --config "$T/sw.json" "${base[@]}" --tp 2 --out "$T/wtp2"
+check "sandwich norm: TP2" "$T/w1/metrics.jsonl" "$T/wtp2/metrics.jsonl"
+run 2 train --config "$T/sw.json" "${base[@]}" --tp 2 --sp --ep 2 --out "$T/wtp2ep2"
+check "sandwich norm: TP2 x EP2 (SP)" "$T/w1/metrics.jsonl" "$T/wtp2ep2/metrics.jsonl"
+run 2 train --config "$T/sw.json" "${base[@]}" --ep 2 --out "$T/wep2"
+check "sandwich norm: EP2 (DP2)" "$T/w2/metrics.jsonl" "$T/wep2/metrics.jsonl"
+run 2 train --config "$T/sw.json" "${base[@]}" --pp 2 --vpp 2 --accum 2 --recompute selective --out "$T/wpp2v2"
+check "sandwich norm: PP2 x VPP2, selective recompute" "$T/w2/metrics.jsonl" "$T/wpp2v2/metrics.jsonl"
+run 4 train --config "$T/sw.json" "${base[@]}" --pp 2 --tp 2 --sp --ep 2 --accum 2 --out "$T/wr4"
+check "sandwich norm: PP2 x TP2 (SP) x EP2" "$T/w2/metrics.jsonl" "$T/wr4/metrics.jsonl"
+
+# --aux-scope ep-group: the balance over all tokens of a micro-batch on the EP group's ranks.
+# EP2 (DP2) with micro-batches of 4 = one process with micro-batches of 8 (the two ranks'
+# sequences concatenated, both scoped ep-group), which differs from the sequence scope
+bal() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),.*"balance":([^,]+),.*/\1 \2/'; }
+g=(--aux-scope ep-group)
+"$MT" train --config demo "${base[@]}" "${g[@]}" --batch 8 --out "$T/g8"
+"$MT" train --config demo "${base[@]}" "${g[@]}" --save-every 5 --keep 5 --out "$T/g4"
+! close "$(bal "$T/g8/metrics.jsonl")" "$(bal "$T/s2/metrics.jsonl")" \
+    || fail "--aux-scope ep-group gave the balance of the sequence scope"
+ok "ep-group scope, one process: balance $(bal "$T/g8/metrics.jsonl" | awk 'NR==1 {print $2}') at step 1, the sequence scope's $(bal "$T/s2/metrics.jsonl" | awk 'NR==1 {print $2}')"
+run 2 train --config demo "${base[@]}" "${g[@]}" --ep 2 --out "$T/gep2"
+check "ep-group scope: EP2 (DP2) x batch 4 = batch 8" "$T/g8/metrics.jsonl" "$T/gep2/metrics.jsonl"
+close "$(bal "$T/g8/metrics.jsonl")" "$(bal "$T/gep2/metrics.jsonl")" || fail "ep-group scope: EP2 balance differs"
+run 4 train --config demo "${base[@]}" "${g[@]}" --ep 4 --batch 2 --out "$T/gep4"
+check "ep-group scope: EP4 (DP4) x batch 2 = batch 8" "$T/g8/metrics.jsonl" "$T/gep4/metrics.jsonl"
+# (one micro-batch per rank: with more, DP rank r's micro-batch mb holds the samples of the
+# one-process micro-batch r * accum + mb, and one EP group's micro-batch is no one-process one)
+run 4 train --config demo "${base[@]}" "${g[@]}" --pp 2 --ep 2 --out "$T/gpp2ep2"
+check "ep-group scope: PP2 x EP2 (DP2) x batch 4 = batch 8" "$T/g8/metrics.jsonl" "$T/gpp2ep2/metrics.jsonl"
+run 2 train --config demo "${base[@]}" "${g[@]}" --tp 2 --out "$T/gtp2"
+check "ep-group scope: TP2 (each TP rank all tokens, EP1)" "$T/g4/metrics.jsonl" "$T/gtp2/metrics.jsonl"
+run 2 train --config demo "${base[@]}" "${g[@]}" --tp 2 --sp --ep 2 --out "$T/gtp2ep2"
+check "ep-group scope: TP2 x EP2 (SP: the group is the micro-batch's two halves)" "$T/g4/metrics.jsonl" "$T/gtp2ep2/metrics.jsonl"
+# the scope is a run setting: a resume keeps it
+grep -q '"aux_scope":[[:space:]]*"ep-group"' "$T/g4/step_00000005/trainer_state.json" || fail "trainer_state.json does not record aux_scope"
+"$MT" train --resume "$T/g4/step_00000005" --data "$T/data" --threads 1 --quiet --out "$T/gres"
+grep -v '"step":[1-5],' "$T/g4/metrics.jsonl" > "$T/g_tail.jsonl"
+close "$(losses "$T/g_tail.jsonl")" "$(losses "$T/gres/metrics.jsonl")" \
+    || { paste <(losses "$T/g_tail.jsonl") <(losses "$T/gres/metrics.jsonl"); fail "a resume lost --aux-scope"; }
+ok "a resumed run keeps --aux-scope ep-group (steps 6-10 as uninterrupted)"
 
 # impossible layouts are refused, naming the constraint
 refuse() { # expected-message ranks flags...

@@ -294,6 +294,14 @@ int main(void) {
     check_replay(&m);
     check_errors(&m);
     mt_model_free(&m);
+    /* the sandwich norm: the decoder's extra norms against the training forward's */
+    c.sandwich_norm = 1;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 3, 0.4f);
+    printf("sandwich norm:\n");
+    check_engine(&m);
+    check_replay(&m);
+    mt_model_free(&m);
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all rollout checks passed\n");
     return 0;

@@ -3,6 +3,7 @@
 # (build-asan: ASan + UBSan, which abort on the first error) covers the trainer and not only
 # the kernels: training with evaluation, checkpoints pruned by --keep, document mode, bf16
 # (on a CPU with AVX512-BF16), a dense FFN that runs in row chunks (1024 tokens), resume,
+# the sandwich norm with TinyInit and the ep-group balance scope,
 # and under mpirun (when there is one) TP2 + SP, EP2 with --dist-opt in windows of 1000
 # elements (MT_MPI_MAX_COUNT) and a checkpoint, and PP2 x VPP2. Each run must finish and say so; the
 # numbers are other tests' business (test_oracle, test_bf16, test_parallel, test_resume).
@@ -34,6 +35,35 @@ ok "resume"
 "$MT" train "${common[@]}" --batch 2 --seq 128 --steps 2 --recompute selective --out "$T/s" > "$T/s.log" 2>&1 \
     || { tail -20 "$T/s.log"; fail "train --recompute selective"; }
 ok "train --recompute selective"
+
+# Pangu's recipe: the sandwich norm (its post-sublayer gains start at c/sqrt(L)), TinyInit
+# (the embedding's std 0.5) and the ep-group balance scope, recorded for a resume
+sed 's/"tie_word_embeddings": false/"tie_word_embeddings": false, "sandwich_norm": true/' \
+    "$(dirname "$0")/../configs/demo.json" > "$T/sw.json"
+"$MT" train "${common[@]}" --config "$T/sw.json" --batch 2 --seq 64 --steps 1 --lr 1e-9 --init-scheme tiny \
+    --aux-scope ep-group $bf16 --out "$T/w" > "$T/w.log" 2>&1 || { tail -20 "$T/w.log"; fail "train sandwich, tiny, ep-group"; }
+/usr/bin/python3 - "$T/w/step_00000001" <<'PY' || fail "sandwich / TinyInit initial values"
+import json, math, struct, sys
+d = sys.argv[1]
+st = json.load(open(d + "/trainer_state.json"))
+assert st.get("init_scheme") == "tiny" and st.get("aux_scope") == "ep-group", "settings not recorded"
+raw = open(d + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+def t(name):
+    a, b = hdr[name]["data_offsets"]
+    return struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
+rms = lambda v: math.sqrt(sum(x * x for x in v) / len(v))
+L = 4  # configs/demo.json; one step at lr 1e-9 leaves the initial values to within 1e-6
+for name, want in (("model.embed_tokens.weight", 0.5), ("model.layers.0.self_attn.q_proj.weight", math.sqrt(1 / (2 * 128 * L))),
+                   ("model.layers.1.post_attention_layernorm.weight", 0.283 / math.sqrt(L)),
+                   ("model.layers.1.post_mlp_layernorm.weight", 0.432 / math.sqrt(L)),
+                   ("model.layers.1.pre_mlp_layernorm.weight", 1.0), ("model.layers.1.input_layernorm.weight", 1.0)):
+    got = rms(t(name))
+    assert abs(got - want) < 0.02 * want, "%s: rms %.5f, want %.5f" % (name, got, want)
+    print("  %s: rms %.5f (want %.5f)" % (name, got, want))
+PY
+ok "train with the sandwich norm, --init-scheme tiny, --aux-scope ep-group $bf16: initial gains and stds as documented"
 
 if [ ${#MPI[@]} -gt 0 ]; then
     OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --tp 2 --sp \

@@ -31,6 +31,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"beta2", MT_ARG_DBL, &o.beta2, "AdamW beta2 (default 0.95)", &o.set_beta2},
         {"clip", MT_ARG_DBL, &o.clip, "global gradient-norm clip, 0 = off (default 1.0)", &o.set_clip},
         {"init-std", MT_ARG_DBL, &o.init_std, "init std of matrices (default sqrt(1/(2*d*L)))", NULL},
+        {"init-scheme", MT_ARG_STR, &o.init_scheme, "init: default (every matrix with --init-std) or tiny (Pangu's TinyInit: the token embedding with std 0.5, the other matrices with --init-std; untied embeddings)", NULL},
         {"threads", MT_ARG_INT, &o.threads, "threads (default: OMP_NUM_THREADS or all cores)", NULL},
         {"resume", MT_ARG_STR, &o.resume, "continue a run exactly from a run or checkpoint folder (its settings, unless given here)", NULL},
         {"init", MT_ARG_STR, &o.init, "start a new run from a checkpoint's weights", NULL},
@@ -62,6 +63,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"flashcomm", MT_ARG_STR, &o.flashcomm, "with --tp (no --sp): int8 sends each TP all-reduce as a reduce-scatter, INT8 with a scale per 128 values, and an all-gather (0.63x the bytes; rounds the activations and their gradients); off (default)", NULL},
         {"a2a", MT_ARG_STR, &o.a2a, "expert all-to-all: hier (one inter-node copy per node, default) or flat", NULL},
         {"expert-placement", MT_ARG_STR, &o.expert_placement, "experts on the EP ranks: contiguous (default) or shuffled:SEED (a seeded permutation per layer; checkpoints stay logical)", NULL},
+        {"aux-scope", MT_ARG_STR, &o.aux_scope, "balance loss over: sequence (each sequence, the default) or ep-group (all tokens of a micro-batch on the EP group's ranks, as Pangu Ultra MoE; its value depends on the layout: --ep, --batch, --sp)", NULL},
         {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
         {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},
         {NULL, 0, NULL, NULL, NULL}};

@@ -42,7 +42,7 @@ static void carve_pair(carver *cv, size_t bytes, int h16, float **f32, uint16_t 
  * SP (else Nt). hl: bytes of a value the FFNs keep or write to bf16-able scratch. */
 typedef struct {
     size_t tp, B, T, Nt, N, C, H, G, D, E, K, Fm, Fs, F, R, hl, nthr;
-    int sel, kv16;
+    int sel, kv16, sw;
 } geom;
 
 static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
@@ -64,6 +64,7 @@ static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
     g->nthr = (size_t)d->nthr;
     g->sel = d->policy == MT_RECOMPUTE_SELECTIVE;
     g->kv16 = d->kv16;
+    g->sw = c->sandwich_norm != 0;
     /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
      * (model/internal.h), and their scratch that only products read (carve_scratch) */
     g->hl = d->kv16 ? sizeof(uint16_t) : sizeof(float);
@@ -77,6 +78,7 @@ static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
 static void carve_shared(carver *cv, mt_acts *a, const geom *g) {
     if (!g->sel) return;
     a->hbuf = carve(cv, g->N * g->C * sizeof(float));
+    if (g->sw) a->yabuf = carve(cv, g->N * g->C * sizeof(float));
     if (g->E) carve_pair(cv, maxz(g->R * 2 * g->Fm, g->N * 2 * g->Fs) * g->hl, a->bf16, &a->gubuf, &a->gubuf16);
 }
 
@@ -113,6 +115,12 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
         else if (g->Fs) carve_pair(cv, N * 2 * g->Fs * hl, a->bf16, &L->sgu, &L->sgu16);
         L->f = carve(cv, g->B * E * fl);
     }
+    if (g->sw) { /* the sublayers' outputs before their norms (SELECTIVE recomputes the attention's) */
+        L->ya = g->sel ? a->yabuf : carve(cv, N * C * fl);
+        L->rstd_ya = carve(cv, N * fl);
+        L->yf = carve(cv, N * C * fl);
+        L->rstd_yf = carve(cv, N * fl);
+    }
 }
 
 /* The residual stream, its gradients, the norms' buffers, the RoPE tables, TP's buffers. */
@@ -131,6 +139,7 @@ static void carve_stream(carver *cv, mt_acts *a, const geom *g) {
     a->rstd_tmp = carve(cv, N * fl);
     a->dres = carve(cv, N * C * fl);
     a->dln = carve(cv, N * C * fl);
+    if (g->sw) a->dsub = carve(cv, N * C * fl);
     if (g->tp > 1) {
         a->gat = carve(cv, Nt * C * fl);
         a->part = carve(cv, Nt * C * fl);

@@ -19,6 +19,7 @@ struct mt_decoder {
     float *cos_t, *sin_t;         /* RoPE tables for tmax positions */
     mt_acts *a;                   /* the FFN / MoE blocks' buffers for cap tokens */
     float *x, *h, *ln, *rstd;     /* [cap, C] residual stream in and after attention, normed input, [cap] */
+    float *y;                     /* sandwich norm: [cap, C] a sublayer's output before its norm */
     float *q, *k, *v, *att;       /* [cap, H*D], [cap, kvw] x2, [cap, H*D] */
     float *xo, *lno;              /* [cap, C]: the rows whose logits are wanted, normed */
     float *sc;                    /* [nthr][tmax] attention scores */
@@ -54,6 +55,7 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
     d->x = dalloc(d, row * C);
     d->h = dalloc(d, row * C);
     d->ln = dalloc(d, row * C);
+    d->y = c->sandwich_norm ? dalloc(d, row * C) : NULL;
     d->rstd = dalloc(d, row);
     d->q = dalloc(d, row * HD);
     d->k = dalloc(d, row * d->kvw);
@@ -64,7 +66,7 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
     d->sc = dalloc(d, sizeof(float) * (size_t)nthr * tmax);
     d->route = mt_xcalloc((size_t)d->L, sizeof(int32_t *));
     int ok = d->kc && d->vc && d->cos_t && d->sin_t && d->x && d->h && d->ln && d->rstd && d->q && d->k && d->v &&
-             d->att && d->xo && d->lno && d->sc;
+             d->att && d->xo && d->lno && d->sc && (d->y || !c->sandwich_norm);
     for (int l = 0; l < d->L && ok; l++)
         if (mt_config_is_moe(c, l)) ok = (d->route[l] = dalloc(d, sizeof(int32_t) * (size_t)cap * c->num_experts_per_tok)) != NULL;
     if (ok) {
@@ -85,7 +87,7 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
 void mt_decoder_free(mt_decoder *d) {
     if (!d) return;
     float *bufs[] = {d->kc, d->vc, d->cos_t, d->sin_t, d->x, d->h, d->ln, d->rstd, d->q, d->k, d->v, d->att,
-                     d->xo, d->lno, d->sc};
+                     d->xo, d->lno, d->sc, d->y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mt_free(bufs[i]);
     for (int l = 0; l < d->L; l++) mt_free(d->route[l]);
     free(d->route);
@@ -130,7 +132,7 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
     const mt_config *c = &m->cfg;
     const int C = c->hidden_size, H = c->num_attention_heads, D = c->head_dim, HD = H * D, kvw = d->kvw;
     const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
-    const int F = c->intermediate_size, K = c->num_experts_per_tok;
+    const int F = c->intermediate_size, K = c->num_experts_per_tok, sw = c->sandwich_norm;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(n >= 1 && n <= d->cap && no >= 0 && no <= n);
     for (int i = 0; i < n; i++) MT_ASSERT(slot[i] >= 0 && slot[i] < d->slots && pos[i] >= 0 && pos[i] < d->tmax);
@@ -154,14 +156,26 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
             memcpy(d->vc + at, d->v + (size_t)i * kvw, sizeof(float) * kvw);
         }
         attend(d, c, l, slot, pos, n);
-        mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, HD, C);
-        mt_rmsnorm_fwd(d->ln, d->rstd, d->h, w->post_norm, n, C, eps);
-        layer_acts *L = &a->L[l];
-        if (!mt_config_is_moe(c, l)) {
-            mt_ffn_fwd(a, d->x, d->h, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
+        if (sw) { /* h = x + rmsnorm(att Wo^T), the FFN's input normed by pre_mlp_layernorm */
+            mt_linear_fwd(a->ws, d->y, d->att, w->wo, n, HD, C, 0.0f);
+            mt_rmsnorm_fwd(d->h, d->rstd, d->y, w->post_norm, n, C, eps);
+            mt_add(d->h, d->x, (size_t)n * C);
         } else {
-            mt_moe_block_fwd(m, a, L, w, l, n, 1, d->ln, NULL, d->h, d->x, 0);
+            mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, HD, C);
+        }
+        mt_rmsnorm_fwd(d->ln, d->rstd, d->h, sw ? w->pre_mlp_norm : w->post_norm, n, C, eps);
+        layer_acts *L = &a->L[l];
+        float *fout = sw ? d->y : d->x; /* sandwich: the FFN's output, normed into x below */
+        const float *fres = sw ? NULL : d->h;
+        if (!mt_config_is_moe(c, l)) {
+            mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
+        } else {
+            mt_moe_block_fwd(m, a, L, w, l, n, 1, d->ln, NULL, fres, fout, 0);
             memcpy(d->route[l], L->sel, sizeof(int32_t) * (size_t)n * K);
+        }
+        if (sw) {
+            mt_rmsnorm_fwd(d->x, d->rstd, d->y, w->post_mlp_norm, n, C, eps);
+            mt_add(d->x, d->h, (size_t)n * C);
         }
     }
     for (int j = 0; j < no; j++) memcpy(d->xo + (size_t)j * C, d->x + (size_t)rows[j] * C, sizeof(float) * C);

@@ -48,6 +48,8 @@ typedef struct {
     float *sgu;                   /* [N,2Fs] shared experts gate|up */
     uint16_t *egu16, *sgu16;      /* bf16 mode: the same as bf16 (egu, sgu NULL) */
     float *f;                     /* [B,E] per-sequence routed fraction f_e */
+    float *ya, *rstd_ya;          /* sandwich norm: [N,C] attention output before its norm, [N] its 1/rms */
+    float *yf, *rstd_yf;          /* sandwich norm: [N,C] FFN output before its norm, [N] */
     mt_ep_batch epb;              /* the dispatch of this layer (its plan: the exchange's) */
     mt_local_plan local;          /* the local exchange's plan (moe_block.c) */
     float *ep_egu;                /* EP: [>= epb.R, 2Fm] expert gate|up (grown, kept) */
@@ -86,6 +88,8 @@ struct mt_acts {
     float *ln, *rstd_tmp;         /* normed input of the current block [N,C], [N] */
     uint16_t *ln16;               /* ln's bytes, as bf16 (norm_in writes one or the other) */
     float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */
+    float *yabuf;                 /* SELECTIVE with sandwich norm: the one attention output [N,C] */
+    float *dsub;                  /* sandwich norm: [N,C] gradient of a sublayer's output (before its norm) */
     uint16_t *gubuf16;            /* bf16 mode: gubuf as bf16 (gubuf NULL) */
     float *dres, *dln, *datt, *dq, *dk, *dv;
     float *big1, *big2, *big3;    /* [max(ffn_rows*F, R*Fm, N*Fs)] x2, [twice that] */
@@ -127,7 +131,7 @@ void mt_ffn_bwd(mt_acts *a, float *dx, float *dwgu, float *dwd, const float *dou
                 int C, int F, int rows);
 
 /* moe_block.c: the MoE block of layer l on the normed input ln (or ln16) of a->Nl rows:
- * out = res + shared(ln) + sum_j w_j E_j(ln), and its backward (dln overwritten) */
+ * out = res + shared(ln) + sum_j w_j E_j(ln) (res NULL: 0), and its backward (dln overwritten) */
 void mt_moe_block_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l, int B, int T,
                       const float *ln, const uint16_t *ln16, const float *res, float *out, int train);
 void mt_moe_block_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,

@@ -87,6 +87,10 @@ int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
                 n = add_tensor(t, n, &off, 1, MT_R_SDOWN, l, -1, C, Fs, "%s.%d.mlp.shared_experts.down_proj.weight", p, l);
             }
         }
+        if (c->sandwich_norm) { /* last in the layer: the tables of other models keep their order */
+            n = add_tensor(t, n, &off, 0, MT_R_PRE_MLP_NORM, l, -1, C, 0, "%s.%d.pre_mlp_layernorm.weight", p, l);
+            n = add_tensor(t, n, &off, 0, MT_R_POST_MLP_NORM, l, -1, C, 0, "%s.%d.post_mlp_layernorm.weight", p, l);
+        }
     }
     n = add_tensor(t, n, &off, 0, MT_R_NORM, -1, -1, C, 0, "model.norm.weight");
     if (!c->tie_word_embeddings) n = add_tensor(t, n, &off, 1, MT_R_HEAD, -1, -1, c->vocab_size, C, "lm_head.weight");
@@ -300,6 +304,8 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
         case MT_R_SGATE: L->sgate = p; break;
         case MT_R_SUP: L->sup = p; break;
         case MT_R_SDOWN: L->sdown = p; break;
+        case MT_R_PRE_MLP_NORM: L->pre_mlp_norm = p; break;
+        case MT_R_POST_MLP_NORM: L->post_mlp_norm = p; break;
         default: MT_ASSERT(0);
         }
     }
@@ -322,9 +328,6 @@ int mt_model_check(const mt_config *cfg, const char *what) {
     if (cfg->num_nextn_predict_layers > 0)
         return mt_error("%s: key num_nextn_predict_layers: %d: multi-token prediction is not implemented by the "
                         "trainer (moetrain plan models it)", what, cfg->num_nextn_predict_layers);
-    if (cfg->sandwich_norm)
-        return mt_error("%s: key sandwich_norm: true is not implemented by the trainer yet (moetrain plan models it)",
-                        what);
     size_t n;
     mt_model_layout(cfg, NULL, &n);
     if (n == SIZE_MAX) return mt_error("%s: the parameter count overflows (the sizes are absurd)", what);
@@ -390,14 +393,27 @@ void mt_model_free(mt_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-void mt_model_init_weights(mt_model *m, uint64_t seed, float std) {
+void mt_model_init_weights(mt_model *m, uint64_t seed, float std) { mt_model_init_weights_embed(m, seed, std, std); }
+
+/* the initial value of norm weight t: 1, or the depth-scaled sandwich norm's gain of a
+ * sublayer output, c / sqrt(L): the 2L outputs join the residual stream with an RMS that
+ * shrinks with depth, so the stream's RMS at the top does not grow with L */
+static float norm_init(const mt_config *c, const mt_tensor *t) {
+    if (!c->sandwich_norm || (t->role != MT_R_POST_NORM && t->role != MT_R_POST_MLP_NORM)) return 1.0f;
+    const double k = t->role == MT_R_POST_NORM ? MT_DSSN_C_ATTN : MT_DSSN_C_MLP;
+    return (float)(k / sqrt((double)c->num_hidden_layers));
+}
+
+void mt_model_init_weights_embed(mt_model *m, uint64_t seed, float std0, float embed_std) {
     for (int i = 0; i < m->ntensors; i++) {
         const mt_tensor *t = &m->tensors[i];
         float *p = m->params + t->offset;
         if (t->ndim == 1) {
-            for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+            const float g = norm_init(&m->cfg, t);
+            for (size_t j = 0; j < t->numel; j++) p[j] = g;
             continue;
         }
+        const float std = t->role == MT_R_EMBED ? embed_std : std0;
         /* stream = index in the whole model, counter = element index in the whole tensor:
          * the same draw whatever the thread count or layout (a TP slice draws its part) */
         const uint64_t stream = (uint64_t)t->full_index;

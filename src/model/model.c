@@ -84,6 +84,42 @@ static void norm_in(const mt_model *m, mt_acts *a, int moe_layer, float *rstd, c
     *h = h16 ? a->ln16 : NULL;
 }
 
+/* The attention output before the residual: y = att Wo^T, over TP the partial sums of the local
+ * heads summed into this rank's rows (row-parallel). */
+static void attn_out(const mt_model *m, mt_acts *a, float *y, const float *att, const float *wo, int N, int HD, int C) {
+    if (!m->tp) {
+        mt_linear_fwd(a->ws, y, att, wo, N, HD, C, 0.0f);
+    } else {
+        mt_linear_fwd(a->ws, a->part, att, wo, N, HD, C, 0.0f);
+        tp_out(m, y, a->part, N, C);
+    }
+}
+
+/* h = x + att Wo^T, or with the sandwich norm h = x + rmsnorm(att Wo^T, post_attention_layernorm)
+ * (L->ya keeps the product, L->rstd_ya its 1/rms) */
+static void attn_residual(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int N, int HD) {
+    const int C = m->cfg.hidden_size, Nl = a->Nl;
+    if (m->cfg.sandwich_norm) {
+        attn_out(m, a, L->ya, L->att, w->wo, N, HD, C);
+        mt_rmsnorm_fwd(L->h, L->rstd_ya, L->ya, w->post_norm, Nl, C, (float)m->cfg.rms_norm_eps);
+        mt_add(L->h, L->x, (size_t)Nl * C);
+    } else if (!m->tp) { /* residual add fused into the output projection */
+        mt_linear_fwd_res(a->ws, L->h, L->x, L->att, NULL, w->wo, N, HD, C);
+    } else {
+        attn_out(m, a, L->h, L->att, w->wo, N, HD, C);
+        mt_add(L->h, L->x, (size_t)Nl * C);
+    }
+}
+
+/* The sandwich norm's backward of out = res + rmsnorm(y, w): a->dsub = d/dy from dout
+ * (the gradient of out, which is also res's: the caller keeps adding into it) */
+static const float *sub_norm_bwd(mt_acts *a, float *dw, const float *dout, const float *y, const float *w,
+                                 const float *rstd, int C) {
+    mt_zero(a->dsub, (size_t)a->Nl * C);
+    mt_rmsnorm_bwd(a->dsub, dw, dout, y, w, rstd, a->Nl, C);
+    return a->dsub;
+}
+
 void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                       const int32_t *pos, int B, int T, int train, const mt_loss *loss, float *logits,
                       mt_step_stats *st) {
@@ -92,7 +128,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
-    const int V = c->vocab_size, lo = a->lo, hi = a->hi;
+    const int V = c->vocab_size, lo = a->lo, hi = a->hi, sw = c->sandwich_norm;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
     MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
@@ -139,31 +175,36 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
             mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr,
                              a->bf16);
         }
-        if (tp == 1) { /* residual add fused into the output projection */
-            mt_linear_fwd_res(a->ws, L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
-        } else {       /* row-parallel: partial sums over the local heads, summed over TP */
-            mt_linear_fwd(a->ws, a->part, L->att, w->wo, N, H * D, C, 0.0f);
-            tp_out(m, L->h, a->part, N, C);
-            mt_add(L->h, L->x, (size_t)Nl * C);
-        }
-        norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, w->post_norm, &lnx, &ln16);
+        attn_residual(m, a, L, w, N, H * D);
+        norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, sw ? w->pre_mlp_norm : w->post_norm, &lnx, &ln16);
         mt_trace_end();
-        /* the FFN writes xout = h + FFN(norm(h)) */
+        /* the FFN writes xout = h + FFN(norm(h)); with the sandwich norm its output goes to
+         * L->yf, normed into xout after it */
+        float *fout = sw ? L->yf : xout;
+        const float *fres = sw ? NULL : L->h;
         if (!mt_config_is_moe(c, l)) {
             mt_trace_begin("fwd.ffn");
             if (tp == 1) {
-                mt_ffn_fwd(a, xout, L->h, L->gu, L->gu16, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
+                mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
             } else {
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
                 mt_ffn_fwd(a, a->part, NULL, L->gu, L->gu16, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows);
-                tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
-                mt_copy(xout, L->h, (size_t)Nl * C);
-                mt_add(xout, a->dln, (size_t)Nl * C);
+                if (sw) {
+                    tp_out(m, fout, a->part, N, C);
+                } else {
+                    tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
+                    mt_copy(xout, L->h, (size_t)Nl * C);
+                    mt_add(xout, a->dln, (size_t)Nl * C);
+                }
             }
         } else {
             mt_trace_begin("fwd.moe");
-            mt_moe_block_fwd(m, a, L, w, l, B, T, lnx, ln16, L->h, xout, train);
+            mt_moe_block_fwd(m, a, L, w, l, B, T, lnx, ln16, fres, fout, train);
             mt_balance_fwd(m, a, L, B, T, &st->bal_sum[l]);
+        }
+        if (sw) {
+            mt_rmsnorm_fwd(xout, L->rstd_yf, L->yf, w->post_mlp_norm, Nl, C, eps);
+            mt_add(xout, L->h, (size_t)Nl * C);
         }
         mt_trace_end();
     }
@@ -191,7 +232,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
-    const int lo = a->lo, hi = a->hi, Nl = a->Nl;
+    const int lo = a->lo, hi = a->hi, Nl = a->Nl, sw = c->sandwich_norm;
     MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
     mt_acts_ws_reserve(a, c, N);
     float *d = a->dres;
@@ -204,41 +245,37 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         layer_acts *L = &a->L[l - lo];
         const mt_layer_w *w = &m->w[l];
         mt_layer_w *dw = &m->g[l];
-        if (a->policy == MT_RECOMPUTE_SELECTIVE) { /* h = x + att Wo^T, as in the forward */
-            if (tp == 1) {
-                mt_linear_fwd_res(a->ws, L->h, L->x, L->att, NULL, w->wo, N, H * D, C);
-            } else {
-                mt_linear_fwd(a->ws, a->part, L->att, w->wo, N, H * D, C, 0.0f);
-                tp_out(m, L->h, a->part, N, C);
-                mt_add(L->h, L->x, (size_t)Nl * C);
-            }
-        }
+        if (a->policy == MT_RECOMPUTE_SELECTIVE) attn_residual(m, a, L, w, N, H * D); /* h, as in the forward */
         mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
-        /* ffn: d is the gradient of the layer output; recompute its normed input */
+        /* ffn: d is the gradient of the layer output, dy that of the FFN's output (the
+         * sandwich norm's input); recompute the FFN's normed input */
+        const float *fnorm = sw ? w->pre_mlp_norm : w->post_norm;
+        const float *dy = sw ? sub_norm_bwd(a, dw->post_mlp_norm, d, L->yf, w->post_mlp_norm, L->rstd_yf, C) : d;
         const float *lnx;
         const uint16_t *ln16;
-        norm_in(m, a, mt_config_is_moe(c, l), a->rstd_tmp, L->h, w->post_norm, &lnx, &ln16);
+        norm_in(m, a, mt_config_is_moe(c, l), a->rstd_tmp, L->h, fnorm, &lnx, &ln16);
         if (!mt_config_is_moe(c, l)) {
             if (tp == 1) {
-                mt_ffn_bwd(a, a->dln, dw->gate, dw->down, d, lnx, ln16, L->gu, L->gu16, w->gate, w->down, N, C, F,
+                mt_ffn_bwd(a, a->dln, dw->gate, dw->down, dy, lnx, ln16, L->gu, L->gu16, w->gate, w->down, N, C, F,
                            a->ffn_rows);
             } else { /* gathered input and output gradient; the input gradient summed over TP */
                 const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                const float *df = tp_in(m, a, a->dgat, d, C);
+                const float *df = tp_in(m, a, a->dgat, dy, C);
                 mt_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, NULL, L->gu, L->gu16, w->gate, w->down, N, C,
                            F, a->ffn_rows);
                 tp_out(m, a->dln, a->part, N, C);
             }
         } else {
-            mt_moe_block_bwd(m, a, L, w, dw, T, lnx, ln16, d, a->dln, bal_coef);
+            mt_moe_block_bwd(m, a, L, w, dw, T, lnx, ln16, dy, a->dln, bal_coef);
         }
-        mt_rmsnorm_bwd(d, dw->post_norm, a->dln, L->h, w->post_norm, L->rstd2, Nl, C);
+        mt_rmsnorm_bwd(d, sw ? dw->pre_mlp_norm : dw->post_norm, a->dln, L->h, fnorm, L->rstd2, Nl, C);
         mt_trace_end();
         mt_trace_begin("bwd.attention");
-        /* attention: d is now the gradient of h */
+        /* attention: d is now the gradient of h, dy that of the attention output */
+        dy = sw ? sub_norm_bwd(a, dw->post_norm, d, L->ya, w->post_norm, L->rstd_ya, C) : d;
         norm_in(m, a, 0, a->rstd_tmp, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
-        const float *df = tp > 1 ? tp_in(m, a, a->dgat, d, C) : d;
+        const float *df = tp > 1 ? tp_in(m, a, a->dgat, dy, C) : dy;
         mt_linear_bwd(a->ws, a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
         if (a->kv16)
             mt_attention_bwd_kv16(a->dq, a->dk, a->dv, a->datt, L->q, L->k16, L->v16, L->att, L->lse, pos, B, T, H,

@@ -18,7 +18,8 @@
 enum mt_role {
     MT_R_EMBED = 0, MT_R_IN_NORM, MT_R_WQ, MT_R_WK, MT_R_WV, MT_R_WO, MT_R_POST_NORM,
     MT_R_GATE, MT_R_UP, MT_R_DOWN, MT_R_ROUTER, MT_R_EGATE, MT_R_EUP, MT_R_EDOWN,
-    MT_R_SGATE, MT_R_SUP, MT_R_SDOWN, MT_R_NORM, MT_R_HEAD
+    MT_R_SGATE, MT_R_SUP, MT_R_SDOWN, MT_R_NORM, MT_R_HEAD,
+    MT_R_PRE_MLP_NORM, MT_R_POST_MLP_NORM /* sandwich norm (config sandwich_norm) */
 };
 
 typedef struct {
@@ -86,6 +87,9 @@ typedef struct {
                                      * it (gate|up of an expert is one [2Fm,C] matrix);
                                      * down_e = edown + e*C*Fm [C,Fm] */
     float *sgate, *sup, *sdown;     /* shared experts: [Fs,C], [Fs,C] (adjacent), [C,Fs] (NULL if none) */
+    /* sandwich norm: the FFN's input norm and its output's norm (NULL without); post_norm
+     * is then the attention output's norm */
+    float *pre_mlp_norm, *post_mlp_norm;
 } mt_layer_w;
 
 /* Tensor-parallel collectives over the TP group, supplied by parallel/. With sp the residual
@@ -146,13 +150,25 @@ typedef struct mt_ep_ops {
     int (*test)(void *ctx, mt_ep_batch *b);
     void (*wait)(void *ctx, mt_ep_batch *b);
     void (*release)(void *ctx, mt_ep_batch *b);
+    /* x[n] summed over the EP group (all-reduce; the balance loss's ep-group scope); called
+     * by every rank of the group at the same point, with no transfer pending */
+    void (*sum_f64)(void *ctx, double *x, size_t n);
 } mt_ep_ops;
+
+/* The balance loss's scope (train --aux-scope). SEQUENCE (the default, docs/FORMATS.md): per
+ * sequence, averaged over the global batch's sequences. EP_GROUP (Pangu Ultra MoE): f_e and
+ * P_e over every token of a micro-batch on the ranks of the expert-parallel group (one
+ * process: the micro-batch's tokens; with --sp a rank holds 1/TP of them), so its value
+ * depends on the layout; the group's value stands for each of its sequences in the mean.
+ * Not with a per-row fed length (RL). */
+enum mt_aux_scope { MT_AUX_SEQUENCE = 0, MT_AUX_EP_GROUP = 1 };
 
 typedef struct {
     mt_config cfg;
     mt_part part;
     const mt_ep_ops *ep;            /* NULL: every expert is local */
     const mt_tp_ops *tp;            /* NULL: no tensor parallelism */
+    int aux_scope;                  /* enum mt_aux_scope, MT_AUX_SEQUENCE after init */
     int32_t *slot_of;               /* [L*E] the expert placement (mt_expert_map); NULL: contiguous */
     size_t n_tp;                    /* floats of the TP-sliced part (0 without TP) */
     size_t n_dense;                 /* floats before the expert part (== nparams without EP) */
@@ -191,8 +207,18 @@ int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, con
 int mt_model_layout_part(const mt_config *cfg, const mt_part *sh, mt_tensor *tensors, size_t *nparams,
                           size_t *n_tp, size_t *n_dense);
 void mt_model_free(mt_model *m);
-/* Seeded, layout-independent init (keyed by full_index): matrices ~ N(0, std^2), norms = 1. */
+/* Seeded, layout-independent init (keyed by full_index): matrices ~ N(0, std^2), norms = 1,
+ * but with sandwich_norm the gains of the norms on the sublayer outputs, which start at
+ * c / sqrt(L): post_attention_layernorm MT_DSSN_C_ATTN / sqrt(L), post_mlp_layernorm
+ * MT_DSSN_C_MLP / sqrt(L) (the depth-scaled sandwich norm, Pangu Ultra's constants;
+ * docs/DESIGN.md). */
+#define MT_DSSN_C_ATTN 0.283
+#define MT_DSSN_C_MLP 0.432
 void mt_model_init_weights(mt_model *m, uint64_t seed, float std);
+/* The same with the token embedding ~ N(0, embed_std^2) (TinyInit: train --init-scheme tiny);
+ * the draws are those of mt_model_init_weights, scaled. */
+void mt_model_init_weights_embed(mt_model *m, uint64_t seed, float std, float embed_std);
+#define MT_TINYINIT_EMBED_STD 0.5
 const mt_tensor *mt_model_find(const mt_model *m, const char *name);
 void mt_model_zero_grads(mt_model *m);
 /* Points the model at another parameter buffer of the same layout (nparams floats, e.g. a

@@ -113,11 +113,29 @@ static void route_fwd(mt_ws kws, const mt_config *c, layer_acts *L, const mt_lay
     }
 }
 
+/* The ep-group scope's routed fractions f_e, in L->f[0..E): over every (token, slot) of the
+ * micro-batch on the EP group's ranks (an all-reduce of the counts and the token count; with
+ * SP each rank counts its own 1/TP of the tokens, and the group spans the TP ranks it spans) */
+static void group_fractions(const mt_model *m, const mt_acts *a, layer_acts *L) {
+    const int E = m->cfg.n_routed_experts, K = m->cfg.num_experts_per_tok, R = a->Nl * K;
+    MT_ASSERT(!a->fed); /* a row's real length has no meaning for a group of rows */
+    double *cnt = mt_xcalloc((size_t)E + 1, sizeof(double));
+    for (int i = 0; i < R; i++) cnt[L->sel[i]] += 1.0;
+    cnt[E] = a->Nl;
+    if (m->ep) m->ep->sum_f64(m->ep->ctx, cnt, (size_t)E + 1);
+    for (int e = 0; e < E; e++) L->f[e] = (float)(cnt[e] / (cnt[E] * K));
+    free(cnt);
+}
+
 /* per-sequence routed fractions f_e (for the balance loss) of the chunk's Nl tokens, token
  * 0 being token g0 of the micro-batch; with SP the counts of the TP ranks are summed */
 static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, int B, int T) {
     const mt_config *c = &m->cfg;
     const int E = c->n_routed_experts, K = c->num_experts_per_tok, R = a->Nl * K;
+    if (m->aux_scope == MT_AUX_EP_GROUP) {
+        group_fractions(m, a, L);
+        return;
+    }
     memset(L->f, 0, sizeof(float) * (size_t)B * E);
     for (int i = 0; i < R; i++) {
         const int tok = a->g0 + i / K;
@@ -312,9 +330,10 @@ void mt_moe_scratch_free(mt_acts *a) {
 /* ---------------------------------------------------------------- the MoE block */
 
 /* MoE block forward on the normed input ln[N,C] (or ln16): out[N,C] = res + shared(ln) +
- * sum_j w_j E_j(ln), in phases: route; dispatch; the local experts as one grouped GEMM on
- * the rows that arrived; combine, with the shared experts computed while it is pending
- * (they write out = res + shared, which the combine's wait adds into). */
+ * sum_j w_j E_j(ln) (res NULL: none, the sandwich norm's sublayer output), in phases: route;
+ * dispatch; the local experts as one grouped GEMM on the rows that arrived; combine, with the
+ * shared experts computed while it is pending (they write out = res + shared, which the
+ * combine's wait adds into). */
 static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, int l, int B, int T,
                     const float *ln, const uint16_t *ln16, const float *res, float *out, int train) {
     const mt_config *c = &m->cfg;
@@ -364,7 +383,8 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
      * weighted combine accumulates: the residual add costs no pass of its own */
     mt_trace_begin("moe.shared");
     if (Fs > 0) mt_ffn_fwd(a, out, res, L->sgu, L->sgu16, ln, ln16, w->sgate, w->sdown, N, C, Fs, N);
-    else mt_copy(out, res, (size_t)N * C);
+    else if (res) mt_copy(out, res, (size_t)N * C);
+    else mt_zero(out, (size_t)N * C);
     mt_trace_end();
     mt_trace_begin("moe.combine");
     xo->wait(xo->ctx, b);
@@ -374,9 +394,37 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
 
 /* balance loss of each sequence: E * sum_e f_e * P_e, P_e = mean_t ptilde[t,e] (with SP the
  * per-sequence sums of the TP ranks are added first) */
+/* the ep-group scope: one balance E * sum_e f_e P_e over the group's tokens (P_e's sums
+ * and the token count all-reduced like f_e's), standing for each of this rank's Nl / T
+ * sequences: the trainer's mean over sequences is then the mean over the groups */
+static double group_balance(const mt_model *m, const mt_acts *a, const layer_acts *L, int T) {
+    const mt_config *c = &m->cfg;
+    const int E = c->n_routed_experts;
+    double *P = mt_xcalloc((size_t)E + 1, sizeof(double));
+    for (int t = 0; t < a->Nl; t++) {
+        const float *p = L->probs + (size_t)t * E;
+        float norm = 1.0f;
+        if (c->scoring_func == MT_SCORING_SIGMOID) {
+            norm = 0.0f;
+            for (int e = 0; e < E; e++) norm += p[e];
+        }
+        for (int e = 0; e < E; e++) P[e] += p[e] / norm;
+    }
+    P[E] = a->Nl;
+    if (m->ep) m->ep->sum_f64(m->ep->ctx, P, (size_t)E + 1);
+    double bl = 0.0;
+    for (int e = 0; e < E; e++) bl += L->f[e] * (P[e] / P[E]);
+    free(P);
+    return E * bl * a->Nl / T;
+}
+
 void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, int B, int T, double *sum_out) {
     const mt_config *c = &m->cfg;
     const int E = c->n_routed_experts;
+    if (m->aux_scope == MT_AUX_EP_GROUP) {
+        *sum_out += group_balance(m, a, L, T);
+        return;
+    }
     double *P = mt_xcalloc((size_t)B * E, sizeof(double));
     for (int t = 0; t < a->Nl; t++) {
         const float *p = L->probs + (size_t)t * E;
@@ -406,7 +454,7 @@ void mt_balance_fwd(const mt_model *m, const mt_acts *a, const layer_acts *L, in
 /* Router backward: a->dw[N*K] (gradient of the routing weights, slot order) and the
  * balance loss -> dp -> scores; dln += its gradient, the router's weight gradient accumulates. */
 static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
-                      const float *ln, const uint16_t *ln16, float *dln, int N, int T, float bal_coef) {
+                      const float *ln, const uint16_t *ln16, float *dln, int N, int T, float bal_coef, int group) {
     const int C = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     const int sigmoid = c->scoring_func == MT_SCORING_SIGMOID;
     const float scale = (float)c->routed_scaling_factor;
@@ -428,8 +476,10 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
         }
         const int tok = a->g0 + t, Tb = a->fed ? a->fed[tok / T] : T;
         if (bal_coef != 0.0f && tok % T < Tb) {
-            /* d/dptilde[t,e] = bal_coef * E * f_e / T (T: the row's real positions) */
-            const float *f = L->f + (size_t)(tok / T) * E;
+            /* d/dptilde[t,e] = bal_coef * E * f_e / T (T: the row's real positions). The
+             * ep-group scope's the same with the group's f_e: its balance counts once per
+             * sequence of the group and its P_e is a mean over the group's tokens */
+            const float *f = group ? L->f : L->f + (size_t)(tok / T) * E;
             if (!sigmoid) {
                 for (int e = 0; e < E; e++) dp[e] += bal_coef * E * f[e] / Tb;
             } else {
@@ -511,7 +561,7 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     xo->to_source(xo->ctx, b, a->dw, ws.dwr);
     xo->wait(xo->ctx, b);
     xo->release(xo->ctx, b);
-    route_bwd(c, a, L, w, dw, ln, ln16, dln, N, T, bal_coef);
+    route_bwd(c, a, L, w, dw, ln, ln16, dln, N, T, bal_coef, m->aux_scope == MT_AUX_EP_GROUP);
     mt_trace_end();
 }
 

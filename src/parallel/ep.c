@@ -169,6 +169,12 @@ static void ep_release(void *ctx, mt_ep_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
+static void ep_sum_f64(void *ctx, double *x, size_t n) {
+    mt_ep *e = ctx;
+    MT_ASSERT(n <= (size_t)1 << 30);
+    MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, e->a2a.ep);
+}
+
 int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode) {
     memset(e, 0, sizeof *e);
     if (mt_a2a_init(&e->a2a, ep, ranks_per_node) != 0) return -1;
@@ -176,7 +182,7 @@ int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode) {
     e->ops = (mt_ep_ops){.ctx = e, .rank = e->a2a.rank, .size = e->a2a.size, .dispatch = ep_dispatch,
                          .combine = ep_combine, .gather = ep_gather, .redispatch = ep_redispatch,
                          .dispatch_bwd = ep_dispatch_bwd, .to_source = ep_to_source, .test = ep_test,
-                         .wait = ep_wait, .release = ep_release};
+                         .wait = ep_wait, .release = ep_release, .sum_f64 = ep_sum_f64};
     return 0;
 }
 

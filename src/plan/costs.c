@@ -92,9 +92,24 @@ static void swiglu(double C, double F, int elt, int shared, mt_unit_cost *u) {
     u->tp_colls += 2;
 }
 
+/* The sandwich norm's two more norms per layer (docs/DESIGN.md): the sublayer outputs before
+ * their norms and their 1/rms are kept (selective recomputes the attention's with h), and
+ * the backward holds the gradient of a sublayer output. */
+static void sandwich(double C, int elt, mt_unit_cost *u) {
+    const double f4 = 4;
+    u->p_rep += 2 * C;                                 /* pre_mlp and post_mlp norms */
+    u->act_tok[MT_RECOMPUTE_KEEP_ALL] += 2 * C * elt + 2 * f4;
+    u->act_tok[MT_RECOMPUTE_NONE] += 2 * C * elt + 2 * f4;
+    u->act_tok[MT_RECOMPUTE_SELECTIVE] += C * elt + 2 * f4;
+    u->work_rc_tok += C * elt;
+    u->work_tok += C * elt;
+    u->mem_tok += 4 * C * elt;                         /* two norms, read + write */
+}
+
 static void layer(const mt_config *c, int l, int T, int elt, mt_unit_cost *u) {
     const double C = c->hidden_size, f4 = 4;
     attention(c, T, elt, u);
+    if (c->sandwich_norm) sandwich(C, elt, u);
     if (!mt_config_is_moe(c, l)) {
         u->kind = MT_UNIT_DENSE;
         swiglu(C, c->intermediate_size, elt, 0, u);

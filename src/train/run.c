@@ -55,6 +55,9 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
                o->dist_opt ? "distributed optimizer (gradients reduce-scattered, AdamW sharded, "
                              "parameters all-gathered)"
                            : "gradients all-reduced");
+    if (t->m.aux_scope == MT_AUX_EP_GROUP)
+        printf("  balance loss over the EP group's tokens of each micro-batch (%g sequences; --aux-scope ep-group: "
+               "its value depends on the layout)\n", (double)o->batch * o->ep / (d->sp ? o->tp : 1));
     if (t->start_step) printf("  resumed from %s at step %d\n", t->ckdir, t->start_step);
     printf("  optimizer state per rank: %.2f MiB (AdamW moments%s; the fullest rank)\n",
            (double)t->opt_bytes / 1048576.0, o->dist_opt && W > 1 ? ", sharded" : "");

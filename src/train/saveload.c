@@ -216,6 +216,8 @@ char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, 
     if (o->metrics) cJSON_AddStringToObject(r, "metrics", o->metrics);
     if (o->recompute) cJSON_AddStringToObject(r, "recompute", o->recompute);
     if (o->expert_placement) cJSON_AddStringToObject(r, "expert_placement", o->expert_placement);
+    if (o->aux_scope) cJSON_AddStringToObject(r, "aux_scope", o->aux_scope);
+    if (o->init_scheme) cJSON_AddStringToObject(r, "init_scheme", o->init_scheme);
     char *js = cJSON_Print(r);
     cJSON_Delete(r);
     return js;
@@ -282,7 +284,9 @@ static int state_strings(const char *path, const cJSON *r, mt_train_opts *o) {
     const struct { const char *k; const char **dst; char *buf; size_t cap; } strs[] = {
         {"metrics", &o->metrics, o->resumed_metrics, sizeof o->resumed_metrics},
         {"recompute", &o->recompute, o->resumed_recompute, sizeof o->resumed_recompute},
-        {"expert_placement", &o->expert_placement, o->resumed_placement, sizeof o->resumed_placement}};
+        {"expert_placement", &o->expert_placement, o->resumed_placement, sizeof o->resumed_placement},
+        {"aux_scope", &o->aux_scope, o->resumed_aux_scope, sizeof o->resumed_aux_scope},
+        {"init_scheme", &o->init_scheme, o->resumed_init_scheme, sizeof o->resumed_init_scheme}};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(r, strs[i].k);
         if (!x) continue; /* not recorded */

@@ -236,6 +236,11 @@ static int check_opts(const mt_train_opts *o, const mt_config *cfg) {
     if (!(o->clip >= 0) || !isfinite(o->clip)) return mt_error("train: --clip must be a finite number >= 0 (0 = off)");
     if (!(o->init_std >= 0) || !isfinite(o->init_std))
         return mt_error("train: --init-std must be a finite number >= 0 (0 = default)");
+    if (o->init_scheme && strcmp(o->init_scheme, "default") != 0 && strcmp(o->init_scheme, "tiny") != 0)
+        return mt_error("train: --init-scheme '%s': default or tiny", o->init_scheme);
+    if (o->init_scheme && strcmp(o->init_scheme, "tiny") == 0 && cfg->tie_word_embeddings && !o->resume && !o->init)
+        return mt_error("train: --init-scheme tiny draws the embedding with std %g, meant for an untied one: with key "
+                        "tie_word_embeddings: true it would also be the head", MT_TINYINIT_EMBED_STD);
     if (!(o->bucket_mb > 0) || !isfinite(o->bucket_mb)) return mt_error("train: --bucket-mb must be a positive number");
     if (o->max_bad < 1) return mt_error("train: --max-bad-steps must be at least 1");
     if (!(o->peak_gflops >= 0) || !isfinite(o->peak_gflops))
@@ -250,6 +255,16 @@ static int check_opts(const mt_train_opts *o, const mt_config *cfg) {
         return mt_error("train: --seq %d exceeds max_position_embeddings %d of the config", o->seq,
                         cfg->max_position_embeddings);
     return 0;
+}
+
+/* --aux-scope: the enum mt_aux_scope, or -1 with an error naming the value */
+static int aux_scope_parse(const mt_train_opts *o) {
+    if (!o->aux_scope || strcmp(o->aux_scope, "sequence") == 0) return MT_AUX_SEQUENCE;
+    if (strcmp(o->aux_scope, "ep-group") != 0)
+        return mt_error("train: --aux-scope '%s': sequence or ep-group", o->aux_scope);
+    if (o->external_batches) /* rows of their own lengths (RL): a per-row balance */
+        return mt_error("rl: the balance loss's ep-group scope is for token windows (train) only");
+    return MT_AUX_EP_GROUP;
 }
 
 /* The layout's constraints on the model. */
@@ -346,8 +361,8 @@ static int init_config(mt_trainer *t) {
     const size_t ckcap = sizeof t->ckdir;
     if (o->resume && o->init)
         return mt_error("train: --resume continues a run, --init starts a new one from weights: give one of them");
-    if ((o->resume || o->init) && o->init_std > 0 && root)
-        mt_warn("--init-std has no effect with --%s: the weights come from the checkpoint",
+    if ((o->resume || o->init) && (o->init_std > 0 || o->init_scheme) && root)
+        mt_warn("--init-std and --init-scheme have no effect with --%s: the weights come from the checkpoint",
                 o->resume ? "resume" : "init");
     if (o->resume) {
         if (mt_ckpt_resolve(o->resume, ckdir, ckcap) != 0) return -1;
@@ -511,7 +526,8 @@ static int init_model(mt_trainer *t) {
         if (strcmp(o->expert_placement, "contiguous") != 0) sh.slot_of = map.slot_of;
     }
     const int policy = mt_recompute_parse(o->recompute ? o->recompute : "none");
-    if (policy < 0 || check_memory(t, &sh, policy) != 0) return -1;
+    const int aux_scope = aux_scope_parse(o);
+    if (policy < 0 || aux_scope < 0 || check_memory(t, &sh, policy) != 0) return -1;
     if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp, o->flashcomm && strcmp(o->flashcomm, "int8") == 0);
     if (o->ep > 1) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode) != 0) return -1;
@@ -520,6 +536,7 @@ static int init_model(mt_trainer *t) {
     const int rc = mt_model_init_part(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
     mt_expert_map_free(&map); /* the model keeps its own copy */
     if (rc != 0) return -1;
+    t->m.aux_scope = aux_scope;
     t->nfull_t = mt_model_layout(cfg, NULL, NULL);
     t->full_t = mt_xcalloc((size_t)t->nfull_t, sizeof(mt_tensor));
     mt_model_layout(cfg, t->full_t, &t->nfull);
@@ -533,7 +550,10 @@ static int init_model(mt_trainer *t) {
     } else {
         float std = o->init_std > 0 ? (float)o->init_std
                                     : sqrtf(1.0f / (2.0f * cfg->hidden_size * cfg->num_hidden_layers));
-        mt_model_init_weights(&t->m, o->seed, std); /* keyed by the whole model's tensor index: any layout */
+        /* TinyInit (Pangu Ultra): the matrices' std as by default, the embedding's a constant */
+        const int tiny = o->init_scheme && strcmp(o->init_scheme, "tiny") == 0;
+        /* keyed by the whole model's tensor index: any layout */
+        mt_model_init_weights_embed(&t->m, o->seed, std, tiny ? (float)MT_TINYINIT_EMBED_STD : std);
     }
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
                      o->tp, d->sp, o->bf16) != 0)
@@ -635,9 +655,11 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     const float bal_scale = rows > 0 ? 1.0f / (float)rows : 0.0f;
     const mt_loss spec = {ce_scale, b->obj, b->fed, b->replay, b->replay_stride};
     mt_pipe_train(&t->pipe, &t->m, &d->pp, b->in, b->tg, b->pos, b->B, b->T, &spec, bal_scale, &st);
-    /* counted once: the balance terms are the same on every TP rank, and without SP so is CE */
+    /* counted once: the balance terms are the same on every TP rank, and without SP so is CE;
+     * with SP the ep-group scope's terms are each rank's share of its tokens' sequences */
+    const int bal_all = d->sp && t->m.aux_scope == MT_AUX_EP_GROUP;
     double ce_sum = d->sp || d->tp_rank == 0 ? st.ce_sum : 0.0, bal[256];
-    for (int l = 0; l < L; l++) bal[l] = d->tp_rank == 0 ? st.bal_sum[l] : 0.0;
+    for (int l = 0; l < L; l++) bal[l] = bal_all || d->tp_rank == 0 ? st.bal_sum[l] : 0.0;
     if (W > 1) { /* loss terms of the global batch: CE on the last stages, balance where each layer is */
         t->red[0] = ce_sum;
         for (int l = 0; l < L; l++) t->red[1 + l] = bal[l];

@@ -57,13 +57,17 @@ typedef struct {
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     int external_batches;    /* the caller makes every batch (RL): no token shards are read */
     const char *expert_placement; /* "contiguous" (default) or "shuffled:SEED" (mt_expert_map) */
+    const char *aux_scope;   /* balance loss scope: "sequence" (default) or "ep-group" (enum mt_aux_scope) */
+    const char *init_scheme; /* "default" (every matrix N(0, std^2)) or "tiny" (TinyInit: the embedding's std 0.5) */
     /* given on the command line: with --resume these override the checkpoint's settings */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;
     int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot, set_bf16;
     int set_log_every, set_eval_every, set_eval_windows, set_save_every, set_keep, set_max_bad, set_load_every;
     int set_profile, set_plot;
-    /* where a resume keeps the strings it restores (--metrics, --recompute, --expert-placement) */
-    char resumed_metrics[4096], resumed_recompute[32], resumed_placement[64];
+    /* where a resume keeps the strings it restores (--metrics, --recompute, --expert-placement,
+     * --aux-scope, --init-scheme) */
+    char resumed_metrics[4096], resumed_recompute[32], resumed_placement[64], resumed_aux_scope[16];
+    char resumed_init_scheme[16];
 } mt_train_opts;
 
 void mt_train_defaults(mt_train_opts *o);

@@ -258,6 +258,10 @@ def load_config(path_or_dict):
     # RoPE on neighbouring pairs (2i, 2i+1) instead of rotate-half; MLA's default is true
     c.rope_interleave = bool(raw.get("rope_interleave", c.attn_type == "mla"))
     c.tied = raw.get("tie_word_embeddings", False)
+    # sandwich norm: every sublayer's output is normed before the residual add
+    c.sandwich = raw.get("sandwich_norm", False)
+    if not isinstance(c.sandwich, bool):
+        raise ValueError(f"config: 'sandwich_norm' must be a boolean, got {c.sandwich!r}")
     for k, bad in (("rope_scaling", lambda v: v is not None), ("moe_layer_freq", lambda v: v != 1),
                    ("attention_bias", lambda v: v is True)):
         if k in raw and bad(raw[k]):
@@ -318,6 +322,8 @@ def param_shapes(c):
                 S = c.n_shared * c.moe_ffn
                 s += [(q + "gate_proj.weight", (S, c.d)), (q + "up_proj.weight", (S, c.d)),
                       (q + "down_proj.weight", (c.d, S))]
+        if c.sandwich:
+            s += [(p + "pre_mlp_layernorm.weight", (c.d,)), (p + "post_mlp_layernorm.weight", (c.d,))]
     s += [("model.norm.weight", (c.d,))]
     if not c.tied:
         s += [("lm_head.weight", (c.V, c.d))]
@@ -537,13 +543,20 @@ def forward(c, P, tokens, targets=None, stats=None):
     bals = []
     for l in range(c.L):
         p = f"model.layers.{l}."
-        h = x + attention(c, P, p, rmsnorm(x, P[p + "input_layernorm.weight"], c.eps))
-        hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], c.eps)
+        a = attention(c, P, p, rmsnorm(x, P[p + "input_layernorm.weight"], c.eps))
+        if c.sandwich:   # post_attention_layernorm norms the attention output; pre_mlp the FFN input
+            h = x + rmsnorm(a, P[p + "post_attention_layernorm.weight"], c.eps)
+            hn = rmsnorm(h, P[p + "pre_mlp_layernorm.weight"], c.eps)
+        else:
+            h = x + a
+            hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], c.eps)
         if is_moe(c, l):
             y, bal = moe_block(c, P, p, hn, stats)
             bals.append(bal)
         else:
             y = swiglu(hn, P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"], P[p + "mlp.down_proj.weight"])
+        if c.sandwich:
+            y = rmsnorm(y, P[p + "post_mlp_layernorm.weight"], c.eps)
         x = h + y
     x = rmsnorm(x, P["model.norm.weight"], c.eps)
     W = P["model.embed_tokens.weight"] if c.tied else P["lm_head.weight"]
@@ -850,9 +863,12 @@ def init_params(c, seed):
     g = torch.Generator().manual_seed(seed)
     std = math.sqrt(1.0 / (2.0 * c.d * c.L))
     P = {}
+    # the sandwich norm's post-sublayer gains start at c/sqrt(L), moetrain's (Pangu Ultra's) c
+    sub = {"post_attention_layernorm.weight": 0.283, "post_mlp_layernorm.weight": 0.432}
     for name, shape in param_shapes(c):
         if len(shape) == 1:
-            P[name] = torch.ones(shape)
+            gain = sub.get(name.split(".", 3)[-1], 1.0) if c.sandwich else 1.0
+            P[name] = torch.ones(shape) * (gain if gain == 1.0 else gain / math.sqrt(c.L))
         else:
             P[name] = torch.randn(shape, generator=g) * std
     return P
