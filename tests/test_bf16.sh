@@ -7,7 +7,8 @@
 #     gives the uninterrupted run's losses exactly; with --no-bf16 it continues in fp32;
 #   - results do not depend on the thread count (1 vs 2 threads: identical weights);
 #   - under mpirun, DP2, EP2, TP2 + SP and PP2 in bf16 follow one bf16 process with the same global batch
-#     within 5e-4 (sums in another order can flip a bf16 rounding; fp32 layouts match to 1e-5).
+#     within 5e-4 (sums in another order can flip a bf16 rounding; fp32 layouts match to 1e-5);
+#   - an MLA model: bf16 follows fp32 within 0.2%, 1 and 2 threads agree, TP2 + SP follows one process.
 # Exits 77 (skipped) on a CPU without AVX512-BF16, or without mpirun (tests/lib/mpi.sh).
 set -euo pipefail
 NAME=test_bf16
@@ -110,4 +111,32 @@ run 2 train "${common[@]}" --steps 6 --out "$T/pp2" --pp 2 --accum 2 --bf16
 losses "$T/pp2/metrics.jsonl" > "$T/l_pp2"
 compare "$T/l_one" "$T/l_pp2" 5e-4 || fail "bf16 PP2 differs from one process"
 ok "bf16 TP2 + SP and PP2 follow one process"
+
+# MLA (demo's layers with multi-head latent attention; q/k width 32, v 32: bf16 attention pairs)
+"$PY" - "$(dirname "$0")/../configs/demo.json" "$T/mla.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for k in ("num_key_value_heads", "head_dim"):
+    c.pop(k)
+c.update({"attention_type": "mla", "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+          "qk_rope_head_dim": 16, "v_head_dim": 32})
+json.dump(c, open(sys.argv[2], "w"))
+EOF
+mla=(--config "$T/mla.json" --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --quiet)
+"$MT" train "${mla[@]}" --steps 8 --threads 2 --out "$T/mla32"
+"$MT" train "${mla[@]}" --steps 8 --threads 2 --out "$T/mla16" --bf16
+losses "$T/mla32/metrics.jsonl" > "$T/l_mla32"; losses "$T/mla16/metrics.jsonl" > "$T/l_mla16"
+compare "$T/l_mla32" "$T/l_mla16" 2e-3 differ || fail "MLA: bf16 losses do not follow fp32"
+ok "MLA: bf16 follows fp32 within 0.2%"
+"$MT" train "${mla[@]}" --steps 2 --threads 1 --out "$T/mt1" --bf16
+"$MT" train "${mla[@]}" --steps 2 --threads 2 --out "$T/mt2" --bf16
+cmp "$T/mt1/step_00000002/model.safetensors" "$T/mt2/step_00000002/model.safetensors" \
+  || fail "MLA bf16: 1 and 2 threads give different weights"
+ok "MLA bf16: 1 and 2 threads give identical weights"
+"$MT" train "${mla[@]}" --steps 6 --threads 1 --out "$T/mla_one" --bf16
+losses "$T/mla_one/metrics.jsonl" > "$T/l_mla_one"
+run 2 train "${mla[@]}" --steps 6 --out "$T/mla_tp2" --tp 2 --sp --bf16
+losses "$T/mla_tp2/metrics.jsonl" > "$T/l_mla_tp2"
+compare "$T/l_mla_one" "$T/l_mla_tp2" 5e-4 || fail "MLA bf16 TP2 + SP differs from one process"
+ok "MLA bf16 TP2 + SP follows one process"
 echo "$passed passed, 0 failed"

@@ -866,6 +866,50 @@ static void attention_case(int B, int T, int H, int G, int D, int doc) {
     mt_free(out16); mt_free(lse16);
 }
 
+/* Separate key and value widths (MLA: q/k of dn + dr, v of dv) in bf16 mode against fp32
+ * at the same widths: bf16 pairs when both widths are multiples of 16 (then different bits
+ * within bf16's rounding), else the fp32 bits. */
+static void attention_dv_case(int B, int T, int H, int Dk, int Dv) {
+    snprintf(where, sizeof where, "attention_dv B %d T %d H %d Dk %d Dv %d", B, T, H, Dk, Dv);
+    const size_t rq = (size_t)B * T * H, nl = (size_t)B * H * T;
+    const size_t n3[3] = {rq * Dk, rq * Dk, rq * Dv}; /* dq, dk, dv (G = H) */
+    float *q = mt_alloc(rq * Dk * 4), *k = mt_alloc(rq * Dk * 4), *v = mt_alloc(rq * Dv * 4);
+    float *dout = mt_alloc(rq * Dv * 4), *o32 = mt_alloc(rq * Dv * 4), *o16 = mt_alloc(rq * Dv * 4);
+    float *l32 = mt_alloc(nl * 4), *l16 = mt_alloc(nl * 4), *g32[3], *g16[3];
+    for (int i = 0; i < 3; i++) g32[i] = mt_alloc(n3[i] * 4), g16[i] = mt_alloc(n3[i] * 4);
+    for (size_t i = 0; i < rq * Dk; i++) { q[i] = rnd(21, i); k[i] = rnd(23, i); }
+    for (size_t i = 0; i < rq * Dv; i++) { v[i] = rnd(24, i); dout[i] = rnd(22, i); }
+    const int nthr = 2, Dm = Dk > Dv ? Dk : Dv;
+    float *scratch = mt_alloc(mt_attention_scratch_floats(T, Dm) * nthr * 4);
+    tws_bf16(0);
+    mt_attention_fwd_dv(o32, l32, q, k, v, NULL, B, T, H, H, Dk, Dv, scratch, nthr, t_ws.bf16);
+    mt_attention_bwd_dv(g32[0], g32[1], g32[2], dout, q, k, v, o32, l32, NULL, B, T, H, H, Dk, Dv, scratch, nthr,
+                        t_ws.bf16);
+    CHECK(tws_bf16(1) == 0);
+    mt_attention_fwd_dv(o16, l16, q, k, v, NULL, B, T, H, H, Dk, Dv, scratch, nthr, t_ws.bf16);
+    mt_attention_bwd_dv(g16[0], g16[1], g16[2], dout, q, k, v, o16, l16, NULL, B, T, H, H, Dk, Dv, scratch, nthr,
+                        t_ws.bf16);
+    const int pairs = mt_attention_bf16(t_ws.bf16, Dk) && mt_attention_bf16(t_ws.bf16, Dv);
+    tws_bf16(0);
+    if (pairs) {
+        double eo = rel_err(o16, o32, rq * Dv), el = rel_err(l16, l32, nl);
+        RECORD(S_ATT_FWD, "out,lse (Dk != Dv)", eo > el ? eo : el);
+        CHECK(memcmp(o16, o32, rq * Dv * 4) != 0);
+        double worst = 0;
+        for (int i = 0; i < 3; i++) {
+            double e = rel_err(g16[i], g32[i], n3[i]);
+            worst = e > worst ? e : worst;
+        }
+        RECORD(S_ATT_BWD, "dq,dk,dv (Dk != Dv)", worst);
+    } else {
+        CHECK_SAME_F(o16, o32, rq * Dv);
+        for (int i = 0; i < 3; i++) CHECK_SAME_F(g16[i], g32[i], n3[i]);
+    }
+    mt_free(scratch);
+    for (int i = 0; i < 3; i++) mt_free(g32[i]), mt_free(g16[i]);
+    mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o32); mt_free(o16); mt_free(l32); mt_free(l16);
+}
+
 /* The backward rebuilds the forward's probabilities: with dO one-hot at (query i, column 0),
  * dV[key][0] = P[i][key], so the sum over keys is row i's sum of P, 1. With scores of
  * standard deviation ~20 (q, k of amplitude 8) a backward that rounds its scores otherwise
@@ -916,6 +960,9 @@ static void test_attention(void) {
     attention_case(2, 5, 1, 1, 16, 1);    /* shorter than a tile */
     attention_case(1, 600, 2, 1, 64, 0);  /* T > 512: the forward's later query-block groups */
     attention_case(1, 1100, 1, 1, 16, 1); /* ... in document mode, starting at later key blocks */
+    attention_dv_case(1, 130, 2, 48, 32);  /* MLA-like widths: q/k 48, v 32 */
+    attention_dv_case(1, 70, 2, 32, 80);   /* wider values */
+    attention_dv_case(1, 70, 2, 24, 16);   /* q/k not a multiple of 16: fp32 */
 }
 
 int main(void) {

@@ -274,6 +274,23 @@ static void test_rope(void) {
         RECORD(S_ROPE, "x (documents)", nerr(x1, x2, n));
         free(x1); free(x2);
     }
+    /* strided heads (MLA's q: the last D of every head of W = D + 5 values): the bits of the
+     * contiguous rotation of those values; the other 5 untouched */
+    enum { WQ = 16 + 5 };
+    for (int flags = 0; flags < 4; flags++) {
+        float *xs = rnd((size_t)N * nh * WQ, 33, -1, 1), *xs0 = dup(xs, (size_t)N * nh * WQ);
+        x1 = falloc(n);
+        for (size_t r = 0; r < (size_t)N * nh; r++) memcpy(x1 + r * D, xs + r * WQ + 5, sizeof(float) * D);
+        snprintf(where, sizeof where, "N=%d nh=%d D=%d strided flags=%d", N, nh, D, flags);
+        mt_rope_apply_ld(xs + 5, ct, st, pos, N, T, nh, D, (size_t)nh * WQ, WQ, flags);
+        mt_rope_apply_pos(x1, ct, st, pos, N, T, nh, D, flags);
+        int same = 1;
+        for (size_t r = 0; r < (size_t)N * nh; r++)
+            same &= memcmp(x1 + r * D, xs + r * WQ + 5, sizeof(float) * D) == 0 &&
+                    memcmp(xs + r * WQ, xs0 + r * WQ, sizeof(float) * 5) == 0;
+        CHECK(same);
+        free(xs); free(xs0); free(x1);
+    }
     free(pos); free(ct); free(st);
 }
 
@@ -379,6 +396,72 @@ static void attention_case(int B, int T, int H, int G, int D, float amp, const i
     free(dq1); free(dk1); free(dv1); free(dq2); free(dk2); free(dv2); free(scratch);
 }
 
+/* Separate key and value widths (mt_attention_fwd_dv, MLA's q/k of dn + dr and v of dv)
+ * against the reference at one width D = max(Dk, Dv): q and k zero-padded to D with q scaled
+ * by sqrt(D / Dk) (the same scores), v and dout zero-padded (the same output and dv in the
+ * first Dv columns); then dq is the reference's times that scale. With Dk == Dv the _dv
+ * entry points give the bits of the one-width ones. */
+static void attention_dv_case(int B, int T, int H, int G, int Dk, int Dv, const int32_t *pos, const char *tag) {
+    int nthr = omp_get_max_threads() > 2 ? omp_get_max_threads() : 2;
+    const int D = Dk > Dv ? Dk : Dv;
+    const size_t rows_q = (size_t)B * T * H, rows_k = (size_t)B * T * G, nl = (size_t)B * H * T;
+    const size_t nscr = (size_t)nthr * mt_attention_scratch_floats(T, D);
+    const uint64_t s = (uint64_t)(B * 7919 + T * 131 + H * 17 + G * 5 + Dk * 3 + Dv);
+    float *q = rnd(rows_q * Dk, 70 + s, -1, 1), *k = rnd(rows_k * Dk, 71 + s, -1, 1);
+    float *v = rnd(rows_k * Dv, 72 + s, -1, 1), *dout = rnd(rows_q * Dv, 73 + s, -1, 1);
+    float *qp = falloc(rows_q * D), *kp = falloc(rows_k * D), *vp = falloc(rows_k * D), *dop = falloc(rows_q * D);
+    const float r = sqrtf((float)D / (float)Dk);
+    for (size_t i = 0; i < rows_q; i++)
+        for (int c = 0; c < D; c++) {
+            qp[i * D + c] = c < Dk ? q[i * Dk + c] * r : 0.0f;
+            dop[i * D + c] = c < Dv ? dout[i * Dv + c] : 0.0f;
+        }
+    for (size_t i = 0; i < rows_k; i++)
+        for (int c = 0; c < D; c++) {
+            kp[i * D + c] = c < Dk ? k[i * Dk + c] : 0.0f;
+            vp[i * D + c] = c < Dv ? v[i * Dv + c] : 0.0f;
+        }
+    float *o1 = falloc(rows_q * Dv), *l1 = falloc(nl), *dq1 = falloc(rows_q * Dk), *dk1 = falloc(rows_k * Dk);
+    float *dv1 = falloc(rows_k * Dv), *o2 = falloc(rows_q * D), *l2 = falloc(nl), *dq2 = falloc(rows_q * D);
+    float *dk2 = falloc(rows_k * D), *dv2 = falloc(rows_k * D), *scratch = falloc(nscr);
+    fill_nan(o1, rows_q * Dv); fill_nan(dq1, rows_q * Dk); fill_nan(dk1, rows_k * Dk); fill_nan(dv1, rows_k * Dv);
+    fill_nan(scratch, nscr);
+    snprintf(where, sizeof where, "B=%d T=%d H=%d G=%d Dk=%d Dv=%d %s", B, T, H, G, Dk, Dv, tag);
+    mt_attention_fwd_dv(o1, l1, q, k, v, pos, B, T, H, G, Dk, Dv, scratch, nthr, 0);
+    fill_nan(scratch, nscr);
+    mt_attention_bwd_dv(dq1, dk1, dv1, dout, q, k, v, o1, l1, pos, B, T, H, G, Dk, Dv, scratch, nthr, 0);
+    mt_ref_attention_fwd(o2, l2, qp, kp, vp, pos, B, T, H, G, D);
+    mt_ref_attention_bwd(dq2, dk2, dv2, dop, qp, kp, vp, pos, B, T, H, G, D);
+    /* the reference's results cut to the kernel's widths (dq scaled back) */
+    for (size_t i = 0; i < rows_q; i++) {
+        for (int c = 0; c < Dv; c++) o2[i * Dv + c] = o2[i * D + c];
+        for (int c = 0; c < Dk; c++) dq2[i * Dk + c] = dq2[i * D + c] * r;
+    }
+    for (size_t i = 0; i < rows_k; i++) {
+        for (int c = 0; c < Dk; c++) dk2[i * Dk + c] = dk2[i * D + c];
+        for (int c = 0; c < Dv; c++) dv2[i * Dv + c] = dv2[i * D + c];
+    }
+    RECORD(S_ATT_FWD, "out (Dk != Dv)", nerr(o1, o2, rows_q * Dv));
+    RECORD(S_ATT_FWD, "lse (Dk != Dv)", nerr(l1, l2, nl));
+    RECORD(S_ATT_BWD, "dq (Dk != Dv)", nerr(dq1, dq2, rows_q * Dk));
+    RECORD(S_ATT_BWD, "dk (Dk != Dv)", nerr(dk1, dk2, rows_k * Dk));
+    RECORD(S_ATT_BWD, "dv (Dk != Dv)", nerr(dv1, dv2, rows_k * Dv));
+    if (Dk == Dv) { /* the one-width entry points: the same bits */
+        float *o3 = falloc(rows_q * Dv), *l3 = falloc(nl), *dq3 = falloc(rows_q * Dk), *dk3 = falloc(rows_k * Dk);
+        float *dv3 = falloc(rows_k * Dv);
+        mt_attention_fwd(o3, l3, q, k, v, pos, B, T, H, G, Dk, scratch, nthr, 0);
+        mt_attention_bwd(dq3, dk3, dv3, dout, q, k, v, o3, l3, pos, B, T, H, G, Dk, scratch, nthr, 0);
+        CHECK_SAME_F(o3, o1, rows_q * Dv);
+        CHECK_SAME_F(dq3, dq1, rows_q * Dk);
+        CHECK_SAME_F(dk3, dk1, rows_k * Dk);
+        CHECK_SAME_F(dv3, dv1, rows_k * Dv);
+        free(o3); free(l3); free(dq3); free(dk3); free(dv3);
+    }
+    free(q); free(k); free(v); free(dout); free(qp); free(kp); free(vp); free(dop);
+    free(o1); free(l1); free(dq1); free(dk1); free(dv1); free(o2); free(l2); free(dq2); free(dk2); free(dv2);
+    free(scratch);
+}
+
 static void test_attention(void) {
     /* T = 59: 9 tiles of 6 key/query rows + a remainder of 5 (1, 2, 3, 4 come from the others) */
     static const int Ts[] = {1, 2, 59, 63, 64, 65, 130, 257}, Ds[] = {8, 16, 64};
@@ -399,6 +482,11 @@ static void test_attention(void) {
     attention_case(1, 70, 1, 1, 128, 1.0f, NULL, "causal", 0); /* D = 128: two 64-column blocks */
     /* T > 512: the forward's later groups of 8 query blocks (each a task of its own) */
     attention_case(1, 600, 2, 1, 16, 1.0f, NULL, "causal", 1);
+    /* separate key / value widths: MLA's (dn + dr, dv) shapes, wider values, odd widths */
+    attention_dv_case(1, 130, 4, 4, 48, 32, NULL, "causal");
+    attention_dv_case(2, 70, 2, 2, 24, 80, NULL, "causal");
+    attention_dv_case(1, 65, 3, 1, 10, 6, NULL, "causal");
+    attention_dv_case(1, 100, 2, 2, 32, 32, NULL, "causal");
 
     /* document mode: odd lengths, a document of length 1 (also first and last), documents
      * ending on and across the 64-row tile boundaries, and a row that is one document */
@@ -409,6 +497,7 @@ static void test_attention(void) {
     attention_case(6, 130, 4, 2, 16, 1.0f, pos, "documents", 1);
     attention_case(6, 130, 1, 1, 64, 3.0f, pos, "documents peaked", 0);
     attention_case(6, 130, 8, 1, 8, 1.0f, pos, "documents", 0);
+    attention_dv_case(6, 130, 2, 2, 40, 16, pos, "documents");
     free(pos);
     static const int s0[] = {1, 0}, s1[] = {70, 99, 1, 0}, s2[] = {200, 1, 0};
     const int *const rows2[] = {s0, s1, s2};

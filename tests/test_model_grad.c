@@ -37,6 +37,21 @@ static void base_config(mt_config *c) {
     c->norm_topk_prob = 1;
 }
 
+/* MLA attention (DeepSeek's shape, scaled down): query compression with rank ql, or none
+ * (ql = 0); widths that differ from each other and from the GQA head_dim */
+static void mla_config(mt_config *c, int ql) {
+    base_config(c);
+    snprintf(c->attention_type, sizeof c->attention_type, "mla");
+    c->q_lora_rank = ql;
+    c->kv_lora_rank = 12;
+    c->qk_nope_head_dim = 6;
+    c->qk_rope_head_dim = 4;
+    c->v_head_dim = 5;
+    c->head_dim = 4;
+    c->num_key_value_heads = c->num_attention_heads;
+    c->rope_interleave = 1;
+}
+
 enum { B = 2, T = 9 };
 
 static double loss_of(mt_model *m, mt_acts *a, const int32_t *in, const int32_t *tg, float ce_scale, int train) {
@@ -236,9 +251,10 @@ static void check_routing(void) {
 }
 
 /* Selective recompute gives the same bits as keeping everything, with less memory. */
-static void check_recompute(int sandwich) {
+static void check_recompute(int sandwich, int mla) {
     mt_config c;
-    base_config(&c);
+    if (mla) mla_config(&c, 10);
+    else base_config(&c);
     c.sandwich_norm = sandwich;
     mt_model m;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
@@ -262,7 +278,9 @@ static void check_recompute(int sandwich) {
     size_t b0 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_NONE, 0);
     size_t b1 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_SELECTIVE, 0);
     printf("%-28s loss %.9f vs %.9f, %zu gradient values differ, activations %zu -> %zu bytes\n",
-           sandwich ? "selective recompute, sandwich" : "selective recompute", loss[0], loss[1], diff, b0, b1);
+           mla ? (sandwich ? "selective recompute (MLA, sandwich)" : "selective recompute (MLA)")
+               : sandwich ? "selective recompute, sandwich" : "selective recompute",
+           loss[0], loss[1], diff, b0, b1);
     CHECK(loss[0] == loss[1] && diff == 0, "selective recompute changed the results");
     CHECK(b1 < b0, "selective recompute does not save memory");
     mt_free(g0);
@@ -323,9 +341,10 @@ static void check_placement(void) {
 
 /* Document mode: a packed row gives the same logits and gradients as its documents run
  * one by one as separate rows (balance loss off: it is defined per row). */
-static void check_doc_mode(void) {
+static void check_doc_mode(int mla) {
     mt_config c;
-    base_config(&c);
+    if (mla) mla_config(&c, 0);
+    else base_config(&c);
     c.aux_loss_alpha = 0.0;
     const int32_t EOT = 36;
     enum { TP = 13 };
@@ -362,7 +381,8 @@ static void check_doc_mode(void) {
     for (int i = 0; i < TP * c.vocab_size; i++) { num += (double)(lp[i] - ls[i]) * (lp[i] - ls[i]); den += (double)ls[i] * ls[i]; }
     double gnum = 0, gden = 0;
     for (size_t i = 0; i < m.nparams; i++) { gnum += (double)(gp[i] - m.grads[i]) * (gp[i] - m.grads[i]); gden += (double)m.grads[i] * m.grads[i]; }
-    printf("%-28s logits rel err %.2e, ce %.6f vs %.6f, grad rel err %.2e\n", "document mode packed=split",
+    printf("%-28s logits rel err %.2e, ce %.6f vs %.6f, grad rel err %.2e\n",
+           mla ? "document mode (MLA)" : "document mode packed=split",
            sqrt(num / den), packed_ce, sep_ce, sqrt(gnum / gden));
     CHECK(sqrt(num / den) < 1e-5, "document mode logits differ from separate documents: %.3e", sqrt(num / den));
     CHECK(fabs(packed_ce - sep_ce) <= 1e-5 * fabs(sep_ce), "document mode loss differs: %.8f vs %.8f", packed_ce, sep_ce);
@@ -409,10 +429,24 @@ int main(void) {
     base_config(&c); c.scoring_func = MT_SCORING_SIGMOID; c.sandwich_norm = 1;
     check_config_scope("ep-group scope, sigmoid, sw", &c, 0, MT_AUX_EP_GROUP);
     check_group_scope();
+    mla_config(&c, 10);
+    check_config("MLA, q_lora", &c, 0);
+    mla_config(&c, 0); c.rope_interleave = 0; c.scoring_func = MT_SCORING_SIGMOID;
+    check_config("MLA, no q_lora, rotate-half", &c, 1);
+    mla_config(&c, 10); c.tie_word_embeddings = 1; c.n_routed_experts = 0; c.num_experts_per_tok = 0;
+    c.first_k_dense_replace = 3;
+    check_config("MLA, dense, tied", &c, 0);
+    mla_config(&c, 10); c.qk_nope_head_dim = 0;
+    check_config("MLA, no nope dimensions", &c, 0);
+    mla_config(&c, 10); c.sandwich_norm = 1; /* Pangu's block: MLA under the sandwich norm */
+    check_config("MLA, sandwich", &c, 0);
     check_accumulation();
-    check_doc_mode();
-    check_recompute(0);
-    check_recompute(1);
+    check_doc_mode(0);
+    check_doc_mode(1);
+    check_recompute(0, 0);
+    check_recompute(1, 0);
+    check_recompute(0, 1);
+    check_recompute(1, 1);
     check_placement();
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all model gradient checks passed\n");

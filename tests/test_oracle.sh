@@ -59,6 +59,24 @@ variants = {
     "sandwich_moge_nonorm": {"sandwich_norm": True, "topk_method": "moge", "n_group": 2, "norm_topk_prob": False,
                              "routed_scaling_factor": 2.5, "n_shared_experts": 0},
     "sandwich_rope_interleave_tied": {"sandwich_norm": True, "rope_interleave": True, "tie_word_embeddings": True},
+    # MLA (no head_dim, no num_key_value_heads: "DELETE"): query compression on / off, with
+    # other routings; its RoPE pairing defaults to interleaved, one case rotates half
+    "mla_qlora": {"attention_type": "mla", "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                  "qk_rope_head_dim": 8, "v_head_dim": 12, "head_dim": "DELETE", "num_key_value_heads": "DELETE"},
+    "mla_noq_sigmoid_moge": {"attention_type": "mla", "q_lora_rank": None, "kv_lora_rank": 24,
+                             "qk_nope_head_dim": 8, "qk_rope_head_dim": 16, "v_head_dim": 16,
+                             "rope_interleave": False, "scoring_func": "sigmoid", "topk_method": "moge",
+                             "n_group": 2, "num_experts_per_tok": 2, "head_dim": "DELETE",
+                             "num_key_value_heads": "DELETE"},
+    "mla_qlora_group_limited_tied": {"attention_type": "mla", "q_lora_rank": 16, "kv_lora_rank": 16,
+                                     "qk_nope_head_dim": 12, "qk_rope_head_dim": 4, "v_head_dim": 20,
+                                     "topk_method": "group_limited", "n_group": 4, "topk_group": 2,
+                                     "num_experts_per_tok": 3, "tie_word_embeddings": True,
+                                     "head_dim": "DELETE", "num_key_value_heads": "DELETE"},
+    # Pangu's block: MLA under the sandwich norm
+    "mla_sandwich": {"attention_type": "mla", "q_lora_rank": 24, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                     "qk_rope_head_dim": 8, "v_head_dim": 12, "head_dim": "DELETE", "num_key_value_heads": "DELETE",
+                     "sandwich_norm": True},
 }
 for name, patch in variants.items():
     if patch is None:   # no MoE keys at all: every layer dense (defaults)
@@ -66,7 +84,7 @@ for name, patch in variants.items():
             "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
             "moe_intermediate_size", "n_shared_experts", "aux_loss_alpha")}
     else:
-        cfg = dict(base, **patch)
+        cfg = {k: v for k, v in dict(base, **patch).items() if v != "DELETE"}
     with open(os.path.join(tmp, name + ".json"), "w") as f:
         json.dump(cfg, f, indent=1)
     print(name)
@@ -74,6 +92,7 @@ EOF
 [ $? -eq 0 ] || { echo "FAIL: could not write the test configs"; exit 1; }
 
 CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h rope_interleave sandwich sandwich_sigmoid_group_limited sandwich_moge_nonorm sandwich_rope_interleave_tied"
+CASES="$CASES mla_qlora mla_noq_sigmoid_moge mla_qlora_group_limited_tied mla_sandwich"
 # run_case NAME CONFIG B T: the oracle's case at batch B x seq T against moetrain dump
 run_case() {
   local name=$1 cfg=$2 B=$3 T=$4 case_dir="$TMP/case_$1"
@@ -97,20 +116,25 @@ for name in $CASES; do run_case "$name" "$name" 2 16; done
 run_case dense_ffn_chunks softmax_greedy 8 128
 
 # ---- reverse direction: a checkpoint written by PyTorch -----------------------------------
-echo "=== reverse direction: PyTorch-written checkpoint in moetrain"
-REV="$TMP/reverse"; mkdir -p "$REV"
-DATA="$REV/data"; OCK="$REV/oracle_ckpt"; RUN="$REV/run"
 SEQ=32; WIN=8
-if ! "$MOETRAIN" data math --out "$DATA" > "$REV/data.log" 2>&1; then
-  tail -20 "$REV/data.log"; fail "reverse: moetrain data math failed"
-elif ! "$PY" "$REF" train --config "$TMP/softmax_greedy.json" --data "$DATA" --steps 3 --batch 2 \
+DATA="$TMP/reverse_data"
+"$MOETRAIN" data math --out "$DATA" > "$TMP/reverse_data.log" 2>&1 \
+  || { tail -20 "$TMP/reverse_data.log"; fail "reverse: moetrain data math failed"; }
+# reverse CONFIG: moe_ref.py trains a checkpoint of CONFIG; moetrain trains on from it and
+# evaluates it to PyTorch's validation loss
+reverse() {
+  local cfg=$1 REV="$TMP/reverse_$1"
+  echo "=== reverse direction ($cfg): PyTorch-written checkpoint in moetrain"
+  mkdir -p "$REV"
+  local OCK="$REV/oracle_ckpt" RUN="$REV/run" mt_val py_val
+  if ! "$PY" "$REF" train --config "$TMP/$cfg.json" --data "$DATA" --steps 3 --batch 2 \
        --seq $SEQ --threads 2 --warmup 1 --lr 1e-3 --out "$OCK" > "$REV/oracle_train.log" 2>&1; then
-  tail -20 "$REV/oracle_train.log"; fail "reverse: moe_ref.py train failed"
-else
+    tail -20 "$REV/oracle_train.log"; fail "reverse $cfg: moe_ref.py train failed"; return
+  fi
   grep -E '^(blas|step|summary)' "$REV/oracle_train.log" | sed 's/^/    oracle: /'
   if ! "$MOETRAIN" train --config "$OCK/config.json" --init "$OCK" --data "$DATA" --steps 3 --batch 2 \
        --seq $SEQ --out "$RUN" > "$REV/mt_train.log" 2>&1; then
-    tail -20 "$REV/mt_train.log"; fail "reverse: moetrain train --init <oracle checkpoint> failed"
+    tail -20 "$REV/mt_train.log"; fail "reverse $cfg: moetrain train --init <oracle checkpoint> failed"
   else
     echo "    moetrain train --init oracle checkpoint: ok"
   fi
@@ -119,14 +143,19 @@ else
   py_val=$("$PY" "$REF" eval --ckpt "$OCK" --data "$DATA" --seq $SEQ --windows $WIN 2> "$REV/py_eval.err" \
            | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
   if [ -z "$mt_val" ]; then
-    cat "$REV/mt_eval.err" | tail -5; fail "reverse: moetrain eval printed no val_loss="
+    cat "$REV/mt_eval.err" | tail -5; fail "reverse $cfg: moetrain eval printed no val_loss="
   elif [ -z "$py_val" ]; then
-    cat "$REV/py_eval.err" | tail -5; fail "reverse: moe_ref.py eval printed no val_loss="
+    cat "$REV/py_eval.err" | tail -5; fail "reverse $cfg: moe_ref.py eval printed no val_loss="
   elif ! "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-4*abs(a) else 1)" "$py_val" "$mt_val"; then
-    fail "reverse: val loss of the oracle checkpoint: moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
+    fail "reverse $cfg: val loss of the oracle checkpoint: moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
   else
     echo "    val_loss (seq $SEQ, $WIN windows): PyTorch $py_val  moetrain $mt_val  ok"
   fi
+}
+if [ -d "$DATA" ]; then
+  reverse softmax_greedy
+  reverse mla_qlora
+  reverse mla_noq_sigmoid_moge
 fi
 
 # ---- a checkpoint written by moetrain with the sandwich norm, evaluated by PyTorch --------

@@ -10,6 +10,8 @@
 # a sandwich-norm model under TP2, TP2 x EP2 (SP), EP2, PP2 x VPP2 (selective recompute) and
 # PP2 x TP2 (SP) x EP2; the balance loss's ep-group scope under EP2, EP4, PP2 x EP2, TP2 and
 # TP2 x EP2 (SP) against one process whose micro-batch holds the EP group's sequences;
+#   an MLA model (with and without query compression) under TP2, TP2 + SP, TP2 x DP2 x EP2,
+#   PP2 x VPP2 and EP2; MLA under the sandwich norm under TP2 + SP and PP2 x VPP2;
 # a checkpoint saved under TP2 x PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
 # run; impossible layouts are refused naming the constraint.
 # Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
@@ -91,6 +93,44 @@ run 8 train --config demo "${base[@]}" --pp 2 --tp 2 --sp --ep 4 --accum 2 --ran
 check "8 ranks: PP2 x TP2 (SP) x DP2 with EP4" "$T/s4/metrics.jsonl" "$T/r8t/metrics.jsonl"
 run 4 train --config "$T/tied.json" "${base[@]}" --pp 2 --ep 2 --accum 2 --dist-opt --out "$T/tied"
 check "PP2 x DP2 x EP2, --dist-opt, tied embeddings" "$T/st/metrics.jsonl" "$T/tied/metrics.jsonl"
+
+# MLA (attention_type "mla"): TP splits its heads (q_b / q_proj and kv_b rows, o_proj
+# columns) while q_a and kv_a are replicated; with query compression and without (q_proj)
+python3 - "$SRC/configs/demo.json" "$T" <<'PYEOF' || fail "could not derive the MLA configs from configs/demo.json"
+import json, sys
+c = json.load(open(sys.argv[1]))
+for k in ("num_key_value_heads", "head_dim"):
+    c.pop(k)
+c.update({"attention_type": "mla", "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+          "qk_rope_head_dim": 16, "v_head_dim": 32})
+json.dump(c, open(sys.argv[2] + "/mla.json", "w"))
+c["q_lora_rank"] = None
+json.dump(c, open(sys.argv[2] + "/mla_noq.json", "w"))
+PYEOF
+for a in 1 2; do "$MT" train --config "$T/mla.json" "${base[@]}" --accum $a --out "$T/m$a"; done
+"$MT" train --config "$T/mla_noq.json" "${base[@]}" --accum 1 --out "$T/mq1"
+run 2 train --config "$T/mla.json" "${base[@]}" --tp 2 --out "$T/mtp2"
+check "MLA TP2" "$T/m1/metrics.jsonl" "$T/mtp2/metrics.jsonl"
+run 2 train --config "$T/mla_noq.json" "${base[@]}" --tp 2 --out "$T/mqtp2"
+check "MLA without query compression, TP2" "$T/mq1/metrics.jsonl" "$T/mqtp2/metrics.jsonl"
+run 2 train --config "$T/mla.json" "${base[@]}" --tp 2 --sp --out "$T/mtp2sp"
+check "MLA TP2 + SP" "$T/m1/metrics.jsonl" "$T/mtp2sp/metrics.jsonl"
+run 2 train --config "$T/mla_noq.json" "${base[@]}" --tp 2 --sp --out "$T/mqtp2sp"
+check "MLA without query compression, TP2 + SP" "$T/mq1/metrics.jsonl" "$T/mqtp2sp/metrics.jsonl"
+run 4 train --config "$T/mla.json" "${base[@]}" --tp 2 --ep 2 --out "$T/mtp2dp2ep2"
+check "MLA TP2 x DP2 x EP2 (no SP)" "$T/m2/metrics.jsonl" "$T/mtp2dp2ep2/metrics.jsonl"
+run 2 train --config "$T/mla.json" "${base[@]}" --pp 2 --vpp 2 --accum 2 --out "$T/mpp2"
+check "MLA PP2 x VPP2" "$T/m2/metrics.jsonl" "$T/mpp2/metrics.jsonl"
+run 2 train --config "$T/mla.json" "${base[@]}" --ep 2 --out "$T/mep2"
+check "MLA EP2 (DP2)" "$T/m2/metrics.jsonl" "$T/mep2/metrics.jsonl"
+# Pangu's block: MLA under the sandwich norm
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["sandwich_norm"] = True; json.dump(c, open(sys.argv[2], "w"))' \
+    "$T/mla.json" "$T/mla_sw.json" || fail "could not derive the MLA + sandwich config"
+for a in 1 2; do "$MT" train --config "$T/mla_sw.json" "${base[@]}" --accum $a --out "$T/ms$a"; done
+run 2 train --config "$T/mla_sw.json" "${base[@]}" --tp 2 --sp --out "$T/mstp2sp"
+check "MLA + sandwich norm, TP2 + SP" "$T/ms1/metrics.jsonl" "$T/mstp2sp/metrics.jsonl"
+run 2 train --config "$T/mla_sw.json" "${base[@]}" --pp 2 --vpp 2 --accum 2 --out "$T/mspp2"
+check "MLA + sandwich norm, PP2 x VPP2" "$T/ms2/metrics.jsonl" "$T/mspp2/metrics.jsonl"
 
 # resume across a layout change: TP2 x PP2 saves at step 5, EP2 x DP2 continues from there
 run 4 train --config demo "${base[@]}" --pp 2 --tp 2 --sp --accum 2 --save-every 5 --keep 5 --out "$T/ra"

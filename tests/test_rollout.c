@@ -4,7 +4,9 @@
  * (<= 1e-5); sampled completions do not depend on the slot count or the prefill budget;
  * the routing record equals the training forward's routing; the sampling rules
  * (greedy ties, top-k, top-p over the renormalised top-k, the inverse CDF) on crafted
- * logits; bad requests are refused. */
+ * logits; bad requests are refused. The same engine checks on an MLA model, whose decoder in
+ * both cache forms (absorbed: compressed c and k_pe; unabsorbed: per-head k, v) gives the
+ * training forward's logits, the absorbed one reading fewer cache bytes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,8 @@
 
 #include "base/common.h"
 #include "kernels/blas.h"
+#include "kernels/gemm_bf16.h"
+#include "model/decode.h"
 #include "model/model.h"
 #include "tinymoe.h"
 #include "rl/rollout.h"
@@ -35,9 +39,9 @@ static void make_requests(const mt_config *c) {
 }
 
 /* logits of every position of one sequence from the training forward */
-static float *full_logits(mt_model *m, const int32_t *seq, int T) {
+static float *full_logits_prec(mt_model *m, const int32_t *seq, int T, int bf16) {
     const int V = m->cfg.vocab_size;
-    mt_acts *a = mt_acts_new(&m->cfg, 1, T, mt_get_threads(), 0);
+    mt_acts *a = mt_acts_new(&m->cfg, 1, T, mt_get_threads(), bf16);
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
     for (int t = 0; t < T; t++) tg[t] = -1;
     float *lg = mt_alloc(sizeof(float) * (size_t)T * V);
@@ -47,6 +51,7 @@ static float *full_logits(mt_model *m, const int32_t *seq, int T) {
     mt_acts_free(a);
     return lg;
 }
+static float *full_logits(mt_model *m, const int32_t *seq, int T) { return full_logits_prec(m, seq, T, 0); }
 
 static int run(mt_model *m, const mt_rollout_opts *o, mt_completion *out) {
     mt_rollout_stats st;
@@ -165,6 +170,65 @@ static void check_engine(mt_model *m) {
     free_all(got);
     free_all(ref);
     printf("sampled: the same completions for 1 and 3 slots, others for another seed\n");
+}
+
+/* MLA: a prompt prefilled in pieces and then decoded one token at a time, in both cache
+ * forms, against the training forward's logits of the whole sequence; the cache bytes each
+ * form's attention read per token. */
+static void check_mla_forms(mt_model *m) {
+    const mt_config *c = &m->cfg;
+    enum { TS = 40 };
+    const int V = c->vocab_size;
+    int32_t seq[TS];
+    for (int t = 0; t < TS; t++) seq[t] = (int32_t)(mt_hash4(61, (uint64_t)t, 0, 0) % (uint64_t)V);
+    float *lg = mt_alloc(sizeof(float) * (size_t)TS * V);
+    size_t bytes[2];
+    /* bf16's own error: the bf16 training forward against the fp32 one */
+    double e16 = 0;
+    if (mt_bf16_supported()) {
+        float *a = full_logits_prec(m, seq, TS, 0), *b = full_logits_prec(m, seq, TS, 1);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)TS * V; i++) num += (double)(a[i] - b[i]) * (a[i] - b[i]), den += (double)a[i] * a[i];
+        e16 = sqrt(num / den);
+        mt_free(a);
+        mt_free(b);
+    }
+    for (int bf = 0; bf <= mt_bf16_supported(); bf++)
+    for (int form = 0; form < 2; form++) {
+        float *ref = full_logits_prec(m, seq, TS, bf);
+        mt_decoder *d = mt_decoder_new_form(m, 2, TS, TS, mt_get_threads(), bf, form);
+        CHECK(d != NULL, "decoder: %s", mt_last_error());
+        if (!d) return;
+        int32_t slot[TS], pos[TS], rows[TS];
+        /* positions 0..9 in one call (slot 1), then one at a time */
+        for (int t = 0; t < 10; t++) slot[t] = 1, pos[t] = t, rows[t] = t;
+        mt_decoder_forward(d, m, seq, slot, pos, 10, rows, 10, lg);
+        for (int t = 10; t < TS; t++) {
+            int32_t s1 = 1, p1 = t, r0 = 0;
+            mt_decoder_forward(d, m, seq + t, &s1, &p1, 1, &r0, 1, lg + (size_t)t * V);
+        }
+        double num = 0, den = 0;
+        for (size_t i = 0; i < (size_t)TS * V; i++) {
+            num += (double)(lg[i] - ref[i]) * (lg[i] - ref[i]);
+            den += (double)ref[i] * ref[i];
+        }
+        bytes[form] = mt_decoder_kv_read(d);
+        printf("MLA decode %-11s %s logits vs the %s training forward rel err %.2e, %.0f cache bytes read per "
+               "token\n", form ? "absorbed:" : "unabsorbed:", bf ? "bf16" : "fp32", bf ? "bf16" : "fp32",
+               sqrt(num / den), (double)bytes[form] / TS);
+        if (bf && form) printf("    (bf16 training forward vs fp32: %.2e)\n", e16);
+        /* bf16 against the bf16 training forward: absorbed rounds other products (W_kb^h^T q,
+         * sum p c), so within bf16's own error (against fp32: e16), not to its bits */
+        CHECK(sqrt(num / den) < (bf ? e16 : 1e-5), "MLA decode (%s, %s) differs from the training forward: %.2e",
+              form ? "absorbed" : "unabsorbed", bf ? "bf16" : "fp32", sqrt(num / den));
+        mt_decoder_free(d);
+        mt_free(ref);
+    }
+    const int H = c->num_attention_heads, kvl = c->kv_lora_rank, dr = c->qk_rope_head_dim;
+    const double want = (double)H * (c->qk_nope_head_dim + dr + c->v_head_dim) / (kvl + dr);
+    CHECK(fabs((double)bytes[0] / (double)bytes[1] - want) < 1e-9, "cache bytes ratio %.3f, want %.3f",
+          (double)bytes[0] / (double)bytes[1], want);
+    mt_free(lg);
 }
 
 static void check_sampling(void) {
@@ -301,6 +365,35 @@ int main(void) {
     printf("sandwich norm:\n");
     check_engine(&m);
     check_replay(&m);
+    mt_model_free(&m);
+    c.sandwich_norm = 0;
+    /* MLA with query compression, DeepSeek's interleaved RoPE; the engine on it, both forms */
+    snprintf(c.attention_type, sizeof c.attention_type, "mla");
+    c.q_lora_rank = 24;
+    c.kv_lora_rank = 16;
+    c.qk_nope_head_dim = 8;
+    c.qk_rope_head_dim = 4;
+    c.v_head_dim = 6;
+    c.head_dim = 4;
+    c.num_key_value_heads = c.num_attention_heads = 8;
+    c.rope_interleave = 1;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 3, 0.4f);
+    printf("-- MLA model --\n");
+    check_engine(&m);
+    check_mla_forms(&m);
+    mt_model_free(&m);
+    c.sandwich_norm = 1; /* MLA under the sandwich norm */
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 5, 0.4f);
+    printf("-- MLA model, sandwich norm --\n");
+    check_engine(&m);
+    mt_model_free(&m);
+    c.sandwich_norm = 0;
+    c.qk_nope_head_dim = 0; /* every query / key dimension rotated: no key part in kv_b */
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 4, 0.4f);
+    check_mla_forms(&m);
     mt_model_free(&m);
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all rollout checks passed\n");

@@ -219,6 +219,59 @@ static void kb_attention(kb_table *tb, int quick) {
     }
 }
 
+/* MLA's flash attention (q/k of dn + dr = 192, v of dv = 128: DeepSeek-V3's head, G = H) at
+ * T = 4096 against the GQA kernel at that length (D 64, the attention_fwd/bwd rows' shape),
+ * timed in alternation (rounds of each, the best of every kernel kept), so that a load that
+ * comes and goes on the machine falls on both. The reference time is the GQA kernel's for
+ * the MLA row's FLOPs (its time scaled by the FLOP ratio): the speedup column is the ratio of
+ * the two GFLOP/s. FLOPs per (query, visible key) and head: fwd 2 (Dk + Dv) (q.k, p v); bwd
+ * 2 (3 Dk + 2 Dv) (q.k again, dO.v, dV, dQ, dK); for GQA (Dk = Dv = D) 4 D and 10 D. */
+static void kb_attention_mla(kb_table *tb) {
+    enum { DK = 192, DV = 128, ROUNDS = 3 };
+    const int H = KB_H, G = KB_G, D = KB_D, T = KB_TLONG, nthr = mt_get_threads();
+    const double bud = tb->budget / ROUNDS;
+    const size_t nq = (size_t)T * H * DK, nv = (size_t)T * H * DV, nl = (size_t)H * T;
+    const size_t gq = (size_t)T * H * D, gk = (size_t)T * G * D;
+    float *q = kb_rand(nq, 40, -1, 1), *k = kb_rand(nq, 41, -1, 1), *v = kb_rand(nv, 42, -1, 1);
+    float *dout = kb_rand(nv, 43, -1, 1), *o = kb_rand(nv, 44, 0, 0), *l = kb_rand(nl, 45, 0, 0);
+    float *dq = kb_rand(nq, 46, 0, 0), *dk = kb_rand(nq, 47, 0, 0), *dv = kb_rand(nv, 48, 0, 0);
+    float *Gq = kb_rand(gq, 20, -1, 1), *Gk = kb_rand(gk, 21, -1, 1), *Gv = kb_rand(gk, 22, -1, 1);
+    float *Gdo = kb_rand(gq, 23, -1, 1), *Go = kb_rand(gq, 24, 0, 0), *Gdq = kb_rand(gq, 26, 0, 0);
+    float *Gdk = kb_rand(gk, 27, 0, 0), *Gdv = kb_rand(gk, 28, 0, 0);
+    float *scratch = mt_alloc(sizeof(float) * (size_t)nthr * mt_attention_scratch_floats(T, DK));
+    const double pairs = H * (double)T * (T + 1) / 2.0;
+    const double ff = 2.0 * (DK + DV) * pairs, fb = 2.0 * (3 * DK + 2 * DV) * pairs;
+    const double gf = 4.0 * D * pairs, gb = 10.0 * D * pairs;
+    for (int bf = 0; bf <= tb->bf16; bf++) {
+        kb_row *rf = kb_add(tb, bf ? "attention_mla_fwd_bf16" : "attention_mla_fwd", 1, ff, "GQA kernel's rate, paired",
+                            ff / gf, "B=1 T=%d H=%d Dk=%d Dv=%d", T, H, DK, DV);
+        kb_row *rb = kb_add(tb, bf ? "attention_mla_bwd_bf16" : "attention_mla_bwd", 1, fb,
+                            "GQA kernel's rate, paired", fb / gb, "B=1 T=%d H=%d Dk=%d Dv=%d", T, H, DK, DV);
+        double t[4] = {INFINITY, INFINITY, INFINITY, INFINITY}, x;
+        for (int r = 0; r < ROUNDS; r++) {
+            MT_BEST_TIME(x, bud, mt_attention_fwd(Go, l, Gq, Gk, Gv, NULL, 1, T, H, G, D, scratch, nthr, bf));
+            t[0] = x < t[0] ? x : t[0];
+            MT_BEST_TIME(x, bud, mt_attention_fwd_dv(o, l, q, k, v, NULL, 1, T, H, H, DK, DV, scratch, nthr, bf));
+            t[1] = x < t[1] ? x : t[1];
+            MT_BEST_TIME(x, bud, mt_attention_fwd(Go, l, Gq, Gk, Gv, NULL, 1, T, H, G, D, scratch, nthr, bf));
+            MT_BEST_TIME(x, bud, mt_attention_bwd(Gdq, Gdk, Gdv, Gdo, Gq, Gk, Gv, Go, l, NULL, 1, T, H, G, D, scratch,
+                                                  nthr, bf));
+            t[2] = x < t[2] ? x : t[2];
+            MT_BEST_TIME(x, bud, mt_attention_fwd_dv(o, l, q, k, v, NULL, 1, T, H, H, DK, DV, scratch, nthr, bf));
+            MT_BEST_TIME(x, bud, mt_attention_bwd_dv(dq, dk, dv, dout, q, k, v, o, l, NULL, 1, T, H, H, DK, DV,
+                                                     scratch, nthr, bf));
+            t[3] = x < t[3] ? x : t[3];
+        }
+        rf->t = t[1];
+        rf->t_ref = t[0] * rf->ref_scale;
+        rb->t = t[3];
+        rb->t_ref = t[2] * rb->ref_scale;
+    }
+    mt_free(q); mt_free(k); mt_free(v); mt_free(dout); mt_free(o); mt_free(l); mt_free(dq);
+    mt_free(dk); mt_free(dv); mt_free(Gq); mt_free(Gk); mt_free(Gv); mt_free(Gdo); mt_free(Go);
+    mt_free(Gdq); mt_free(Gdk); mt_free(Gdv); mt_free(scratch);
+}
+
 /* LM head + cross-entropy, forward and backward: 6 N C V FLOPs (2 fwd, 4 bwd) */
 static void kb_head(kb_table *tb) {
     const int N = KB_B * KB_T, C = KB_C, V = KB_V, nr = 32;
@@ -406,6 +459,7 @@ static int bench_kernels(int argc, char **argv) {
     fflush(stdout);
     kb_dense(tb);
     kb_attention(tb, quick);
+    kb_attention_mla(tb);
     kb_head(tb);
     kb_moe(tb);
     kb_adamw(tb, quick ? (size_t)4 << 20 : (size_t)16 << 20);

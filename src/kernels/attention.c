@@ -965,18 +965,21 @@ static void check_pos(const int32_t *pos, int B, int T) {
         for (int t = 0; t < T; t++) MT_ASSERT(pos[(size_t)b * T + t] >= 0 && pos[(size_t)b * T + t] <= t);
 }
 
-/* k, v fp32, or (bf16 mode only) k16, v16 */
+/* k, v fp32, or (bf16 mode only) k16, v16. Dk: width of q and k, Dv: of v and out (the same
+ * for GQA; MLA's q/k carry the RoPE part, its v does not). The scratch is laid out for the
+ * wider of the two. */
 static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const uint16_t *k16,
-                     const uint16_t *v16, const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
-                     int nthr, int gemm_bf16) {
-    MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
-    MT_ASSERT(!k16 || mt_attention_bf16(gemm_bf16, D));
+                     const uint16_t *v16, const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv,
+                     float *scratch, int nthr, int gemm_bf16) {
+    MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && Dk > 0 && Dk % 2 == 0 && Dv > 0 && nthr >= 1);
+    const int bf16 = mt_attention_bf16(gemm_bf16, Dk) && mt_attention_bf16(gemm_bf16, Dv);
+    MT_ASSERT(!k16 || bf16);
     check_pos(pos, B, T);
+    const int Dm = Dk > Dv ? Dk : Dv;
     const int rep = H / G, nqb = (T + ATT_BQ - 1) / ATT_BQ, nbh = B * H;
     const int ngr = (nqb + ATT_QG - 1) / ATT_QG;
-    const float c2 = LOG2E / sqrtf((float)D); /* scores in base 2 */
-    const size_t per = mt_attention_scratch_floats(T, D), qstride = fwd_qblock_floats(D);
-    const int bf16 = mt_attention_bf16(gemm_bf16, D);
+    const float c2 = LOG2E / sqrtf((float)Dk); /* scores in base 2 */
+    const size_t per = mt_attention_scratch_floats(T, Dm), qstride = fwd_qblock_floats(Dm);
     /* one task per group of ATT_QG query blocks of each (b, h), the costliest (last)
      * groups first so the dynamic schedule ends balanced */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
@@ -984,12 +987,12 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
         int gr = ngr - 1 - task / nbh, b = task % nbh / H, h = task % H, g = h / rep;
         float *St = align64(scratch + (size_t)omp_get_thread_num() * per);
         float *bm = St + (size_t)ATT_BK * ATT_BQ, *alpha = bm + ATT_BQ, *Kc = alpha + ATT_BQ;
-        float *Vc = Kc + (size_t)ATT_BK * round16(D), *blk = Vc + (size_t)ATT_BK * round16(D);
+        float *Vc = Kc + (size_t)ATT_BK * round16(Dm), *blk = Vc + (size_t)ATT_BK * round16(Dm);
 #if defined(ATT_BF16)
-        /* after the query blocks' state: K pairs along D [BK][D/2], V pairs along keys
-         * [BK/2][D], probabilities pairs along keys [BK/2][BQ] */
-        uint32_t *Kr = align64(blk + (size_t)ATT_QG * qstride), *Vp = Kr + (size_t)ATT_BK * D / 2;
-        uint32_t *St2 = Vp + (size_t)ATT_BK / 2 * D;
+        /* after the query blocks' state: K pairs along D [BK][Dk/2], V pairs along keys
+         * [BK/2][Dv], probabilities pairs along keys [BK/2][BQ] */
+        uint32_t *Kr = align64(blk + (size_t)ATT_QG * qstride), *Vp = Kr + (size_t)ATT_BK * Dm / 2;
+        uint32_t *St2 = Vp + (size_t)ATT_BK / 2 * Dm;
 #endif
         int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
@@ -999,72 +1002,72 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
         for (int t = t0g; t < tend; t++)
             if (pb && t - pb[t] < smin) smin = t - pb[t];
         if (!pb) smin = 0;
-        /* per query block: Qt[D][BQ] (scaled), Ot[D][BQ], m, l, first flag */
+        /* per query block: Qt[Dk][BQ] (scaled), Ot[Dv][BQ], m, l, first flag */
         for (int qb = qb0; qb < qb1; qb++) {
-            float *Qt = blk + (size_t)(qb - qb0) * qstride, *m = Qt + 2 * (size_t)D * ATT_BQ, *l = m + ATT_BQ;
+            float *Qt = blk + (size_t)(qb - qb0) * qstride, *m = Qt + 2 * (size_t)Dm * ATT_BQ, *l = m + ATT_BQ;
             int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
-            const float *qt = q + (((size_t)b * T + t0) * H + h) * D;
-            transpose_scale(Qt, ATT_BQ, qt, (size_t)H * D, nq, D, NULL, c2);
+            const float *qt = q + (((size_t)b * T + t0) * H + h) * Dk;
+            transpose_scale(Qt, ATT_BQ, qt, (size_t)H * Dk, nq, Dk, NULL, c2);
             if (nq < ATT_BQ)
-                for (int c = 0; c < D; c++) memset(Qt + (size_t)c * ATT_BQ + nq, 0, sizeof(float) * (ATT_BQ - nq));
+                for (int c = 0; c < Dk; c++) memset(Qt + (size_t)c * ATT_BQ + nq, 0, sizeof(float) * (ATT_BQ - nq));
             for (int i = 0; i < ATT_BQ; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
             l[ATT_BQ] = 1.0f; /* first-block flag */
 #if defined(ATT_BF16)
-            /* bf16: Qt becomes words [D/2][BQ] in place (row p of the words is written after
+            /* bf16: Qt becomes words [Dk/2][BQ] in place (row p of the words is written after
              * rows 2p and 2p+1 of the floats were read) */
-            if (bf16) pair_rows((uint32_t *)Qt, ATT_BQ, Qt, ATT_BQ, D);
+            if (bf16) pair_rows((uint32_t *)Qt, ATT_BQ, Qt, ATT_BQ, Dk);
 #endif
         }
         for (int k0 = smin / ATT_BK * ATT_BK; k0 < tend; k0 += ATT_BK) {
             int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK;
-            const size_t kv0 = (((size_t)b * T + k0) * G + g) * D;
-            const float *kb = k16 ? NULL : k + kv0, *vb = k16 ? NULL : v + kv0;
+            const size_t kr0 = ((size_t)b * T + k0) * G + g, k0o = kr0 * Dk, v0o = kr0 * Dv;
+            const float *kb = k16 ? NULL : k + k0o, *vb = k16 ? NULL : v + v0o;
             if (!bf16) {
-                copy_rows(Kc, kb, G * D, nk, D);
-                copy_rows(Vc, vb, G * D, nk, D);
+                copy_rows(Kc, kb, G * Dk, nk, Dk);
+                copy_rows(Vc, vb, G * Dv, nk, Dv);
             }
 #if defined(ATT_BF16)
             else if (k16) {
-                pair_cols16(Kr, k16 + kv0, G * D, nk, D);
-                pair_rows16(Vp, D, v16 + kv0, G * D, nk);
+                pair_cols16(Kr, k16 + k0o, G * Dk, nk, Dk);
+                pair_rows16(Vp, Dv, v16 + v0o, G * Dv, nk);
             } else { /* the pair layouts read the rows once, straight from k and v */
-                pair_cols(Kr, D, kb, G * D, nk);
-                pair_rows(Vp, D, vb, G * D, nk);
+                pair_cols(Kr, Dk, kb, G * Dk, nk);
+                pair_rows(Vp, Dv, vb, G * Dv, nk);
             }
 #endif
             for (int qb = k0 / ATT_BQ > qb0 ? k0 / ATT_BQ : qb0; qb < qb1; qb++) {
-                float *Qt = blk + (size_t)(qb - qb0) * qstride, *Ot = Qt + (size_t)D * ATT_BQ;
-                float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
+                float *Qt = blk + (size_t)(qb - qb0) * qstride, *Ot = Qt + (size_t)Dm * ATT_BQ;
+                float *m = Ot + (size_t)Dm * ATT_BQ, *l = m + ATT_BQ;
                 int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
                 int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk, NULL);
                 if (!kind) continue;
 #if defined(ATT_BF16)
                 if (bf16) {
-                    fwd_scores_bf16(St, bm, Kr, (const uint32_t *)Qt, nk, D, kind == 1 ? lo : NULL, hi);
+                    fwd_scores_bf16(St, bm, Kr, (const uint32_t *)Qt, nk, Dk, kind == 1 ? lo : NULL, hi);
                     fwd_softmax(St, m, l, alpha, bm, nk);
                     pair_rows(St2, ATT_BQ, St, ATT_BQ, nk);
-                    fwd_pv_bf16(Ot, Vp, St2, nk, D, l[ATT_BQ] != 0.0f, alpha);
+                    fwd_pv_bf16(Ot, Vp, St2, nk, Dv, l[ATT_BQ] != 0.0f, alpha);
                     l[ATT_BQ] = 0.0f;
                     continue;
                 }
 #endif
-                fwd_scores(St, bm, Kc, D, Qt, nk, D, kind == 1 ? lo : NULL, hi);
+                fwd_scores(St, bm, Kc, Dk, Qt, nk, Dk, kind == 1 ? lo : NULL, hi);
                 fwd_softmax(St, m, l, alpha, bm, nk);
-                fwd_pv(Ot, Vc, D, St, nk, D, l[ATT_BQ] != 0.0f, alpha); /* Ot = Ot alpha + V^T P^T */
+                fwd_pv(Ot, Vc, Dv, St, nk, Dv, l[ATT_BQ] != 0.0f, alpha); /* Ot = Ot alpha + V^T P^T */
                 l[ATT_BQ] = 0.0f;
             }
         }
         /* every query sees itself, so some block was processed and l > 0 */
         for (int qb = qb0; qb < qb1; qb++) {
-            float *Ot = blk + (size_t)(qb - qb0) * qstride + (size_t)D * ATT_BQ;
-            float *m = Ot + (size_t)D * ATT_BQ, *l = m + ATT_BQ;
+            float *Ot = blk + (size_t)(qb - qb0) * qstride + (size_t)Dm * ATT_BQ;
+            float *m = Ot + (size_t)Dm * ATT_BQ, *l = m + ATT_BQ;
             int t0 = qb * ATT_BQ, nq = T - t0 < ATT_BQ ? T - t0 : ATT_BQ;
             float inv[ATT_BQ];
             for (int i = 0; i < nq; i++) {
                 inv[i] = 1.0f / l[i];
                 lse[((size_t)b * H + h) * T + t0 + i] = m[i] * LN2 + logf(l[i]);
             }
-            transpose_scale(out + (((size_t)b * T + t0) * H + h) * D, (size_t)H * D, Ot, ATT_BQ, D, nq, inv, 1.0f);
+            transpose_scale(out + (((size_t)b * T + t0) * H + h) * Dv, (size_t)H * Dv, Ot, ATT_BQ, Dv, nq, inv, 1.0f);
         }
     }
 }
@@ -1072,45 +1075,51 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
 void mt_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                       int nthr, int bf16) {
-    attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, D, scratch, nthr, bf16);
+    attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, D, D, scratch, nthr, bf16);
 }
 
 void mt_attention_fwd_kv16(float *out, float *lse, const float *q, const uint16_t *k, const uint16_t *v,
                            const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                            int nthr) {
-    attn_fwd(out, lse, q, NULL, NULL, k, v, pos, B, T, H, G, D, scratch, nthr, 1);
+    attn_fwd(out, lse, q, NULL, NULL, k, v, pos, B, T, H, G, D, D, scratch, nthr, 1);
+}
+
+void mt_attention_fwd_dv(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv, float *scratch,
+                         int nthr, int bf16) {
+    attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, Dk, Dv, scratch, nthr, bf16);
 }
 
 static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                      const float *v, const uint16_t *k16, const uint16_t *v16, const float *out, const float *lse,
-                     const int32_t *pos, int B, int T, int H, int G, int D, float *scratch, int nthr,
+                     const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv, float *scratch, int nthr,
                      int gemm_bf16) {
-    MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && D > 0 && D % 2 == 0 && nthr >= 1);
-    MT_ASSERT(!k16 || mt_attention_bf16(gemm_bf16, D));
+    MT_ASSERT(B >= 0 && T >= 0 && G > 0 && H % G == 0 && Dk > 0 && Dk % 2 == 0 && Dv > 0 && nthr >= 1);
+    const int bf16 = mt_attention_bf16(gemm_bf16, Dk) && mt_attention_bf16(gemm_bf16, Dv);
+    MT_ASSERT(!k16 || bf16);
     check_pos(pos, B, T);
-    const int rep = H / G;
-    const float scale = 1.0f / sqrtf((float)D), c2 = LOG2E * scale;
-    const size_t per = mt_attention_scratch_floats(T, D);
-    const int bf16 = mt_attention_bf16(gemm_bf16, D);
+    const int rep = H / G, Dm = Dk > Dv ? Dk : Dv;
+    const float scale = 1.0f / sqrtf((float)Dk), c2 = LOG2E * scale;
+    const size_t per = mt_attention_scratch_floats(T, Dm);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int task = 0; task < B * G; task++) {
         int b = task / G, g = task % G;
         float *Kt = align64(scratch + (size_t)omp_get_thread_num() * per);
-        float *Vt = Kt + (size_t)D * ATT_BK, *P = Vt + (size_t)D * ATT_BK;
-        float *S = P + ATT_BQ * ATT_BK, *Kc = S + ATT_BQ * ATT_BK, *Qc = Kc + (size_t)D * ATT_BK;
-        float *dOc = Qc + (size_t)T * D, *Di = dOc + (size_t)T * D, *l2 = Di + T;
+        float *Vt = Kt + (size_t)Dm * ATT_BK, *P = Vt + (size_t)Dm * ATT_BK;
+        float *S = P + ATT_BQ * ATT_BK, *Kc = S + ATT_BQ * ATT_BK, *Qc = Kc + (size_t)Dm * ATT_BK;
+        float *dOc = Qc + (size_t)T * Dm, *Di = dOc + (size_t)T * Dm, *l2 = Di + T;
 #if defined(ATT_BF16)
         /* pair buffers after l2 (64-byte aligned): q and dO of the head, K of the block, P and
          * dS pairs along queries ([BQ/2][BK]), dS pairs along keys ([BQ][BK/2]) */
-        const size_t hp = (size_t)((T + 2) / 2) * D;
+        const size_t hp = (size_t)((T + 2) / 2) * Dm;
         uint32_t *Qp = align64(l2 + T + ATT_BQ), *dOp = Qp + hp, *Kp = dOp + hp;
-        uint32_t *P2 = Kp + (size_t)ATT_BK / 2 * D, *S2 = P2 + ATT_BQ / 2 * ATT_BK, *Sr = S2 + ATT_BQ / 2 * ATT_BK;
-        uint32_t *Qr = Sr + ATT_BQ * ATT_BK / 2, *dOr = Qr + (size_t)T * D / 2, *Kt2 = dOr + (size_t)T * D / 2;
-        uint32_t *Vt2 = Kt2 + (size_t)D / 2 * ATT_BK;
+        uint32_t *P2 = Kp + (size_t)ATT_BK / 2 * Dm, *S2 = P2 + ATT_BQ / 2 * ATT_BK, *Sr = S2 + ATT_BQ / 2 * ATT_BK;
+        uint32_t *Qr = Sr + ATT_BQ * ATT_BK / 2, *dOr = Qr + (size_t)T * Dm / 2, *Kt2 = dOr + (size_t)T * Dm / 2;
+        uint32_t *Vt2 = Kt2 + (size_t)Dm / 2 * ATT_BK;
 #endif
         int32_t lo[ATT_BQ], hi[ATT_BQ];
         const int32_t *pb = pos ? pos + (size_t)b * T : NULL;
-        const int ldq = H * D, ldk = G * D;
+        const int ldq = H * Dk, ldo = H * Dv, ldk = G * Dk, ldv = G * Dv;
         /* this task owns dq of heads g*rep .. g*rep+rep-1 of row b, and the rows of dk, dv
          * of kv head g; the first key block a query block sees writes its dq rows, the
          * others add to them */
@@ -1118,42 +1127,42 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
             /* the head's q and dO rows made contiguous (streamed once per key block),
              * D_i = dO_i . O_i and the base-2 log-sum-exp of every row */
             size_t hr0 = (size_t)b * T * H + h;
-            copy_rows(Qc, q + hr0 * D, ldq, T, D);
-            copy_rows(dOc, dout + hr0 * D, ldq, T, D);
+            copy_rows(Qc, q + hr0 * Dk, ldq, T, Dk);
+            copy_rows(dOc, dout + hr0 * Dv, ldo, T, Dv);
 #if defined(ATT_BF16)
             if (bf16) { /* from the contiguous copies: measured faster than from the strided rows */
-                pair_rows(Qp, D, Qc, D, T);
-                pair_rows(dOp, D, dOc, D, T);
+                pair_rows(Qp, Dk, Qc, Dk, T);
+                pair_rows(dOp, Dv, dOc, Dv, T);
                 /* the scores exactly as the forward made them, from bf16(q c2) (not bf16(q) c2,
                  * whose error grows with the scores and made P disagree with lse); Qc is not
                  * read again in bf16 mode */
-                for (size_t i = 0; i < (size_t)T * D; i++) Qc[i] *= c2;
-                pair_cols(Qr, D, Qc, D, T);
-                pair_cols(dOr, D, dOc, D, T);
+                for (size_t i = 0; i < (size_t)T * Dk; i++) Qc[i] *= c2;
+                pair_cols(Qr, Dk, Qc, Dk, T);
+                pair_cols(dOr, Dv, dOc, Dv, T);
             }
 #endif
             for (int t = 0; t < T; t++) {
-                Di[t] = mt_dotf(out + (hr0 + (size_t)t * H) * D, dOc + (size_t)t * D, (size_t)D);
+                Di[t] = mt_dotf(out + (hr0 + (size_t)t * H) * Dv, dOc + (size_t)t * Dv, (size_t)Dv);
                 l2[t] = lse[((size_t)b * H + h) * T + t] * LOG2E;
             }
             for (int k0 = 0; k0 < T; k0 += ATT_BK) {
                 int nk = T - k0 < ATT_BK ? T - k0 : ATT_BK, first = h == g * rep;
                 size_t kr0 = ((size_t)b * T + k0) * G + g;
-                const float *kb = k16 ? NULL : k + kr0 * D, *vb = k16 ? NULL : v + kr0 * D;
+                const float *kb = k16 ? NULL : k + kr0 * Dk, *vb = k16 ? NULL : v + kr0 * Dv;
                 if (!bf16) {
-                    copy_rows(Kc, kb, ldk, nk, D);
-                    pack_t(Kt, kb, ldk, nk, D);
-                    pack_t(Vt, vb, ldk, nk, D);
+                    copy_rows(Kc, kb, ldk, nk, Dk);
+                    pack_t(Kt, kb, ldk, nk, Dk);
+                    pack_t(Vt, vb, ldv, nk, Dv);
                 }
 #if defined(ATT_BF16)
                 else if (k16) {
-                    pair_rows16(Kp, D, k16 + kr0 * D, ldk, nk);
-                    pair_t16(Kt2, k16 + kr0 * D, ldk, nk, D);
-                    pair_t16(Vt2, v16 + kr0 * D, ldk, nk, D);
+                    pair_rows16(Kp, Dk, k16 + kr0 * Dk, ldk, nk);
+                    pair_t16(Kt2, k16 + kr0 * Dk, ldk, nk, Dk);
+                    pair_t16(Vt2, v16 + kr0 * Dv, ldv, nk, Dv);
                 } else { /* the pair layouts instead of the fp32 copy and transposed packs */
-                    pair_rows(Kp, D, kb, ldk, nk);
-                    pair_t(Kt2, kb, ldk, nk, D);
-                    pair_t(Vt2, vb, ldk, nk, D);
+                    pair_rows(Kp, Dk, kb, ldk, nk);
+                    pair_t(Kt2, kb, ldk, nk, Dk);
+                    pair_t(Vt2, vb, ldv, nk, Dv);
                 }
 #endif
                 /* queries before k0 see no key of the block */
@@ -1163,34 +1172,36 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                     int kind = block_ranges(lo, hi, pb, t0, nq, k0, nk, &dq_first);
                     if (!kind) continue;
                     size_t row0 = ((size_t)b * T + t0) * H + h;
-                    const float *qc = Qc + (size_t)t0 * D, *doc = dOc + (size_t)t0 * D;
+                    const float *qc = Qc + (size_t)t0 * Dk, *doc = dOc + (size_t)t0 * Dv;
 #if defined(ATT_BF16)
                     if (bf16) {
                         const int qp = (nq + 1) / 2;
-                        bwd_probs_bf16(P, Qr + (size_t)t0 * D / 2, Kt2, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0);
+                        bwd_probs_bf16(P, Qr + (size_t)t0 * Dk / 2, Kt2, nq, Dk, kind == 1 ? lo : NULL, hi, l2 + t0);
                         pair_rows(P2, ATT_BK, P, ATT_BK, nq);
                         const int diag = t0 == k0 && g_diag_skip; /* P, dS zero above the diagonal */
-                        mm_nn_bf16(dv + kr0 * D, ldk, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * D, nk, qp, D, first, diag);
-                        bwd_dscores_bf16(S, dOr + (size_t)t0 * D / 2, Vt2, nq, D, Di + t0, scale, P);
+                        mm_nn_bf16(dv + kr0 * Dv, ldv, P2, 1, ATT_BK, dOp + (size_t)t0 / 2 * Dv, nk, qp, Dv, first,
+                                   diag);
+                        bwd_dscores_bf16(S, dOr + (size_t)t0 * Dv / 2, Vt2, nq, Dv, Di + t0, scale, P);
                         pair_rows(S2, ATT_BK, S, ATT_BK, nq);
                         pair_cols(Sr, ATT_BK, S, ATT_BK, nq);
-                        mm_nn_bf16(dq + row0 * D, ldq, Sr, ATT_BK / 2, 1, Kp, nq, (nk + 1) / 2, D, dq_first, -diag);
-                        mm_nn_bf16(dk + kr0 * D, ldk, S2, 1, ATT_BK, Qp + (size_t)t0 / 2 * D, nk, qp, D, first, diag);
+                        mm_nn_bf16(dq + row0 * Dk, ldq, Sr, ATT_BK / 2, 1, Kp, nq, (nk + 1) / 2, Dk, dq_first, -diag);
+                        mm_nn_bf16(dk + kr0 * Dk, ldk, S2, 1, ATT_BK, Qp + (size_t)t0 / 2 * Dk, nk, qp, Dk, first,
+                                   diag);
                         first = 0;
                         continue;
                     }
 #endif
-                    bwd_probs(P, qc, D, Kt, nq, D, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
-                    mm_nn(dv + kr0 * D, ldk, P, 1, ATT_BK, doc, D, nk, nq, D, first); /* dV += P^T dO */
-                    bwd_dscores(S, doc, D, Vt, nq, D, Di + t0, scale, P); /* dS = P (dO V^T - Di) scale */
-                    mm_nn(dq + row0 * D, ldq, S, ATT_BK, 1, Kc, D, nq, nk, D, dq_first); /* dQ += dS K */
-                    mm_nn(dk + kr0 * D, ldk, S, 1, ATT_BK, qc, D, nk, nq, D, first); /* dK += dS^T Q */
+                    bwd_probs(P, qc, Dk, Kt, nq, Dk, kind == 1 ? lo : NULL, hi, l2 + t0, c2);
+                    mm_nn(dv + kr0 * Dv, ldv, P, 1, ATT_BK, doc, Dv, nk, nq, Dv, first); /* dV += P^T dO */
+                    bwd_dscores(S, doc, Dv, Vt, nq, Dv, Di + t0, scale, P); /* dS = P (dO V^T - Di) scale */
+                    mm_nn(dq + row0 * Dk, ldq, S, ATT_BK, 1, Kc, Dk, nq, nk, Dk, dq_first); /* dQ += dS K */
+                    mm_nn(dk + kr0 * Dk, ldk, S, 1, ATT_BK, qc, Dk, nk, nq, Dk, first); /* dK += dS^T Q */
                     first = 0;
                 }
                 if (first) /* no query sees the block (cannot happen: a key sees itself) */
                     for (int j = 0; j < nk; j++) {
-                        memset(dk + (kr0 + (size_t)j * G) * D, 0, sizeof(float) * D);
-                        memset(dv + (kr0 + (size_t)j * G) * D, 0, sizeof(float) * D);
+                        memset(dk + (kr0 + (size_t)j * G) * Dk, 0, sizeof(float) * Dk);
+                        memset(dv + (kr0 + (size_t)j * G) * Dv, 0, sizeof(float) * Dv);
                     }
             }
         }
@@ -1201,12 +1212,19 @@ void mt_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const 
                       const float *k, const float *v, const float *out, const float *lse,
                       const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                       int nthr, int bf16) {
-    attn_bwd(dq, dk, dv, dout, q, k, v, NULL, NULL, out, lse, pos, B, T, H, G, D, scratch, nthr, bf16);
+    attn_bwd(dq, dk, dv, dout, q, k, v, NULL, NULL, out, lse, pos, B, T, H, G, D, D, scratch, nthr, bf16);
 }
 
 void mt_attention_bwd_kv16(float *dq, float *dk, float *dv, const float *dout, const float *q,
                            const uint16_t *k, const uint16_t *v, const float *out, const float *lse,
                            const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                            int nthr) {
-    attn_bwd(dq, dk, dv, dout, q, NULL, NULL, k, v, out, lse, pos, B, T, H, G, D, scratch, nthr, 1);
+    attn_bwd(dq, dk, dv, dout, q, NULL, NULL, k, v, out, lse, pos, B, T, H, G, D, D, scratch, nthr, 1);
+}
+
+void mt_attention_bwd_dv(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                         const float *k, const float *v, const float *out, const float *lse,
+                         const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv, float *scratch,
+                         int nthr, int bf16) {
+    attn_bwd(dq, dk, dv, dout, q, k, v, NULL, NULL, out, lse, pos, B, T, H, G, Dk, Dv, scratch, nthr, bf16);
 }

@@ -69,4 +69,16 @@ void mt_attention_bwd_kv16(float *dq, float *dk, float *dv, const float *dout, c
                            const int32_t *pos, int B, int T, int H, int G, int D, float *scratch,
                            int nthr);
 
+/* The same with separate widths: q, k [.., Dk] (Dk even; scores q.k / sqrt(Dk)) and v, out
+ * [.., Dv] (MLA: q and k carry the RoPE part, v does not). Scratch: nthr *
+ * mt_attention_scratch_floats(T, max(Dk, Dv)); bf16 pairs when mt_attention_bf16 holds for
+ * both widths. With Dk == Dv the same bits as mt_attention_fwd / _bwd. */
+void mt_attention_fwd_dv(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv, float *scratch,
+                         int nthr, int bf16);
+void mt_attention_bwd_dv(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                         const float *k, const float *v, const float *out, const float *lse,
+                         const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv, float *scratch,
+                         int nthr, int bf16);
+
 #endif

@@ -106,13 +106,18 @@ static inline void rope_head(float *out, const float *v, const float *c, const f
 
 void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
                        int T, int nh, int D, int flags) {
+    mt_rope_apply_ld(x, cos_t, sin_t, pos, N, T, nh, D, (size_t)nh * D, (size_t)D, flags);
+}
+
+void mt_rope_apply_ld(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N, int T, int nh,
+                      int D, size_t ldn, size_t ldh, int flags) {
     int h = D / 2;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         int t = pos ? pos[n] : n % T;
         const float *c = cos_t + (size_t)t * h, *s = sin_t + (size_t)t * h;
         for (int head = 0; head < nh; head++) {
-            float *v = x + ((size_t)n * nh + head) * D;
+            float *v = x + (size_t)n * ldn + (size_t)head * ldh;
             rope_head(v, v, c, s, h, flags);
         }
     }

@@ -42,6 +42,10 @@ void mt_rope_apply(float *x, const float *cos_t, const float *sin_t, int N, int 
  * start in document mode; pos == NULL means n % T. */
 void mt_rope_apply_pos(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N,
                        int T, int nh, int D, int flags);
+/* The same on D values of each of nh heads at x + n*ldn + head*ldh (MLA: the RoPE part of
+ * every head of q, after its dn unrotated dimensions). */
+void mt_rope_apply_ld(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int N, int T, int nh,
+                      int D, size_t ldn, size_t ldh, int flags);
 /* The forward rotation of x written as bf16 into out (the bits mt_bf16_store writes of what
  * mt_rope_apply_pos leaves in x; x unchanged; bf16 mode only): train --bf16's K, rotated and
  * rounded in one pass. ws: one row of nh D floats per thread (mt_rope_store16_ws_bytes). */

@@ -14,8 +14,10 @@
     X(mt_attention_bf16) \
     X(mt_attention_bf16_built) \
     X(mt_attention_bwd) \
+    X(mt_attention_bwd_dv) \
     X(mt_attention_bwd_kv16) \
     X(mt_attention_fwd) \
+    X(mt_attention_fwd_dv) \
     X(mt_attention_fwd_kv16) \
     X(mt_attention_scratch_floats) \
     X(mt_attention_set_diag_skip) \
@@ -41,6 +43,7 @@
     X(mt_rmsnorm_fwd) \
     X(mt_rmsnorm_fwd16) \
     X(mt_rope_apply) \
+    X(mt_rope_apply_ld) \
     X(mt_rope_apply_pos) \
     X(mt_rope_store16) \
     X(mt_rope_table) \
@@ -64,8 +67,10 @@
 #define mt_attention_bf16 MT_TIER_CAT(mt_attention_bf16, MT_TIER_SUFFIX)
 #define mt_attention_bf16_built MT_TIER_CAT(mt_attention_bf16_built, MT_TIER_SUFFIX)
 #define mt_attention_bwd MT_TIER_CAT(mt_attention_bwd, MT_TIER_SUFFIX)
+#define mt_attention_bwd_dv MT_TIER_CAT(mt_attention_bwd_dv, MT_TIER_SUFFIX)
 #define mt_attention_bwd_kv16 MT_TIER_CAT(mt_attention_bwd_kv16, MT_TIER_SUFFIX)
 #define mt_attention_fwd MT_TIER_CAT(mt_attention_fwd, MT_TIER_SUFFIX)
+#define mt_attention_fwd_dv MT_TIER_CAT(mt_attention_fwd_dv, MT_TIER_SUFFIX)
 #define mt_attention_fwd_kv16 MT_TIER_CAT(mt_attention_fwd_kv16, MT_TIER_SUFFIX)
 #define mt_attention_scratch_floats MT_TIER_CAT(mt_attention_scratch_floats, MT_TIER_SUFFIX)
 #define mt_attention_set_diag_skip MT_TIER_CAT(mt_attention_set_diag_skip, MT_TIER_SUFFIX)
@@ -91,6 +96,7 @@
 #define mt_rmsnorm_fwd MT_TIER_CAT(mt_rmsnorm_fwd, MT_TIER_SUFFIX)
 #define mt_rmsnorm_fwd16 MT_TIER_CAT(mt_rmsnorm_fwd16, MT_TIER_SUFFIX)
 #define mt_rope_apply MT_TIER_CAT(mt_rope_apply, MT_TIER_SUFFIX)
+#define mt_rope_apply_ld MT_TIER_CAT(mt_rope_apply_ld, MT_TIER_SUFFIX)
 #define mt_rope_apply_pos MT_TIER_CAT(mt_rope_apply_pos, MT_TIER_SUFFIX)
 #define mt_rope_store16 MT_TIER_CAT(mt_rope_store16, MT_TIER_SUFFIX)
 #define mt_rope_table MT_TIER_CAT(mt_rope_table, MT_TIER_SUFFIX)

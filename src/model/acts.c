@@ -43,6 +43,8 @@ static void carve_pair(carver *cv, size_t bytes, int h16, float **f32, uint16_t 
 typedef struct {
     size_t tp, B, T, Nt, N, C, H, G, D, E, K, Fm, Fs, F, R, hl, nthr;
     int sel, kv16, sw;
+    int mla;                      /* MLA: the widths below (0 for GQA) */
+    size_t ql, kvl, dr, dq, dv;   /* q_lora_rank, kv_lora_rank, qk_rope_head_dim, dn + dr, v_head_dim */
 } geom;
 
 static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
@@ -68,7 +70,18 @@ static void geom_of(geom *g, const mt_config *c, const mt_acts_dims *d) {
     /* kv16 implies the bf16 GEMMs, in which the FFNs keep their gate|up outputs as bf16
      * (model/internal.h), and their scratch that only products read (carve_scratch) */
     g->hl = d->kv16 ? sizeof(uint16_t) : sizeof(float);
+    g->mla = mt_config_is_mla(c);
+    g->ql = g->mla ? (size_t)c->q_lora_rank : 0;
+    g->kvl = g->mla ? (size_t)c->kv_lora_rank : 0;
+    g->dr = g->mla ? (size_t)c->qk_rope_head_dim : 0;
+    g->dq = g->mla ? (size_t)c->qk_nope_head_dim + g->dr : 0;
+    g->dv = g->mla ? (size_t)c->v_head_dim : 0;
 }
+
+/* The attention's widths: of q and k per head, of v and the output per head, RoPE's table. */
+static size_t att_qk(const geom *g) { return g->mla ? g->dq : g->D; }
+static size_t att_v(const geom *g) { return g->mla ? g->dv : g->D; }
+static size_t rope_w(const geom *g) { return g->mla ? g->dr : g->D; }
 
 /* The arena is carved in this order, by parts (model/sizes.h sizes each part with the same
  * functions run dry; every carve is a multiple of 64 B, so a part's size does not depend on
@@ -88,15 +101,27 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
     const size_t fl = sizeof(float), il = sizeof(int32_t), hl = g->hl;
     L->x = carve(cv, N * C * fl);
     L->rstd1 = carve(cv, N * fl);
-    L->q = carve(cv, Nt * H * D * fl);
-    if (g->kv16) {
-        L->k16 = carve(cv, Nt * G * D * sizeof(uint16_t));
-        L->v16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+    if (g->mla) { /* the compressed q and c (before their norms), q and the per-head k, v (fp32) */
+        if (g->ql) {
+            L->cq = carve(cv, Nt * g->ql * fl);
+            L->rstdq = carve(cv, Nt * fl);
+        }
+        L->ckv = carve(cv, Nt * g->kvl * fl);
+        L->rstdkv = carve(cv, Nt * fl);
+        L->q = carve(cv, Nt * H * g->dq * fl);
+        L->k = carve(cv, Nt * H * g->dq * fl);
+        L->v = carve(cv, Nt * H * g->dv * fl);
     } else {
-        L->k = carve(cv, Nt * G * D * fl);
-        L->v = carve(cv, Nt * G * D * fl);
+        L->q = carve(cv, Nt * H * D * fl);
+        if (g->kv16) {
+            L->k16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+            L->v16 = carve(cv, Nt * G * D * sizeof(uint16_t));
+        } else {
+            L->k = carve(cv, Nt * G * D * fl);
+            L->v = carve(cv, Nt * G * D * fl);
+        }
     }
-    L->att = carve(cv, Nt * H * D * fl);
+    L->att = carve(cv, Nt * H * att_v(g) * fl);
     L->lse = carve(cv, Nt * H * fl);
     L->h = g->sel ? a->hbuf : carve(cv, N * C * fl);
     L->rstd2 = carve(cv, N * fl);
@@ -128,8 +153,8 @@ static void carve_stream(carver *cv, mt_acts *a, const geom *g) {
     const size_t N = g->N, Nt = g->Nt, C = g->C, fl = sizeof(float);
     a->xf = carve(cv, N * C * fl);
     if (a->last) a->rstdf = carve(cv, N * fl);
-    a->cos_t = carve(cv, g->T * g->D / 2 * fl);
-    a->sin_t = carve(cv, g->T * g->D / 2 * fl);
+    a->cos_t = carve(cv, g->T * rope_w(g) / 2 * fl);
+    a->sin_t = carve(cv, g->T * rope_w(g) / 2 * fl);
     void *ln = carve(cv, N * C * fl); /* norm_in writes it as bf16 or as fp32: both views */
     a->ln = ln;
     a->ln16 = ln;
@@ -172,10 +197,27 @@ static void carve_scratch(carver *cv, mt_acts *a, const mt_config *c, const geom
      * head's logits chunk (only live in the head, after the last layer's forward). No
      * function holds buffers of two groups. */
     const size_t u0 = cv->off;
-    a->datt = carve(cv, Nt * H * D * fl);
-    a->dq = carve(cv, Nt * H * D * fl);
-    a->dk = carve(cv, Nt * G * D * fl);
-    a->dv = carve(cv, Nt * G * D * fl);
+    if (g->mla) { /* MLA: the forward's kv_b output, k_pe and normed q / c live here too */
+        a->datt = carve(cv, Nt * H * g->dv * fl);
+        a->dq = carve(cv, Nt * H * g->dq * fl);
+        a->dk = carve(cv, Nt * H * g->dq * fl);
+        a->dv = carve(cv, Nt * H * g->dv * fl);
+        a->dkv = carve(cv, Nt * H * (g->dq - g->dr + g->dv) * fl);
+        a->kpe = carve(cv, Nt * g->dr * fl);
+        a->cn = carve(cv, Nt * g->kvl * fl);
+        a->dcn = carve(cv, Nt * g->kvl * fl);
+        a->dckv = carve(cv, Nt * g->kvl * fl);
+        if (g->ql) {
+            a->cqn = carve(cv, Nt * g->ql * fl);
+            a->dcqn = carve(cv, Nt * g->ql * fl);
+            a->dcq = carve(cv, Nt * g->ql * fl);
+        }
+    } else {
+        a->datt = carve(cv, Nt * H * D * fl);
+        a->dq = carve(cv, Nt * H * D * fl);
+        a->dk = carve(cv, Nt * G * D * fl);
+        a->dv = carve(cv, Nt * G * D * fl);
+    }
     const size_t u1 = cv->off;
     cv->off = u0;
     /* the bf16 scratch: the SwiGLU output (big1), the gate|up gradient (big3) and the
@@ -200,7 +242,8 @@ static void carve_scratch(carver *cv, mt_acts *a, const mt_config *c, const geom
 }
 
 static void carve_att_scratch(carver *cv, mt_acts *a, const geom *g) {
-    a->att_scratch = carve(cv, g->nthr * mt_attention_scratch_floats((int)g->T, (int)g->D) * sizeof(float));
+    const size_t w = att_qk(g) > att_v(g) ? att_qk(g) : att_v(g);
+    a->att_scratch = carve(cv, g->nthr * mt_attention_scratch_floats((int)g->T, (int)w) * sizeof(float));
 }
 
 /* One function lays out every activation buffer: run dry to size, then for real. */
@@ -332,8 +375,8 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     const mt_acts_dims d = {B, T, nthr, policy, tp, sp, a->kv16};
     carver cv = {a->arena, 0, 0};
     acts_layout(a, c, &d, &cv);
-    mt_rope_table(a->cos_t, a->sin_t, T, c->head_dim, c->rope_theta);
-    a->rope_T = T, a->rope_D = c->head_dim, a->rope_theta = c->rope_theta;
+    mt_rope_table(a->cos_t, a->sin_t, T, mt_config_rope_dim(c), c->rope_theta);
+    a->rope_T = T, a->rope_D = mt_config_rope_dim(c), a->rope_theta = c->rope_theta;
     a->nlayers = c->num_hidden_layers;
     a->nexperts = c->n_routed_experts;
     a->load = mt_xcalloc((size_t)c->num_hidden_layers * (c->n_routed_experts + 1), sizeof(int64_t));

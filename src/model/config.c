@@ -332,7 +332,7 @@ int mt_config_validate(const mt_config *c, const char *what) {
     if (mla) {
         MIN(q_lora_rank, 0);
         MIN(kv_lora_rank, 1);
-        MIN(qk_nope_head_dim, 1);
+        MIN(qk_nope_head_dim, 0); /* 0: every query and key dimension rotated */
         MIN(qk_rope_head_dim, 1);
         MIN(v_head_dim, 1);
     }
@@ -368,6 +368,11 @@ int mt_config_validate(const mt_config *c, const char *what) {
     /* Weight dimensions must fit an int (the model indexes rows with int). */
     if ((long long)H * c->head_dim > INT_MAX)
         return mt_error("%s: key head_dim: num_attention_heads * head_dim overflows", what);
+    if (mla && ((long long)H * ((long long)c->qk_nope_head_dim + c->qk_rope_head_dim) > INT_MAX ||
+                (long long)H * ((long long)c->qk_nope_head_dim + c->v_head_dim) > INT_MAX ||
+                (long long)H * c->kv_lora_rank > INT_MAX))
+        return mt_error("%s: key num_attention_heads: num_attention_heads times an MLA head width "
+                        "(qk_nope_head_dim + qk_rope_head_dim or + v_head_dim, or kv_lora_rank) overflows", what);
     if ((long long)(c->n_shared_experts > 1 ? c->n_shared_experts : 1) * c->moe_intermediate_size > INT_MAX)
         return mt_error("%s: key n_shared_experts: n_shared_experts * moe_intermediate_size "
                         "overflows", what);

@@ -6,6 +6,7 @@
 #define MT_MODEL_CONFIG_H
 
 #include <stdint.h>
+#include <string.h>
 
 enum mt_scoring { MT_SCORING_SOFTMAX = 0, MT_SCORING_SIGMOID = 1 };
 enum mt_topk_method { MT_TOPK_GREEDY = 0, MT_TOPK_GROUP_LIMITED = 1, MT_TOPK_MOGE = 2 };
@@ -34,7 +35,7 @@ typedef struct {
     double rope_theta;            /* default 10000 */
     double rms_norm_eps;          /* default 1e-6 */
     int tie_word_embeddings;      /* default 0 */
-    char attention_type[16];      /* "gqa" (only one the trainer implements) or "mla" */
+    char attention_type[16];      /* "gqa" or "mla" (multi-head latent attention, model/mla.c) */
     char model_type[64];          /* default "moetrain" */
     /* Multi-head latent attention (attention_type "mla", DeepSeek-V2/V3 keys); all 0 for
      * "gqa". kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim are required
@@ -65,6 +66,13 @@ char *mt_config_to_json(const mt_config *c);
 
 /* Errors (naming `what` and max_position_embeddings) unless 0 < T <= max_position_embeddings. */
 int mt_config_check_seq(const mt_config *c, int T, const char *what);
+
+/* Multi-head latent attention (attention_type "mla")? */
+static inline int mt_config_is_mla(const mt_config *c) { return strcmp(c->attention_type, "mla") == 0; }
+/* The width RoPE rotates: head_dim for GQA, qk_rope_head_dim for MLA. */
+static inline int mt_config_rope_dim(const mt_config *c) {
+    return mt_config_is_mla(c) ? c->qk_rope_head_dim : c->head_dim;
+}
 
 /* Is layer l an MoE layer? */
 static inline int mt_config_is_moe(const mt_config *c, int l) {

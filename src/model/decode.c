@@ -14,8 +14,11 @@
 #include "model/internal.h"
 
 struct mt_decoder {
-    int slots, tmax, cap, nthr, L, kvw;
-    float *kc, *vc;               /* [L][slots][tmax][kvw] */
+    int slots, tmax, cap, nthr, L, kvw, vw;
+    int mla, absorbed;            /* MLA, and its cache form (decode.h) */
+    float *kc, *vc;               /* [L][slots][tmax][kvw], [..][vw] (vc NULL for absorbed MLA) */
+    float *cq, *ckv, *kpe, *qa;   /* MLA: [cap, ql], [cap, kvl], [cap, dr], absorbed [cap, H*kvl] q / out */
+    size_t kv_read;               /* bytes of cache rows the attention read */
     float *cos_t, *sin_t;         /* RoPE tables for tmax positions */
     mt_acts *a;                   /* the FFN / MoE blocks' buffers for cap tokens */
     float *x, *h, *ln, *rstd;     /* [cap, C] residual stream in and after attention, normed input, [cap] */
@@ -33,6 +36,10 @@ static void *dalloc(mt_decoder *d, size_t bytes) {
 }
 
 mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
+    return mt_decoder_new_form(m, slots, tmax, cap, nthr, bf16, 1);
+}
+
+mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed) {
     const mt_config *c = &m->cfg;
     if (slots < 1 || tmax < 1 || cap < 1)
         return mt_error("decode: need slots, positions and tokens per call >= 1"), NULL;
@@ -43,30 +50,54 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
         return mt_error("decode: the model must be whole on this rank (no TP, PP or EP)"), NULL;
     if (mt_gemm_bf16_check(bf16) != 0) return NULL;
     mt_decoder *d = mt_xcalloc(1, sizeof *d);
-    const size_t C = (size_t)c->hidden_size, HD = (size_t)c->num_attention_heads * c->head_dim;
+    const int H = c->num_attention_heads, R = mt_config_rope_dim(c);
+    const size_t C = (size_t)c->hidden_size;
     d->slots = slots, d->tmax = tmax, d->cap = cap, d->nthr = nthr, d->L = c->num_hidden_layers;
-    d->kvw = c->num_key_value_heads * c->head_dim;
-    const size_t cache = (size_t)d->L * slots * tmax * d->kvw * sizeof(float);
-    d->kc = dalloc(d, cache);
-    d->vc = dalloc(d, cache);
-    d->cos_t = dalloc(d, sizeof(float) * (size_t)tmax * (c->head_dim / 2));
-    d->sin_t = dalloc(d, sizeof(float) * (size_t)tmax * (c->head_dim / 2));
+    d->mla = mt_config_is_mla(c);
+    d->absorbed = d->mla && absorbed;
+    /* widths per fed token: q, the heads' output, k and v (MLA: kv_b's output in v) */
+    size_t qw = (size_t)H * c->head_dim, aw = qw, kw, vw;
+    d->kvw = d->vw = c->num_key_value_heads * c->head_dim;
+    kw = vw = (size_t)d->kvw;
+    if (d->mla) {
+        const int dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
+        qw = (size_t)H * dq;
+        aw = (size_t)H * c->v_head_dim;
+        kw = qw;
+        vw = (size_t)H * (c->qk_nope_head_dim + c->v_head_dim);
+        /* absorbed: one row of normed c and rotated k_pe per position, shared by all heads */
+        d->kvw = d->absorbed ? c->kv_lora_rank + c->qk_rope_head_dim : H * dq;
+        d->vw = d->absorbed ? 0 : H * c->v_head_dim;
+    }
+    const size_t pos_rows = (size_t)d->L * slots * tmax;
+    d->kc = dalloc(d, pos_rows * d->kvw * sizeof(float));
+    d->vc = d->vw ? dalloc(d, pos_rows * d->vw * sizeof(float)) : NULL;
+    d->cos_t = dalloc(d, sizeof(float) * (size_t)tmax * (R / 2));
+    d->sin_t = dalloc(d, sizeof(float) * (size_t)tmax * (R / 2));
     const size_t row = sizeof(float) * (size_t)cap;
     d->x = dalloc(d, row * C);
     d->h = dalloc(d, row * C);
     d->ln = dalloc(d, row * C);
     d->y = c->sandwich_norm ? dalloc(d, row * C) : NULL;
     d->rstd = dalloc(d, row);
-    d->q = dalloc(d, row * HD);
-    d->k = dalloc(d, row * d->kvw);
-    d->v = dalloc(d, row * d->kvw);
-    d->att = dalloc(d, row * HD);
+    d->q = dalloc(d, row * qw);
+    d->k = dalloc(d, row * kw);
+    d->v = dalloc(d, row * vw);
+    d->att = dalloc(d, row * aw);
+    int mla_ok = 1;
+    if (d->mla) {
+        d->cq = dalloc(d, row * (c->q_lora_rank > 0 ? c->q_lora_rank : 1));
+        d->ckv = dalloc(d, row * c->kv_lora_rank);
+        d->kpe = dalloc(d, row * c->qk_rope_head_dim);
+        d->qa = d->absorbed ? dalloc(d, row * H * c->kv_lora_rank) : NULL;
+        mla_ok = d->cq && d->ckv && d->kpe && (!d->absorbed || d->qa);
+    }
     d->xo = dalloc(d, row * C);
     d->lno = dalloc(d, row * C);
     d->sc = dalloc(d, sizeof(float) * (size_t)nthr * tmax);
     d->route = mt_xcalloc((size_t)d->L, sizeof(int32_t *));
-    int ok = d->kc && d->vc && d->cos_t && d->sin_t && d->x && d->h && d->ln && d->rstd && d->q && d->k && d->v &&
-             d->att && d->xo && d->lno && d->sc && (d->y || !c->sandwich_norm);
+    int ok = mla_ok && d->kc && (d->vc || !d->vw) && d->cos_t && d->sin_t && d->x && d->h && d->ln && d->rstd &&
+             d->q && d->k && d->v && d->att && d->xo && d->lno && d->sc && (d->y || !c->sandwich_norm);
     for (int l = 0; l < d->L && ok; l++)
         if (mt_config_is_moe(c, l)) ok = (d->route[l] = dalloc(d, sizeof(int32_t) * (size_t)cap * c->num_experts_per_tok)) != NULL;
     if (ok) {
@@ -80,14 +111,14 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
         return mt_error("decode: %.1f MiB for %d sequences of %d positions cannot be allocated",
                         (double)want / 1048576.0, slots, tmax), NULL;
     }
-    mt_rope_table(d->cos_t, d->sin_t, tmax, c->head_dim, c->rope_theta);
+    mt_rope_table(d->cos_t, d->sin_t, tmax, R, c->rope_theta);
     return d;
 }
 
 void mt_decoder_free(mt_decoder *d) {
     if (!d) return;
     float *bufs[] = {d->kc, d->vc, d->cos_t, d->sin_t, d->x, d->h, d->ln, d->rstd, d->q, d->k, d->v, d->att,
-                     d->xo, d->lno, d->sc, d->y};
+                     d->xo, d->lno, d->sc, d->y, d->cq, d->ckv, d->kpe, d->qa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mt_free(bufs[i]);
     for (int l = 0; l < d->L; l++) mt_free(d->route[l]);
     free(d->route);
@@ -98,40 +129,152 @@ void mt_decoder_free(mt_decoder *d) {
 size_t mt_decoder_bytes(const mt_decoder *d) { return d->bytes; }
 int mt_decoder_cap(const mt_decoder *d) { return d->cap; }
 const int32_t *mt_decoder_routing(const mt_decoder *d, int l) { return d->route[l]; }
+size_t mt_decoder_kv_read(const mt_decoder *d) { return d->kv_read; }
 
-/* att[i] = softmax(q_i K^T / sqrt(D)) V over positions 0..pos[i] of the token's slot, per
- * head (GQA: head h reads key/value head h / (H/G)); scores in fp32, as the training
- * forward's online softmax computes them, in one pass over the cached rows. */
+/* att[i] = softmax(q_i K^T / sqrt(Dk)) V over positions 0..pos[i] of the token's slot, per
+ * head (GQA: head h reads key/value head h / (H/G); unabsorbed MLA: G = H, q/k of dn + dr
+ * and v of dv); scores in fp32, as the training forward's online softmax computes them, in
+ * one pass over the cached rows. */
 static void attend(mt_decoder *d, const mt_config *c, int l, const int32_t *slot, const int32_t *pos, int n) {
-    const int H = c->num_attention_heads, G = c->num_key_value_heads, D = c->head_dim, rep = H / G;
-    const float scale = 1.0f / sqrtf((float)D);
+    const int mla = d->mla, H = c->num_attention_heads, G = mla ? H : c->num_key_value_heads, rep = H / G;
+    const int Dk = mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
+    const int Dv = mla ? c->v_head_dim : c->head_dim;
+    const float scale = 1.0f / sqrtf((float)Dk);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int ih = 0; ih < n * H; ih++) {
         const int i = ih / H, hh = ih % H, g = hh / rep, P = pos[i] + 1;
-        const float *q = d->q + ((size_t)i * H + hh) * D;
-        const size_t base = (((size_t)l * d->slots + slot[i]) * d->tmax) * d->kvw + (size_t)g * D;
-        const float *K = d->kc + base, *V = d->vc + base;
+        const float *q = d->q + ((size_t)i * H + hh) * Dk;
+        const size_t r0 = ((size_t)l * d->slots + slot[i]) * d->tmax;
+        const float *K = d->kc + r0 * d->kvw + (size_t)g * Dk, *V = d->vc + r0 * d->vw + (size_t)g * Dv;
         float *s = d->sc + (size_t)omp_get_thread_num() * d->tmax, mx = -INFINITY;
         for (int t = 0; t < P; t++) {
-            s[t] = mt_dotf(q, K + (size_t)t * d->kvw, (size_t)D) * scale;
+            s[t] = mt_dotf(q, K + (size_t)t * d->kvw, (size_t)Dk) * scale;
             mx = s[t] > mx ? s[t] : mx;
         }
         float sum = 0.0f;
         for (int t = 0; t < P; t++) sum += s[t] = expf(s[t] - mx);
-        float *o = d->att + ((size_t)i * H + hh) * D;
-        memset(o, 0, sizeof(float) * (size_t)D);
+        float *o = d->att + ((size_t)i * H + hh) * Dv;
+        memset(o, 0, sizeof(float) * (size_t)Dv);
         for (int t = 0; t < P; t++) {
-            const float p = s[t] / sum, *vr = V + (size_t)t * d->kvw;
-            for (int j = 0; j < D; j++) o[j] += p * vr[j];
+            const float p = s[t] / sum, *vr = V + (size_t)t * d->vw;
+            for (int j = 0; j < Dv; j++) o[j] += p * vr[j];
         }
     }
+    /* the cache the loops above read: G heads' k and v rows per visible position */
+    for (int i = 0; i < n; i++) d->kv_read += (size_t)(pos[i] + 1) * (size_t)G * (Dk + Dv) * sizeof(float);
+}
+
+/* GQA's attention sublayer of layer l for the n fed tokens: d->ln in, d->att out, the cache
+ * rows of the fed positions written. */
+static void gqa_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_layer_w *w, int l, const int32_t *slot,
+                      const int32_t *pos, int n) {
+    const int C = c->hidden_size, H = c->num_attention_heads, D = c->head_dim, kvw = d->kvw;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
+    mt_linear_fwd(a->ws, d->q, d->ln, w->wq, n, C, H * D, 0.0f);
+    mt_linear_fwd(a->ws, d->k, d->ln, w->wk, n, C, kvw, 0.0f);
+    mt_linear_fwd(a->ws, d->v, d->ln, w->wv, n, C, kvw, 0.0f);
+    mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, rope);
+    mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, c->num_key_value_heads, D, rope);
+    for (int i = 0; i < n; i++) {
+        const size_t at = (((size_t)l * d->slots + slot[i]) * d->tmax + pos[i]) * kvw;
+        memcpy(d->kc + at, d->k + (size_t)i * kvw, sizeof(float) * kvw);
+        memcpy(d->vc + at, d->v + (size_t)i * kvw, sizeof(float) * kvw);
+    }
+    attend(d, c, l, slot, pos, n);
+}
+
+/* MLA with kv_b absorbed, on the compressed cache [c_n | k_pe] (kvl + dr per position, one
+ * row for all heads): head h's score of position t is q_nope_h . (W_kb^h c_t) + q_pe_h . k_pe_t
+ * = (W_kb^h^T q_nope_h) . c_t + q_pe_h . k_pe_t, so d->qa holds W_kb^h^T q_nope_h per head
+ * (the caller's product) and this overwrites it with the head's softmax-weighted sum of the
+ * c_t, to which the caller applies W_vb^h. */
+static void attend_absorbed(mt_decoder *d, const mt_config *c, int l, const int32_t *slot, const int32_t *pos,
+                            int n) {
+    const int H = c->num_attention_heads, kvl = c->kv_lora_rank, dn = c->qk_nope_head_dim;
+    const int dr = c->qk_rope_head_dim, dq = dn + dr;
+    const float scale = 1.0f / sqrtf((float)dq);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int ih = 0; ih < n * H; ih++) {
+        const int i = ih / H, hh = ih % H, P = pos[i] + 1;
+        float *qa = d->qa + ((size_t)i * H + hh) * kvl;
+        const float *qpe = d->q + ((size_t)i * H + hh) * dq + dn;
+        const float *K = d->kc + ((size_t)l * d->slots + slot[i]) * d->tmax * d->kvw;
+        float *s = d->sc + (size_t)omp_get_thread_num() * d->tmax, mx = -INFINITY;
+        for (int t = 0; t < P; t++) {
+            const float *r = K + (size_t)t * d->kvw;
+            s[t] = (mt_dotf(qa, r, (size_t)kvl) + mt_dotf(qpe, r + kvl, (size_t)dr)) * scale;
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        float sum = 0.0f;
+        for (int t = 0; t < P; t++) sum += s[t] = expf(s[t] - mx);
+        memset(qa, 0, sizeof(float) * (size_t)kvl);
+        for (int t = 0; t < P; t++) {
+            const float p = s[t] / sum, *r = K + (size_t)t * d->kvw;
+            for (int j = 0; j < kvl; j++) qa[j] += p * r[j];
+        }
+    }
+    /* the cache read: one compressed row per visible position, whatever the head count */
+    for (int i = 0; i < n; i++) d->kv_read += (size_t)(pos[i] + 1) * (size_t)d->kvw * sizeof(float);
+}
+
+/* MLA's attention sublayer of layer l for the n fed tokens: d->ln in, d->att (the heads'
+ * outputs, [n, H*dv]) out, the cache rows of the fed positions written; the projections are
+ * the training forward's (model/mla.c). */
+static void mla_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_layer_w *w, int l, const int32_t *slot,
+                      const int32_t *pos, int n) {
+    const int C = c->hidden_size, H = c->num_attention_heads, ql = c->q_lora_rank, kvl = c->kv_lora_rank;
+    const int dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, dq = dn + dr, dkv = dn + dv;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
+    const float eps = (float)c->rms_norm_eps;
+    if (ql > 0) {
+        mt_linear_fwd(a->ws, d->cq, d->ln, w->wqa, n, C, ql, 0.0f);
+        mt_rmsnorm_fwd(d->cq, d->rstd, d->cq, w->qa_norm, n, ql, eps); /* in place: a row is read, then written */
+        mt_linear_fwd(a->ws, d->q, d->cq, w->wq, n, ql, H * dq, 0.0f);
+    } else {
+        mt_linear_fwd(a->ws, d->q, d->ln, w->wq, n, C, H * dq, 0.0f);
+    }
+    mt_rope_apply_ld(d->q + dn, d->cos_t, d->sin_t, pos, n, d->tmax, H, dr, (size_t)H * dq, (size_t)dq, rope);
+    mt_linear_fwd(a->ws, d->ckv, d->ln, w->wkva, n, C, kvl, 0.0f);
+    mt_linear_fwd(a->ws, d->kpe, d->ln, w->wkva + (size_t)kvl * C, n, C, dr, 0.0f);
+    mt_rope_apply_pos(d->kpe, d->cos_t, d->sin_t, pos, n, d->tmax, 1, dr, rope);
+    mt_rmsnorm_fwd(d->ckv, d->rstd, d->ckv, w->kva_norm, n, kvl, eps);
+    if (d->absorbed) {
+        for (int i = 0; i < n; i++) {
+            float *r = d->kc + (((size_t)l * d->slots + slot[i]) * d->tmax + pos[i]) * d->kvw;
+            memcpy(r, d->ckv + (size_t)i * kvl, sizeof(float) * kvl);
+            memcpy(r + kvl, d->kpe + (size_t)i * dr, sizeof(float) * dr);
+        }
+        /* per head: qa_h = q_nope_h W_kb^h ([n, dn] x [dn, kvl]); after the attention
+         * att_h = (sum_t p_t c_t) W_vb^h^T ([n, kvl] x [kvl, dv]) */
+        for (int h = 0; h < H; h++)
+            mt_sgemm(a->ws, 0, 0, n, kvl, dn, 1.0f, d->q + (size_t)h * dq, H * dq, w->wkvb + (size_t)h * dkv * kvl,
+                     kvl, 0.0f, d->qa + (size_t)h * kvl, H * kvl);
+        attend_absorbed(d, c, l, slot, pos, n);
+        for (int h = 0; h < H; h++)
+            mt_sgemm(a->ws, 0, 1, n, dv, kvl, 1.0f, d->qa + (size_t)h * kvl, H * kvl,
+                     w->wkvb + ((size_t)h * dkv + dn) * kvl, kvl, 0.0f, d->att + (size_t)h * dv, H * dv);
+        return;
+    }
+    /* unabsorbed: the training forward's per-head k = [k_nope_h | k_pe] and v, cached */
+    mt_linear_fwd(a->ws, d->v, d->ckv, w->wkvb, n, kvl, H * dkv, 0.0f);
+    for (int i = 0; i < n; i++) {
+        const size_t r = ((size_t)l * d->slots + slot[i]) * d->tmax + pos[i];
+        float *k = d->kc + r * d->kvw, *v = d->vc + r * d->vw;
+        for (int h = 0; h < H; h++) {
+            const float *kv = d->v + ((size_t)i * H + h) * dkv;
+            memcpy(k + (size_t)h * dq, kv, sizeof(float) * dn);
+            memcpy(k + (size_t)h * dq + dn, d->kpe + (size_t)i * dr, sizeof(float) * dr);
+            memcpy(v + (size_t)h * dv, kv + dn, sizeof(float) * dv);
+        }
+    }
+    attend(d, c, l, slot, pos, n);
 }
 
 void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const int32_t *slot, const int32_t *pos,
                         int n, const int32_t *rows, int no, float *logits) {
     const mt_config *c = &m->cfg;
-    const int C = c->hidden_size, H = c->num_attention_heads, D = c->head_dim, HD = H * D, kvw = d->kvw;
-    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
+    const int C = c->hidden_size, H = c->num_attention_heads;
+    const int AO = H * (d->mla ? c->v_head_dim : c->head_dim); /* o_proj's input width */
     const int F = c->intermediate_size, K = c->num_experts_per_tok, sw = c->sandwich_norm;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(n >= 1 && n <= d->cap && no >= 0 && no <= n);
@@ -145,23 +288,14 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
     for (int l = 0; l < d->L; l++) {
         const mt_layer_w *w = &m->w[l];
         mt_rmsnorm_fwd(d->ln, d->rstd, d->x, w->in_norm, n, C, eps);
-        mt_linear_fwd(a->ws, d->q, d->ln, w->wq, n, C, HD, 0.0f);
-        mt_linear_fwd(a->ws, d->k, d->ln, w->wk, n, C, kvw, 0.0f);
-        mt_linear_fwd(a->ws, d->v, d->ln, w->wv, n, C, kvw, 0.0f);
-        mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, rope);
-        mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, c->num_key_value_heads, D, rope);
-        for (int i = 0; i < n; i++) {
-            const size_t at = (((size_t)l * d->slots + slot[i]) * d->tmax + pos[i]) * kvw;
-            memcpy(d->kc + at, d->k + (size_t)i * kvw, sizeof(float) * kvw);
-            memcpy(d->vc + at, d->v + (size_t)i * kvw, sizeof(float) * kvw);
-        }
-        attend(d, c, l, slot, pos, n);
+        if (d->mla) mla_layer(d, a, c, w, l, slot, pos, n);
+        else gqa_layer(d, a, c, w, l, slot, pos, n);
         if (sw) { /* h = x + rmsnorm(att Wo^T), the FFN's input normed by pre_mlp_layernorm */
-            mt_linear_fwd(a->ws, d->y, d->att, w->wo, n, HD, C, 0.0f);
+            mt_linear_fwd(a->ws, d->y, d->att, w->wo, n, AO, C, 0.0f);
             mt_rmsnorm_fwd(d->h, d->rstd, d->y, w->post_norm, n, C, eps);
             mt_add(d->h, d->x, (size_t)n * C);
         } else {
-            mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, HD, C);
+            mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, AO, C);
         }
         mt_rmsnorm_fwd(d->ln, d->rstd, d->h, sw ? w->pre_mlp_norm : w->post_norm, n, C, eps);
         layer_acts *L = &a->L[l];

@@ -2,7 +2,8 @@
  * engine (rl/rollout.h).
  *
  * A cache holds up to `slots` sequences of up to `tmax` positions; each layer keeps every
- * slot's keys (after RoPE) and values in fp32. One call feeds any mix of tokens: a prompt
+ * slot's keys (after RoPE) and values in fp32 (MLA: by default its compressed form, see
+ * mt_decoder_new_form). One call feeds any mix of tokens: a prompt
  * being prefilled (several consecutive positions of one slot) and sequences being decoded
  * (one token each), so finished sequences can be replaced while others continue
  * (continuous batching). A token attends to the positions 0..pos of its own slot, which
@@ -24,7 +25,15 @@ typedef struct mt_decoder mt_decoder;
  * PP, EP) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
  * and training activations of either precision may share one model. */
 mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16);
+/* The same choosing MLA's cache form (ignored for GQA): absorbed (1, mt_decoder_new's) caches
+ * per position only the normed c and the rotated k_pe (kv_lora_rank + qk_rope_head_dim
+ * floats) and folds kv_b_proj's key part into the query and its value part into the output,
+ * as DeepSeek's inference does; unabsorbed (0) caches the per-head k (dn + dr) and v (dv) of
+ * the training forward. */
+mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed);
 void mt_decoder_free(mt_decoder *d);
+/* Bytes of cached keys and values the attention has read so far (all layers, all calls). */
+size_t mt_decoder_kv_read(const mt_decoder *d);
 /* Bytes the decoder holds (cache, activations, scratch). */
 size_t mt_decoder_bytes(const mt_decoder *d);
 int mt_decoder_cap(const mt_decoder *d);

@@ -34,6 +34,9 @@ typedef struct {
     float *q, *k, *v;             /* [N,H*D], [N,G*D] x2 (after RoPE); k, v NULL with kv16 */
     uint16_t *k16, *v16;          /* kv16: K and V rounded to bf16, all attention reads of them */
     float *att, *lse;             /* [N,H*D], [B,H,T] */
+    /* MLA (model/mla.c; k, v are the per-head [N,H*(dn+dr)], [N,H*dv], att [N,H*dv]): */
+    float *cq, *rstdq;            /* [N,ql] q_a_proj's output (before its norm), [N] its 1/rms */
+    float *ckv, *rstdkv;          /* [N,kvl] c (before kv_a_layernorm), [N] */
     float *h;                     /* [N,C] residual after attention */
     float *rstd2;                 /* [N] */
     float *gu;                    /* dense: [N,2F] gate|up; NULL in bf16 mode, */
@@ -92,6 +95,9 @@ struct mt_acts {
     float *dsub;                  /* sandwich norm: [N,C] gradient of a sublayer's output (before its norm) */
     uint16_t *gubuf16;            /* bf16 mode: gubuf as bf16 (gubuf NULL) */
     float *dres, *dln, *datt, *dq, *dk, *dv;
+    /* MLA's scratch next to datt..dv: kv_b's output / gradient [N,H*(dn+dv)], k_pe [N,dr],
+     * normed c and q and their gradients, c's gradient [N,kvl], q_a's [N,ql] */
+    float *dkv, *kpe, *cn, *dcn, *dckv, *cqn, *dcqn, *dcq;
     float *big1, *big2, *big3;    /* [max(ffn_rows*F, R*Fm, N*Fs)] x2, [twice that] */
     uint16_t *big1_16, *big3_16;  /* bf16 mode: big1, big3 as bf16 (big1, big3 NULL) */
     int ffn_rows;                 /* rows of the dense FFN per pass over big1-3 (<= B*T) */
@@ -122,6 +128,16 @@ void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N);
  * (or the EP scratch's growth) sets the bf16 one in bf16 mode and the fp32 one otherwise,
  * the other NULL; the kernels take both and use the one that is set. The buffers that hold
  * either within one mode (ln, ye) have both set, to the same bytes. */
+
+/* mla.c: the MLA attention sublayer on the normed input (lnf, or ln16: bf16 without TP) of
+ * all N tokens of the micro-batch. fwd writes L->att (the heads' outputs, before o_proj); bwd
+ * takes a->datt = d(att), accumulates the gradients of the weights before o_proj and writes
+ * the input gradient into dl: a->dln, or under TP the rank's part of the sum over TP
+ * (a->part, which the caller reduces). */
+void mt_mla_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, const float *lnf,
+                const uint16_t *ln16, const int32_t *pos, int B, int T);
+void mt_mla_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, const float *lnf,
+                const uint16_t *ln16, const int32_t *pos, int B, int T, float *dl);
 
 /* ffn.c: the SwiGLU FFN (dense layers and shared experts) */
 void mt_ffn_fwd(mt_acts *a, float *out, const float *res, float *gu, uint16_t *gu16, const float *x,

@@ -55,17 +55,37 @@ static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, i
 int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
     const int C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
     const int D = c->head_dim, F = c->intermediate_size, E = c->n_routed_experts;
-    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm;
+    const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, mla = mt_config_is_mla(c);
     size_t off = 0;
     int n = 0;
     n = add_tensor(t, n, &off, 1, MT_R_EMBED, -1, -1, c->vocab_size, C, "model.embed_tokens.weight");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const char *p = "model.layers";
         n = add_tensor(t, n, &off, 0, MT_R_IN_NORM, l, -1, C, 0, "%s.%d.input_layernorm.weight", p, l);
-        n = add_tensor(t, n, &off, 1, MT_R_WQ, l, -1, (int64_t)H * D, C, "%s.%d.self_attn.q_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 1, MT_R_WK, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.k_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 1, MT_R_WV, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.v_proj.weight", p, l);
-        n = add_tensor(t, n, &off, 1, MT_R_WO, l, -1, C, (int64_t)H * D, "%s.%d.self_attn.o_proj.weight", p, l);
+        if (mla) {
+            const int ql = c->q_lora_rank, kvl = c->kv_lora_rank, dn = c->qk_nope_head_dim;
+            const int dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+            const int64_t HQ = (int64_t)H * (dn + dr);
+            if (ql > 0) {
+                n = add_tensor(t, n, &off, 1, MT_R_WQA, l, -1, ql, C, "%s.%d.self_attn.q_a_proj.weight", p, l);
+                n = add_tensor(t, n, &off, 0, MT_R_QA_NORM, l, -1, ql, 0, "%s.%d.self_attn.q_a_layernorm.weight", p,
+                               l);
+                n = add_tensor(t, n, &off, 1, MT_R_WQ, l, -1, HQ, ql, "%s.%d.self_attn.q_b_proj.weight", p, l);
+            } else {
+                n = add_tensor(t, n, &off, 1, MT_R_WQ, l, -1, HQ, C, "%s.%d.self_attn.q_proj.weight", p, l);
+            }
+            n = add_tensor(t, n, &off, 1, MT_R_WKVA, l, -1, kvl + dr, C, "%s.%d.self_attn.kv_a_proj_with_mqa.weight",
+                           p, l);
+            n = add_tensor(t, n, &off, 0, MT_R_KVA_NORM, l, -1, kvl, 0, "%s.%d.self_attn.kv_a_layernorm.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_WKVB, l, -1, (int64_t)H * (dn + dv), kvl,
+                           "%s.%d.self_attn.kv_b_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_WO, l, -1, C, (int64_t)H * dv, "%s.%d.self_attn.o_proj.weight", p, l);
+        } else {
+            n = add_tensor(t, n, &off, 1, MT_R_WQ, l, -1, (int64_t)H * D, C, "%s.%d.self_attn.q_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_WK, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.k_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_WV, l, -1, (int64_t)G * D, C, "%s.%d.self_attn.v_proj.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_WO, l, -1, C, (int64_t)H * D, "%s.%d.self_attn.o_proj.weight", p, l);
+        }
         n = add_tensor(t, n, &off, 0, MT_R_POST_NORM, l, -1, C, 0, "%s.%d.post_attention_layernorm.weight", p, l);
         if (!mt_config_is_moe(c, l)) {
             n = add_tensor(t, n, &off, 1, MT_R_GATE, l, -1, F, C, "%s.%d.mlp.gate_proj.weight", p, l);
@@ -151,10 +171,12 @@ void mt_expert_map_free(mt_expert_map *m) {
 }
 
 /* the dimension a tensor is split along under tensor parallelism, -1 if replicated:
- * column-parallel (rows of the weight) q, k, v, gate, up; row-parallel (columns) o, down */
+ * column-parallel (rows of the weight) q, k, v, gate, up, MLA's kv_b (its rows head-major,
+ * as q's); row-parallel (columns) o, down. MLA's q_a and kv_a (and their norms) are shared
+ * by all heads: replicated. */
 static int tp_split_dim(int role) {
     switch (role) {
-    case MT_R_WQ: case MT_R_WK: case MT_R_WV: case MT_R_GATE: case MT_R_UP: return 0;
+    case MT_R_WQ: case MT_R_WK: case MT_R_WV: case MT_R_GATE: case MT_R_UP: case MT_R_WKVB: return 0;
     case MT_R_WO: case MT_R_DOWN: return 1;
     default: return -1;
     }
@@ -248,7 +270,13 @@ double mt_model_active_params(const mt_config *c) {
     const double D = c->head_dim;
     double total = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        total += C * H * D * 2 + C * G * D * 2;
+        if (mt_config_is_mla(c)) {
+            const double ql = c->q_lora_rank, kvl = c->kv_lora_rank, dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
+            total += (ql > 0 ? C * ql + ql * H * dq : C * H * dq) + C * (kvl + c->qk_rope_head_dim) +
+                     kvl * H * (c->qk_nope_head_dim + c->v_head_dim) + H * c->v_head_dim * C;
+        } else {
+            total += C * H * D * 2 + C * G * D * 2;
+        }
         if (!mt_config_is_moe(c, l))
             total += 3.0 * C * c->intermediate_size;
         else
@@ -263,6 +291,9 @@ double mt_model_flops_per_token(const mt_config *c, int T) {
     /* causal attention: a token at position t attends to t+1 keys; QK^T and PV each
      * 2*D FLOPs per (head, key); averaged over the sequence: (T+1)/2 keys */
     double att = 2.0 * 2.0 * c->num_attention_heads * c->head_dim * ((double)T + 1) / 2.0;
+    if (mt_config_is_mla(c)) /* scores over dn + dr, values over dv */
+        att = 2.0 * c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) *
+              ((double)T + 1) / 2.0;
     return 6.0 * mt_model_active_params(c) + 3.0 * att * c->num_hidden_layers;
 }
 
@@ -306,6 +337,11 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
         case MT_R_SDOWN: L->sdown = p; break;
         case MT_R_PRE_MLP_NORM: L->pre_mlp_norm = p; break;
         case MT_R_POST_MLP_NORM: L->post_mlp_norm = p; break;
+        case MT_R_WQA: L->wqa = p; break;
+        case MT_R_QA_NORM: L->qa_norm = p; break;
+        case MT_R_WKVA: L->wkva = p; break;
+        case MT_R_KVA_NORM: L->kva_norm = p; break;
+        case MT_R_WKVB: L->wkvb = p; break;
         default: MT_ASSERT(0);
         }
     }
@@ -322,9 +358,6 @@ int mt_model_check(const mt_config *cfg, const char *what) {
     if (cfg->num_experts_per_tok > 512)
         return mt_error("%s: key num_experts_per_tok: %d exceeds the trainer's limit of 512", what,
                         cfg->num_experts_per_tok);
-    if (strcmp(cfg->attention_type, "gqa") != 0)
-        return mt_error("%s: key attention_type: \"%s\" is not implemented by the trainer yet (only \"gqa\")", what,
-                        cfg->attention_type);
     if (cfg->num_nextn_predict_layers > 0)
         return mt_error("%s: key num_nextn_predict_layers: %d: multi-token prediction is not implemented by the "
                         "trainer (moetrain plan models it)", what, cfg->num_nextn_predict_layers);

@@ -127,7 +127,8 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     const int tp = m->tp ? m->tp->size : 1;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
-    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0, mla = mt_config_is_mla(c);
+    const int AO = H * (mla ? c->v_head_dim : D); /* the attention output's width (o_proj's input) */
     const int V = c->vocab_size, lo = a->lo, hi = a->hi, sw = c->sandwich_norm;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
@@ -159,23 +160,27 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         const uint16_t *ln16;
         norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
-        mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
-        mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
-        if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
-                        * dk (free in the forward), rotated and rounded in one pass */
+        if (mla) {
+            mt_mla_fwd(m, a, L, w, lnf, ln16, pos, B, T);
+        } else if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
+                               * dk (free in the forward), rotated and rounded in one pass */
+            mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+            mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
             mt_linear_fwd_x(a->ws, a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
             mt_linear_fwd_x(a->ws, NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
             mt_rope_store16(a->ws, L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
             mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch,
                                   a->nthr);
         } else {
+            mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+            mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
             mt_linear_fwd_x(a->ws, L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
             mt_linear_fwd_x(a->ws, L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
             mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
             mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr,
                              a->bf16);
         }
-        attn_residual(m, a, L, w, N, H * D);
+        attn_residual(m, a, L, w, N, AO);
         norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, sw ? w->pre_mlp_norm : w->post_norm, &lnx, &ln16);
         mt_trace_end();
         /* the FFN writes xout = h + FFN(norm(h)); with the sandwich norm its output goes to
@@ -225,13 +230,42 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     mt_trace_end();
 }
 
+/* The GQA attention's backward from a->datt = d(att): the gradients of q, k, v's weights
+ * (accumulated) and of their input into dl (overwritten; under TP the rank's part). */
+static void gqa_bwd(const mt_model *m, mt_acts *a, const layer_acts *L, const mt_layer_w *w, mt_layer_w *dw,
+                    const float *lnf, const uint16_t *ln16, const int32_t *pos, int B, int T, float *dl) {
+    const mt_config *c = &m->cfg;
+    const int tp = m->tp ? m->tp->size : 1;
+    const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
+    const int G = c->num_key_value_heads / tp, D = c->head_dim;
+    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
+    if (a->kv16)
+        mt_attention_bwd_kv16(a->dq, a->dk, a->dv, a->datt, L->q, L->k16, L->v16, L->att, L->lse, pos, B, T, H,
+                              G, D, a->att_scratch, a->nthr);
+    else
+        mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
+                         a->att_scratch, a->nthr, a->bf16);
+    mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, rope | MT_ROPE_INVERSE);
+    mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope | MT_ROPE_INVERSE);
+    mt_linear_bwd(a->ws, dl, NULL, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
+    mt_linear_bwd(a->ws, dl, NULL, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
+    mt_linear_bwd(a->ws, dl, NULL, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
+    { /* their weight gradients read lnf packed once, into datt (dead since the attention
+       * backward) when it is large enough */
+        float *const dws[3] = {dw->wq, dw->wk, dw->wv};
+        const float *const dos[3] = {a->dq, a->dk, a->dv};
+        const int os[3] = {H * D, G * D, G * D};
+        mt_linear_bwd_weight_shared(a->ws, 3, dws, dos, os, lnf, ln16, N, C, a->datt, (size_t)N * H * D);
+    }
+}
+
 void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
                        float bal_scale) {
     const mt_config *c = &m->cfg;
     const int tp = m->tp ? m->tp->size : 1;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
-    const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
-    const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
+    const int D = c->head_dim, F = c->intermediate_size / tp, mla = mt_config_is_mla(c);
+    const int AO = H * (mla ? c->v_head_dim : D); /* the attention output's width (o_proj's input) */
     const int lo = a->lo, hi = a->hi, Nl = a->Nl, sw = c->sandwich_norm;
     MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
     mt_acts_ws_reserve(a, c, N);
@@ -245,7 +279,7 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         layer_acts *L = &a->L[l - lo];
         const mt_layer_w *w = &m->w[l];
         mt_layer_w *dw = &m->g[l];
-        if (a->policy == MT_RECOMPUTE_SELECTIVE) attn_residual(m, a, L, w, N, H * D); /* h, as in the forward */
+        if (a->policy == MT_RECOMPUTE_SELECTIVE) attn_residual(m, a, L, w, N, AO); /* h, as in the forward */
         mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
         /* ffn: d is the gradient of the layer output, dy that of the FFN's output (the
          * sandwich norm's input); recompute the FFN's normed input */
@@ -276,26 +310,10 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
         norm_in(m, a, 0, a->rstd_tmp, L->x, w->in_norm, &lnx, &ln16);
         const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
         const float *df = tp > 1 ? tp_in(m, a, a->dgat, dy, C) : dy;
-        mt_linear_bwd(a->ws, a->datt, dw->wo, df, L->att, w->wo, N, H * D, C, 0.0f);
-        if (a->kv16)
-            mt_attention_bwd_kv16(a->dq, a->dk, a->dv, a->datt, L->q, L->k16, L->v16, L->att, L->lse, pos, B, T, H,
-                                  G, D, a->att_scratch, a->nthr);
-        else
-            mt_attention_bwd(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, G, D,
-                             a->att_scratch, a->nthr, a->bf16);
-        mt_rope_apply_pos(a->dq, a->cos_t, a->sin_t, pos, N, T, H, D, rope | MT_ROPE_INVERSE);
-        mt_rope_apply_pos(a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope | MT_ROPE_INVERSE);
+        mt_linear_bwd(a->ws, a->datt, dw->wo, df, L->att, w->wo, N, AO, C, 0.0f);
         float *dl = tp > 1 ? a->part : a->dln;
-        mt_linear_bwd(a->ws, dl, NULL, a->dq, lnf, w->wq, N, C, H * D, 0.0f);
-        mt_linear_bwd(a->ws, dl, NULL, a->dk, lnf, w->wk, N, C, G * D, 1.0f);
-        mt_linear_bwd(a->ws, dl, NULL, a->dv, lnf, w->wv, N, C, G * D, 1.0f);
-        { /* their weight gradients read lnf packed once, into datt (dead since the attention
-           * backward) when it is large enough */
-            float *const dws[3] = {dw->wq, dw->wk, dw->wv};
-            const float *const dos[3] = {a->dq, a->dk, a->dv};
-            const int os[3] = {H * D, G * D, G * D};
-            mt_linear_bwd_weight_shared(a->ws, 3, dws, dos, os, lnf, ln16, N, C, a->datt, (size_t)N * H * D);
-        }
+        if (mla) mt_mla_bwd(m, a, L, w, dw, lnf, ln16, pos, B, T, dl);
+        else gqa_bwd(m, a, L, w, dw, lnf, ln16, pos, B, T, dl);
         if (tp > 1) tp_out(m, a->dln, a->part, N, C);
         mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
         mt_trace_end();

@@ -1,5 +1,5 @@
 /* model/model.h — parameters, activations and the explicit forward/backward of the
- * docs/FORMATS.md transformer (GQA attention + dense SwiGLU / MoE layers).
+ * docs/FORMATS.md transformer (GQA or MLA attention + dense SwiGLU / MoE layers).
  *
  * One flat float buffer holds every parameter, another every gradient, laid out by
  * mt_model_layout() (a pure size function the planner can call for any config). Tensor
@@ -19,7 +19,9 @@ enum mt_role {
     MT_R_EMBED = 0, MT_R_IN_NORM, MT_R_WQ, MT_R_WK, MT_R_WV, MT_R_WO, MT_R_POST_NORM,
     MT_R_GATE, MT_R_UP, MT_R_DOWN, MT_R_ROUTER, MT_R_EGATE, MT_R_EUP, MT_R_EDOWN,
     MT_R_SGATE, MT_R_SUP, MT_R_SDOWN, MT_R_NORM, MT_R_HEAD,
-    MT_R_PRE_MLP_NORM, MT_R_POST_MLP_NORM /* sandwich norm (config sandwich_norm) */
+    MT_R_PRE_MLP_NORM, MT_R_POST_MLP_NORM, /* sandwich norm (config sandwich_norm) */
+    /* MLA (MT_R_WQ is q_b_proj, or q_proj without query compression) */
+    MT_R_WQA, MT_R_QA_NORM, MT_R_WKVA, MT_R_KVA_NORM, MT_R_WKVB
 };
 
 typedef struct {
@@ -90,6 +92,10 @@ typedef struct {
     /* sandwich norm: the FFN's input norm and its output's norm (NULL without); post_norm
      * is then the attention output's norm */
     float *pre_mlp_norm, *post_mlp_norm;
+    /* MLA (wk, wv NULL; wq is q_b_proj [H*(dn+dr), ql], or q_proj [H*(dn+dr), C] when ql = 0):
+     * q_a_proj [ql, C] and its norm (NULL when ql = 0), kv_a_proj_with_mqa [kvl+dr, C] (rows
+     * [0, kvl) make c, the last dr k_pe), kv_a_layernorm [kvl], kv_b_proj [H*(dn+dv), kvl] */
+    float *wqa, *qa_norm, *wkva, *kva_norm, *wkvb;
 } mt_layer_w;
 
 /* Tensor-parallel collectives over the TP group, supplied by parallel/. With sp the residual
@@ -191,7 +197,7 @@ double mt_model_active_params(const mt_config *cfg);
  * 6 x active params + causal attention scores and values. */
 double mt_model_flops_per_token(const mt_config *cfg, int T);
 
-/* The trainer's limits (layers, experts, attention type, a parameter count that does not
+/* The trainer's limits (layers, experts, MTP and sandwich norm refused, a parameter count that does not
  * overflow): 0, or -1 with an error naming `what` (the config file) and the key.
  * mt_model_init checks them too; call it before sizing anything per layer. */
 int mt_model_check(const mt_config *cfg, const char *what);

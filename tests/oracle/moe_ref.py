@@ -218,8 +218,10 @@ def load_config(path_or_dict):
     else:
         with open(path_or_dict) as f:
             raw = json.load(f)
+    mla = raw.get("attention_type", "gqa") == "mla"
     for k in REQUIRED:
-        if k not in raw:
+        # MLA: head_dim and num_key_value_heads are not used (its own keys instead)
+        if k not in raw and not (mla and k in ("head_dim", "num_key_value_heads")):
             raise ValueError(f"config: missing required key '{k}'")
     c = Config()
     c.raw = raw
@@ -238,6 +240,17 @@ def load_config(path_or_dict):
     c.H = geti("num_attention_heads", None)
     c.Hkv = geti("num_key_value_heads", None)
     c.hd = geti("head_dim", None)
+    if mla:  # q_lora_rank null / absent / 0: no query compression
+        for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if k not in raw:
+                raise ValueError(f"config: missing required key '{k}' (attention_type mla)")
+        c.q_lora = geti("q_lora_rank", 0)
+        c.kv_lora = geti("kv_lora_rank", None)
+        c.dn = geti("qk_nope_head_dim", None)
+        c.dr = geti("qk_rope_head_dim", None)
+        c.dv = geti("v_head_dim", None)
+        c.Hkv = c.H
+        c.hd = c.dr
     c.ffn = geti("intermediate_size", None)
     c.max_pos = geti("max_position_embeddings", None)
     c.first_dense = geti("first_k_dense_replace", c.L)
@@ -266,7 +279,7 @@ def load_config(path_or_dict):
                    ("attention_bias", lambda v: v is True)):
         if k in raw and bad(raw[k]):
             raise ValueError(f"config: '{k}'={raw[k]!r} is unsupported")
-    if c.attn_type != "gqa":
+    if c.attn_type not in ("gqa", "mla"):
         raise ValueError(f"config: attention_type '{c.attn_type}' unsupported by the oracle")
     if c.scoring not in ("softmax", "sigmoid"):
         raise ValueError(f"config: scoring_func '{c.scoring}' unknown")
@@ -302,12 +315,25 @@ def param_shapes(c):
     s = [("model.embed_tokens.weight", (c.V, c.d))]
     for l in range(c.L):
         p = f"model.layers.{l}."
-        s += [(p + "input_layernorm.weight", (c.d,)),
-              (p + "self_attn.q_proj.weight", (c.H * c.hd, c.d)),
-              (p + "self_attn.k_proj.weight", (c.Hkv * c.hd, c.d)),
-              (p + "self_attn.v_proj.weight", (c.Hkv * c.hd, c.d)),
-              (p + "self_attn.o_proj.weight", (c.d, c.H * c.hd)),
-              (p + "post_attention_layernorm.weight", (c.d,))]
+        s += [(p + "input_layernorm.weight", (c.d,))]
+        if c.attn_type == "mla":
+            a = p + "self_attn."
+            dq = c.dn + c.dr
+            if c.q_lora:
+                s += [(a + "q_a_proj.weight", (c.q_lora, c.d)), (a + "q_a_layernorm.weight", (c.q_lora,)),
+                      (a + "q_b_proj.weight", (c.H * dq, c.q_lora))]
+            else:
+                s += [(a + "q_proj.weight", (c.H * dq, c.d))]
+            s += [(a + "kv_a_proj_with_mqa.weight", (c.kv_lora + c.dr, c.d)),
+                  (a + "kv_a_layernorm.weight", (c.kv_lora,)),
+                  (a + "kv_b_proj.weight", (c.H * (c.dn + c.dv), c.kv_lora)),
+                  (a + "o_proj.weight", (c.d, c.H * c.dv))]
+        else:
+            s += [(p + "self_attn.q_proj.weight", (c.H * c.hd, c.d)),
+                  (p + "self_attn.k_proj.weight", (c.Hkv * c.hd, c.d)),
+                  (p + "self_attn.v_proj.weight", (c.Hkv * c.hd, c.d)),
+                  (p + "self_attn.o_proj.weight", (c.d, c.H * c.hd))]
+        s += [(p + "post_attention_layernorm.weight", (c.d,))]
         if not is_moe(c, l):
             s += [(p + "mlp.gate_proj.weight", (c.ffn, c.d)), (p + "mlp.up_proj.weight", (c.ffn, c.d)),
                   (p + "mlp.down_proj.weight", (c.d, c.ffn))]
@@ -409,7 +435,35 @@ def causal_bias(T, rep, dtype):
     return _bias_cache[key]
 
 
+def mla_attention(c, P, p, x):
+    """Multi-head latent attention, written straight from the formulas (DeepSeek-V2/V3)."""
+    B, T, _ = x.shape
+    H, dn, dr, dv = c.H, c.dn, c.dr, c.dv
+    a = p + "self_attn."
+    if c.q_lora:
+        cq = rmsnorm(F.linear(x, P[a + "q_a_proj.weight"]), P[a + "q_a_layernorm.weight"], c.eps)
+        q = F.linear(cq, P[a + "q_b_proj.weight"])
+    else:
+        q = F.linear(x, P[a + "q_proj.weight"])
+    q = q.view(B, T, H, dn + dr).transpose(1, 2)                       # [B, H, T, dn+dr]
+    ckv = F.linear(x, P[a + "kv_a_proj_with_mqa.weight"])               # [B, T, kvl+dr]
+    cc, k_pe = ckv[..., :c.kv_lora], ckv[..., c.kv_lora:]
+    kv = F.linear(rmsnorm(cc, P[a + "kv_a_layernorm.weight"], c.eps), P[a + "kv_b_proj.weight"])
+    kv = kv.view(B, T, H, dn + dv).transpose(1, 2)                     # [B, H, T, dn+dv]
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+    cos, sin = rope_tables(T, dr, c.rope_theta, x.dtype)
+    q_pe = apply_rope(q[..., dn:], cos, sin, c.rope_interleave)
+    k_pe = apply_rope(k_pe[:, None], cos, sin, c.rope_interleave)      # [B, 1, T, dr]: one head
+    qh = torch.cat([q[..., :dn], q_pe], -1)
+    kh = torch.cat([k_nope, k_pe.expand(B, H, T, dr)], -1)
+    att = torch.matmul(qh, kh.transpose(-1, -2)) / math.sqrt(dn + dr) + causal_bias(T, 1, x.dtype)
+    o = torch.matmul(torch.softmax(att, dim=-1), v)                     # [B, H, T, dv]
+    return F.linear(o.transpose(1, 2).reshape(B, T, H * dv), P[a + "o_proj.weight"])
+
+
 def attention(c, P, p, x):
+    if c.attn_type == "mla":
+        return mla_attention(c, P, p, x)
     B, T, _ = x.shape
     H, Hkv, hd = c.H, c.Hkv, c.hd
     # q, k, v projections as one GEMM (same dot products as three separate ones)
@@ -771,7 +825,11 @@ def cmd_gradcheck(a):
                     n_shared_experts=1, moe_intermediate_size=8, aux_loss_alpha=0.1)
         cfgs = [base, dict(base, scoring_func="sigmoid", norm_topk_prob=False, routed_scaling_factor=2.5),
                 dict(base, topk_method="group_limited", n_group=4, topk_group=2, tie_word_embeddings=True),
-                dict(base, topk_method="moge", n_group=2, scoring_func="sigmoid")]
+                dict(base, topk_method="moge", n_group=2, scoring_func="sigmoid"),
+                dict(base, attention_type="mla", q_lora_rank=6, kv_lora_rank=8, qk_nope_head_dim=4,
+                     qk_rope_head_dim=4, v_head_dim=3),
+                dict(base, attention_type="mla", q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=2,
+                     qk_rope_head_dim=6, v_head_dim=5, rope_interleave=False)]
     worst_all = 0.0
     for raw in cfgs:
         c = load_config(raw)
@@ -812,7 +870,7 @@ def cmd_gradcheck(a):
                     print(f"  {name}[{j}]: autograd {ad:.9g} finite diff {fd:.9g} rel {err:.2e}")
         del base_idx
         worst_all = max(worst_all, worst)
-        print(f"gradcheck {c.topk_method}/{c.scoring}/norm={c.norm_topk}/tied={c.tied}: "
+        print(f"gradcheck {c.attn_type}/{c.topk_method}/{c.scoring}/norm={c.norm_topk}/tied={c.tied}: "
               f"min margin {min(float(m[0].min()) for m in stats):.2e}, worst rel err {worst:.2e}")
     ok = worst_all < 1e-5
     print("gradcheck:", "OK" if ok else "FAILED")
