@@ -95,7 +95,7 @@ static void dq_isend(mt_dq *q, void *buf, size_t bytes, int to, int tag) {
 
 static void send_i64(mt_dq *q, const int64_t *v, size_t n, int to, int tag) {
     int64_t *c = mt_xmalloc(sizeof(int64_t) * (n ? n : 1));
-    memcpy(c, v, sizeof(int64_t) * n);
+    if (n) memcpy(c, v, sizeof(int64_t) * n);
     dq_isend(q, c, sizeof(int64_t) * n, to, tag);
 }
 
