@@ -3,7 +3,7 @@
  * Usage: mpirun -np N test_distqueue [groups_per_producer]   (tests/test_distqueue_mpi.sh)
  * Rank 0 is the controller and a consumer; the first half of the ranks consume, the other
  * half produce (one rank alone does both, in turn). Every producer puts field 0 of its own
- * groups and field 1 of the next producer's, so a sample's fields live on two ranks, with
+ * groups and field 1 of the previous producer's, so a sample's fields live on two ranks, with
  * random pauses between puts and gets. Cases:
  *  - any: task 0 takes groups with both fields, task 1 with field 0 only, three groups at a
  *    time, until every producer closed: every sample reaches each task exactly once, with
@@ -47,9 +47,9 @@ static void put_field(mt_dq *q, int64_t id, int f, int version) {
     free(b);
 }
 
-/* Producer p of P: groups p*ng .. (p+1)*ng-1 get field 0 here, the next producer's field 1. */
+/* Producer p of P: field 0 of groups p*ng .. (p+1)*ng-1, and field 1 of the previous producer's. */
 static void produce(mt_dq *q, int p, int P, int ng, int max_us, int versioned) {
-    const int next = (p + 1) % P, prev = (p + P - 1) % P;
+    const int prev = (p + P - 1) % P;
     for (int g = 0; g < ng; g++) {
         for (int k = 0; k < G; k++) {
             const int64_t id = ((int64_t)p * ng + g) * G + k;
@@ -62,7 +62,6 @@ static void produce(mt_dq *q, int p, int P, int ng, int max_us, int versioned) {
         }
         mt_dq_progress(q);
     }
-    (void)next;
     mt_dq_close(q);
 }
 

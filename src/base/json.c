@@ -320,3 +320,12 @@ int mt_json_number(const char *what, const cJSON *obj, const char *key, int inte
     *v = d;
     return 1;
 }
+
+cJSON *mt_json_read(const char *path) {
+    char *txt;
+    size_t len;
+    if (mt_read_file(path, &txt, &len) != 0) return NULL;
+    cJSON *root = mt_json_parse(path, txt, len);
+    free(txt);
+    return root;
+}

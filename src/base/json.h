@@ -20,6 +20,8 @@ int mt_json_check(const char *what, const char *text, size_t len);
 /* mt_json_check, then the cJSON tree (free with cJSON_Delete); NULL after mt_error() when
  * the text is not strict JSON or an object repeats a key (readers disagree on which wins). */
 cJSON *mt_json_parse(const char *what, const char *text, size_t len);
+/* The file at path read and parsed as above (errors name the path); NULL after mt_error(). */
+cJSON *mt_json_read(const char *path);
 
 /* Number `key` of object obj: 1 when read into *v, 0 when absent (or JSON null), -1 after
  * mt_error() naming `what` and the key when it is not a number, not an integer (with

@@ -356,11 +356,7 @@ static int cmp_str_ptr(const void *a, const void *b) {
 
 /* HF index: {"metadata": {"total_size": N}, "weight_map": {name: file}}. */
 static int open_index(mt_st_reader *r, const char *dir, const char *index_path) {
-    char *text = NULL;
-    size_t len = 0;
-    if (mt_read_file(index_path, &text, &len) != 0) return -1;
-    cJSON *root = mt_json_parse(index_path, text, len);
-    free(text);
+    cJSON *root = mt_json_read(index_path);
     if (!root || !cJSON_IsObject(root)) {
         if (root) mt_error("%s: not a JSON object", index_path);
         cJSON_Delete(root);

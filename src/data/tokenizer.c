@@ -94,11 +94,7 @@ static int is_file(const char *path) {
  * absent (an error when present but neither). */
 static int eos_of_config(const char *path, char **name) {
     *name = NULL;
-    char *txt;
-    size_t len;
-    if (mt_read_file(path, &txt, &len) != 0) return -1;
-    cJSON *r = mt_json_parse(path, txt, len);
-    free(txt);
+    cJSON *r = mt_json_read(path);
     if (!r) return -1;
     int rc = 0;
     const cJSON *e = cJSON_IsObject(r) ? cJSON_GetObjectItemCaseSensitive(r, "eos_token") : NULL;

@@ -73,8 +73,6 @@ struct mt_dq {
     mt_dq_stats st;
 };
 
-static double mono(void) { return mt_now(); }
-
 static void nap(void) {
     const struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
@@ -471,9 +469,9 @@ void mt_dq_put(mt_dq *q, int64_t id, int field, const void *data, size_t bytes, 
     dq_held *h = held_find(q, id);
     if (!h) {
         if (!room(q)) {
-            const double t0 = mono();
+            const double t0 = mt_now();
             wait_until(q, room, "DistQueue: waiting for room (a full store: no consumer takes samples)");
-            q->st.wait_put_s += mono() - t0;
+            q->st.wait_put_s += mt_now() - t0;
         }
         for (int i = 0; i < q->o.capacity && !h; i++)
             if (!q->held[i].used) h = &q->held[i];
@@ -500,9 +498,9 @@ static void get(mt_dq *q, const int64_t req[6], uint32_t need, mt_dq_batch *out)
     memset(out, 0, sizeof *out);
     q->getting = 1, q->assigned = 0, q->expect = 0, q->out = out, q->out_need = need;
     send_i64(q, req, 6, 0, TAG_REQ);
-    const double t0 = mono();
+    const double t0 = mt_now();
     wait_until(q, got_all, "DistQueue: waiting for samples (their producer is slow, stuck or dead)");
-    q->st.wait_get_s += mono() - t0;
+    q->st.wait_get_s += mt_now() - t0;
     q->getting = 0, q->out = NULL;
 }
 

@@ -82,35 +82,34 @@ static int settings_read(const char *p, const cJSON *r, mt_rl_opts *o) {
     o->agg = cJSON_GetObjectItemCaseSensitive(r, "agg")->valuestring;
     o->eval_prompts = ep ? ep->valuestring : NULL;
     const double IM = INT_MAX, FM = FLT_MAX, E1 = nextafter(1.0, 0.0);
-    const struct { const char *k; int *i; double *d; double lo, hi; const char *range; } nums[] = {
-        {"group", &o->group, NULL, 2, IM, "2 .. 2147483647"},
-        {"prompts_per_step", &o->prompts_per_step, NULL, 1, IM, "1 .. 2147483647"},
-        {"micro_batch", &o->micro_batch, NULL, 0, IM, "0 .. 2147483647"},
-        {"max_new", &o->max_new, NULL, 1, IM, "1 .. 2147483647"},
-        {"top_k", &o->top_k, NULL, 0, IM, "0 .. 2147483647"},
-        {"slots", &o->slots, NULL, 1, IM, "1 .. 2147483647"},
-        {"temperature", NULL, &o->temperature, 0, FM, "0 .. 3.4e38"},
-        {"top_p", NULL, &o->top_p, DBL_MIN, 1, "0 < top_p <= 1"},
-        {"eps_low", NULL, &o->eps_low, 0, E1, "0 <= eps_low < 1"},
-        {"eps_high", NULL, &o->eps_high, 0, FM, "0 .. 3.4e38"},
-        {"is_cap", NULL, &o->is_cap, 1, FM, "1 .. 3.4e38"},
-        {"format_penalty", NULL, &o->format_penalty, -FM, FM, "a float"},
-        {"no_scale", &o->no_scale, NULL, 0, 1, "0 or 1"},
-        {"drop_uniform", &o->drop_uniform, NULL, 0, 1, "0 or 1"},
-        {"eval_every", &o->eval_every, NULL, 0, IM, "0 .. 2147483647"},
-        {"eval_n", &o->eval_n, NULL, 0, IM, "0 .. 2147483647"},
-        {"beta", NULL, &o->beta, 0, FM, "0 .. 3.4e38"},
-        {"routing_replay", &o->routing_replay, NULL, 0, 1, "0 or 1"},
-        /* optional from here: runs written before StaleSync have none */
-        {"max_staleness", &o->max_staleness, NULL, 0, IM, "0 .. 2147483647"},
-        {"stale_free", &o->stale_free, NULL, 0, 1, "0 or 1"},
-        {"no_is_weight", &o->no_is_weight, NULL, 0, 1, "0 or 1"}};
-    const size_t nrequired = sizeof nums / sizeof nums[0] - 3;
+    const struct { const char *k; int *i; double *d; double lo, hi; const char *range; int optional; } nums[] = {
+        {"group", &o->group, NULL, 2, IM, "2 .. 2147483647", 0},
+        {"prompts_per_step", &o->prompts_per_step, NULL, 1, IM, "1 .. 2147483647", 0},
+        {"micro_batch", &o->micro_batch, NULL, 0, IM, "0 .. 2147483647", 0},
+        {"max_new", &o->max_new, NULL, 1, IM, "1 .. 2147483647", 0},
+        {"top_k", &o->top_k, NULL, 0, IM, "0 .. 2147483647", 0},
+        {"slots", &o->slots, NULL, 1, IM, "1 .. 2147483647", 0},
+        {"temperature", NULL, &o->temperature, 0, FM, "0 .. 3.4e38", 0},
+        {"top_p", NULL, &o->top_p, DBL_MIN, 1, "0 < top_p <= 1", 0},
+        {"eps_low", NULL, &o->eps_low, 0, E1, "0 <= eps_low < 1", 0},
+        {"eps_high", NULL, &o->eps_high, 0, FM, "0 .. 3.4e38", 0},
+        {"is_cap", NULL, &o->is_cap, 1, FM, "1 .. 3.4e38", 0},
+        {"format_penalty", NULL, &o->format_penalty, -FM, FM, "a float", 0},
+        {"no_scale", &o->no_scale, NULL, 0, 1, "0 or 1", 0},
+        {"drop_uniform", &o->drop_uniform, NULL, 0, 1, "0 or 1", 0},
+        {"eval_every", &o->eval_every, NULL, 0, IM, "0 .. 2147483647", 0},
+        {"eval_n", &o->eval_n, NULL, 0, IM, "0 .. 2147483647", 0},
+        {"beta", NULL, &o->beta, 0, FM, "0 .. 3.4e38", 0},
+        {"routing_replay", &o->routing_replay, NULL, 0, 1, "0 or 1", 0},
+        /* optional: runs written before StaleSync have none */
+        {"max_staleness", &o->max_staleness, NULL, 0, IM, "0 .. 2147483647", 1},
+        {"stale_free", &o->stale_free, NULL, 0, 1, "0 or 1", 1},
+        {"no_is_weight", &o->no_is_weight, NULL, 0, 1, "0 or 1", 1}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         double v;
         const int got = mt_json_number(p, r, nums[i].k, nums[i].i != NULL, nums[i].lo, nums[i].hi, nums[i].range, &v);
         if (got < 0) return -1;
-        if (got == 0 && i < nrequired) return mt_error("%s: key %s: required key is missing", p, nums[i].k);
+        if (got == 0 && !nums[i].optional) return mt_error("%s: key %s: required key is missing", p, nums[i].k);
         if (got == 0) continue;
         if (nums[i].i) *nums[i].i = (int)v;
         else *nums[i].d = v;
@@ -439,12 +438,8 @@ int mt_rl(const mt_rl_opts *opt) {
     int made = start; /* co-located: rounds sampled so far */
     for (int step = start + 1; step <= ti->steps && rc == 0; step++) {
         /* this DP index's prompts of the step, G samples each */
-        for (int j = 0; j < Pl; j++) {
-            const int64_t k = (int64_t)(step - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
-            pidx[j] = mt_prompt_order_at(&po, k);
-            const int len = (int)mt_prompt_copy(&ps, (size_t)pidx[j], &ptok[j]);
-            for (int s = 0; s < G; s++) req[j * G + s] = (mt_rollout_req){ptok[j], len, (uint64_t)pidx[j], (uint64_t)s};
-        }
+        mt_rl_share_requests(&po, &ps, &o, step, d->dp_rank, Dt, ptok, req);
+        for (int j = 0; j < Pl; j++) pidx[j] = (int64_t)req[j * G].prompt_index;
         mt_rollout_opts ro;
         mt_rollout_defaults(&ro);
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
@@ -479,12 +474,7 @@ int mt_rl(const mt_rl_opts *opt) {
                 ro.step = (uint64_t)n;
                 mt_rollout_stats rn;
                 if (!split) {
-                    for (int j = 0; j < Pl; j++) { /* round n's prompts of this DP index */
-                        const int64_t k = (int64_t)(n - 1) * o.prompts_per_step + (int64_t)d->dp_rank * Pl + j;
-                        const int64_t pi = mt_prompt_order_at(&po, k);
-                        const int len = (int)mt_prompt_copy(&ps, (size_t)pi, &rptok2[j]);
-                        for (int s = 0; s < G; s++) rreq2[j * G + s] = (mt_rollout_req){rptok2[j], len, (uint64_t)pi, (uint64_t)s};
-                    }
+                    mt_rl_share_requests(&po, &ps, &o, n, d->dp_rank, Dt, rptok2, rreq2); /* round n's prompts */
                     mt_trace_begin("rl.rollout");
                     if (mt_rollout(m, &ro, rreq2, rows, co, &rn) != 0) { rc = -1; mt_trace_end(); break; }
                     mt_trace_end();

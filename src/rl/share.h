@@ -23,8 +23,9 @@ typedef struct {
 } mt_prompt_order;
 int64_t mt_prompt_order_at(mt_prompt_order *po, int64_t k);
 
-/* The requests of rollout rank r of R at step (its P / R prompts, G samples each); ptok[P/R]
- * hold the prompts' tokens (grown as needed). */
+/* The requests of share r of R of step's prompts (its P / R prompts, G samples each: a
+ * rollout rank's, or a training DP index's); ptok[P/R] hold the prompts' tokens (grown as
+ * needed). */
 void mt_rl_share_requests(mt_prompt_order *po, const mt_prompt_set *ps, const mt_rl_opts *o, int step, int r, int R,
                           int32_t **ptok, mt_rollout_req *req);
 

@@ -214,11 +214,7 @@ int mt_ckpt_verify(const char *dir, int required) {
         mt_warn("%s: no checksums.json (not written by moetrain?); loading without verification", dir);
         return 0;
     }
-    char *txt;
-    size_t len;
-    if (mt_read_file(path, &txt, &len) != 0) return -1;
-    cJSON *root = mt_json_parse(path, txt, len);
-    free(txt);
+    cJSON *root = mt_json_read(path);
     if (!root) return -1;
     cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
     if (!cJSON_IsObject(files)) {
