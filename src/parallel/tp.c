@@ -27,33 +27,33 @@ static void block_range(size_t nb, int r, int W, size_t *lo, size_t *hi) {
 void mt_tp_allreduce_int8(mt_tp *t, float *x, size_t n) {
     const int W = t->g->size, me = t->g->rank;
     const size_t B = MT_FLASHCOMM_BLOCK, nb = (n + B - 1) / B;
-    int *cnt = mt_xmalloc(sizeof(int) * 2 * (size_t)W), *dsp = cnt + W;
-    /* reduce-scatter in fp32: rank r's blocks summed on rank r */
-    size_t lo, hi;
+    /* rank r's part: values dsp[r] .. + cnt[r] (whole blocks), sent as its blocks' scales then
+     * its INT8 values, bc[r] bytes at bd[r] of the gathered buffer */
+    int *cnt = t->cnt, *dsp = cnt + W, *bc = dsp + W, *bd = bc + W;
+    size_t most = 0, longest = 0;
     for (int r = 0; r < W; r++) {
+        size_t lo, hi;
         block_range(nb, r, W, &lo, &hi);
         const size_t a = lo * B, e = hi * B < n ? hi * B : n;
-        cnt[r] = (int)(e > a ? e - a : 0), dsp[r] = (int)a;
+        cnt[r] = (int)(e > a ? e - a : 0), dsp[r] = (int)a, bc[r] = (int)(4 * (hi - lo) + (size_t)cnt[r]);
+        most = (size_t)bc[r] > most ? (size_t)bc[r] : most;
+        longest = (size_t)cnt[r] > longest ? (size_t)cnt[r] : longest;
     }
-    block_range(nb, me, W, &lo, &hi);
-    const size_t a = lo * B, mine = (size_t)cnt[me];
-    float *sum = mt_xmalloc(sizeof(float) * (mine + 1));
-    MPI_Reduce_scatter(x, sum, cnt, MPI_FLOAT, MPI_SUM, t->g->comm);
-    /* each rank's part travels as [scales of its blocks][int8 values], 4 (hi-lo) + len bytes */
-    size_t most = 0;
-    for (int r = 0; r < W; r++) {
-        size_t l, h;
-        block_range(nb, r, W, &l, &h);
-        const size_t bytes = 4 * (h - l) + (size_t)cnt[r];
-        most = bytes > most ? bytes : most;
-        most = (most + 3) & ~(size_t)3; /* the next part's scales stay 4-byte aligned */
-    }
-    if (t->cap < most * (size_t)(W + 1)) {
+    most = (most + 3) & ~(size_t)3; /* the next part's scales stay 4-byte aligned */
+    for (int r = 0; r < W; r++) bd[r] = (int)(most * (size_t)r);
+    /* scratch: the summed part (fp32), this rank's packed part, every rank's */
+    const size_t sum_bytes = (4 * (longest + 1) + 63) & ~(size_t)63, need = sum_bytes + most * (size_t)(W + 1);
+    if (t->cap < need) {
         free(t->buf);
-        t->cap = most * (size_t)(W + 1);
+        t->cap = need;
         t->buf = mt_xmalloc(t->cap);
     }
-    uint8_t *pk = t->buf, *all = t->buf + most;
+    float *sum = (float *)t->buf;
+    uint8_t *pk = t->buf + sum_bytes, *all = pk + most;
+    MPI_Reduce_scatter(x, sum, cnt, MPI_FLOAT, MPI_SUM, t->g->comm); /* rank r's blocks summed on rank r */
+    size_t lo, hi;
+    block_range(nb, me, W, &lo, &hi);
+    const size_t a = lo * B;
     float *sc = (float *)pk;
     int8_t *q = (int8_t *)(pk + 4 * (hi - lo));
     for (size_t b = lo; b < hi; b++) {
@@ -69,25 +69,15 @@ void mt_tp_allreduce_int8(mt_tp *t, float *x, size_t n) {
             t->st.err_sq += d * d, t->st.ref_sq += (double)sum[i] * sum[i];
         }
     }
-    const int nbytes = (int)(4 * (hi - lo) + mine);
-    int *bc = mt_xmalloc(sizeof(int) * 2 * (size_t)W), *bd = bc + W;
-    for (int r = 0; r < W; r++) {
-        size_t l, h;
-        block_range(nb, r, W, &l, &h);
-        bc[r] = (int)(4 * (h - l) + (size_t)cnt[r]), bd[r] = (int)(most * (size_t)r);
-    }
-    MPI_Allgatherv(pk, nbytes, MPI_BYTE, all, bc, bd, MPI_BYTE, t->g->comm);
+    MPI_Allgatherv(pk, bc[me], MPI_BYTE, all, bc, bd, MPI_BYTE, t->g->comm);
     for (int r = 0; r < W; r++) { /* dequantise every part, this rank's too */
-        size_t l, h;
-        block_range(nb, r, W, &l, &h);
-        const float *rs = (const float *)(all + most * (size_t)r);
-        const int8_t *rq = (const int8_t *)(all + most * (size_t)r + 4 * (h - l));
+        const float *rs = (const float *)(all + bd[r]);
+        const int8_t *rq = (const int8_t *)(all + bd[r] + (size_t)bc[r] - (size_t)cnt[r]);
         for (size_t i = 0; i < (size_t)cnt[r]; i++) x[(size_t)dsp[r] + i] = (float)rq[i] * rs[i / B];
     }
     const double f = (double)(W - 1) / W;
     t->st.bytes += (int64_t)(f * 4 * (double)n + f * (double)n + f * 4 * (double)nb);
     t->st.bytes_fp32 += (int64_t)(2 * f * 4 * (double)n);
-    free(sum), free(cnt), free(bc);
 }
 
 static void tp_reduce(void *ctx, float *out, float *full, size_t n) {
@@ -125,11 +115,12 @@ void mt_tp_init(mt_tp *t, mt_group *g, int sp, int flash) {
     memset(t, 0, sizeof *t);
     t->g = g;
     t->flash = flash && !sp;
+    t->cnt = mt_xmalloc(sizeof(int) * 4 * (size_t)g->size);
     t->ops = (mt_tp_ops){.ctx = t, .rank = g->rank, .size = g->size, .sp = sp, .gather = tp_gather,
                          .reduce = tp_reduce, .sum_f32 = tp_sum_f32, .sum_f64 = tp_sum_f64};
 }
 
 void mt_tp_free(mt_tp *t) {
-    free(t->buf);
-    t->buf = NULL, t->cap = 0;
+    free(t->buf), free(t->cnt);
+    t->buf = NULL, t->cnt = NULL, t->cap = 0;
 }

@@ -31,6 +31,7 @@ typedef struct {
     int flash;
     mt_tp_stats st;
     uint8_t *buf;           /* FlashComm scratch (grown as needed) */
+    int *cnt;               /* [4 x size]: each rank's part, as counts and offsets */
     size_t cap;
 } mt_tp;
 
