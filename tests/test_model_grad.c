@@ -58,9 +58,13 @@ static double loss_of(mt_model *m, mt_acts *a, const int32_t *in, const int32_t 
     mt_step_stats st;
     float bal_scale = 1.0f / B;
     mt_model_step(m, a, in, tg, B, T, train, ce_scale, bal_scale, NULL, &st);
-    double bal = 0;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) bal += st.bal_sum[l];
-    return st.ce_sum * ce_scale + m->cfg.aux_loss_alpha * bal_scale * bal;
+    double bal = 0, mtp = 0;
+    for (int l = 0; l < mt_config_layers(&m->cfg); l++) bal += st.bal_sum[l];
+    for (int k = 1; k <= m->cfg.num_nextn_predict_layers; k++) { /* each block's CE over its own targets */
+        const int64_t nv = mt_mtp_valid(tg, B, T, k);
+        if (nv) mtp += st.mtp_ce_sum[k - 1] / (double)nv / m->cfg.num_nextn_predict_layers;
+    }
+    return st.ce_sum * ce_scale + m->cfg.mtp_loss_weight * mtp + m->cfg.aux_loss_alpha * bal_scale * bal;
 }
 
 /* scope: the balance loss's (enum mt_aux_scope; one process: ep-group is the micro-batch's) */
@@ -440,6 +444,17 @@ int main(void) {
     check_config("MLA, no nope dimensions", &c, 0);
     mla_config(&c, 10); c.sandwich_norm = 1; /* Pangu's block: MLA under the sandwich norm */
     check_config("MLA, sandwich", &c, 0);
+    /* multi-token prediction: D = 1 and 2, with MoE or dense blocks, MLA, the sandwich norm,
+     * tied embeddings and ignored targets */
+    base_config(&c); c.num_nextn_predict_layers = 1;
+    check_config("MTP 1", &c, 0);
+    base_config(&c); c.num_nextn_predict_layers = 2; c.mtp_loss_weight = 0.7; c.scoring_func = MT_SCORING_SIGMOID;
+    check_config("MTP 2, sigmoid, ignored", &c, 1);
+    base_config(&c); c.num_nextn_predict_layers = 1; c.n_routed_experts = 0; c.num_experts_per_tok = 0;
+    c.first_k_dense_replace = 3; c.tie_word_embeddings = 1;
+    check_config("MTP 1, dense, tied", &c, 0);
+    mla_config(&c, 10); c.sandwich_norm = 1; c.num_nextn_predict_layers = 2;
+    check_config("MTP 2, MLA, sandwich", &c, 0);
     check_accumulation();
     check_doc_mode(0);
     check_doc_mode(1);

@@ -308,7 +308,7 @@ static void check_replay(mt_model *m) {
             mt_acts *a = mt_acts_new(c, 1, T, mt_get_threads(), 0);
             mt_step_stats st;
             memset(&st, 0, sizeof st);
-            const mt_loss loss = {0.0f, NULL, NULL, rep ? co->routing : NULL, rep ? rw : 0};
+            const mt_loss loss = {0.0f, NULL, NULL, rep ? co->routing : NULL, rep ? rw : 0, NULL, NULL};
             mt_model_forward(m, a, seq, tg, NULL, 1, T, 0, &loss, NULL, &st);
             const int same = mt_acts_routing_hash(a, c) == want;
             if (rep) replay_ok &= same;

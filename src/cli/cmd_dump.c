@@ -60,41 +60,65 @@ int mt_cmd_dump(int argc, char **argv) {
     for (size_t i = 0; i < N; i++) nvalid += tg[i] >= 0;
     float *logits = mt_alloc(sizeof(float) * N * c->vocab_size);
     mt_acts *a = mt_acts_new(c, B, T, mt_get_threads(), 0);
+    /* the MTP blocks (D of them) with their own normalisers, their logits kept */
+    const int D = c->num_nextn_predict_layers;
+    float ms[MT_MAX_MTP], mce[MT_MAX_MTP];
+    int64_t mnv[MT_MAX_MTP];
+    float *mlogits = D ? mt_alloc(sizeof(float) * N * c->vocab_size * (size_t)D) : NULL;
+    for (int k = 1; k <= D; k++) {
+        mnv[k - 1] = mt_mtp_valid(tg, B, T, k);
+        ms[k - 1] = mnv[k - 1] ? (float)(c->mtp_loss_weight / D / (double)mnv[k - 1]) : 0.0f;
+    }
+    const mt_loss spec = {nvalid ? 1.0f / (float)nvalid : 0.0f, NULL, NULL, NULL, 0, D ? ms : NULL, mlogits};
     mt_step_stats st;
+    memset(&st, 0, sizeof st);
     mt_model_zero_grads(&m);
-    mt_model_step(&m, a, in, tg, B, T, 1, nvalid ? 1.0f / (float)nvalid : 0.0f, 1.0f / (float)B, logits, &st);
+    mt_model_forward(&m, a, in, tg, NULL, B, T, 1, &spec, logits, &st);
+    mt_model_backward(&m, a, in, NULL, B, T, 1.0f / (float)B);
     int nmoe = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);
+    for (int l = 0; l < mt_config_layers(c); l++) nmoe += mt_config_is_moe(c, l);
     float ce = nvalid ? (float)(st.ce_sum / (double)nvalid) : 0.0f;
     float *bal = mt_xcalloc((size_t)(nmoe ? nmoe : 1), sizeof(float));
     double loss = ce;
-    for (int l = 0, j = 0; l < c->num_hidden_layers; l++)
+    for (int k = 0; k < D; k++) {
+        mce[k] = mnv[k] ? (float)(st.mtp_ce_sum[k] / (double)mnv[k]) : 0.0f;
+        loss += c->mtp_loss_weight / D * mce[k];
+    }
+    /* main MoE layers, then the MTP blocks' */
+    for (int l = 0, j = 0; l < mt_config_layers(c); l++)
         if (mt_config_is_moe(c, l)) {
             bal[j] = (float)(st.bal_sum[l] / B);
             loss += c->aux_loss_alpha * bal[j++];
         }
     float lossf = (float)loss;
-    int ne = 4 + m.ntensors;
+    const int nfix = D ? 6 : 4, ne = nfix + m.ntensors;
     mt_st_entry *e = mt_xcalloc((size_t)ne, sizeof *e);
     char **names = mt_xcalloc((size_t)ne, sizeof(char *));
     e[0] = (mt_st_entry){"logits", logits, 3, {B, T, c->vocab_size}};
     e[1] = (mt_st_entry){"ce", &ce, 1, {1}};
     e[2] = (mt_st_entry){"balance", bal, 1, {nmoe}};
     e[3] = (mt_st_entry){"loss", &lossf, 1, {1}};
+    if (D) {
+        e[4] = (mt_st_entry){"mtp_ce", mce, 1, {D}};
+        e[5] = (mt_st_entry){"mtp_logits", mlogits, 4, {D, B, T, c->vocab_size}};
+    }
     for (int i = 0; i < m.ntensors; i++) {
         const mt_tensor *t = &m.tensors[i];
         size_t len = strlen(t->name) + 6;
         names[i] = mt_xmalloc(len);
         snprintf(names[i], len, "grad.%s", t->name);
-        e[4 + i] = (mt_st_entry){names[i], m.grads + t->offset, t->ndim, {t->shape[0], t->shape[1]}};
+        e[nfix + i] = (mt_st_entry){names[i], m.grads + t->offset, t->ndim, {t->shape[0], t->shape[1]}};
     }
     rc = mt_st_write(out, e, ne, NULL, 0);
-    if (rc == 0) printf("wrote %s: ce %.6f, loss %.6f, %d MoE layers, %d gradients\n", out, ce, loss, nmoe, m.ntensors);
+    if (rc == 0)
+        printf("wrote %s: ce %.6f, loss %.6f, %d MoE layers, %d MTP blocks, %d gradients\n", out, ce, loss, nmoe, D,
+               m.ntensors);
     for (int i = 0; i < m.ntensors; i++) free(names[i]);
     free(names);
     free(e);
     free(bal);
     mt_free(logits);
+    mt_free(mlogits);
     free(in);
     free(tg);
     mt_acts_free(a);

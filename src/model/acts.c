@@ -148,6 +148,28 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
     }
 }
 
+/* The last chunk's MTP blocks: each one's decoder layer and its own buffers (mtp_acts). */
+static void carve_mtp(carver *cv, mt_acts *a, const mt_config *c, const geom *g, int last) {
+    if (!last) return;
+    const size_t N = g->N, C = g->C, fl = sizeof(float), il = sizeof(int32_t);
+    for (int k = 0; k < c->num_nextn_predict_layers; k++) {
+        layer_acts dummy;
+        mtp_acts mdummy;
+        layer_acts *L = a->L ? &a->L[a->hi - a->lo + k] : &dummy;
+        mtp_acts *M = a->M ? &a->M[k] : &mdummy;
+        carve_layer(cv, a, L, c, c->num_hidden_layers + k, g);
+        M->tok = carve(cv, N * il);
+        M->tg = carve(cv, N * il);
+        M->e = carve(cv, N * C * fl);
+        M->cat = carve(cv, N * 2 * C * fl);
+        M->rstd_e = carve(cv, N * fl);
+        M->rstd_h = carve(cv, N * fl);
+        M->out = carve(cv, N * C * fl);
+        M->rstd_o = carve(cv, N * fl);
+        M->dout = carve(cv, N * C * fl);
+    }
+}
+
 /* The residual stream, its gradients, the norms' buffers, the RoPE tables, TP's buffers. */
 static void carve_stream(carver *cv, mt_acts *a, const geom *g) {
     const size_t N = g->N, Nt = g->Nt, C = g->C, fl = sizeof(float);
@@ -180,7 +202,9 @@ static void carve_scratch(carver *cv, mt_acts *a, const mt_config *c, const geom
      * dense FFN (F wider than the experts' K*Fm) then runs over row chunks that fit */
     size_t bigsz = 0;
     int dense = 0;
-    for (int l = a->lo; l < a->hi; l++) {
+    const int nmtp = a->last ? c->num_nextn_predict_layers : 0;
+    for (int i = 0; i < a->hi - a->lo + nmtp; i++) {
+        const int l = i < a->hi - a->lo ? a->lo + i : c->num_hidden_layers + (i - (a->hi - a->lo));
         if (mt_config_is_moe(c, l)) bigsz = maxz(bigsz, maxz(R * g->Fm, N * g->Fs));
         else dense = 1;
     }
@@ -252,6 +276,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, const mt_acts_dims *d, c
     geom_of(&g, c, d);
     carve_shared(cv, a, &g);
     for (int l = a->lo; l < a->hi; l++) carve_layer(cv, a, &a->L[l - a->lo], c, l, &g);
+    carve_mtp(cv, a, c, &g, a->last);
     carve_stream(cv, a, &g);
     carve_scratch(cv, a, c, &g);
     carve_att_scratch(cv, a, &g);
@@ -279,6 +304,7 @@ size_t mt_acts_base_bytes(const mt_config *c, int last, const mt_acts_dims *d) {
     a.last = last;
     carver cv = {NULL, 0, 1};
     carve_shared(&cv, &a, &g);
+    carve_mtp(&cv, &a, c, &g, last);
     carve_stream(&cv, &a, &g);
     carve_att_scratch(&cv, &a, &g);
     return cv.off;
@@ -333,11 +359,14 @@ size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int la
     a.hi = hi;
     a.first = first;
     a.last = last;
-    a.L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
+    const int nmtp = last ? c->num_nextn_predict_layers : 0;
+    a.L = mt_xcalloc((size_t)(hi - lo + nmtp) + 1, sizeof(layer_acts));
+    a.M = mt_xcalloc((size_t)nmtp + 1, sizeof(mtp_acts));
     const mt_acts_dims d = {B, T, nthr, policy, tp, sp, kv16};
     carver cv = {NULL, 0, 1};
     acts_layout(&a, c, &d, &cv);
     free(a.L);
+    free(a.M);
     return cv.off;
 }
 
@@ -369,7 +398,11 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     a->bf16 = bf16 != 0;
     a->ws.bf16 = a->bf16; /* every kernel the blocks run gets the precision with a->ws */
     a->kv16 = mt_attention_bf16(a->bf16, c->head_dim);
-    a->L = mt_xcalloc((size_t)(hi - lo) + 1, sizeof(layer_acts));
+    a->Lm = c->num_hidden_layers;
+    a->nmtp = last ? c->num_nextn_predict_layers : 0;
+    a->nL = hi - lo + a->nmtp;
+    a->L = mt_xcalloc((size_t)a->nL + 1, sizeof(layer_acts));
+    a->M = mt_xcalloc((size_t)a->nmtp + 1, sizeof(mtp_acts));
     a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, a->kv16);
     a->arena = mt_alloc(a->arena_bytes);
     const mt_acts_dims d = {B, T, nthr, policy, tp, sp, a->kv16};
@@ -377,9 +410,9 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     acts_layout(a, c, &d, &cv);
     mt_rope_table(a->cos_t, a->sin_t, T, mt_config_rope_dim(c), c->rope_theta);
     a->rope_T = T, a->rope_D = mt_config_rope_dim(c), a->rope_theta = c->rope_theta;
-    a->nlayers = c->num_hidden_layers;
+    a->nlayers = mt_config_layers(c);
     a->nexperts = c->n_routed_experts;
-    a->load = mt_xcalloc((size_t)c->num_hidden_layers * (c->n_routed_experts + 1), sizeof(int64_t));
+    a->load = mt_xcalloc((size_t)a->nlayers * (c->n_routed_experts + 1), sizeof(int64_t));
     return a;
 }
 
@@ -433,6 +466,7 @@ void mt_acts_free(mt_acts *a) {
     mt_ws_free(&a->ws);
     mt_free(a->arena);
     free(a->L);
+    free(a->M);
     free(a->load);
     free(a);
 }
@@ -445,10 +479,11 @@ void mt_acts_reset_load(mt_acts *a) {
 
 uint64_t mt_acts_routing_hash(const mt_acts *a, const mt_config *c) {
     uint64_t h = 0;
-    for (int l = a->lo; l < a->hi; l++) {
+    for (int j = 0; j < (a->mtp_ran ? a->nL : a->hi - a->lo); j++) {
+        const int l = mt_acts_layer_of(a, j);
         if (!mt_config_is_moe(c, l)) continue;
         for (size_t i = 0; i < (size_t)a->Nl * (size_t)c->num_experts_per_tok; i++)
-            h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[l - a->lo].sel[i]);
+            h = mt_hash4(h, (uint64_t)l, i, (uint64_t)a->L[j].sel[i]);
     }
     return h;
 }

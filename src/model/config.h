@@ -74,9 +74,18 @@ static inline int mt_config_rope_dim(const mt_config *c) {
     return mt_config_is_mla(c) ? c->qk_rope_head_dim : c->head_dim;
 }
 
-/* Is layer l an MoE layer? */
+/* Decoder layers of the model: the main stack's L, then the num_nextn_predict_layers MTP
+ * blocks (block k is layer L + k - 1, as its tensors are named). */
+static inline int mt_config_layers(const mt_config *c) {
+    return c->num_hidden_layers + c->num_nextn_predict_layers;
+}
+
+/* Is layer l (main stack or MTP block) an MoE layer? An MTP block is one iff the main stack
+ * has MoE layers. */
 static inline int mt_config_is_moe(const mt_config *c, int l) {
-    return l >= c->first_k_dense_replace && c->n_routed_experts > 0;
+    if (c->n_routed_experts <= 0) return 0;
+    return l < c->num_hidden_layers ? l >= c->first_k_dense_replace
+                                    : c->first_k_dense_replace < c->num_hidden_layers;
 }
 
 #endif

@@ -60,6 +60,19 @@ typedef struct {
     size_t ep_egu_cap;
 } layer_acts;
 
+/* What an MTP block (model/mtp.c) keeps besides its decoder layer's layer_acts (whose x is
+ * the block's projected input u and whose output is out). */
+typedef struct {
+    int32_t *tok;                 /* [N] token whose embedding is the input (-1: past the window, zero) */
+    int32_t *tg;                  /* [N] the block's targets */
+    float *e;                     /* [N,C] the embeddings of tok */
+    float *cat;                   /* [N,2C] rmsnorm(e, enorm) | rmsnorm(h, hnorm): eh_proj's input */
+    float *rstd_e, *rstd_h;       /* [N] */
+    float *out;                   /* [N,C] the block's output h^k */
+    float *rstd_o;                /* [N] 1/rms of out (shared_head.norm) */
+    float *dout;                  /* [N,C] gradient of out: its head's, then the next block's */
+} mtp_acts;
+
 /* The MoE blocks' scratch outside the arena, grown to the largest need and kept: over EP the
  * routed experts' buffers for the rows one dispatch brings; with a non-contiguous expert
  * placement the selection in slots */
@@ -75,6 +88,10 @@ struct mt_acts {
     int bf16;                     /* the precision the blocks run in (bf16 GEMMs; ws.bf16 the same) */
     int kv16;                     /* K, V kept as bf16 (bf16 attention: the same bits) */
     int lo, hi, first, last;      /* the chunk: decoder layers [lo, hi), embedding, head */
+    int nmtp;                     /* MTP blocks held (the last chunk's, after its head): layer_acts
+                                   * L[hi - lo + k - 1] and M[k - 1] are block k's (layer Lm + k - 1) */
+    int nL, Lm;                   /* layer_acts in L (hi - lo + nmtp); the main stack's layers */
+    int mtp_ran;                  /* the last forward ran the MTP blocks (mt_loss.mtp_scale) */
     int tp, sp;                   /* tensor parallel size, sequence parallelism */
     int Nl, g0;                   /* last forward: rows of the residual stream, first token's index */
     const int32_t *fed;           /* last forward: real positions per row (mt_loss), NULL = all */
@@ -83,6 +100,7 @@ struct mt_acts {
     float *gat, *part, *dgat;     /* TP: [N,C] gathered input, row-parallel partial sums, gathered gradient */
     size_t cap;                   /* capacity B*T */
     layer_acts *L;
+    mtp_acts *M;
     float *xf, *lnf, *rstdf;      /* chunk output (final residual), final norm out, rstd */
     float *cos_t, *sin_t;
     int rope_T, rope_D;           /* the tables' shape and base, to rebuild them (mt_acts_park) */
@@ -128,6 +146,25 @@ void mt_acts_ws_reserve(mt_acts *a, const mt_config *c, int N);
  * (or the EP scratch's growth) sets the bf16 one in bf16 mode and the fp32 one otherwise,
  * the other NULL; the kernels take both and use the one that is set. The buffers that hold
  * either within one mode (ln, ye) have both set, to the same bytes. */
+
+/* The layer whose activations are a->L[i] (the chunk's layers, then its MTP blocks). */
+static inline int mt_acts_layer_of(const mt_acts *a, int i) {
+    return i < a->hi - a->lo ? a->lo + i : a->Lm + (i - (a->hi - a->lo));
+}
+
+/* model.c: decoder layer l's forward from L->x into xout (adding its balance loss to st), and
+ * its backward: d is the gradient of its output on entry, of its input on return. */
+void mt_layer_fwd(const mt_model *m, mt_acts *a, layer_acts *L, int l, float *xout, const int32_t *pos, int B, int T,
+                  int train, mt_step_stats *st);
+void mt_layer_bwd(const mt_model *m, mt_acts *a, layer_acts *L, int l, float *d, const int32_t *pos, int B, int T,
+                  float bal_coef);
+
+/* mtp.c: the MTP blocks of the last chunk after the main head (a->xf is h^0): their forward
+ * with heads (and, when train, the heads' backward), and their backward, which adds into
+ * a->dres (the gradient of h^0, from the main head already) and m->d_embed. */
+void mt_mtp_fwd(const mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets, const int32_t *pos,
+                int B, int T, int train, const mt_loss *loss, mt_step_stats *st);
+void mt_mtp_bwd(mt_model *m, mt_acts *a, const int32_t *pos, int B, int T, float bal_coef);
 
 /* mla.c: the MLA attention sublayer on the normed input (lnf, or ln16: bf16 without TP) of
  * all N tokens of the micro-batch. fwd writes L->att (the heads' outputs, before o_proj); bwd

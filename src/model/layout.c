@@ -52,15 +52,20 @@ static int add_tensor(mt_tensor *t, int idx, size_t *off, int decay, int role, i
     return idx + 1;
 }
 
-int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
+/* The tensors of decoder layer l (main stack or MTP block) from index n; returns the next. */
+static int layer_tensors(const mt_config *c, mt_tensor *t, int n, size_t *offp, int l) {
     const int C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
     const int D = c->head_dim, F = c->intermediate_size, E = c->n_routed_experts;
     const int Fm = c->moe_intermediate_size, Fs = c->n_shared_experts * Fm, mla = mt_config_is_mla(c);
-    size_t off = 0;
-    int n = 0;
-    n = add_tensor(t, n, &off, 1, MT_R_EMBED, -1, -1, c->vocab_size, C, "model.embed_tokens.weight");
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    const int mtp = l >= c->num_hidden_layers;
+    size_t off = *offp;
+    {
         const char *p = "model.layers";
+        if (mtp) { /* the block's input: its embedding and hidden-state norms and their projection */
+            n = add_tensor(t, n, &off, 0, MT_R_ENORM, l, -1, C, 0, "%s.%d.enorm.weight", p, l);
+            n = add_tensor(t, n, &off, 0, MT_R_HNORM, l, -1, C, 0, "%s.%d.hnorm.weight", p, l);
+            n = add_tensor(t, n, &off, 1, MT_R_EH_PROJ, l, -1, C, 2 * (int64_t)C, "%s.%d.eh_proj.weight", p, l);
+        }
         n = add_tensor(t, n, &off, 0, MT_R_IN_NORM, l, -1, C, 0, "%s.%d.input_layernorm.weight", p, l);
         if (mla) {
             const int ql = c->q_lora_rank, kvl = c->kv_lora_rank, dn = c->qk_nope_head_dim;
@@ -111,7 +116,19 @@ int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
             n = add_tensor(t, n, &off, 0, MT_R_PRE_MLP_NORM, l, -1, C, 0, "%s.%d.pre_mlp_layernorm.weight", p, l);
             n = add_tensor(t, n, &off, 0, MT_R_POST_MLP_NORM, l, -1, C, 0, "%s.%d.post_mlp_layernorm.weight", p, l);
         }
+        if (mtp) n = add_tensor(t, n, &off, 0, MT_R_MTP_NORM, l, -1, C, 0, "%s.%d.shared_head.norm.weight", p, l);
     }
+    *offp = off;
+    return n;
+}
+
+int mt_model_layout(const mt_config *c, mt_tensor *t, size_t *nparams) {
+    const int C = c->hidden_size;
+    size_t off = 0;
+    int n = 0;
+    n = add_tensor(t, n, &off, 1, MT_R_EMBED, -1, -1, c->vocab_size, C, "model.embed_tokens.weight");
+    /* the MTP blocks after the main stack, as their layer indices say */
+    for (int l = 0; l < mt_config_layers(c); l++) n = layer_tensors(c, t, n, &off, l);
     n = add_tensor(t, n, &off, 0, MT_R_NORM, -1, -1, C, 0, "model.norm.weight");
     if (!c->tie_word_embeddings) n = add_tensor(t, n, &off, 1, MT_R_HEAD, -1, -1, c->vocab_size, C, "lm_head.weight");
     if (nparams) *nparams = off;
@@ -122,7 +139,7 @@ void mt_part_whole(mt_part *s, const mt_config *c) {
     memset(s, 0, sizeof *s);
     s->ep_rank = 0;
     s->ep_size = 1;
-    for (int l = 0; l < c->num_hidden_layers && l < 256; l++) s->layer[l] = 1;
+    for (int l = 0; l < mt_config_layers(c) && l < 256; l++) s->layer[l] = 1;
     s->embed = s->head = 1;
     s->tp_rank = 0;
     s->tp_size = 1;
@@ -130,7 +147,7 @@ void mt_part_whole(mt_part *s, const mt_config *c) {
 }
 
 void mt_expert_map_contiguous(mt_expert_map *m, const mt_config *c) {
-    m->L = c->num_hidden_layers;
+    m->L = mt_config_layers(c);
     m->E = c->n_routed_experts;
     const size_t n = (size_t)m->L * m->E;
     m->slot_of = mt_xmalloc(sizeof(int32_t) * (n + 1));
@@ -182,7 +199,8 @@ static int tp_split_dim(int role) {
     }
 }
 
-/* does the part hold full tensor t? 2 = as a replica (the tied embedding used as head) */
+/* does the part hold full tensor t? 2 = as a replica (the embedding on the last pipeline
+ * stage: the tied head, or the MTP blocks' input) */
 static int part_holds(const mt_config *c, const mt_part *sh, const mt_tensor *t) {
     if (t->layer >= 0) {
         if (!sh->layer[t->layer]) return 0;
@@ -191,7 +209,8 @@ static int part_holds(const mt_config *c, const mt_part *sh, const mt_tensor *t)
         int slot = sh->slot_of ? sh->slot_of[(size_t)t->layer * c->n_routed_experts + t->expert] : t->expert;
         return slot / le == sh->ep_rank;
     }
-    if (t->role == MT_R_EMBED) return sh->embed ? 1 : (sh->head && c->tie_word_embeddings) ? 2 : 0;
+    if (t->role == MT_R_EMBED)
+        return sh->embed ? 1 : (sh->head && (c->tie_word_embeddings || c->num_nextn_predict_layers > 0)) ? 2 : 0;
     return sh->head;
 }
 
@@ -269,7 +288,7 @@ double mt_model_active_params(const mt_config *c) {
     const double C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
     const double D = c->head_dim;
     double total = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = 0; l < mt_config_layers(c); l++) {
         if (mt_config_is_mla(c)) {
             const double ql = c->q_lora_rank, kvl = c->kv_lora_rank, dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
             total += (ql > 0 ? C * ql + ql * H * dq : C * H * dq) + C * (kvl + c->qk_rope_head_dim) +
@@ -283,7 +302,9 @@ double mt_model_active_params(const mt_config *c) {
             total += C * c->n_routed_experts +
                      3.0 * C * c->moe_intermediate_size * (c->num_experts_per_tok + c->n_shared_experts);
     }
-    total += (double)c->vocab_size * C;
+    /* the head, run by the main stack and by each MTP block, and each block's eh_proj */
+    total += (double)c->vocab_size * C * (1 + c->num_nextn_predict_layers);
+    total += 2.0 * C * C * c->num_nextn_predict_layers;
     return total;
 }
 
@@ -294,7 +315,7 @@ double mt_model_flops_per_token(const mt_config *c, int T) {
     if (mt_config_is_mla(c)) /* scores over dn + dr, values over dv */
         att = 2.0 * c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) *
               ((double)T + 1) / 2.0;
-    return 6.0 * mt_model_active_params(c) + 3.0 * att * c->num_hidden_layers;
+    return 6.0 * mt_model_active_params(c) + 3.0 * att * mt_config_layers(c);
 }
 
 /* ---------------------------------------------------------------- model */
@@ -309,7 +330,7 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
                  float **head) {
     const mt_config *c = &m->cfg;
     const int e0 = m->part.ep_rank * (c->n_routed_experts / m->part.ep_size);
-    memset(w, 0, sizeof *w * (size_t)c->num_hidden_layers);
+    memset(w, 0, sizeof *w * (size_t)mt_config_layers(c));
     *embed = *norm = *head = NULL;
     for (int i = 0; i < m->ntensors; i++) {
         const mt_tensor *t = &m->tensors[i];
@@ -342,6 +363,10 @@ static void bind(const mt_model *m, float *base, mt_layer_w *w, float **embed, f
         case MT_R_WKVA: L->wkva = p; break;
         case MT_R_KVA_NORM: L->kva_norm = p; break;
         case MT_R_WKVB: L->wkvb = p; break;
+        case MT_R_ENORM: L->enorm = p; break;
+        case MT_R_HNORM: L->hnorm = p; break;
+        case MT_R_EH_PROJ: L->eh_proj = p; break;
+        case MT_R_MTP_NORM: L->mtp_norm = p; break;
         default: MT_ASSERT(0);
         }
     }
@@ -358,9 +383,12 @@ int mt_model_check(const mt_config *cfg, const char *what) {
     if (cfg->num_experts_per_tok > 512)
         return mt_error("%s: key num_experts_per_tok: %d exceeds the trainer's limit of 512", what,
                         cfg->num_experts_per_tok);
-    if (cfg->num_nextn_predict_layers > 0)
-        return mt_error("%s: key num_nextn_predict_layers: %d: multi-token prediction is not implemented by the "
-                        "trainer (moetrain plan models it)", what, cfg->num_nextn_predict_layers);
+    if (cfg->num_nextn_predict_layers > MT_MAX_MTP)
+        return mt_error("%s: key num_nextn_predict_layers: %d exceeds the trainer's limit of %d", what,
+                        cfg->num_nextn_predict_layers, MT_MAX_MTP);
+    if (mt_config_layers(cfg) > 256)
+        return mt_error("%s: num_hidden_layers + num_nextn_predict_layers = %d exceeds the trainer's limit of 256",
+                        what, mt_config_layers(cfg));
     size_t n;
     mt_model_layout(cfg, NULL, &n);
     if (n == SIZE_MAX) return mt_error("%s: the parameter count overflows (the sizes are absurd)", what);
@@ -381,7 +409,7 @@ static int init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const
     MT_ASSERT(m->part.tp_size == 1 || tp != NULL);
     m->tp = m->part.tp_size > 1 ? tp : NULL;
     if (m->part.slot_of && cfg->n_routed_experts > 0) { /* the model's own copy */
-        const size_t n = (size_t)cfg->num_hidden_layers * cfg->n_routed_experts;
+        const size_t n = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
         m->slot_of = mt_xmalloc(sizeof(int32_t) * n);
         memcpy(m->slot_of, m->part.slot_of, sizeof(int32_t) * n);
     }
@@ -400,8 +428,8 @@ static int init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const
         return mt_error("model: %zu parameters: %.1f GiB of weights and as much of gradients cannot be allocated",
                         (size_t)(bytes / sizeof(float) - 1), (double)bytes / 1073741824.0);
     }
-    m->w = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
-    m->g = mt_xcalloc((size_t)cfg->num_hidden_layers, sizeof(mt_layer_w));
+    m->w = mt_xcalloc((size_t)mt_config_layers(cfg), sizeof(mt_layer_w));
+    m->g = mt_xcalloc((size_t)mt_config_layers(cfg), sizeof(mt_layer_w));
     bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
     if (with_grads) bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
     return 0;

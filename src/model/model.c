@@ -38,7 +38,16 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
                        const int32_t *pos, int B, int T, int train, float ce_scale, float bal_scale,
                        float *logits, mt_step_stats *st) {
     memset(st, 0, sizeof *st);
-    const mt_loss loss = {ce_scale, NULL, NULL, NULL, 0};
+    mt_loss loss = {ce_scale, NULL, NULL, NULL, 0, NULL, NULL};
+    float ms[MT_MAX_MTP];
+    const int nm = m->cfg.num_nextn_predict_layers;
+    if (a->nmtp > 0) { /* the MTP blocks run (and train) too, the batch being the global one */
+        for (int k = 1; k <= nm; k++) {
+            const int64_t nv = mt_mtp_valid(targets, B, T, k);
+            ms[k - 1] = nv ? (float)(m->cfg.mtp_loss_weight / nm / (double)nv) : 0.0f;
+        }
+        loss.mtp_scale = ms;
+    }
     mt_model_forward(m, a, inputs, targets, pos, B, T, train, &loss, logits, st);
     if (train) mt_model_backward(m, a, inputs, pos, B, T, bal_scale);
 }
@@ -120,16 +129,80 @@ static const float *sub_norm_bwd(mt_acts *a, float *dw, const float *dout, const
     return a->dsub;
 }
 
-void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
-                      const int32_t *pos, int B, int T, int train, const mt_loss *loss, float *logits,
-                      mt_step_stats *st) {
+void mt_layer_fwd(const mt_model *m, mt_acts *a, layer_acts *L, int l, float *xout, const int32_t *pos, int B, int T,
+                  int train, mt_step_stats *st) {
     const mt_config *c = &m->cfg;
     const int tp = m->tp ? m->tp->size : 1;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int G = c->num_key_value_heads / tp, D = c->head_dim, F = c->intermediate_size / tp;
     const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0, mla = mt_config_is_mla(c);
     const int AO = H * (mla ? c->v_head_dim : D); /* the attention output's width (o_proj's input) */
-    const int V = c->vocab_size, lo = a->lo, hi = a->hi, sw = c->sandwich_norm;
+    const int Nl = a->Nl, sw = c->sandwich_norm;
+    const float eps = (float)c->rms_norm_eps;
+    const mt_layer_w *w = &m->w[l];
+    mt_trace_begin("fwd.attention");
+    const float *lnx;
+    const uint16_t *ln16;
+    norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
+    const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
+    if (mla) {
+        mt_mla_fwd(m, a, L, w, lnf, ln16, pos, B, T);
+    } else if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
+                           * dk (free in the forward), rotated and rounded in one pass */
+        mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+        mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
+        mt_linear_fwd_x(a->ws, a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd_x(a->ws, NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+        mt_rope_store16(a->ws, L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
+        mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch, a->nthr);
+    } else {
+        mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
+        mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
+        mt_linear_fwd_x(a->ws, L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
+        mt_linear_fwd_x(a->ws, L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
+        mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
+        mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr, a->bf16);
+    }
+    attn_residual(m, a, L, w, N, AO);
+    norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, sw ? w->pre_mlp_norm : w->post_norm, &lnx, &ln16);
+    mt_trace_end();
+    /* the FFN writes xout = h + FFN(norm(h)); with the sandwich norm its output goes to
+     * L->yf, normed into xout after it */
+    float *fout = sw ? L->yf : xout;
+    const float *fres = sw ? NULL : L->h;
+    if (!mt_config_is_moe(c, l)) {
+        mt_trace_begin("fwd.ffn");
+        if (tp == 1) {
+            mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
+        } else {
+            const float *lf = tp_in(m, a, a->gat, a->ln, C);
+            mt_ffn_fwd(a, a->part, NULL, L->gu, L->gu16, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows);
+            if (sw) {
+                tp_out(m, fout, a->part, N, C);
+            } else {
+                tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
+                mt_copy(xout, L->h, (size_t)Nl * C);
+                mt_add(xout, a->dln, (size_t)Nl * C);
+            }
+        }
+    } else {
+        mt_trace_begin("fwd.moe");
+        mt_moe_block_fwd(m, a, L, w, l, B, T, lnx, ln16, fres, fout, train);
+        mt_balance_fwd(m, a, L, B, T, &st->bal_sum[l]);
+    }
+    if (sw) {
+        mt_rmsnorm_fwd(xout, L->rstd_yf, L->yf, w->post_mlp_norm, Nl, C, eps);
+        mt_add(xout, L->h, (size_t)Nl * C);
+    }
+    mt_trace_end();
+}
+
+void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
+                      const int32_t *pos, int B, int T, int train, const mt_loss *loss, float *logits,
+                      mt_step_stats *st) {
+    const mt_config *c = &m->cfg;
+    const int tp = m->tp ? m->tp->size : 1;
+    const int N = B * T, C = c->hidden_size, V = c->vocab_size, lo = a->lo, hi = a->hi;
     const float eps = (float)c->rms_norm_eps;
     MT_ASSERT(T <= a->T && (size_t)N <= a->cap && (tp > 1) == (a->tp > 1));
     MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
@@ -142,6 +215,7 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     a->fed = loss ? loss->fed : NULL;
     a->replay = loss ? loss->replay : NULL;
     a->replay_stride = loss ? loss->replay_stride : 0;
+    a->mtp_ran = 0;
 
     float *x0 = mt_acts_input(a);
     if (a->first) { /* embedding of this rank's tokens */
@@ -150,69 +224,8 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
         for (int n = 0; n < Nl; n++)
             memcpy(x0 + (size_t)n * C, m->embed + (size_t)tok[n] * C, sizeof(float) * C);
     }
-
-    for (int l = lo; l < hi; l++) {
-        layer_acts *L = &a->L[l - lo];
-        const mt_layer_w *w = &m->w[l];
-        float *xout = l + 1 < hi ? a->L[l + 1 - lo].x : a->xf;
-        mt_trace_begin("fwd.attention");
-        const float *lnx;
-        const uint16_t *ln16;
-        norm_in(m, a, 0, L->rstd1, L->x, w->in_norm, &lnx, &ln16);
-        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
-        if (mla) {
-            mt_mla_fwd(m, a, L, w, lnf, ln16, pos, B, T);
-        } else if (a->kv16) { /* V's product rounds its output; K in fp32 in the attention backward's
-                               * dk (free in the forward), rotated and rounded in one pass */
-            mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
-            mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
-            mt_linear_fwd_x(a->ws, a->dk, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
-            mt_linear_fwd_x(a->ws, NULL, L->v16, lnf, ln16, w->wv, N, C, G * D, 0.0f);
-            mt_rope_store16(a->ws, L->k16, a->dk, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
-            mt_attention_fwd_kv16(L->att, L->lse, L->q, L->k16, L->v16, pos, B, T, H, G, D, a->att_scratch,
-                                  a->nthr);
-        } else {
-            mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * D, 0.0f);
-            mt_rope_apply_pos(L->q, a->cos_t, a->sin_t, pos, N, T, H, D, rope);
-            mt_linear_fwd_x(a->ws, L->k, NULL, lnf, ln16, w->wk, N, C, G * D, 0.0f);
-            mt_linear_fwd_x(a->ws, L->v, NULL, lnf, ln16, w->wv, N, C, G * D, 0.0f);
-            mt_rope_apply_pos(L->k, a->cos_t, a->sin_t, pos, N, T, G, D, rope);
-            mt_attention_fwd(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, G, D, a->att_scratch, a->nthr,
-                             a->bf16);
-        }
-        attn_residual(m, a, L, w, N, AO);
-        norm_in(m, a, mt_config_is_moe(c, l), L->rstd2, L->h, sw ? w->pre_mlp_norm : w->post_norm, &lnx, &ln16);
-        mt_trace_end();
-        /* the FFN writes xout = h + FFN(norm(h)); with the sandwich norm its output goes to
-         * L->yf, normed into xout after it */
-        float *fout = sw ? L->yf : xout;
-        const float *fres = sw ? NULL : L->h;
-        if (!mt_config_is_moe(c, l)) {
-            mt_trace_begin("fwd.ffn");
-            if (tp == 1) {
-                mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, lnx, ln16, w->gate, w->down, N, C, F, a->ffn_rows);
-            } else {
-                const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                mt_ffn_fwd(a, a->part, NULL, L->gu, L->gu16, lf, NULL, w->gate, w->down, N, C, F, a->ffn_rows);
-                if (sw) {
-                    tp_out(m, fout, a->part, N, C);
-                } else {
-                    tp_out(m, a->dln, a->part, N, C); /* dln: scratch in the forward */
-                    mt_copy(xout, L->h, (size_t)Nl * C);
-                    mt_add(xout, a->dln, (size_t)Nl * C);
-                }
-            }
-        } else {
-            mt_trace_begin("fwd.moe");
-            mt_moe_block_fwd(m, a, L, w, l, B, T, lnx, ln16, fres, fout, train);
-            mt_balance_fwd(m, a, L, B, T, &st->bal_sum[l]);
-        }
-        if (sw) {
-            mt_rmsnorm_fwd(xout, L->rstd_yf, L->yf, w->post_mlp_norm, Nl, C, eps);
-            mt_add(xout, L->h, (size_t)Nl * C);
-        }
-        mt_trace_end();
-    }
+    for (int l = lo; l < hi; l++)
+        mt_layer_fwd(m, a, &a->L[l - lo], l, l + 1 < hi ? a->L[l + 1 - lo].x : a->xf, pos, B, T, train, st);
     if (!a->last) return;
     mt_trace_begin(train ? "fwd.head+ce (+bwd)" : "fwd.head");
     const int32_t *tg = targets + a->g0;
@@ -227,7 +240,12 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     }
     st->ce_sum += mt_head_ce(a->ws, train ? a->dln : NULL, train ? m->d_head : NULL, logits, a->lnf, m->head, tg, Nl, C, V,
                              loss ? loss->ce_scale : 0.0f, loss && loss->obj ? &obj : NULL, a->head_scratch);
+    if (train) { /* the final norm's backward too: the MTP blocks reuse dln, and add into dres */
+        mt_zero(a->dres, (size_t)Nl * C);
+        mt_rmsnorm_bwd(a->dres, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, Nl, C);
+    }
     mt_trace_end();
+    if (a->nmtp > 0 && loss && loss->mtp_scale) mt_mtp_fwd(m, a, inputs, targets, pos, B, T, train, loss, st);
 }
 
 /* The GQA attention's backward from a->datt = d(att): the gradients of q, k, v's weights
@@ -259,65 +277,68 @@ static void gqa_bwd(const mt_model *m, mt_acts *a, const layer_acts *L, const mt
     }
 }
 
-void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
-                       float bal_scale) {
+void mt_layer_bwd(const mt_model *m, mt_acts *a, layer_acts *L, int l, float *d, const int32_t *pos, int B, int T,
+                  float bal_coef) {
     const mt_config *c = &m->cfg;
     const int tp = m->tp ? m->tp->size : 1;
     const int N = B * T, C = c->hidden_size, H = c->num_attention_heads / tp;
     const int D = c->head_dim, F = c->intermediate_size / tp, mla = mt_config_is_mla(c);
     const int AO = H * (mla ? c->v_head_dim : D); /* the attention output's width (o_proj's input) */
-    const int lo = a->lo, hi = a->hi, Nl = a->Nl, sw = c->sandwich_norm;
+    const int Nl = a->Nl, sw = c->sandwich_norm;
+    const mt_layer_w *w = &m->w[l];
+    mt_layer_w *dw = &m->g[l];
+    if (a->policy == MT_RECOMPUTE_SELECTIVE) attn_residual(m, a, L, w, N, AO); /* h, as in the forward */
+    mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
+    /* ffn: d is the gradient of the layer output, dy that of the FFN's output (the
+     * sandwich norm's input); recompute the FFN's normed input */
+    const float *fnorm = sw ? w->pre_mlp_norm : w->post_norm;
+    const float *dy = sw ? sub_norm_bwd(a, dw->post_mlp_norm, d, L->yf, w->post_mlp_norm, L->rstd_yf, C) : d;
+    const float *lnx;
+    const uint16_t *ln16;
+    norm_in(m, a, mt_config_is_moe(c, l), a->rstd_tmp, L->h, fnorm, &lnx, &ln16);
+    if (!mt_config_is_moe(c, l)) {
+        if (tp == 1) {
+            mt_ffn_bwd(a, a->dln, dw->gate, dw->down, dy, lnx, ln16, L->gu, L->gu16, w->gate, w->down, N, C, F,
+                       a->ffn_rows);
+        } else { /* gathered input and output gradient; the input gradient summed over TP */
+            const float *lf = tp_in(m, a, a->gat, a->ln, C);
+            const float *df = tp_in(m, a, a->dgat, dy, C);
+            mt_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, NULL, L->gu, L->gu16, w->gate, w->down, N, C, F,
+                       a->ffn_rows);
+            tp_out(m, a->dln, a->part, N, C);
+        }
+    } else {
+        mt_moe_block_bwd(m, a, L, w, dw, T, lnx, ln16, dy, a->dln, bal_coef);
+    }
+    mt_rmsnorm_bwd(d, sw ? dw->pre_mlp_norm : dw->post_norm, a->dln, L->h, fnorm, L->rstd2, Nl, C);
+    mt_trace_end();
+    mt_trace_begin("bwd.attention");
+    /* attention: d is now the gradient of h, dy that of the attention output */
+    dy = sw ? sub_norm_bwd(a, dw->post_norm, d, L->ya, w->post_norm, L->rstd_ya, C) : d;
+    norm_in(m, a, 0, a->rstd_tmp, L->x, w->in_norm, &lnx, &ln16);
+    const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
+    const float *df = tp > 1 ? tp_in(m, a, a->dgat, dy, C) : dy;
+    mt_linear_bwd(a->ws, a->datt, dw->wo, df, L->att, w->wo, N, AO, C, 0.0f);
+    float *dl = tp > 1 ? a->part : a->dln;
+    if (mla) mt_mla_bwd(m, a, L, w, dw, lnf, ln16, pos, B, T, dl);
+    else gqa_bwd(m, a, L, w, dw, lnf, ln16, pos, B, T, dl);
+    if (tp > 1) tp_out(m, a->dln, a->part, N, C);
+    mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
+    mt_trace_end();
+}
+
+void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *pos, int B, int T,
+                       float bal_scale) {
+    const mt_config *c = &m->cfg;
+    const int N = B * T, C = c->hidden_size, lo = a->lo, hi = a->hi, Nl = a->Nl;
     MT_ASSERT(!a->kv16 || a->bf16); /* the bf16 scratch sizes (acts_layout) */
     mt_acts_ws_reserve(a, c, N);
+    /* a last chunk's forward left the gradient of its output in dres (the head's and the final
+     * norm's backward ran with it); the MTP blocks add theirs */
     float *d = a->dres;
-    if (a->last) { /* the head's backward ran with the forward: dln = d(loss)/d(final norm out) */
-        mt_zero(d, (size_t)Nl * C);
-        mt_rmsnorm_bwd(d, m->d_norm, a->dln, a->xf, m->norm, a->rstdf, Nl, C);
-    }
     const float bal_coef = (float)(c->aux_loss_alpha * bal_scale);
-    for (int l = hi - 1; l >= lo; l--) {
-        layer_acts *L = &a->L[l - lo];
-        const mt_layer_w *w = &m->w[l];
-        mt_layer_w *dw = &m->g[l];
-        if (a->policy == MT_RECOMPUTE_SELECTIVE) attn_residual(m, a, L, w, N, AO); /* h, as in the forward */
-        mt_trace_begin(mt_config_is_moe(c, l) ? "bwd.moe" : "bwd.ffn");
-        /* ffn: d is the gradient of the layer output, dy that of the FFN's output (the
-         * sandwich norm's input); recompute the FFN's normed input */
-        const float *fnorm = sw ? w->pre_mlp_norm : w->post_norm;
-        const float *dy = sw ? sub_norm_bwd(a, dw->post_mlp_norm, d, L->yf, w->post_mlp_norm, L->rstd_yf, C) : d;
-        const float *lnx;
-        const uint16_t *ln16;
-        norm_in(m, a, mt_config_is_moe(c, l), a->rstd_tmp, L->h, fnorm, &lnx, &ln16);
-        if (!mt_config_is_moe(c, l)) {
-            if (tp == 1) {
-                mt_ffn_bwd(a, a->dln, dw->gate, dw->down, dy, lnx, ln16, L->gu, L->gu16, w->gate, w->down, N, C, F,
-                           a->ffn_rows);
-            } else { /* gathered input and output gradient; the input gradient summed over TP */
-                const float *lf = tp_in(m, a, a->gat, a->ln, C);
-                const float *df = tp_in(m, a, a->dgat, dy, C);
-                mt_ffn_bwd(a, a->part, dw->gate, dw->down, df, lf, NULL, L->gu, L->gu16, w->gate, w->down, N, C,
-                           F, a->ffn_rows);
-                tp_out(m, a->dln, a->part, N, C);
-            }
-        } else {
-            mt_moe_block_bwd(m, a, L, w, dw, T, lnx, ln16, dy, a->dln, bal_coef);
-        }
-        mt_rmsnorm_bwd(d, sw ? dw->pre_mlp_norm : dw->post_norm, a->dln, L->h, fnorm, L->rstd2, Nl, C);
-        mt_trace_end();
-        mt_trace_begin("bwd.attention");
-        /* attention: d is now the gradient of h, dy that of the attention output */
-        dy = sw ? sub_norm_bwd(a, dw->post_norm, d, L->ya, w->post_norm, L->rstd_ya, C) : d;
-        norm_in(m, a, 0, a->rstd_tmp, L->x, w->in_norm, &lnx, &ln16);
-        const float *lnf = tp > 1 ? tp_in(m, a, a->gat, a->ln, C) : lnx;
-        const float *df = tp > 1 ? tp_in(m, a, a->dgat, dy, C) : dy;
-        mt_linear_bwd(a->ws, a->datt, dw->wo, df, L->att, w->wo, N, AO, C, 0.0f);
-        float *dl = tp > 1 ? a->part : a->dln;
-        if (mla) mt_mla_bwd(m, a, L, w, dw, lnf, ln16, pos, B, T, dl);
-        else gqa_bwd(m, a, L, w, dw, lnf, ln16, pos, B, T, dl);
-        if (tp > 1) tp_out(m, a->dln, a->part, N, C);
-        mt_rmsnorm_bwd(d, dw->in_norm, a->dln, L->x, w->in_norm, L->rstd1, Nl, C);
-        mt_trace_end();
-    }
+    if (a->mtp_ran) mt_mtp_bwd(m, a, pos, B, T, bal_coef);
+    for (int l = hi - 1; l >= lo; l--) mt_layer_bwd(m, a, &a->L[l - lo], l, d, pos, B, T, bal_coef);
     if (!a->first) return; /* d is the gradient of the chunk's input */
     /* embedding backward: thread i owns the vocabulary rows congruent to i, and adds the
      * tokens in their order, so every row sums in the same order for any thread count */

@@ -21,8 +21,14 @@ enum mt_role {
     MT_R_SGATE, MT_R_SUP, MT_R_SDOWN, MT_R_NORM, MT_R_HEAD,
     MT_R_PRE_MLP_NORM, MT_R_POST_MLP_NORM, /* sandwich norm (config sandwich_norm) */
     /* MLA (MT_R_WQ is q_b_proj, or q_proj without query compression) */
-    MT_R_WQA, MT_R_QA_NORM, MT_R_WKVA, MT_R_KVA_NORM, MT_R_WKVB
+    MT_R_WQA, MT_R_QA_NORM, MT_R_WKVA, MT_R_KVA_NORM, MT_R_WKVB,
+    /* a multi-token-prediction block (layer L + k - 1): the norms of its two inputs, their
+     * projection, the norm before the shared head */
+    MT_R_ENORM, MT_R_HNORM, MT_R_EH_PROJ, MT_R_MTP_NORM
 };
+
+/* MTP blocks the trainer supports (num_nextn_predict_layers; DeepSeek-V3 and Pangu use 1) */
+enum { MT_MAX_MTP = 4 };
 
 typedef struct {
     char name[96];
@@ -96,6 +102,9 @@ typedef struct {
      * q_a_proj [ql, C] and its norm (NULL when ql = 0), kv_a_proj_with_mqa [kvl+dr, C] (rows
      * [0, kvl) make c, the last dr k_pe), kv_a_layernorm [kvl], kv_b_proj [H*(dn+dv), kvl] */
     float *wqa, *qa_norm, *wkva, *kva_norm, *wkvb;
+    /* MTP block: enorm, hnorm [C], eh_proj [C, 2C] (columns [0,C) take the normed embedding,
+     * [C,2C) the normed hidden state), shared_head.norm [C] (NULL in main-stack layers) */
+    float *enorm, *hnorm, *eh_proj, *mtp_norm;
 } mt_layer_w;
 
 /* Tensor-parallel collectives over the TP group, supplied by parallel/. With sp the residual
@@ -191,13 +200,14 @@ typedef struct {
  * checkpoint order and returns the tensor count; *nparams gets the total floats. */
 int mt_model_layout(const mt_config *cfg, mt_tensor *tensors, size_t *nparams);
 /* Parameters per token that take part in the forward (matmul weights only: attention,
- * the dense or the selected k + shared experts, router, head; embedding excluded). */
+ * the dense or the selected k + shared experts, router, head; embedding excluded), the MTP
+ * blocks included (each also runs eh_proj and the head). */
 double mt_model_active_params(const mt_config *cfg);
 /* Training FLOPs per token (forward + backward = 3x forward) at sequence length T:
  * 6 x active params + causal attention scores and values. */
 double mt_model_flops_per_token(const mt_config *cfg, int T);
 
-/* The trainer's limits (layers, experts, MTP and sandwich norm refused, a parameter count that does not
+/* The trainer's limits (layers, experts, MTP blocks, a parameter count that does not
  * overflow): 0, or -1 with an error naming `what` (the config file) and the key.
  * mt_model_init checks them too; call it before sizing anything per layer. */
 int mt_model_check(const mt_config *cfg, const char *what);
@@ -285,6 +295,11 @@ typedef struct {
      * first id: its own). NULL: none */
     const int32_t *replay;
     int replay_stride;
+    /* multi-token prediction: block k's CE gradient scale (mtp_loss_weight / D / its valid
+     * targets in the global batch) at [k-1]; NULL: the MTP blocks do not run (evaluation,
+     * RL objectives). mtp_logits (optional, [D][B*T, V]) receives their logits. */
+    const float *mtp_scale;
+    float *mtp_logits;
 } mt_loss;
 /* The part of a step's loss (its objective's tokens, fed rows and replay numbered over
  * micro-batches of B x T) that micro-batch mb sees; the objective's copy goes to *obj. */
@@ -294,13 +309,21 @@ typedef struct {
     double ce_sum;           /* sum of CE over valid targets of the micro-batch */
     int64_t n_valid;         /* valid targets */
     double bal_sum[256];     /* per layer: sum over the micro-batch's sequences of balance_loss */
+    double mtp_ce_sum[MT_MAX_MTP];   /* MTP block k at [k-1]: CE sum over its valid targets */
+    int64_t mtp_n_valid[MT_MAX_MTP];
 } mt_step_stats;
+
+/* Valid targets of MTP block k (1..D) in rows of T targets: its target at position i is
+ * targets[i + k] (none for i >= T - k). */
+int64_t mt_mtp_valid(const int32_t *targets, int rows, int T, int k);
 
 /* Forward of a micro-batch (B rows of T tokens, T <= the acts' T, B*T <= capacity), and,
  * when train != 0, the backward, accumulating into m->grads the gradient of
  *   ce_scale * CE_sum + aux_loss_alpha * bal_scale * sum_l sum_seq balance_l
  * (ce_scale = 1/valid targets of the global batch, bal_scale = 1/sequences of the global
- * batch). logits (optional, [B*T, V]) receives the logits. */
+ * batch). logits (optional, [B*T, V]) receives the logits. With MTP blocks (acts of a last
+ * chunk) they run too, each CE_k scaled by mtp_loss_weight / D / its valid targets in this
+ * batch (st->mtp_*). */
 void mt_model_step(mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets,
                    int B, int T, int train, float ce_scale, float bal_scale, float *logits,
                    mt_step_stats *st);

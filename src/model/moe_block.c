@@ -318,7 +318,7 @@ void mt_moe_scratch_free(mt_acts *a) {
     mt_free(x->dwr);
     mt_free(x->slot_sel);
     memset(x, 0, sizeof *x);
-    for (int l = 0; l < a->hi - a->lo; l++) {
+    for (int l = 0; l < a->nL; l++) {
         mt_free(a->L[l].ep_egu);
         mt_free(a->L[l].ep_egu16);
         a->L[l].ep_egu = NULL;

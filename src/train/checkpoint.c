@@ -279,6 +279,16 @@ static int nonfinite_verdict(const nonfinite *nf, const char *what, int allow) {
     return 0;
 }
 
+/* Is name an MTP block's copy of the embedding or the head (model.layers.{L+k-1}.embed_tokens
+ * or .shared_head.head), which the model shares with the main stack? */
+static int mtp_copy(const mt_config *c, const char *name) {
+    int l = -1, n = 0;
+    char rest[64];
+    if (sscanf(name, "model.layers.%d.%63s%n", &l, rest, &n) != 2 || name[n] != 0) return 0;
+    if (l < c->num_hidden_layers || l >= mt_config_layers(c)) return 0;
+    return strcmp(rest, "embed_tokens.weight") == 0 || strcmp(rest, "shared_head.head.weight") == 0;
+}
+
 static int load_set(mt_st_reader *r, const char *what, const mt_model *m, float *base,
                     const char *prefix, int allow_tied_head, int allow_nonfinite) {
     char name[256];
@@ -296,6 +306,11 @@ static int load_set(mt_st_reader *r, const char *what, const mt_model *m, float 
         if (mt_model_find(m, nm + strlen(prefix))) continue;
         if (allow_tied_head && strcmp(nm, "lm_head.weight") == 0) {
             mt_warn("%s: lm_head.weight present with tie_word_embeddings=true; ignored", what);
+            continue;
+        }
+        if (!*prefix && mtp_copy(&m->cfg, nm)) {
+            mt_warn("%s: %s is a copy of the shared %s (DeepSeek-V3 files carry one per MTP block); ignored", what, nm,
+                    strstr(nm, "embed_tokens") ? "model.embed_tokens.weight" : "head");
             continue;
         }
         return mt_error("%s: unexpected tensor %s (not part of the model described by config.json)", what, nm);

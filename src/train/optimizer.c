@@ -93,8 +93,9 @@ void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes)
     const mt_config *cfg = &m->cfg;
     const mt_part *sh = &m->part;
     mt_trace_begin("comm.gradients");
-    if (cfg->tie_word_embeddings && d->pp_size > 1 && (sh->embed || sh->head))
-        mt_group_sum_f32(&d->emb, sh->embed ? m->d_embed : m->d_head, (size_t)cfg->vocab_size * cfg->hidden_size);
+    /* the embedding's copies on the first and last stage (tied head, MTP blocks' input) */
+    if ((cfg->tie_word_embeddings || cfg->num_nextn_predict_layers > 0) && d->pp_size > 1 && (sh->embed || sh->head))
+        mt_group_sum_f32(&d->emb, m->d_embed, (size_t)cfg->vocab_size * cfg->hidden_size);
     for (int i = 0; i < MT_OPT_REGIONS; i++) {
         mt_opt_region *g = &op->reg[i];
         if (op->dist_opt) mt_group_reduce_scatter(g->g, m->grads + g->lo, g->n, g->grange);

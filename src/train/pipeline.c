@@ -148,7 +148,7 @@ void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, 
 }
 
 void mt_pipe_load(const mt_pipe *p, const mt_config *c, int64_t *out) {
-    const size_t n = (size_t)c->num_hidden_layers * c->n_routed_experts;
+    const size_t n = (size_t)mt_config_layers(c) * c->n_routed_experts;
     for (int i = 0; i < p->V * p->maxslot; i++) {
         if (!p->slot[i]) continue;
         const int64_t *ld = mt_acts_load(p->slot[i]);

@@ -66,11 +66,12 @@ int mt_report_open(mt_report *rp, const mt_train_opts *o, mt_dist *d, const mt_c
         if (!rp->tsv) return mt_error("%s: cannot open: %s", rp->tsv_name, strerror(errno));
     }
     if (o->profile) { /* the events of the whole run, up to 2^20 (24 MiB): the rest only count in the breakdown */
-        size_t ev = (size_t)(o->steps - start_step + 1) * (size_t)(cfg->num_hidden_layers * 24 + 32) * (size_t)o->accum;
+        size_t ev = (size_t)(o->steps - start_step + 1) * (size_t)(mt_config_layers(cfg) * 24 + 32) * (size_t)o->accum;
         mt_trace_enable(d->rank, ev < ((size_t)1 << 20) ? ev : (size_t)1 << 20);
     }
     rp->peak = o->peak_gflops > 0 ? o->peak_gflops : root ? mt_gemm_gflops(1024, 0.3, o->bf16) : 0.0;
     rp->flops_tok = mt_model_flops_per_token(cfg, o->seq);
+    rp->cfg_mtp = cfg->num_nextn_predict_layers > 0;
     return 0;
 }
 
@@ -156,6 +157,7 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
                 "{\"event\":\"step\",\"step\":%d,\"loss\":%.6f,\"ce\":%.6f,\"balance\":%.6f,\"lr\":%.6e,"
                 "\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"wait\":%.4f,\"comm_s\":%.4f,\"elapsed\":%.2f",
                 step, r->loss, r->ce, r->balance, r->lr, r->grad_norm, s->tps, s->mfu, s->wait, s->comm, s->elapsed);
+        if (rp->cfg_mtp) fprintf(rp->metrics, ",\"mtp_ce\":%.6f", r->mtp);
         if (o->ep > 1)
             fprintf(rp->metrics, ",\"a2a_inter_bytes\":%lld,\"a2a_intra_bytes\":%lld,\"a2a_inter_rows_flat\":%lld,"
                     "\"a2a_inter_rows_hier\":%lld", (long long)ab[0], (long long)ab[1], (long long)ab[2],
@@ -176,6 +178,7 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
         printf("step %*d/%d | loss %.4f | bal %.4f | lr %.2e | gnorm %.3f | %.0f tok/s | MFU %.1f%% | wait %.1f%% | ",
                (int)(log10(o->steps) + 1), step, o->steps, r->loss, r->balance, r->lr, r->grad_norm, rp->ema_tps,
                100 * s->mfu, 100 * s->wait);
+        if (rp->cfg_mtp) printf("mtp %.4f | ", r->mtp);
         if (W > 1) printf("comm %.3fs | ", s->comm);
         if (o->ep > 1)
             printf("a2a inter-node %.2f MiB (flat would send %.2f MiB of rows, hier %.2f) | ", ab[0] / 1048576.0,
@@ -203,7 +206,7 @@ int mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const i
     if (!quiet) printf("  expert load (max/mean tokens per expert):");
     fprintf(rp->metrics, "{\"event\":\"expert_load\",\"step\":%d,\"layers\":{", step);
     int first = 1;
-    for (int l = 0; l < cfg->num_hidden_layers; l++) {
+    for (int l = 0; l < mt_config_layers(cfg); l++) {
         if (!mt_config_is_moe(cfg, l)) continue;
         const int64_t *ld = load + (size_t)l * E;
         int64_t mx = 0, tot = 0;

@@ -30,6 +30,7 @@ typedef struct {
     double peak;                  /* GEMM GFLOP/s of one rank: the MFU denominator (x ranks) */
     int remeasured;
     double flops_tok;             /* training FLOPs per token */
+    int cfg_mtp;                  /* the model has MTP blocks: their CE is reported */
     double t_begin;               /* wall clock at the first step */
     /* steady state: every step after the first (warm-up) */
     double t_timed, tok_timed, busy_timed, comm_timed;

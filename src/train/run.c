@@ -23,9 +23,13 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
     char gemm[64];
     if (o->bf16) snprintf(gemm, sizeof gemm, "kernels %s, GEMM bf16 x bf16 -> fp32", mt_cpu_tier_name(mt_cpu_tier()));
     else snprintf(gemm, sizeof gemm, "kernels %s, BLAS kernel %s", mt_cpu_tier_name(mt_cpu_tier()), mt_blas_corename());
-    printf("moetrain train: %zu parameters (%.1fM active per token), %d layers (%d MoE), "
+    char mtp[48] = "";
+    if (cfg->num_nextn_predict_layers > 0)
+        snprintf(mtp, sizeof mtp, " + %d MTP block%s", cfg->num_nextn_predict_layers,
+                 cfg->num_nextn_predict_layers > 1 ? "s" : "");
+    printf("moetrain train: %zu parameters (%.1fM active per token), %d layers%s (%d MoE), "
            "%d threads, %s (%.0f GFLOP/s peak %s)\n",
-           t->nfull, mt_model_active_params(cfg) / 1e6, cfg->num_hidden_layers, n_moe, t->nthr, gemm, rp->peak,
+           t->nfull, mt_model_active_params(cfg) / 1e6, cfg->num_hidden_layers, mtp, n_moe, t->nthr, gemm, rp->peak,
            o->peak_gflops > 0 ? "given" : "measured");
     char dp[64] = "";
     if (D > 1) snprintf(dp, sizeof dp, " x DP %d", D);
@@ -103,8 +107,9 @@ int mt_train(const mt_train_opts *opts) {
     int32_t *in = mt_xmalloc(sizeof(int32_t) * BT * o->accum);
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * BT * o->accum);
     int32_t *pos = o->doc_mode ? mt_xmalloc(sizeof(int32_t) * BT * o->accum) : NULL;
-    const int L = cfg->num_hidden_layers;
-    const int n_moe = L - (cfg->n_routed_experts > 0 ? cfg->first_k_dense_replace : L);
+    const int L = mt_config_layers(cfg);
+    int n_moe = 0;
+    for (int l = 0; l < L; l++) n_moe += mt_config_is_moe(cfg, l);
     int64_t *load = n_moe > 0 ? mt_xmalloc(sizeof(int64_t) * (size_t)L * cfg->n_routed_experts) : NULL;
     mt_report rp;
     int rc = mt_report_open(&rp, o, d, cfg, t->start_step, t->nthr);

@@ -514,6 +514,8 @@ static int init_model(mt_trainer *t) {
     }
     sh.embed = d->pp_rank == 0;
     sh.head = d->pp_rank == o->pp - 1;
+    /* the MTP blocks run after the head, on its stage */
+    for (int k = 0; sh.head && k < cfg->num_nextn_predict_layers; k++) sh.layer[cfg->num_hidden_layers + k] = 1;
     sh.tp_rank = d->tp_rank;
     sh.tp_size = o->tp;
     sh.sp = d->sp;
@@ -563,7 +565,7 @@ static int init_model(mt_trainer *t) {
     mt_group_max_u64(&d->all, &ob, 1);
     t->opt_bytes = (size_t)ob;
     t->bucket_bytes = (size_t)(o->bucket_mb * 1048576.0);
-    t->red = mt_xmalloc(sizeof(double) * (size_t)(cfg->num_hidden_layers + 1));
+    t->red = mt_xmalloc(sizeof(double) * (size_t)(1 + mt_config_layers(cfg) + cfg->num_nextn_predict_layers));
     return 0;
 }
 
@@ -630,7 +632,7 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     const mt_train_opts *o = &t->o;
     const mt_config *cfg = &t->cfg;
     mt_dist *d = t->d;
-    const int D = d->dp_size, W = d->size, L = cfg->num_hidden_layers;
+    const int D = d->dp_size, W = d->size, L = mt_config_layers(cfg), nm = cfg->num_nextn_predict_layers;
     if (b->n_micro != o->accum || b->B != o->batch || b->T != o->seq || (o->doc_mode && !b->pos))
         return mt_error("train: a step takes %d micro-batches of %d x %d tokens%s (the pipeline's shape), not %d of "
                         "%d x %d", o->accum, o->batch, o->seq, o->doc_mode ? " with positions" : "", b->n_micro, b->B,
@@ -640,6 +642,15 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     int64_t nvalid = 0;
     for (size_t i = 0; i < BT * b->n_micro; i++) nvalid += b->tg[i] >= 0;
     mt_group_sum_i64(&d->dp, &nvalid, 1); /* the CE normaliser is that of the global batch */
+    /* the MTP blocks' own normalisers, for token windows (an RL objective trains the main head only) */
+    const int mtp = nm > 0 && !b->obj;
+    int64_t mnv[MT_MAX_MTP] = {0};
+    float mscale[MT_MAX_MTP] = {0};
+    if (mtp) {
+        for (int k = 1; k <= nm; k++) mnv[k - 1] = mt_mtp_valid(b->tg, b->B * b->n_micro, b->T, k);
+        mt_group_sum_i64(&d->dp, mnv, (size_t)nm);
+        for (int k = 0; k < nm; k++) mscale[k] = mnv[k] ? (float)(cfg->mtp_loss_weight / nm / (double)mnv[k]) : 0.0f;
+    }
     mt_trace_begin("compute.zero_grads");
     mt_model_zero_grads(&t->m);
     mt_trace_end();
@@ -653,29 +664,35 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
         mt_group_sum_i64(&d->dp, &rows, 1);
     }
     const float bal_scale = rows > 0 ? 1.0f / (float)rows : 0.0f;
-    const mt_loss spec = {ce_scale, b->obj, b->fed, b->replay, b->replay_stride};
+    const mt_loss spec = {ce_scale, b->obj, b->fed, b->replay, b->replay_stride, mtp ? mscale : NULL, NULL};
     mt_pipe_train(&t->pipe, &t->m, &d->pp, b->in, b->tg, b->pos, b->B, b->T, &spec, bal_scale, &st);
     /* counted once: the balance terms are the same on every TP rank, and without SP so is CE;
      * with SP the ep-group scope's terms are each rank's share of its tokens' sequences */
     const int bal_all = d->sp && t->m.aux_scope == MT_AUX_EP_GROUP;
-    double ce_sum = d->sp || d->tp_rank == 0 ? st.ce_sum : 0.0, bal[256];
+    const int ce_once = d->sp || d->tp_rank == 0;
+    double ce_sum = ce_once ? st.ce_sum : 0.0, bal[256], mce[MT_MAX_MTP];
     for (int l = 0; l < L; l++) bal[l] = bal_all || d->tp_rank == 0 ? st.bal_sum[l] : 0.0;
+    for (int k = 0; k < nm; k++) mce[k] = ce_once ? st.mtp_ce_sum[k] : 0.0;
     if (W > 1) { /* loss terms of the global batch: CE on the last stages, balance where each layer is */
         t->red[0] = ce_sum;
         for (int l = 0; l < L; l++) t->red[1 + l] = bal[l];
+        for (int k = 0; k < nm; k++) t->red[1 + L + k] = mce[k];
         /* the first collective over every rank after the schedule: a stage that finished
          * early waits here for the pipeline to drain (part of the bubble) */
         mt_trace_begin("comm.pipeline.flush");
-        mt_group_sum_f64(&d->all, t->red, (size_t)L + 1);
+        mt_group_sum_f64(&d->all, t->red, (size_t)(1 + L + nm));
         mt_trace_end();
         ce_sum = t->red[0];
         for (int l = 0; l < L; l++) bal[l] = t->red[1 + l];
+        for (int k = 0; k < nm; k++) mce[k] = t->red[1 + L + k];
     }
     mt_optim_reduce(&t->opt, &t->m, d, t->bucket_bytes);
     const double gnorm = mt_optim_grad_norm(&t->opt, &t->m, d);
     double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
     for (int l = 0; l < L; l++) bal_total += bal[l] * bal_scale;
-    const double loss = ce + cfg->aux_loss_alpha * bal_total;
+    double mtp_ce = 0;
+    for (int k = 0; mtp && k < nm; k++) mtp_ce += (mnv[k] ? mce[k] / (double)mnv[k] : 0.0) / nm;
+    const double loss = ce + cfg->mtp_loss_weight * mtp_ce + cfg->aux_loss_alpha * bal_total;
     const double lr = mt_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio);
     t->st.step = step;
     t->st.samples += (uint64_t)b->B * b->n_micro * D;
@@ -688,7 +705,7 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
         const mt_adamw_hp hp = {o->beta1, o->beta2, o->eps, o->wd, o->clip};
         mt_optim_update(&t->opt, &t->m, &hp, lr, gnorm, ++t->st.opt_step);
     }
-    *r = (mt_step_result){.step = step, .loss = loss, .ce = ce, .balance = bal_total, .grad_norm = gnorm, .lr = lr,
+    *r = (mt_step_result){.step = step, .loss = loss, .ce = ce, .balance = bal_total, .mtp = mtp_ce, .grad_norm = gnorm, .lr = lr,
                           .finite = finite, .n_valid = nvalid, .tokens = BT * b->n_micro * D};
     return 0;
 }
@@ -699,7 +716,7 @@ int mt_trainer_logprobs(mt_trainer *t, const mt_batch *b) {
         return mt_error("train: log-probs take an objective and %d micro-batches of %d x %d tokens", o->accum, o->batch,
                         o->seq);
     const size_t BT = (size_t)b->B * b->T;
-    const mt_loss all = {0.0f, b->obj, b->fed, b->replay, b->replay_stride};
+    const mt_loss all = {0.0f, b->obj, b->fed, b->replay, b->replay_stride, NULL, NULL};
     for (int mb = 0; mb < b->n_micro; mb++) {
         mt_head_obj obj;
         const mt_loss loss = mt_loss_micro(&all, mb, b->B, b->T, &obj);
@@ -735,7 +752,7 @@ int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
 
 void mt_trainer_expert_load(mt_trainer *t, int64_t *load) {
     const mt_config *cfg = &t->cfg;
-    const size_t n = (size_t)cfg->num_hidden_layers * cfg->n_routed_experts;
+    const size_t n = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
     memset(load, 0, sizeof(int64_t) * n);
     /* without SP the TP ranks route the same tokens */
     if (t->d->sp || t->d->tp_rank == 0) mt_pipe_load(&t->pipe, cfg, load);

@@ -104,8 +104,10 @@ typedef struct {
 /* One step's figures, the same on every rank (global batch). */
 typedef struct {
     int step;                /* the step just taken (mt_trainer_state.step) */
-    double loss;             /* ce + aux_loss_alpha x balance */
+    double loss;             /* ce + mtp_loss_weight x mtp + aux_loss_alpha x balance */
     double ce, balance;      /* mean CE over the valid targets; balance loss summed over MoE layers */
+    double mtp;              /* the MTP blocks' mean CE (each over its own valid targets), averaged
+                              * over the blocks; 0 without them (or when they did not run: RL) */
     double grad_norm;        /* global gradient norm, before clipping */
     double lr;               /* learning rate of the update (the schedule's at this step) */
     int finite;              /* loss and norm finite; 0: the update was skipped */
