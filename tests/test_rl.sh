@@ -12,7 +12,9 @@
 #   - the other aggregations and tau 0.7 run and stay on-policy;
 #   - errors give one line and a non-zero exit: --group 1, a malformed prompt line and a
 #     wrong answer (file:line named), --tp 2, no --init, --init at a non-checkpoint,
-#     --agg bogus, --temperature -1;
+#     --agg bogus, --temperature -1, --speculative without an MTP block;
+#   - --speculative (MTP drafts) on a demo model with an MTP block: the same rewards, accuracy
+#     and tokens as plain rollouts, the drafts counted in metrics.jsonl;
 #   - under mpirun (when there is one): DP2 gives the per-step reward, accuracy, tokens and
 #     held-out accuracy of one process exactly and its loss within 1e-5 relative (1e-6
 #     absolute: an on-policy loss is a sum of +-A w / N terms that cancel to ~1e-8, where
@@ -154,6 +156,29 @@ refused "--temperature -1" "temperature" rl --init "$T/run" "${base[@]}" --tempe
 refused "an RL flag with --resume" "cannot be given with it" rl --resume "$T/RB" --group 3
 refused "--beta -1" "beta" rl --init "$T/run" "${base[@]}" --beta -1
 refused "--routing-replay with --dump-rollouts" "routing" rl --init "$T/run" "${base[@]}" --routing-replay --dump-rollouts "$T/dd"
+refused "--speculative without an MTP block" "MTP" rl --init "$T/run" "${base[@]}" --speculative
+
+# speculative rollouts (the MTP block drafts): the same completions, so the same rewards and
+# tokens, and the drafts counted; on a demo model with one MTP block
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_nextn_predict_layers"] = 1; json.dump(c, open(sys.argv[2], "w"))' \
+    "${MT_SRC:-$(dirname "$0")/..}/configs/demo.json" "$T/mtp.json" || fail "could not derive the MTP config"
+"$MT" train --config "$T/mtp.json" --data "$T/D" --batch 16 --seq 64 --steps 60 --lr 3e-3 --warmup 10 --threads 2 --quiet \
+    --out "$T/mrun" > "$T/mpre.log" 2>&1 || { tail -5 "$T/mpre.log"; fail "pretraining the MTP demo model"; }
+margs=(--init "$T/mrun" --data "$T/D" --steps 2 --group 4 --prompts-per-step 8 --max-new 6 --eval-n 0 --threads 2 --quiet)
+"$MT" rl "${margs[@]}" --out "$T/M0" > "$T/M0.log" 2>&1 || { tail -5 "$T/M0.log"; fail "rl on the MTP model"; }
+"$MT" rl "${margs[@]}" --speculative --out "$T/M1" > "$T/M1.log" 2>&1 || { tail -5 "$T/M1.log"; fail "rl --speculative"; }
+python3 - "$T/M0/metrics.jsonl" "$T/M1/metrics.jsonl" <<'PYEOF' || fail "rl --speculative changed the rollouts (or counted no drafts)"
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"event":"step"' in l] for p in sys.argv[1:3])
+assert len(a) == len(b) == 2, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("reward", "accuracy", "completion_tokens"):
+        assert x[k] == y[k], (k, x[k], y[k])
+    assert abs(x["loss"] - y["loss"]) <= 1e-6 + 1e-5 * abs(x["loss"]), (x["loss"], y["loss"])
+    assert "spec_drafted" not in x and y["spec_drafted"] > 0 and 0 <= y["spec_accepted"] <= y["spec_drafted"], y
+print("  speculative: drafts %d, accepted %d" % (sum(y["spec_drafted"] for y in b), sum(y["spec_accepted"] for y in b)))
+PYEOF
+ok "rl --speculative: the same rewards, accuracy and tokens as plain rollouts, drafts counted"
 
 if [ ${#MPI[@]} -gt 0 ]; then
     # one process and DP2 on one thread per rank (the same global batch: 8 prompts x 4)

@@ -119,7 +119,9 @@ static void check_engine(mt_model *m) {
         int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
         for (int t = 0; t < T; t++) tg[t] = -1;
         mt_step_stats st;
-        mt_model_step(m, a, seq, tg, 1, T - 1, 0, 0, 0, NULL, &st);
+        memset(&st, 0, sizeof st);
+        const mt_loss main_only = {0}; /* no MTP blocks: the rollout records the main stack's routing */
+        mt_model_forward(m, a, seq, tg, NULL, 1, T - 1, 0, &main_only, NULL, &st);
         uint64_t h = 0;
         const int K = c->num_experts_per_tok;
         for (int l = 0, q = 0; l < c->num_hidden_layers; l++) {
@@ -345,6 +347,60 @@ static void check_errors(mt_model *m) {
     CHECK(mt_rollout(m, &o, &r, 1, out, &st) != 0, "an empty prompt was accepted");
 }
 
+/* speculative decoding (MTP drafts): the same completions as plain decoding, greedy and
+ * sampled, in fewer forwards when drafts are accepted; min_accept: the acceptance the greedy
+ * run must reach */
+static void check_speculative(mt_model *m, const char *what, double min_accept) {
+    mt_rollout_opts o;
+    mt_rollout_defaults(&o);
+    o.max_new = 14;
+    o.eot = -1;
+    o.slots = 5;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        o.temperature = sampled ? 0.8 : 0.0;
+        o.top_k = sampled ? 20 : 0;
+        o.top_p = sampled ? 0.9 : 1.0;
+        mt_completion a[NREQ], b[NREQ];
+        mt_rollout_stats sa, sb;
+        o.speculative = 0;
+        CHECK(mt_rollout(m, &o, reqs, NREQ, a, &sa) == 0, "%s: rollout: %s", what, mt_last_error());
+        o.speculative = 1;
+        CHECK(mt_rollout(m, &o, reqs, NREQ, b, &sb) == 0, "%s: speculative rollout: %s", what, mt_last_error());
+        const double acc = sb.drafted ? (double)sb.accepted / (double)sb.drafted : 0.0;
+        printf("%s, %s: %d -> %d forwards, %lld drafts, acceptance %.1f%%\n", what, sampled ? "sampled" : "greedy",
+               sa.forwards, sb.forwards, (long long)sb.drafted, 100 * acc);
+        CHECK(same_completions(a, b, 1e-5), "%s, %s: speculative decoding changed the completions", what,
+              sampled ? "sampled" : "greedy");
+        CHECK(sb.drafted > 0 && sb.accepted <= sb.drafted, "%s: %lld drafts, %lld accepted", what,
+              (long long)sb.drafted, (long long)sb.accepted);
+        /* the forwards are those of the longest completion: fewer only when its drafts are right */
+        CHECK(sb.forwards <= sa.forwards && (min_accept == 0 || sb.forwards < sa.forwards),
+              "%s: %d forwards with drafts, %d without", what, sb.forwards, sa.forwards);
+        if (!sampled) CHECK(acc >= min_accept, "%s: greedy acceptance %.3f < %.3f", what, acc, min_accept);
+        free_all(a);
+        free_all(b);
+    }
+}
+
+/* An MTP model whose drafts are right: the sublayers' output projections are zero, so h^0 is
+ * the token's embedding and the main head's next token a function f of the current one;
+ * eh_proj = [I | 0] makes the block's output the next token's normed embedding, so its
+ * head gives f(next) (rmsnorm is idempotent up to eps). */
+static void rig_drafts(mt_model *m) {
+    const int C = m->cfg.hidden_size;
+    for (int i = 0; i < m->ntensors; i++) {
+        const mt_tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        if (t->role == MT_R_WO || t->role == MT_R_DOWN || t->role == MT_R_EDOWN || t->role == MT_R_SDOWN)
+            memset(p, 0, sizeof(float) * t->numel);
+        if (t->ndim == 1) for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+        if (t->role == MT_R_EH_PROJ) {
+            memset(p, 0, sizeof(float) * t->numel);
+            for (int r = 0; r < C; r++) p[(size_t)r * 2 * C + r] = 1.0f;
+        }
+    }
+}
+
 int main(void) {
     mt_set_threads(2);
     mt_config c;
@@ -357,7 +413,27 @@ int main(void) {
     check_engine(&m);
     check_replay(&m);
     check_errors(&m);
+    {
+        mt_completion out[NREQ];
+        mt_rollout_stats st;
+        mt_rollout_opts o;
+        mt_rollout_defaults(&o);
+        o.max_new = 4;
+        o.speculative = 1;
+        CHECK(mt_rollout(&m, &o, reqs, NREQ, out, &st) != 0 && strstr(mt_last_error(), "MTP"),
+              "speculative decoding without an MTP block was accepted");
+    }
     mt_model_free(&m);
+    /* multi-token prediction: MTP drafts, random (few accepted) and right by construction */
+    c.num_nextn_predict_layers = 1;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 3, 0.4f);
+    check_engine(&m);
+    check_speculative(&m, "MTP, random drafts", 0.0);
+    rig_drafts(&m);
+    check_speculative(&m, "MTP, right drafts", 0.9);
+    mt_model_free(&m);
+    c.num_nextn_predict_layers = 0;
     /* the sandwich norm: the decoder's extra norms against the training forward's */
     c.sandwich_norm = 1;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
@@ -389,6 +465,12 @@ int main(void) {
     printf("-- MLA model, sandwich norm --\n");
     check_engine(&m);
     mt_model_free(&m);
+    c.num_nextn_predict_layers = 1; /* Pangu's shape: MLA, sandwich norm, MTP drafts */
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 5, 0.4f);
+    check_speculative(&m, "MLA + sandwich + MTP", 0.0);
+    mt_model_free(&m);
+    c.num_nextn_predict_layers = 0;
     c.sandwich_norm = 0;
     c.qk_nope_head_dim = 0; /* every query / key dimension rotated: no key part in kv_b */
     MT_ASSERT(mt_model_init(&m, &c) == 0);

@@ -187,7 +187,7 @@ int mt_cmd_eval(int argc, char **argv) {
 
 int mt_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "", *prompts = NULL;
-    int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0, batch = 64, allow_nonfinite = 0;
+    int max_new = 64, top_k = 0, stop_eot = 1, no_stop = 0, threads = 0, batch = 64, allow_nonfinite = 0, spec = 0;
     double temp = 1.0, top_p = 1.0;
     uint64_t seed = 1;
     mt_arg specs[] = {
@@ -201,6 +201,7 @@ int mt_cmd_generate(int argc, char **argv) {
         {"top-p", MT_ARG_DBL, &top_p, "nucleus sampling mass (default 1.0)", NULL},
         {"seed", MT_ARG_U64, &seed, "sampling seed (default 1)", NULL},
         {"no-stop", MT_ARG_BOOL, &no_stop, "do not stop at the end-of-text token", NULL},
+        {"speculative", MT_ARG_BOOL, &spec, "speculative decoding: the model's MTP block drafts the token after next, the next forward verifies it (the same tokens, fewer forwards; needs num_nextn_predict_layers >= 1)", NULL},
         {"threads", MT_ARG_INT, &threads, "threads (default all cores)", NULL},
         {"allow-nonfinite", MT_ARG_BOOL, &allow_nonfinite, "load a checkpoint that holds NaN or Inf values (a warning names them) instead of refusing it", NULL},
         {NULL, 0, NULL, NULL, NULL}};
@@ -276,7 +277,7 @@ int mt_cmd_generate(int argc, char **argv) {
     free(start);
     mt_rollout_opts o;
     mt_rollout_defaults(&o);
-    o.temperature = temp, o.top_k = top_k, o.top_p = top_p, o.seed = seed, o.slots = batch;
+    o.temperature = temp, o.top_k = top_k, o.top_p = top_p, o.seed = seed, o.slots = batch, o.speculative = spec;
     o.eot = stop_eot ? tk.eot : -1;
     /* without --max-new given, a long prompt still gets what fits */
     int longest = 0;
@@ -306,6 +307,9 @@ int mt_cmd_generate(int argc, char **argv) {
         printf("decode: %lld tokens in %.3f s = %.1f tokens/s (batch %d, %d forwards, %.1f MiB KV cache and scratch)\n",
                (long long)st.completion_tokens, st.seconds, st.seconds > 0 ? st.completion_tokens / st.seconds : 0.0,
                o.slots < np ? o.slots : np, st.forwards, (double)st.bytes / 1048576.0);
+    if (rc == 0 && spec)
+        printf("speculative: %lld drafts, %lld accepted (acceptance %.1f%%)\n", (long long)st.drafted,
+               (long long)st.accepted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0);
     for (int i = 0; i < np; i++) mt_completion_free(&out[i]);
     free(dec);
     mt_tokenizer_free(&tk);

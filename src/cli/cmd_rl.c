@@ -39,6 +39,7 @@ int mt_cmd_rl(int argc, char **argv) {
         {"no-scale", MT_ARG_BOOL, &o.no_scale, "advantages not divided by the group's std", NULL},
         {"drop-uniform", MT_ARG_BOOL, &o.drop_uniform, "leave out groups whose rewards are all equal", NULL},
         {"beta", MT_ARG_DBL, &o.beta, "weight of the k3 KL to the --init weights, kept frozen (default 0: none)", NULL},
+        {"speculative", MT_ARG_BOOL, &o.speculative, "rollouts decode speculatively: the model's MTP block drafts the token after next and the next forward verifies it (the same completions in fewer forwards; needs num_nextn_predict_layers >= 1)", NULL},
         {"routing-replay", MT_ARG_BOOL, &o.routing_replay, "the trainer's forwards route each token to the experts the rollout chose", NULL},
         {"format-penalty", MT_ARG_DBL, &o.format_penalty, "reward of a malformed completion is -this (default 0)", NULL},
         {"micro-batch", MT_ARG_INT, &o.micro_batch, "completions per trainer micro-batch (default min(64, the rank's))", NULL},

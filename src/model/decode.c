@@ -27,6 +27,11 @@ struct mt_decoder {
     float *xo, *lno;              /* [cap, C]: the rows whose logits are wanted, normed */
     float *sc;                    /* [nthr][tmax] attention scores */
     int32_t **route;              /* [L] routing record of the last call (MoE layers) */
+    /* MTP drafting (mt_decoder_new_draft): the cache holds layer L too (MTP block 1) */
+    int draft;
+    float *h0;                    /* [cap, C] the main stack's output of the last call's tokens */
+    float *cat;                   /* [cap, 2C] the MTP block's normed inputs */
+    int32_t *dslot, *dpos, *drow; /* [cap] the rows a draft call runs */
     size_t bytes;
 };
 
@@ -39,7 +44,20 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
     return mt_decoder_new_form(m, slots, tmax, cap, nthr, bf16, 1);
 }
 
+static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed, int draft);
+
 mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed) {
+    return create(m, slots, tmax, cap, nthr, bf16, absorbed, 0);
+}
+
+mt_decoder *mt_decoder_new_draft(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
+    if (m->cfg.num_nextn_predict_layers < 1)
+        return mt_error("decode: speculative decoding drafts with the model's MTP block, and this model has none "
+                        "(num_nextn_predict_layers 0)"), NULL;
+    return create(m, slots, tmax, cap, nthr, bf16, 1, 1);
+}
+
+static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed, int draft) {
     const mt_config *c = &m->cfg;
     if (slots < 1 || tmax < 1 || cap < 1)
         return mt_error("decode: need slots, positions and tokens per call >= 1"), NULL;
@@ -69,7 +87,8 @@ mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap,
         d->kvw = d->absorbed ? c->kv_lora_rank + c->qk_rope_head_dim : H * dq;
         d->vw = d->absorbed ? 0 : H * c->v_head_dim;
     }
-    const size_t pos_rows = (size_t)d->L * slots * tmax;
+    d->draft = draft;
+    const size_t pos_rows = (size_t)(d->L + draft) * slots * tmax; /* drafting: MTP block 1's cache after the stack's */
     d->kc = dalloc(d, pos_rows * d->kvw * sizeof(float));
     d->vc = d->vw ? dalloc(d, pos_rows * d->vw * sizeof(float)) : NULL;
     d->cos_t = dalloc(d, sizeof(float) * (size_t)tmax * (R / 2));
@@ -96,8 +115,16 @@ mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap,
     d->lno = dalloc(d, row * C);
     d->sc = dalloc(d, sizeof(float) * (size_t)nthr * tmax);
     d->route = mt_xcalloc((size_t)d->L, sizeof(int32_t *));
+    if (draft) {
+        d->h0 = dalloc(d, row * C);
+        d->cat = dalloc(d, row * 2 * C);
+        d->dslot = mt_xmalloc(sizeof(int32_t) * (size_t)cap * 3);
+        d->dpos = d->dslot + cap;
+        d->drow = d->dpos + cap;
+    }
     int ok = mla_ok && d->kc && (d->vc || !d->vw) && d->cos_t && d->sin_t && d->x && d->h && d->ln && d->rstd &&
-             d->q && d->k && d->v && d->att && d->xo && d->lno && d->sc && (d->y || !c->sandwich_norm);
+             d->q && d->k && d->v && d->att && d->xo && d->lno && d->sc && (d->y || !c->sandwich_norm) &&
+             (!draft || (d->h0 && d->cat));
     for (int l = 0; l < d->L && ok; l++)
         if (mt_config_is_moe(c, l)) ok = (d->route[l] = dalloc(d, sizeof(int32_t) * (size_t)cap * c->num_experts_per_tok)) != NULL;
     if (ok) {
@@ -118,10 +145,11 @@ mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap,
 void mt_decoder_free(mt_decoder *d) {
     if (!d) return;
     float *bufs[] = {d->kc, d->vc, d->cos_t, d->sin_t, d->x, d->h, d->ln, d->rstd, d->q, d->k, d->v, d->att,
-                     d->xo, d->lno, d->sc, d->y, d->cq, d->ckv, d->kpe, d->qa};
+                     d->xo, d->lno, d->sc, d->y, d->cq, d->ckv, d->kpe, d->qa, d->h0, d->cat};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mt_free(bufs[i]);
     for (int l = 0; l < d->L; l++) mt_free(d->route[l]);
     free(d->route);
+    free(d->dslot);
     mt_acts_free(d->a);
     free(d);
 }
@@ -270,13 +298,55 @@ static void mla_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_la
     attend(d, c, l, slot, pos, n);
 }
 
-void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const int32_t *slot, const int32_t *pos,
-                        int n, const int32_t *rows, int no, float *logits) {
+/* Decoder layer l (main stack or MTP block) on the n fed tokens' residual stream d->x, in place. */
+static void decode_layer(mt_decoder *d, mt_model *m, int l, const int32_t *slot, const int32_t *pos, int n) {
     const mt_config *c = &m->cfg;
     const int C = c->hidden_size, H = c->num_attention_heads;
     const int AO = H * (d->mla ? c->v_head_dim : c->head_dim); /* o_proj's input width */
     const int F = c->intermediate_size, K = c->num_experts_per_tok, sw = c->sandwich_norm;
     const float eps = (float)c->rms_norm_eps;
+    mt_acts *a = d->a;
+    const mt_layer_w *w = &m->w[l];
+    mt_rmsnorm_fwd(d->ln, d->rstd, d->x, w->in_norm, n, C, eps);
+    if (d->mla) mla_layer(d, a, c, w, l, slot, pos, n);
+    else gqa_layer(d, a, c, w, l, slot, pos, n);
+    if (sw) { /* h = x + rmsnorm(att Wo^T), the FFN's input normed by pre_mlp_layernorm */
+        mt_linear_fwd(a->ws, d->y, d->att, w->wo, n, AO, C, 0.0f);
+        mt_rmsnorm_fwd(d->h, d->rstd, d->y, w->post_norm, n, C, eps);
+        mt_add(d->h, d->x, (size_t)n * C);
+    } else {
+        mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, AO, C);
+    }
+    mt_rmsnorm_fwd(d->ln, d->rstd, d->h, sw ? w->pre_mlp_norm : w->post_norm, n, C, eps);
+    layer_acts *L = &a->L[l];
+    float *fout = sw ? d->y : d->x; /* sandwich: the FFN's output, normed into x below */
+    const float *fres = sw ? NULL : d->h;
+    if (!mt_config_is_moe(c, l)) {
+        mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
+    } else {
+        mt_moe_block_fwd(m, a, L, w, l, n, 1, d->ln, NULL, fres, fout, 0);
+        if (l < d->L) memcpy(d->route[l], L->sel, sizeof(int32_t) * (size_t)n * K);
+    }
+    if (sw) {
+        mt_rmsnorm_fwd(d->x, d->rstd, d->y, w->post_mlp_norm, n, C, eps);
+        mt_add(d->x, d->h, (size_t)n * C);
+    }
+}
+
+/* logits[j] = head(norm(x[rows[j]], w)) */
+static void head_rows(mt_decoder *d, mt_model *m, const float *w, const int32_t *rows, int no, float *logits) {
+    const mt_config *c = &m->cfg;
+    const int C = c->hidden_size;
+    if (no <= 0) return;
+    for (int j = 0; j < no; j++) memcpy(d->xo + (size_t)j * C, d->x + (size_t)rows[j] * C, sizeof(float) * C);
+    mt_rmsnorm_fwd(d->lno, d->rstd, d->xo, w, no, C, (float)c->rms_norm_eps);
+    mt_linear_fwd(d->a->ws, logits, d->lno, m->head, no, C, c->vocab_size, 0.0f);
+}
+
+void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const int32_t *slot, const int32_t *pos,
+                        int n, const int32_t *rows, int no, float *logits) {
+    const mt_config *c = &m->cfg;
+    const int C = c->hidden_size;
     MT_ASSERT(n >= 1 && n <= d->cap && no >= 0 && no <= n);
     for (int i = 0; i < n; i++) MT_ASSERT(slot[i] >= 0 && slot[i] < d->slots && pos[i] >= 0 && pos[i] < d->tmax);
     mt_acts *a = d->a;
@@ -285,37 +355,55 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
     mt_trace_begin("decode");
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) memcpy(d->x + (size_t)i * C, m->embed + (size_t)tokens[i] * C, sizeof(float) * C);
-    for (int l = 0; l < d->L; l++) {
-        const mt_layer_w *w = &m->w[l];
-        mt_rmsnorm_fwd(d->ln, d->rstd, d->x, w->in_norm, n, C, eps);
-        if (d->mla) mla_layer(d, a, c, w, l, slot, pos, n);
-        else gqa_layer(d, a, c, w, l, slot, pos, n);
-        if (sw) { /* h = x + rmsnorm(att Wo^T), the FFN's input normed by pre_mlp_layernorm */
-            mt_linear_fwd(a->ws, d->y, d->att, w->wo, n, AO, C, 0.0f);
-            mt_rmsnorm_fwd(d->h, d->rstd, d->y, w->post_norm, n, C, eps);
-            mt_add(d->h, d->x, (size_t)n * C);
-        } else {
-            mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, AO, C);
-        }
-        mt_rmsnorm_fwd(d->ln, d->rstd, d->h, sw ? w->pre_mlp_norm : w->post_norm, n, C, eps);
-        layer_acts *L = &a->L[l];
-        float *fout = sw ? d->y : d->x; /* sandwich: the FFN's output, normed into x below */
-        const float *fres = sw ? NULL : d->h;
-        if (!mt_config_is_moe(c, l)) {
-            mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
-        } else {
-            mt_moe_block_fwd(m, a, L, w, l, n, 1, d->ln, NULL, fres, fout, 0);
-            memcpy(d->route[l], L->sel, sizeof(int32_t) * (size_t)n * K);
-        }
-        if (sw) {
-            mt_rmsnorm_fwd(d->x, d->rstd, d->y, w->post_mlp_norm, n, C, eps);
-            mt_add(d->x, d->h, (size_t)n * C);
-        }
+    for (int l = 0; l < d->L; l++) decode_layer(d, m, l, slot, pos, n);
+    if (d->draft) mt_copy(d->h0, d->x, (size_t)n * C); /* the MTP block's h^0 */
+    head_rows(d, m, m->norm, rows, no, logits);
+    mt_trace_end();
+}
+
+void mt_decoder_draft(mt_decoder *d, mt_model *m, const int32_t *next, const int32_t *slot, const int32_t *pos,
+                      int n, const int32_t *rows, int no, int32_t *draft, float *logits) {
+    const mt_config *c = &m->cfg;
+    const int C = c->hidden_size, V = c->vocab_size, l = d->L;
+    const float eps = (float)c->rms_norm_eps;
+    const mt_layer_w *w = &m->w[l];
+    MT_ASSERT(d->draft && n <= d->cap && no <= n);
+    /* the rows with a known next token, compacted; a wanted row must be one of them */
+    int nr = 0;
+    int32_t *at = d->drow; /* fed row -> compacted row */
+    for (int i = 0; i < n; i++) {
+        at[i] = -1;
+        if (next[i] < 0) continue;
+        at[i] = nr;
+        d->dslot[nr] = slot[i], d->dpos[nr] = pos[i];
+        memcpy(d->x + (size_t)nr * C, m->embed + (size_t)next[i] * C, sizeof(float) * C);
+        memcpy(d->xo + (size_t)nr * C, d->h0 + (size_t)i * C, sizeof(float) * C);
+        nr++;
     }
-    for (int j = 0; j < no; j++) memcpy(d->xo + (size_t)j * C, d->x + (size_t)rows[j] * C, sizeof(float) * C);
-    if (no > 0) {
-        mt_rmsnorm_fwd(d->lno, d->rstd, d->xo, m->norm, no, C, eps);
-        mt_linear_fwd(a->ws, logits, d->lno, m->head, no, C, c->vocab_size, 0.0f);
+    if (nr == 0) return;
+    mt_trace_begin("decode.draft");
+    mt_acts *a = d->a;
+    a->Nl = nr, a->g0 = 0, a->count_load = 0;
+    /* u = eh_proj [norm(e_next, enorm) | norm(h0, hnorm)] (model/mtp.c's block, one position) */
+    mt_rmsnorm_fwd(d->ln, d->rstd, d->x, w->enorm, nr, C, eps);
+    for (int i = 0; i < nr; i++) memcpy(d->cat + (size_t)i * 2 * C, d->ln + (size_t)i * C, sizeof(float) * C);
+    mt_rmsnorm_fwd(d->ln, d->rstd, d->xo, w->hnorm, nr, C, eps);
+    for (int i = 0; i < nr; i++) memcpy(d->cat + (size_t)i * 2 * C + C, d->ln + (size_t)i * C, sizeof(float) * C);
+    mt_linear_fwd(a->ws, d->x, d->cat, w->eh_proj, nr, 2 * C, C, 0.0f);
+    decode_layer(d, m, l, d->dslot, d->dpos, nr);
+    int32_t *crow = d->dslot; /* free again: the wanted rows, compacted */
+    for (int j = 0; j < no; j++) {
+        MT_ASSERT(at[rows[j]] >= 0);
+        crow[j] = at[rows[j]];
+    }
+    head_rows(d, m, w->mtp_norm, crow, no, logits);
+    /* the draft: the block's most likely token (lowest id on ties) */
+    for (int j = 0; j < no; j++) {
+        const float *lg = logits + (size_t)j * V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        draft[j] = best;
     }
     mt_trace_end();
 }

@@ -31,6 +31,10 @@ mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int 
  * as DeepSeek's inference does; unabsorbed (0) caches the per-head k (dn + dr) and v (dv) of
  * the training forward. */
 mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed);
+/* A decoder (absorbed MLA form) that also drafts tokens with the model's first MTP block
+ * (speculative decoding, mt_decoder_draft): its cache holds that block's keys and values
+ * too. NULL with an error when the model has no MTP block. */
+mt_decoder *mt_decoder_new_draft(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16);
 void mt_decoder_free(mt_decoder *d);
 /* Bytes of cached keys and values the attention has read so far (all layers, all calls). */
 size_t mt_decoder_kv_read(const mt_decoder *d);
@@ -44,6 +48,14 @@ int mt_decoder_cap(const mt_decoder *d);
  * calls). logits[j, V] receives the logits of fed token rows[j], j < no. */
 void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const int32_t *slot, const int32_t *pos,
                         int n, const int32_t *rows, int no, float *logits);
+/* After a forward, the MTP block 1 on its fed tokens (a drafting decoder only): token i's
+ * input is the main stack's output there and next[i], the token that follows it (< 0: none
+ * known, e.g. a rejected draft: the row is skipped), and it writes the block's cache at
+ * (slot[i], pos[i]) (the forward's arrays). For the rows[j] (with a next token) the block's
+ * logits go to logits[j, V] and its most likely token (lowest id on ties) to draft[j]: the
+ * guess of the token after next. */
+void mt_decoder_draft(mt_decoder *d, mt_model *m, const int32_t *next, const int32_t *slot, const int32_t *pos,
+                      int n, const int32_t *rows, int no, int32_t *draft, float *logits);
 /* The experts each fed token of the last call was routed to in MoE layer l (logical ids,
  * [n * num_experts_per_tok], the training forward's order), NULL for a dense layer. */
 const int32_t *mt_decoder_routing(const mt_decoder *d, int l);

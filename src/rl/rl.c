@@ -264,6 +264,17 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_tokenizer_free(&tk), mt_prompts_free(&ps), mt_prompts_free(&ev);
         return -1;
     }
+    if (o.speculative) { /* refused before the ranks take their roles */
+        mt_config cc;
+        int bad = mt_ckpt_load_config(tkdir, &cc) != 0;
+        if (!bad && cc.num_nextn_predict_layers < 1)
+            bad = mt_error("rl: --speculative drafts with the model's MTP block: %s/config.json has none "
+                           "(num_nextn_predict_layers 0)", tkdir) != 0;
+        if (bad) {
+            mt_tokenizer_free(&tk), mt_prompts_free(&ps), mt_prompts_free(&ev);
+            return -1;
+        }
+    }
     mt_reward reward;
     if (mt_reward_init(&reward, o.task, (float)o.format_penalty, &tk) != 0) {
         mt_tokenizer_free(&tk), mt_prompts_free(&ps), mt_prompts_free(&ev);
@@ -443,7 +454,8 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_rollout_opts ro;
         mt_rollout_defaults(&ro);
         ro.temperature = o.temperature, ro.top_k = o.top_k, ro.top_p = o.top_p, ro.max_new = o.max_new;
-        ro.seed = ti->seed, ro.slots = o.slots, ro.record_routing = o.routing_replay;
+        ro.seed = ti->seed, ro.slots = o.slots, ro.record_routing = o.routing_replay, ro.speculative = o.speculative;
+        int64_t spec[2] = {0, 0}; /* co-located, speculative: drafts fed and accepted this step, over the ranks */
         ro.bf16 = ti->bf16; /* the rollout runs in the trainer's precision */
         ro.eot = tk.eot;
         mt_rollout_stats rs;
@@ -501,6 +513,7 @@ int mt_rl(const mt_rl_opts *opt) {
                     switch_s += mt_now() - t1;
                     mt_trace_end();
                 }
+                spec[0] += rn.drafted, spec[1] += rn.accepted;
                 ring_s[n % nring] = rn.seconds;
                 ring_v[n % nring] = step - 1;
             }
@@ -537,6 +550,7 @@ int mt_rl(const mt_rl_opts *opt) {
             }
         }
         mt_group_sum_i64(&d->dp, cnt, 2);
+        if (o.speculative && !sep) mt_group_sum_i64(&d->all, spec, 2);
         sums[7] = rs.seconds;
         for (int i = 0; rec && i < rows; i++) {
             double *r = rec + (size_t)i * stride;
@@ -678,6 +692,7 @@ int mt_rl(const mt_rl_opts *opt) {
                 if (split) printf(" | switch %.3fs", switch_s);
                 if (S > 0) printf(" | stale %.2f", stale_mean / n);
                 if (sep) printf(" | wait train %.2fs rollout %.2fs", waits[0], waits[1] + waits[2]);
+                if (o.speculative && !sep) printf(" | accept %.1f%%", spec[0] ? 100.0 * spec[1] / spec[0] : 0.0);
                 if (eval_now) printf(" | held-out %.3f", acc);
                 printf("\n");
             }
@@ -697,6 +712,8 @@ int mt_rl(const mt_rl_opts *opt) {
             for (int k = 0; k <= S; k++) fprintf(mf, "%s%lld", k ? "," : "", (long long)hist[k]);
             fprintf(mf, "]");
             if (eval_now) fprintf(mf, ",\"heldout_accuracy\":%.6f", acc);
+            if (o.speculative && !sep)
+                fprintf(mf, ",\"spec_drafted\":%lld,\"spec_accepted\":%lld", (long long)spec[0], (long long)spec[1]);
             fprintf(mf, "}\n");
             if (mt_file_check(mf, path) != 0 || mt_file_check(stdout, "stdout") != 0) mt_dist_abort(mt_last_error());
         }

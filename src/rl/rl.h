@@ -42,6 +42,7 @@ typedef struct {
     const char *dump_grads;      /* file: the first trained step's summed gradient (one process) */
     double beta;                 /* k3 KL to the --init weights (frozen reference); 0 = none */
     int routing_replay;          /* the trainer's forwards route as the rollout did */
+    int speculative;             /* rollouts decode speculatively with the model's MTP block (rl/rollout.h) */
     int rollout_ranks;           /* separate deployment: the last R ranks roll out; 0 = co-located */
     int max_staleness;           /* StaleSync: step n trains on rollouts of version >= n - 1 - s (0: synchronous) */
     int stale_free;              /* separate: sample with the newest version arrived (else exactly n - 1 - s) */

@@ -117,37 +117,47 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
         if (req[i].len + o->max_new > tmax) tmax = req[i].len + o->max_new;
         if (req[i].len > maxlen) maxlen = req[i].len;
     }
-    const int S = o->slots < n ? o->slots : n;
+    const int S = o->slots < n ? o->slots : n, spec = o->speculative != 0;
     const int budget = o->prefill_tokens > 0 ? o->prefill_tokens : 4 * S;
-    const int cap = S + (budget > maxlen ? budget : maxlen);
-    mt_decoder *d = mt_decoder_new(m, S, tmax, cap, mt_get_threads(), o->bf16);
+    const int R = S * (1 + spec); /* rows sampled per forward: a running slot's token and its draft */
+    const int cap = R + (budget > maxlen ? budget : maxlen);
+    mt_decoder *d = spec ? mt_decoder_new_draft(m, S, tmax, cap, mt_get_threads(), o->bf16)
+                         : mt_decoder_new(m, S, tmax, cap, mt_get_threads(), o->bf16);
     if (!d) return -1;
     int nmoe = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);
     const int K = c->num_experts_per_tok, rw = nmoe * K; /* routing ints per position */
     const double t0 = mt_now();
     int32_t *tok = mt_xmalloc(sizeof(int32_t) * (size_t)cap), *slot = mt_xmalloc(sizeof(int32_t) * (size_t)cap);
-    int32_t *pos = mt_xmalloc(sizeof(int32_t) * (size_t)cap), *rows = mt_xmalloc(sizeof(int32_t) * (size_t)S);
-    int *row_slot = mt_xmalloc(sizeof(int) * (size_t)S);
+    int32_t *pos = mt_xmalloc(sizeof(int32_t) * (size_t)cap), *rows = mt_xmalloc(sizeof(int32_t) * (size_t)R);
+    int32_t *next = mt_xmalloc(sizeof(int32_t) * (size_t)cap); /* speculative: the token after each fed one */
+    int *row_slot = mt_xmalloc(sizeof(int) * (size_t)R), *row_draft = mt_xcalloc((size_t)R, sizeof(int));
     int *sreq = mt_xmalloc(sizeof(int) * (size_t)S), *sfed = mt_xcalloc((size_t)S, sizeof(int));
     int32_t *spend = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* a running slot's token to feed next */
-    float *logits = mt_alloc(sizeof(float) * (size_t)S * V), *scratch = mt_alloc(sizeof(float) * 3 * (size_t)V);
-    for (int s = 0; s < S; s++) sreq[s] = -1;
+    int32_t *sdraft = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* and its draft of the one after (-1: none) */
+    int32_t *slast = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* the fed token whose next is the last sampled */
+    float *logits = mt_alloc(sizeof(float) * (size_t)R * V), *scratch = mt_alloc(sizeof(float) * 3 * (size_t)V);
+    for (int s = 0; s < S; s++) sreq[s] = -1, sdraft[s] = -1;
     memset(out, 0, sizeof *out * (size_t)n);
-    int next = 0, done = 0;
+    int next_req = 0, done = 0;
     while (done < n) {
         int nt = 0, no = 0;
-        for (int s = 0; s < S; s++) { /* running sequences: their last sampled token */
+        for (int s = 0; s < S; s++) { /* running sequences: their last sampled token, and its draft */
             if (sreq[s] < 0) continue;
             tok[nt] = spend[s], slot[nt] = s, pos[nt] = sfed[s]++;
-            rows[no] = nt++, row_slot[no++] = s;
+            row_draft[no] = 0, rows[no] = nt++, row_slot[no++] = s;
+            if (sdraft[s] >= 0) {
+                tok[nt] = sdraft[s], slot[nt] = s, pos[nt] = sfed[s];
+                row_draft[no] = 1, rows[no] = nt++, row_slot[no++] = s;
+                st->drafted++;
+            }
         }
         int pre = 0;
-        for (int s = 0; s < S && next < n; s++) { /* free slots take pending requests */
+        for (int s = 0; s < S && next_req < n; s++) { /* free slots take pending requests */
             if (sreq[s] >= 0) continue;
-            const mt_rollout_req *q = &req[next];
+            const mt_rollout_req *q = &req[next_req];
             if (pre > 0 && (pre + q->len > budget || nt + q->len > cap)) break;
-            mt_completion *co = &out[next];
+            mt_completion *co = &out[next_req];
             co->tokens = mt_xmalloc(sizeof(int32_t) * (size_t)o->max_new);
             co->logp = mt_xmalloc(sizeof(float) * (size_t)o->max_new);
             if (o->record_routing && rw > 0)
@@ -155,32 +165,53 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
             for (int j = 0; j < q->len; j++) tok[nt + j] = q->prompt[j], slot[nt + j] = s, pos[nt + j] = j;
             nt += q->len;
             pre += q->len;
-            rows[no] = nt - 1, row_slot[no++] = s;
-            sreq[s] = next++;
+            row_draft[no] = 0, rows[no] = nt - 1, row_slot[no++] = s;
+            sreq[s] = next_req++;
             sfed[s] = q->len;
+            sdraft[s] = -1;
             st->prompt_tokens += q->len;
         }
         mt_decoder_forward(d, m, tok, slot, pos, nt, rows, no, logits);
         st->forwards++;
         if (o->poll) o->poll(o->poll_ctx);
-        if (o->record_routing && rw > 0)
+        if (o->record_routing && rw > 0) /* a rejected draft's record is overwritten when its position is fed again */
             for (int i = 0; i < nt; i++) {
                 int32_t *dst = out[sreq[slot[i]]].routing + (size_t)pos[i] * rw;
                 for (int l = 0, q = 0; l < c->num_hidden_layers; l++)
                     if (mt_config_is_moe(c, l)) memcpy(dst + (size_t)(q++) * K, mt_decoder_routing(d, l) + (size_t)i * K,
                                                        sizeof(int32_t) * K);
             }
+        /* within a slot the fed tokens are consecutive: each one's next is the one after it */
+        for (int i = 0; spec && i < nt; i++)
+            next[i] = i + 1 < nt && slot[i + 1] == slot[i] && pos[i + 1] == pos[i] + 1 ? tok[i + 1] : -1;
         for (int j = 0; j < no; j++) {
+            if (row_draft[j]) continue; /* verified with its slot's first row */
             const int s = row_slot[j], r = sreq[s];
             mt_completion *co = &out[r];
             const uint64_t key = mt_hash4(o->seed, o->step, req[r].prompt_index, req[r].sample_index);
-            const double u = mt_u01(mt_hash4(key, (uint64_t)co->n, 0x726f6c6cu, 0));
-            double lp;
-            const int t = mt_sample_token(logits + (size_t)j * V, V, o->temperature, o->top_k, o->top_p, u, &lp,
-                                          scratch);
-            co->tokens[co->n] = t;
-            co->logp[co->n++] = (float)lp;
-            if (t == o->eot || co->n == o->max_new) {
+            /* one draw: the token the row's logits give; a draft that equals it was right, and the
+             * draft's row (which saw it) gives the next token with the next draw */
+            int row = j, t = -1, fin = 0;
+            for (;;) {
+                const double u = mt_u01(mt_hash4(key, (uint64_t)co->n, 0x726f6c6cu, 0));
+                double lp;
+                t = mt_sample_token(logits + (size_t)row * V, V, o->temperature, o->top_k, o->top_p, u, &lp, scratch);
+                co->tokens[co->n] = t;
+                co->logp[co->n++] = (float)lp;
+                fin = t == o->eot || co->n == o->max_new;
+                if (spec) next[rows[row]] = t, slast[s] = rows[row];
+                const int has_draft = row + 1 < no && row_draft[row + 1] && row_slot[row + 1] == s;
+                if (!has_draft) break;
+                if (fin || t != tok[rows[row + 1]]) { /* rejected (or not needed): its row is skipped */
+                    next[rows[row + 1]] = -1;
+                    break;
+                }
+                st->accepted++;
+                sfed[s]++;
+                row++;
+            }
+            sdraft[s] = -1;
+            if (fin) {
                 co->stopped_eot = t == o->eot;
                 st->completion_tokens += co->n;
                 sreq[s] = -1;
@@ -189,11 +220,22 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
                 spend[s] = t;
             }
         }
+        if (spec) { /* the MTP block on every fed token whose next is known; drafts for the running slots */
+            int nw = 0;
+            for (int i = 0; i < nt; i++)
+                if (sreq[slot[i]] < 0) next[i] = -1; /* a finished sequence's: no more drafts */
+            for (int s = 0; s < S; s++)
+                if (sreq[s] >= 0 && out[sreq[s]].n + 2 <= o->max_new) rows[nw] = slast[s], row_slot[nw++] = s;
+            int32_t *dr = row_draft; /* free until the next forward */
+            mt_decoder_draft(d, m, next, slot, pos, nt, rows, nw, dr, logits);
+            for (int j = 0; j < nw; j++) sdraft[row_slot[j]] = dr[j];
+        }
     }
     st->seconds = mt_now() - t0;
     st->bytes = mt_decoder_bytes(d);
     mt_decoder_free(d);
     free(tok), free(slot), free(pos), free(rows), free(row_slot), free(sreq), free(sfed), free(spend);
+    free(next), free(row_draft), free(sdraft), free(slast);
     mt_free(logits);
     mt_free(scratch);
     return 0;

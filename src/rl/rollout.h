@@ -35,6 +35,8 @@ typedef struct {
     int prefill_tokens;      /* prompt tokens one forward may prefill (0: 4 x slots) */
     int record_routing;      /* keep each fed position's experts (routing replay) */
     int bf16;                /* the decoder's products in bf16 (mixed precision, as train --bf16), else fp32 */
+    int speculative;         /* the model's MTP block drafts the token after next, verified in the next
+                              * forward (the same draws, so the same tokens up to rounding) */
     void (*poll)(void *ctx); /* called after every forward (e.g. to serve a DistQueue); NULL: none */
     void *poll_ctx;
 } mt_rollout_opts;
@@ -63,6 +65,7 @@ void mt_completion_free(mt_completion *c);
 typedef struct {
     int64_t prompt_tokens, completion_tokens;
     int forwards;            /* model forwards (prefill and decode) */
+    int64_t drafted, accepted; /* speculative: draft tokens fed, and those the model's own draw confirmed */
     double seconds;          /* wall time of the rollout */
     size_t bytes;            /* memory of the decoder (KV cache, scratch) */
 } mt_rollout_stats;

@@ -207,6 +207,7 @@ int mt_rl_rollout_server(const mt_rl_opts *o, mt_dist *d, const mt_prompt_set *p
         mt_rollout_defaults(&ro);
         ro.temperature = o->temperature, ro.top_k = o->top_k, ro.top_p = o->top_p, ro.max_new = o->max_new;
         ro.seed = plan[2], ro.step = (uint64_t)n, ro.slots = o->slots, ro.record_routing = o->routing_replay;
+        ro.speculative = o->speculative;
         ro.bf16 = (int)plan[3]; /* the trainer's precision, as co-located */
         ro.poll = serve_queue, ro.poll_ctx = sv.q;
         ro.eot = ps->tk->eot;
