@@ -257,8 +257,9 @@ static void check_routing(void) {
 /* Selective recompute gives the same bits as keeping everything, with less memory. */
 static void check_recompute(int sandwich, int mla) {
     mt_config c;
-    if (mla) mla_config(&c, 10);
+    if (mla) mla_config(&c, mla == 2 ? 0 : 10); /* 2: no query compression (q rebuilt from the input) */
     else base_config(&c);
+    c.num_nextn_predict_layers = mla == 2; /* and an MTP block, whose layer recomputes as the others */
     c.sandwich_norm = sandwich;
     mt_model m;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
@@ -282,7 +283,8 @@ static void check_recompute(int sandwich, int mla) {
     size_t b0 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_NONE, 0);
     size_t b1 = mt_acts_bytes_policy(&c, 8, 64, 2, MT_RECOMPUTE_SELECTIVE, 0);
     printf("%-28s loss %.9f vs %.9f, %zu gradient values differ, activations %zu -> %zu bytes\n",
-           mla ? (sandwich ? "selective recompute (MLA, sandwich)" : "selective recompute (MLA)")
+           mla == 2 ? "selective recompute (MLA, no q_lora, MTP)"
+           : mla ? (sandwich ? "selective recompute (MLA, sandwich)" : "selective recompute (MLA)")
                : sandwich ? "selective recompute, sandwich" : "selective recompute",
            loss[0], loss[1], diff, b0, b1);
     CHECK(loss[0] == loss[1] && diff == 0, "selective recompute changed the results");
@@ -462,6 +464,7 @@ int main(void) {
     check_recompute(1, 0);
     check_recompute(0, 1);
     check_recompute(1, 1);
+    check_recompute(0, 2);
     check_placement();
     if (failures) { printf("%d check(s) failed\n", failures); return 1; }
     printf("all model gradient checks passed\n");

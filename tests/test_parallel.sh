@@ -12,8 +12,8 @@
 # TP2 x EP2 (SP) against one process whose micro-batch holds the EP group's sequences;
 #   an MLA model (with and without query compression) under TP2, TP2 + SP, TP2 x DP2 x EP2,
 #   PP2 x VPP2 and EP2; MLA under the sandwich norm under TP2 + SP and PP2 x VPP2; MLA +
-#   sandwich norm + an MTP block under TP2, TP2 + SP, DP2, EP2, PP2, PP2 x VPP2, PP2 with
-#   selective recompute, TP2 x DP2 x EP2 and PP2 x TP2 (SP) x EP2;
+#   sandwich norm + an MTP block under TP2, TP2 + SP, DP2, EP2, PP2, PP2 x VPP2, PP2 and TP2 +
+#   SP with selective recompute, TP2 x DP2 x EP2 and PP2 x TP2 (SP) x EP2;
 # a checkpoint saved under TP2 x PP2 resumes under EP2 x DP2 with the losses of the uninterrupted
 # run; impossible layouts are refused naming the constraint.
 # Usage: bash tests/test_parallel.sh path/to/moetrain   (skips with 77 without mpirun)
@@ -152,6 +152,7 @@ done <<'EOF_LAYOUTS'
 2 p2 PP2 --pp 2 --accum 2
 2 p2 PP2xVPP2 --pp 2 --vpp 2 --accum 2
 2 p2 PP2(selective) --pp 2 --accum 2 --recompute selective
+2 p1 TP2+SP(selective) --tp 2 --sp --recompute selective
 4 p2 TP2xDP2xEP2 --tp 2 --ep 2
 4 p2 PP2xTP2(SP)xEP2 --pp 2 --tp 2 --sp --ep 2 --accum 2
 EOF_LAYOUTS

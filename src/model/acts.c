@@ -92,6 +92,11 @@ static void carve_shared(carver *cv, mt_acts *a, const geom *g) {
     if (!g->sel) return;
     a->hbuf = carve(cv, g->N * g->C * sizeof(float));
     if (g->sw) a->yabuf = carve(cv, g->N * g->C * sizeof(float));
+    if (g->mla) { /* the up-projections' outputs, rebuilt from the kept latents (model/mla.c) */
+        a->mqbuf = carve(cv, g->Nt * g->H * g->dq * sizeof(float));
+        a->mkbuf = carve(cv, g->Nt * g->H * g->dq * sizeof(float));
+        a->mvbuf = carve(cv, g->Nt * g->H * g->dv * sizeof(float));
+    }
     if (g->E) carve_pair(cv, maxz(g->R * 2 * g->Fm, g->N * 2 * g->Fs) * g->hl, a->bf16, &a->gubuf, &a->gubuf16);
 }
 
@@ -108,9 +113,9 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
         }
         L->ckv = carve(cv, Nt * g->kvl * fl);
         L->rstdkv = carve(cv, Nt * fl);
-        L->q = carve(cv, Nt * H * g->dq * fl);
-        L->k = carve(cv, Nt * H * g->dq * fl);
-        L->v = carve(cv, Nt * H * g->dv * fl);
+        L->q = g->sel ? a->mqbuf : carve(cv, Nt * H * g->dq * fl);
+        L->k = g->sel ? a->mkbuf : carve(cv, Nt * H * g->dq * fl);
+        L->v = g->sel ? a->mvbuf : carve(cv, Nt * H * g->dv * fl);
     } else {
         L->q = carve(cv, Nt * H * D * fl);
         if (g->kv16) {

@@ -110,6 +110,7 @@ struct mt_acts {
     uint16_t *ln16;               /* ln's bytes, as bf16 (norm_in writes one or the other) */
     float *hbuf, *gubuf;          /* SELECTIVE: the one h [N,C] and gate|up buffer all layers share */
     float *yabuf;                 /* SELECTIVE with sandwich norm: the one attention output [N,C] */
+    float *mqbuf, *mkbuf, *mvbuf; /* SELECTIVE with MLA: the one per-head q, k, v (rebuilt by the backward) */
     float *dsub;                  /* sandwich norm: [N,C] gradient of a sublayer's output (before its norm) */
     uint16_t *gubuf16;            /* bf16 mode: gubuf as bf16 (gubuf NULL) */
     float *dres, *dln, *datt, *dq, *dk, *dv;

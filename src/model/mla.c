@@ -36,20 +36,21 @@ static mla_dims dims_of(const mt_model *m, int N) {
     return d;
 }
 
-void mt_mla_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, const float *lnf,
-                const uint16_t *ln16, const int32_t *pos, int B, int T) {
-    const mla_dims d = dims_of(m, B * T);
+/* The up-projections: q (from the kept q latent cq, or from the input without query
+ * compression), k_pe from the input, and the per-head k, v from the kept c; rope applied.
+ * The forward runs them once; with selective recompute the backward runs them again into
+ * the buffers all layers share, with the same operations (the same bits). */
+static void mla_up(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, const float *lnf,
+                   const uint16_t *ln16, const int32_t *pos, int T, const mla_dims *dp) {
+    const mla_dims d = *dp;
     const int N = d.N, C = d.C, H = d.H, dkv = d.dn + d.dv;
     if (d.ql > 0) {
-        mt_linear_fwd_x(a->ws, L->cq, NULL, lnf, ln16, w->wqa, N, C, d.ql, 0.0f);
         mt_rmsnorm_fwd(a->cqn, L->rstdq, L->cq, w->qa_norm, N, d.ql, d.eps);
         mt_linear_fwd(a->ws, L->q, a->cqn, w->wq, N, d.ql, H * d.dq, 0.0f);
     } else {
         mt_linear_fwd_x(a->ws, L->q, NULL, lnf, ln16, w->wq, N, C, H * d.dq, 0.0f);
     }
     mt_rope_apply_ld(L->q + d.dn, a->cos_t, a->sin_t, pos, N, T, H, d.dr, (size_t)H * d.dq, (size_t)d.dq, d.rope);
-    /* kv_a's rows [0, kvl) give c, the last dr k_pe: two products with contiguous outputs */
-    mt_linear_fwd_x(a->ws, L->ckv, NULL, lnf, ln16, w->wkva, N, C, d.kvl, 0.0f);
     mt_linear_fwd_x(a->ws, a->kpe, NULL, lnf, ln16, w->wkva + (size_t)d.kvl * C, N, C, d.dr, 0.0f);
     mt_rope_apply_pos(a->kpe, a->cos_t, a->sin_t, pos, N, T, 1, d.dr, d.rope);
     mt_rmsnorm_fwd(a->cn, L->rstdkv, L->ckv, w->kva_norm, N, d.kvl, d.eps);
@@ -64,6 +65,16 @@ void mt_mla_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *
             memcpy(k + d.dn, a->kpe + (size_t)n * d.dr, sizeof(float) * d.dr);
             memcpy(L->v + ((size_t)n * H + h) * d.dv, kv + d.dn, sizeof(float) * d.dv);
         }
+}
+
+void mt_mla_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, const float *lnf,
+                const uint16_t *ln16, const int32_t *pos, int B, int T) {
+    const mla_dims d = dims_of(m, B * T);
+    const int N = d.N, C = d.C, H = d.H;
+    /* the compressed q latent and c, kept; kv_a's rows [0, kvl) give c, the last dr k_pe */
+    if (d.ql > 0) mt_linear_fwd_x(a->ws, L->cq, NULL, lnf, ln16, w->wqa, N, C, d.ql, 0.0f);
+    mt_linear_fwd_x(a->ws, L->ckv, NULL, lnf, ln16, w->wkva, N, C, d.kvl, 0.0f);
+    mla_up(m, a, L, w, lnf, ln16, pos, T, &d);
     mt_attention_fwd_dv(L->att, L->lse, L->q, L->k, L->v, pos, B, T, H, H, d.dq, d.dv, a->att_scratch, a->nthr,
                         a->bf16);
 }
@@ -74,6 +85,7 @@ void mt_mla_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *
     const int N = d.N, C = d.C, H = d.H, dkv = d.dn + d.dv;
     const int tp_sum = m->tp && !a->sp; /* the replicated projections' output gradients summed over TP */
     const int full_here = !tp_sum || m->tp->rank == 0; /* adds what flows through q_a / kv_a */
+    if (a->policy == MT_RECOMPUTE_SELECTIVE) mla_up(m, a, L, w, lnf, ln16, pos, T, &d);
     mt_attention_bwd_dv(a->dq, a->dk, a->dv, a->datt, L->q, L->k, L->v, L->att, L->lse, pos, B, T, H, H, d.dq, d.dv,
                         a->att_scratch, a->nthr, a->bf16);
     mt_rope_apply_ld(a->dq + d.dn, a->cos_t, a->sin_t, pos, N, T, H, d.dr, (size_t)H * d.dq, (size_t)d.dq,

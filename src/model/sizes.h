@@ -12,9 +12,10 @@
  * SELECTIVE; the planner also models KEEP_ALL and FULL for other (GPU) trainers.
  *  NONE (`none`, the trainer's default): the cheap element-wise results (SwiGLU products)
  *    and the gathered expert inputs are recomputed; everything else is kept.
- *  SELECTIVE (`selective`): also the residual after attention (one GEMM: x + att Wo^T) and
- *    the gate|up outputs of the routed and shared experts (one GEMM each); every layer then
- *    shares one buffer for each of them. Bit-identical results, ~12% more FLOPs on an MoE
+ *  SELECTIVE (`selective`): also the residual after attention (one GEMM: x + att Wo^T),
+ *    the gate|up outputs of the routed and shared experts (one GEMM each) and MLA's per-head
+ *    q, k, v (its up-projections, from the kept q latent and c); every layer then shares one
+ *    buffer for each of them. Bit-identical results, ~12% more FLOPs on an MoE
  *    layer, and the activations that grow with the number of layers shrink by about a third.
  *  KEEP_ALL (`keep-all`, planner only): everything the forward produced.
  *  FULL (`full`, planner only): only each layer's input; the backward re-runs the layer's
