@@ -2,7 +2,8 @@
 # PyTorch oracle test: moetrain's forward/backward against tests/oracle/moe_ref.py, an
 # independent PyTorch implementation of docs/FORMATS.md, and the reverse direction (a
 # checkpoint written by PyTorch trains and evaluates in moetrain with the same loss; one
-# written by moetrain with the sandwich norm evaluates in PyTorch with the same loss).
+# written by moetrain with the sandwich norm, or with multi-token prediction, evaluates in
+# PyTorch with the same loss).
 #
 # Usage: bash tests/test_oracle.sh /path/to/moetrain
 # Env:   MT_SRC (source root; default: this script's ..), MT_TEST_TMP (scratch dir)
@@ -78,11 +79,27 @@ variants = {
                      "qk_rope_head_dim": 8, "v_head_dim": 12, "head_dim": "DELETE", "num_key_value_heads": "DELETE",
                      "sandwich_norm": True},
 }
+# multi-token prediction (num_nextn_predict_layers D): an existing variant + D (+ patch);
+# "all_dense" as the base gives a dense MTP block
+mtp = {
+    "mtp1": ("softmax_greedy", 1, {}),
+    "mtp2_sigmoid_group_limited": ("softmax_greedy", 2, {"scoring_func": "sigmoid", "topk_method": "group_limited",
+                                                         "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3}),
+    "mtp1_all_dense": ("all_dense", 1, {}),
+    "mtp2_mla_sandwich": ("mla_sandwich", 2, {"mtp_loss_weight": 0.5}),
+    "mtp1_tied_moge": ("moge", 1, {"tie_word_embeddings": True}),
+    "mtp1_rope_interleave": ("rope_interleave", 1, {}),
+    "mtp3_mla_noq_sigmoid_moge_noshared": ("mla_noq_sigmoid_moge", 3, {"n_shared_experts": 0,
+                                                                       "mtp_loss_weight": 1.0}),
+}
+for name, (b, D, patch) in mtp.items():
+    variants[name] = dict({"_dense": True} if variants[b] is None else variants[b],
+                          num_nextn_predict_layers=D, **patch)
 for name, patch in variants.items():
-    if patch is None:   # no MoE keys at all: every layer dense (defaults)
-        cfg = {k: v for k, v in base.items() if k not in (
+    if patch is None or patch.get("_dense"):   # no MoE keys at all: every layer dense (defaults)
+        cfg = {k: v for k, v in dict(base, **(patch or {})).items() if k not in (
             "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
-            "moe_intermediate_size", "n_shared_experts", "aux_loss_alpha")}
+            "moe_intermediate_size", "n_shared_experts", "aux_loss_alpha", "_dense")}
     else:
         cfg = {k: v for k, v in dict(base, **patch).items() if v != "DELETE"}
     with open(os.path.join(tmp, name + ".json"), "w") as f:
@@ -93,12 +110,16 @@ EOF
 
 CASES="softmax_greedy sigmoid_greedy group_limited sigmoid_group_limited_noshared moge sigmoid_moge_k4 nonorm_rsf2.5 sigmoid_nonorm_rsf2.5 tied all_dense mha_hkv_eq_h rope_interleave sandwich sandwich_sigmoid_group_limited sandwich_moge_nonorm sandwich_rope_interleave_tied"
 CASES="$CASES mla_qlora mla_noq_sigmoid_moge mla_qlora_group_limited_tied mla_sandwich"
-# run_case NAME CONFIG B T: the oracle's case at batch B x seq T against moetrain dump
+CASES="$CASES mtp1 mtp2_sigmoid_group_limited mtp1_all_dense mtp2_mla_sandwich mtp1_tied_moge mtp1_rope_interleave"
+CASES="$CASES mtp3_mla_noq_sigmoid_moge_noshared"
+# run_case NAME CONFIG B T [MAKE-CASE ARGS]: the oracle's case at batch B x seq T against
+# moetrain dump
 run_case() {
   local name=$1 cfg=$2 B=$3 T=$4 case_dir="$TMP/case_$1"
+  shift 4
   echo "=== oracle case $name (batch $B x seq $T)"
   if ! "$PY" "$REF" make-case --config "$TMP/$cfg.json" --out "$case_dir" --seed 7 --std 0.3 \
-       --batch $B --seq $T; then
+       --batch $B --seq $T "$@"; then
     fail "$name: make-case failed"; return
   fi
   if ! "$MOETRAIN" dump --ckpt "$case_dir" --tokens "$case_dir/tokens.bin" --batch $B --seq $T \
@@ -114,6 +135,12 @@ for name in $CASES; do run_case "$name" "$name" 2 16; done
 # 1024 tokens: the dense FFN (F 96, wider than k x moe ffn = 64) runs over row chunks that fit
 # the MoE-sized scratch (672 + 352 rows), its weight gradients summed over the chunks
 run_case dense_ffn_chunks softmax_greedy 8 128
+# a DeepSeek-V3 file: every MTP block also carries copies of the embedding and the head
+# (model.layers.{L+k-1}.embed_tokens.weight, .shared_head.head.weight), drawn unlike the
+# real ones: the loader must accept and ignore them
+run_case mtp2_dsv3_copies mtp2_sigmoid_group_limited 2 16 --mtp-copies
+# MTP on 4 x 64 tokens: more rows per expert, attention over a longer window
+run_case mtp2_mla_sandwich_4x64 mtp2_mla_sandwich 4 64
 
 # ---- reverse direction: a checkpoint written by PyTorch -----------------------------------
 SEQ=32; WIN=8
@@ -156,29 +183,43 @@ if [ -d "$DATA" ]; then
   reverse softmax_greedy
   reverse mla_qlora
   reverse mla_noq_sigmoid_moge
+  reverse mtp1
 fi
 
-# ---- a checkpoint written by moetrain with the sandwich norm, evaluated by PyTorch --------
-echo "=== moetrain-written sandwich-norm checkpoint in PyTorch"
-SWR="$TMP/sw_run"
-if [ ! -d "$DATA" ]; then
-  fail "sandwich checkpoint: no data (the reverse direction's data step failed)"
-elif ! "$MOETRAIN" train --config "$TMP/sandwich.json" --data "$DATA" --steps 3 --batch 2 --seq $SEQ --lr 1e-3 \
-       --warmup 1 --init-scheme tiny --out "$SWR" --quiet > "$TMP/sw_train.log" 2>&1; then
-  tail -20 "$TMP/sw_train.log"; fail "sandwich checkpoint: moetrain train failed"
-else
-  mt_val=$("$MOETRAIN" eval --ckpt "$SWR" --data "$DATA" --seq $SEQ --windows $WIN 2> "$TMP/sw_mt_eval.err" \
+# ---- checkpoints written by moetrain (sandwich norm; MTP), evaluated by PyTorch -----------
+# mt_written CONFIG WHAT [TRAIN ARGS]: moetrain trains CONFIG from scratch for 3 steps; PyTorch
+# loads the checkpoint (every tensor named and shaped as it expects, nothing extra, not even
+# a copy it would ignore) and
+# evaluates it to moetrain's validation loss
+mt_written() {
+  local cfg=$1 what=$2 SWR="$TMP/mt_written_$1" mt_val py_val
+  shift 2
+  echo "=== moetrain-written $what checkpoint in PyTorch"
+  if [ ! -d "$DATA" ]; then
+    fail "$what checkpoint: no data (the reverse direction's data step failed)"; return
+  fi
+  if ! "$MOETRAIN" train --config "$TMP/$cfg.json" --data "$DATA" --steps 3 --batch 2 --seq $SEQ --lr 1e-3 \
+       --warmup 1 "$@" --out "$SWR" --quiet > "$SWR.train.log" 2>&1; then
+    tail -20 "$SWR.train.log"; fail "$what checkpoint: moetrain train failed"; return
+  fi
+  mt_val=$("$MOETRAIN" eval --ckpt "$SWR" --data "$DATA" --seq $SEQ --windows $WIN 2> "$SWR.mt_eval.err" \
            | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
-  py_val=$("$PY" "$REF" eval --ckpt "$SWR/step_00000003" --data "$DATA" --seq $SEQ --windows $WIN 2> "$TMP/sw_py_eval.err" \
+  py_val=$("$PY" "$REF" eval --ckpt "$SWR/step_00000003" --data "$DATA" --seq $SEQ --windows $WIN 2> "$SWR.py_eval.err" \
            | grep -o 'val_loss=[-+0-9.eEinfa]*' | tail -1 | cut -d= -f2)
   if [ -z "$mt_val" ] || [ -z "$py_val" ]; then
-    tail -5 "$TMP/sw_mt_eval.err" "$TMP/sw_py_eval.err"; fail "sandwich checkpoint: an eval printed no val_loss="
+    tail -5 "$SWR.mt_eval.err" "$SWR.py_eval.err"; fail "$what checkpoint: an eval printed no val_loss="
+  elif grep -q 'warning: .*ignoring' "$SWR.py_eval.err"; then
+    # e.g. DeepSeek-V3's MTP copies of the embedding / head, which writers do not write
+    grep 'warning: .*ignoring' "$SWR.py_eval.err" | sed 's/^/    /'
+    fail "$what checkpoint: moetrain wrote tensors that are not parameters of the model"
   elif ! "$PY" -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 1e-4*abs(a) else 1)" "$py_val" "$mt_val"; then
-    fail "sandwich checkpoint: val loss moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
+    fail "$what checkpoint: val loss moetrain $mt_val vs PyTorch $py_val (> 1e-4 relative)"
   else
     echo "    val_loss (seq $SEQ, $WIN windows): moetrain $mt_val  PyTorch $py_val  ok"
   fi
-fi
+}
+mt_written sandwich sandwich-norm --init-scheme tiny
+mt_written mtp2_mla_sandwich "MTP (D 2, MLA, sandwich norm)"
 
 echo
 if [ ${#FAILS[@]} -gt 0 ]; then

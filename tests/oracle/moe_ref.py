@@ -5,12 +5,13 @@
 Run with Debian's PyTorch:  /usr/bin/python3 tests/oracle/moe_ref.py <command> ...
 
 Commands
-  make-case --config CFG.json --out DIR [--seed S --std 0.3 --batch B --seq T]
+  make-case --config CFG.json --out DIR [--seed S --std 0.3 --batch B --seq T --mtp-copies]
   compare   --case DIR --dump FILE.safetensors
   train     --config CFG.json --data DIR --steps N --batch B --seq T [--threads 2
             --lr 3e-4 --warmup 10 --init DIR --out DIR --seed S --autocast none|bf16]
   eval      --ckpt DIR --data DIR --seq T --windows N [--threads 2]
-  gradcheck [--config CFG.json]   (float64 autograd vs finite differences, self test)
+  gradcheck [--config CFG.json]   (float64 autograd vs finite differences, self test; with
+            MTP also which tokens each block sees and a literal sum of its ce)
 
 Everything is plain torch code in fp32 (or fp64 for gradcheck; `train --autocast bf16`
 runs the forward under torch.autocast, PyTorch's mixed precision); nothing is shared with
@@ -205,7 +206,8 @@ def shard_write(path, tokens):
 REQUIRED = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"]
 INT_KEYS = REQUIRED + ["first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
-                       "n_shared_experts", "moe_intermediate_size", "n_group", "topk_group"]
+                       "n_shared_experts", "moe_intermediate_size", "n_group", "topk_group",
+                       "num_nextn_predict_layers"]
 
 
 class Config:
@@ -275,6 +277,16 @@ def load_config(path_or_dict):
     c.sandwich = raw.get("sandwich_norm", False)
     if not isinstance(c.sandwich, bool):
         raise ValueError(f"config: 'sandwich_norm' must be a boolean, got {c.sandwich!r}")
+    # multi-token prediction (DeepSeek-V3): D extra blocks, stored as layers L .. L+D-1
+    c.D = geti("num_nextn_predict_layers", 0)
+    if c.D < 0:
+        raise ValueError(f"config: 'num_nextn_predict_layers' must be >= 0, got {c.D}")
+    w = raw.get("mtp_loss_weight", 0.3)
+    if w is None:
+        w = 0.3
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+        raise ValueError(f"config: 'mtp_loss_weight' must be a non-negative number, got {w!r}")
+    c.mtp_w = float(w)
     for k, bad in (("rope_scaling", lambda v: v is not None), ("moe_layer_freq", lambda v: v != 1),
                    ("attention_bias", lambda v: v is True)):
         if k in raw and bad(raw[k]):
@@ -307,52 +319,74 @@ def load_config(path_or_dict):
 
 
 def is_moe(c, l):
+    """Layer l (0 .. L+D-1) has an MoE FFN.  The MTP blocks (l >= L) are MoE iff the main
+    stack has MoE layers (then first_dense < L <= l)."""
     return l >= c.first_dense and c.n_moe > 0
 
 
+def layer_shapes(c, l):
+    """(name, shape) of decoder layer l's tensors (a main layer or an MTP block's layer)."""
+    s = []
+    p = f"model.layers.{l}."
+    s += [(p + "input_layernorm.weight", (c.d,))]
+    if c.attn_type == "mla":
+        a = p + "self_attn."
+        dq = c.dn + c.dr
+        if c.q_lora:
+            s += [(a + "q_a_proj.weight", (c.q_lora, c.d)), (a + "q_a_layernorm.weight", (c.q_lora,)),
+                  (a + "q_b_proj.weight", (c.H * dq, c.q_lora))]
+        else:
+            s += [(a + "q_proj.weight", (c.H * dq, c.d))]
+        s += [(a + "kv_a_proj_with_mqa.weight", (c.kv_lora + c.dr, c.d)),
+              (a + "kv_a_layernorm.weight", (c.kv_lora,)),
+              (a + "kv_b_proj.weight", (c.H * (c.dn + c.dv), c.kv_lora)),
+              (a + "o_proj.weight", (c.d, c.H * c.dv))]
+    else:
+        s += [(p + "self_attn.q_proj.weight", (c.H * c.hd, c.d)),
+              (p + "self_attn.k_proj.weight", (c.Hkv * c.hd, c.d)),
+              (p + "self_attn.v_proj.weight", (c.Hkv * c.hd, c.d)),
+              (p + "self_attn.o_proj.weight", (c.d, c.H * c.hd))]
+    s += [(p + "post_attention_layernorm.weight", (c.d,))]
+    if not is_moe(c, l):
+        s += [(p + "mlp.gate_proj.weight", (c.ffn, c.d)), (p + "mlp.up_proj.weight", (c.ffn, c.d)),
+              (p + "mlp.down_proj.weight", (c.d, c.ffn))]
+    else:
+        s += [(p + "mlp.gate.weight", (c.E, c.d))]
+        for e in range(c.E):
+            q = p + f"mlp.experts.{e}."
+            s += [(q + "gate_proj.weight", (c.moe_ffn, c.d)), (q + "up_proj.weight", (c.moe_ffn, c.d)),
+                  (q + "down_proj.weight", (c.d, c.moe_ffn))]
+        if c.n_shared:
+            q = p + "mlp.shared_experts."
+            S = c.n_shared * c.moe_ffn
+            s += [(q + "gate_proj.weight", (S, c.d)), (q + "up_proj.weight", (S, c.d)),
+                  (q + "down_proj.weight", (c.d, S))]
+    if c.sandwich:
+        s += [(p + "pre_mlp_layernorm.weight", (c.d,)), (p + "post_mlp_layernorm.weight", (c.d,))]
+    return s
+
+
+def mtp_prefix(c, k):
+    """Tensor name prefix of MTP block k = 1..D (layer index L + k - 1)."""
+    return f"model.layers.{c.L + k - 1}."
+
+
 def param_shapes(c):
-    """Ordered list of (name, shape) exactly as docs/FORMATS.md names them."""
+    """Ordered list of (name, shape) exactly as docs/FORMATS.md names them.  The MTP
+    blocks come last, so a model with D > 0 draws (draw_params, init_params) the same
+    main-model tensors as the same config with D = 0."""
     s = [("model.embed_tokens.weight", (c.V, c.d))]
     for l in range(c.L):
-        p = f"model.layers.{l}."
-        s += [(p + "input_layernorm.weight", (c.d,))]
-        if c.attn_type == "mla":
-            a = p + "self_attn."
-            dq = c.dn + c.dr
-            if c.q_lora:
-                s += [(a + "q_a_proj.weight", (c.q_lora, c.d)), (a + "q_a_layernorm.weight", (c.q_lora,)),
-                      (a + "q_b_proj.weight", (c.H * dq, c.q_lora))]
-            else:
-                s += [(a + "q_proj.weight", (c.H * dq, c.d))]
-            s += [(a + "kv_a_proj_with_mqa.weight", (c.kv_lora + c.dr, c.d)),
-                  (a + "kv_a_layernorm.weight", (c.kv_lora,)),
-                  (a + "kv_b_proj.weight", (c.H * (c.dn + c.dv), c.kv_lora)),
-                  (a + "o_proj.weight", (c.d, c.H * c.dv))]
-        else:
-            s += [(p + "self_attn.q_proj.weight", (c.H * c.hd, c.d)),
-                  (p + "self_attn.k_proj.weight", (c.Hkv * c.hd, c.d)),
-                  (p + "self_attn.v_proj.weight", (c.Hkv * c.hd, c.d)),
-                  (p + "self_attn.o_proj.weight", (c.d, c.H * c.hd))]
-        s += [(p + "post_attention_layernorm.weight", (c.d,))]
-        if not is_moe(c, l):
-            s += [(p + "mlp.gate_proj.weight", (c.ffn, c.d)), (p + "mlp.up_proj.weight", (c.ffn, c.d)),
-                  (p + "mlp.down_proj.weight", (c.d, c.ffn))]
-        else:
-            s += [(p + "mlp.gate.weight", (c.E, c.d))]
-            for e in range(c.E):
-                q = p + f"mlp.experts.{e}."
-                s += [(q + "gate_proj.weight", (c.moe_ffn, c.d)), (q + "up_proj.weight", (c.moe_ffn, c.d)),
-                      (q + "down_proj.weight", (c.d, c.moe_ffn))]
-            if c.n_shared:
-                q = p + "mlp.shared_experts."
-                S = c.n_shared * c.moe_ffn
-                s += [(q + "gate_proj.weight", (S, c.d)), (q + "up_proj.weight", (S, c.d)),
-                      (q + "down_proj.weight", (c.d, S))]
-        if c.sandwich:
-            s += [(p + "pre_mlp_layernorm.weight", (c.d,)), (p + "post_mlp_layernorm.weight", (c.d,))]
+        s += layer_shapes(c, l)
     s += [("model.norm.weight", (c.d,))]
     if not c.tied:
         s += [("lm_head.weight", (c.V, c.d))]
+    for k in range(1, c.D + 1):
+        p = mtp_prefix(c, k)
+        s += [(p + "enorm.weight", (c.d,)), (p + "hnorm.weight", (c.d,)),
+              (p + "eh_proj.weight", (c.d, 2 * c.d))]
+        s += layer_shapes(c, c.L + k - 1)
+        s += [(p + "shared_head.norm.weight", (c.d,))]
     return s
 
 
@@ -377,6 +411,14 @@ def load_checkpoint(ckdir):
     if c.tied and "lm_head.weight" in t:
         print("warning: tied embeddings: ignoring lm_head.weight", file=sys.stderr)
         t.pop("lm_head.weight")
+    for k in range(1, c.D + 1):
+        # DeepSeek-V3's MTP layers carry copies of the embedding and the head: ignored
+        for n in ("embed_tokens.weight", "shared_head.head.weight"):
+            name = mtp_prefix(c, k) + n
+            if name in t:
+                print(f"warning: MTP block {k}: ignoring {name} (the shared "
+                      f"{'embedding' if n.startswith('embed') else 'lm_head'} is used)", file=sys.stderr)
+                t.pop(name)
     if t:
         raise ValueError(f"{ckdir}: unexpected tensor {sorted(t)[0]}")
     return c, params
@@ -591,43 +633,99 @@ def moe_block(c, P, p, x, stats):
     return y.view(B, T, d), bal
 
 
-def forward(c, P, tokens, targets=None, stats=None):
-    """tokens [B, T] long. Returns logits [B,T,V], ce, balances (list), loss."""
+def decoder_layer(c, P, l, x, stats=None, bals=None):
+    """Decoder layer l (a main layer, or an MTP block's layer at index L+k-1): attention
+    and FFN (dense SwiGLU or MoE), pre-norm or sandwich norm.  x [B, T, d] -> [B, T, d];
+    an MoE layer appends its balance loss to bals."""
+    p = f"model.layers.{l}."
+    a = attention(c, P, p, rmsnorm(x, P[p + "input_layernorm.weight"], c.eps))
+    if c.sandwich:   # post_attention_layernorm norms the attention output; pre_mlp the FFN input
+        h = x + rmsnorm(a, P[p + "post_attention_layernorm.weight"], c.eps)
+        hn = rmsnorm(h, P[p + "pre_mlp_layernorm.weight"], c.eps)
+    else:
+        h = x + a
+        hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], c.eps)
+    if is_moe(c, l):
+        y, bal = moe_block(c, P, p, hn, stats)
+        if bals is not None:
+            bals.append(bal)
+    else:
+        y = swiglu(hn, P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"], P[p + "mlp.down_proj.weight"])
+    if c.sandwich:
+        y = rmsnorm(y, P[p + "post_mlp_layernorm.weight"], c.eps)
+    return h + y
+
+
+def masked_ce(c, logits, targets):
+    """Token-weighted mean cross entropy over the targets >= 0 (0 * logits if none)."""
+    valid = targets >= 0
+    nv = int(valid.sum())
+    if nv == 0:
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.reshape(-1, c.V), targets.reshape(-1).clamp_min(0),
+                           reduction="none").masked_select(valid.reshape(-1)).sum() / nv
+
+
+def mtp_inputs(c, P, tokens, targets):
+    """The MTP blocks' embedding stream: [B, T+1+D, d] with row j = e_j, i.e.
+    embed_tokens[t_j] for j <= T (t_j = tokens[:, j] for j < T, t_T = targets[:, T-1],
+    the zero vector where that target is masked) and the zero vector for j > T.
+    Block k reads rows k .. k+T-1."""
+    B, T = tokens.shape
+    W = P["model.embed_tokens.weight"]
+    e = F.embedding(tokens, W)                                          # e_0 .. e_{T-1}
+    last = targets[:, T - 1]
+    eT = F.embedding(last.clamp_min(0), W)[:, None, :]                  # e_T
+    eT = torch.where((last >= 0)[:, None, None], eT, torch.zeros_like(eT))
+    pad = torch.zeros(B, c.D, e.shape[-1], dtype=e.dtype)               # e_{T+1} .. e_{T+D}
+    return torch.cat([e, eT, pad], 1)
+
+
+def mtp_targets(targets, k):
+    """Block k's targets [B, T]: position i gets the main target of position i + k
+    (token t_{i+1+k}, masked where that one is masked); positions i >= T - k none (-1)."""
+    B, T = targets.shape
+    out = torch.full_like(targets, -1)
+    if k < T:
+        out[:, :T - k] = targets[:, k:]
+    return out
+
+
+def forward(c, P, tokens, targets=None, stats=None, mtp=None):
+    """tokens [B, T] long. Returns logits [B,T,V], ce, balances (list), loss.
+    With targets and D > 0 the MTP blocks run too (their ce in loss, their balances
+    after the main stack's in the list); if mtp is a list, (logits^k, ce_k) of block
+    k = 1..D is appended to it.  Without targets (eval) the MTP blocks are skipped."""
     x = F.embedding(tokens, P["model.embed_tokens.weight"])
     bals = []
     for l in range(c.L):
-        p = f"model.layers.{l}."
-        a = attention(c, P, p, rmsnorm(x, P[p + "input_layernorm.weight"], c.eps))
-        if c.sandwich:   # post_attention_layernorm norms the attention output; pre_mlp the FFN input
-            h = x + rmsnorm(a, P[p + "post_attention_layernorm.weight"], c.eps)
-            hn = rmsnorm(h, P[p + "pre_mlp_layernorm.weight"], c.eps)
-        else:
-            h = x + a
-            hn = rmsnorm(h, P[p + "post_attention_layernorm.weight"], c.eps)
-        if is_moe(c, l):
-            y, bal = moe_block(c, P, p, hn, stats)
-            bals.append(bal)
-        else:
-            y = swiglu(hn, P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"], P[p + "mlp.down_proj.weight"])
-        if c.sandwich:
-            y = rmsnorm(y, P[p + "post_mlp_layernorm.weight"], c.eps)
-        x = h + y
-    x = rmsnorm(x, P["model.norm.weight"], c.eps)
+        x = decoder_layer(c, P, l, x, stats, bals)
     W = P["model.embed_tokens.weight"] if c.tied else P["lm_head.weight"]
-    logits = F.linear(x, W)
+    logits = F.linear(rmsnorm(x, P["model.norm.weight"], c.eps), W)
     ce = None
     loss = None
     if targets is not None:
-        valid = targets >= 0
-        nv = int(valid.sum())
-        if nv == 0:
-            ce = logits.sum() * 0.0
-        else:
-            ce = F.cross_entropy(logits.reshape(-1, c.V), targets.reshape(-1).clamp_min(0),
-                                 reduction="none").masked_select(valid.reshape(-1)).sum() / nv
+        ce = masked_ce(c, logits, targets)
         loss = ce
+        if c.D > 0:
+            T = tokens.shape[1]
+            emb = mtp_inputs(c, P, tokens, targets)
+            h = x                                                   # h^0: before model.norm
+            mtp_sum = None
+            for k in range(1, c.D + 1):
+                p = mtp_prefix(c, k)
+                u = F.linear(torch.cat([rmsnorm(emb[:, k:k + T], P[p + "enorm.weight"], c.eps),
+                                        rmsnorm(h, P[p + "hnorm.weight"], c.eps)], -1),
+                             P[p + "eh_proj.weight"])
+                h = decoder_layer(c, P, c.L + k - 1, u, stats, bals)   # h^k
+                lk = F.linear(rmsnorm(h, P[p + "shared_head.norm.weight"], c.eps), W)
+                cek = masked_ce(c, lk, mtp_targets(targets, k))
+                if mtp is not None:
+                    mtp.append((lk, cek))
+                mtp_sum = cek if mtp_sum is None else mtp_sum + cek
+            loss = loss + c.mtp_w * (mtp_sum / c.D)
         if bals:
-            loss = ce + c.alpha * torch.stack(bals).sum()
+            loss = loss + c.alpha * torch.stack(bals).sum()
     return logits, ce, bals, loss
 
 
@@ -672,7 +770,7 @@ def cmd_make_case(a):
             ntot += idx.shape[0]
         if mm <= 1e-5:
             print(f"make-case: seed {seed}: routing margin {mm:.3g} <= 1e-5, redrawing")
-        elif c.topk_method != "greedy" and c.n_group > 1 and ndiff == 0:
+        elif c.n_moe and c.topk_method != "greedy" and c.n_group > 1 and ndiff == 0:
             print(f"make-case: seed {seed}: {c.topk_method} selects like greedy on every token, redrawing")
         else:
             break
@@ -680,12 +778,25 @@ def cmd_make_case(a):
     else:
         raise RuntimeError("make-case: could not draw a case with routing margins > 1e-5")
     shutil.copyfile(a.config, os.path.join(a.out, "config.json"))
+    npar = sum(t.numel() for t in P.values())
+    if a.mtp_copies:
+        if not c.D:
+            raise ValueError("make-case: --mtp-copies needs num_nextn_predict_layers > 0")
+        # DeepSeek-V3's per-block copies of the embedding and the head, which a loader
+        # ignores; drawn unlike the real ones, so a loader that used them would show
+        g = torch.Generator().manual_seed(seed + 1000003)
+        P = dict(P)
+        for k in range(1, c.D + 1):
+            for n in ("embed_tokens.weight", "shared_head.head.weight"):
+                P[mtp_prefix(c, k) + n] = torch.randn((c.V, c.d), generator=g) * a.std
     st_write(os.path.join(a.out, "model.safetensors"), P)
     shard_write(os.path.join(a.out, "tokens.bin"), toks)
     print(f"make-case: {a.out}: seed {seed}, B={B} T={T}, min routing margin "
-          f"{mm:.3g}, {sum(t.numel() for t in P.values())} parameters"
+          f"{mm:.3g}, {npar} parameters"
           + (f", {c.topk_method} differs from greedy on {ndiff}/{ntot} token-layers"
-             if c.n_moe and c.topk_method != "greedy" else ""))
+             if c.n_moe and c.topk_method != "greedy" else "")
+          + (f", {c.D} MTP block(s) (mtp_loss_weight {c.mtp_w:g})" if c.D else "")
+          + (", with DeepSeek-V3's embed_tokens/shared_head.head copies" if a.mtp_copies else ""))
 
 
 def case_tokens(case, B, T):
@@ -697,13 +808,20 @@ def case_tokens(case, B, T):
 
 
 def reference(c, P, inp, tgt):
+    """Forward + backward of a case.  The last value: {} without MTP, else the dump's MTP
+    tensors, mtp_logits [D, B, T, V] (block k at index k-1) and mtp_ce [D]."""
     Pg = {k: v.clone().requires_grad_(True) for k, v in P.items()}
     stats = []
-    logits, ce, bals, loss = forward(c, Pg, inp, tgt, stats)
+    mtp = []
+    logits, ce, bals, loss = forward(c, Pg, inp, tgt, stats, mtp)
     loss.backward()
     grads = {k: (v.grad if v.grad is not None else torch.zeros_like(v)) for k, v in Pg.items()}
     margin = min([float(m[0].min()) for m in stats], default=float("inf"))
-    return logits.detach(), ce.detach(), [b.detach() for b in bals], loss.detach(), grads, margin
+    extra = {}
+    if mtp:
+        extra["mtp_logits"] = torch.stack([lk.detach() for lk, _ in mtp])
+        extra["mtp_ce"] = torch.stack([cek.detach() for _, cek in mtp])
+    return logits.detach(), ce.detach(), [b.detach() for b in bals], loss.detach(), grads, margin, extra
 
 
 def relnorm(a, b):
@@ -723,7 +841,7 @@ def cmd_compare(a):
         return 1
     B, T, V = D["logits"].shape
     inp, tgt = case_tokens(a.case, B, T)
-    logits, ce, bals, loss, grads, margin = reference(c, P, inp, tgt)
+    logits, ce, bals, loss, grads, margin, mtp = reference(c, P, inp, tgt)
     rows = []
 
     def check(name, ref, got, kind, tol):
@@ -764,6 +882,13 @@ def cmd_compare(a):
         check("balance", torch.stack(bals), D.get("balance"), "scalar", 1e-5)
     elif "balance" in D and D["balance"].numel() != 0:
         fails.append("balance: dump has balance values but the model has no MoE layer")
+    if c.D:
+        check("mtp_logits", mtp["mtp_logits"], D.get("mtp_logits"), "norm", 1e-4)
+        check("mtp_ce", mtp["mtp_ce"], D.get("mtp_ce"), "scalar", 1e-5)
+    else:
+        for k in ("mtp_logits", "mtp_ce"):
+            if k in D:
+                fails.append(f"{k}: dump has {k} but the model has no MTP block")
     check("loss", loss.reshape(1), D.get("loss"), "scalar", 1e-5)
     worst = (None, -1.0)
     gfails = 0
@@ -781,7 +906,8 @@ def cmd_compare(a):
     extra = [k for k in D if k.startswith("grad.") and k[5:] not in grads]
     for k in extra:
         fails.append(f"{k}: dump has a gradient for a tensor that is not a parameter")
-    print(f"compare: case {a.case}  B={B} T={T} V={V}  min routing margin {margin:.3g}")
+    print(f"compare: case {a.case}  B={B} T={T} V={V}  min routing margin {margin:.3g}"
+          + (f"  MTP blocks {c.D}" if c.D else ""))
     w = max(len(r[0]) for r in rows)
     for r in rows:
         print(f"  {r[0]:<{w}}  {r[1]:<60} {r[2]:<8} {r[3]}")
@@ -801,9 +927,10 @@ def cmd_selfdump(a):
     testing compare itself; --perturb NAME scales that tensor of the dump by 1.01."""
     c, P = load_checkpoint(a.case)
     inp, tgt = case_tokens(a.case, a.batch, a.seq)
-    logits, ce, bals, loss, grads, _ = reference(c, P, inp, tgt)
+    logits, ce, bals, loss, grads, _, mtp = reference(c, P, inp, tgt)
     D = {"logits": logits, "ce": ce.reshape(1), "balance": torch.stack(bals) if bals else torch.zeros(0),
          "loss": loss.reshape(1)}
+    D.update(mtp)   # mtp_logits, mtp_ce (D > 0 only)
     for n, g in grads.items():
         D["grad." + n] = g if g is not None else torch.zeros_like(P[n])
     if a.perturb:
@@ -813,6 +940,56 @@ def cmd_selfdump(a):
 
 
 # --- gradcheck (self test of the autograd path) ----------------------------------------
+
+def mtp_leak_check(c, P, rows):
+    """Which tokens each MTP block sees: logits^k at position i may depend on t_0 .. t_{i+k}
+    only (it predicts t_{i+k+1}), and must depend on t_{i+k} (its e_{i+k}).  Changes one
+    window token t_j at a time (rows [B, T+1]: t_0 .. t_T) and checks which positions of
+    every block's logits move.  Returns the number of violations (printed)."""
+    B, T = rows.shape[0], rows.shape[1] - 1
+    def run(r):
+        mtp = []
+        with torch.no_grad():
+            forward(c, P, r[:, :T], r[:, 1:], None, mtp)
+        return [lk for lk, _ in mtp]
+    ref = run(rows)
+    bad = 0
+    for j in range(T + 1):
+        r = rows.clone()
+        r[:, j] = (r[:, j] + 1) % c.V
+        got = run(r)
+        for k in range(1, c.D + 1):
+            diff = (got[k - 1] - ref[k - 1]).abs().amax(dim=(0, 2))   # [T]
+            for i in range(T):
+                moved = float(diff[i]) > 1e-12 * (1 + float(ref[k - 1][:, i].abs().max()))
+                if moved != (j <= i + k):
+                    bad += 1
+                    print(f"  mtp block {k} position {i}: changing t_{j} "
+                          f"{'moves' if moved else 'does not move'} its logits (max diff {float(diff[i]):.3g})")
+    return bad
+
+
+def mtp_target_check(c, P, inp, tgt):
+    """Each ce_k against a literal sum: block k at position i is scored on t_{i+1+k} =
+    tgt[:, i+k] for i + k < T where that target is valid.  Returns the violations."""
+    B, T = inp.shape
+    mtp = []
+    with torch.no_grad():
+        forward(c, P, inp, tgt, None, mtp)
+    bad = 0
+    for k, (lk, cek) in enumerate(mtp, 1):
+        tot, n = 0.0, 0
+        for b in range(B):
+            for i in range(T):
+                if i + k < T and int(tgt[b, i + k]) >= 0:
+                    tot -= float(torch.log_softmax(lk[b, i].double(), -1)[int(tgt[b, i + k])])
+                    n += 1
+        want = tot / n if n else 0.0
+        if abs(want - float(cek)) > 1e-9 * max(1.0, abs(want)):
+            bad += 1
+            print(f"  mtp block {k}: ce_k {float(cek):.12g}, literal sum over {n} targets {want:.12g}")
+    return bad
+
 
 def cmd_gradcheck(a):
     cfgs = []
@@ -830,7 +1007,20 @@ def cmd_gradcheck(a):
                      qk_rope_head_dim=4, v_head_dim=3),
                 dict(base, attention_type="mla", q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=2,
                      qk_rope_head_dim=6, v_head_dim=5, rope_interleave=False)]
+        # multi-token prediction: MoE and dense MTP blocks, tied head, MLA, sandwich norm
+        dense = {k: v for k, v in base.items() if k not in (
+            "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok",
+            "moe_intermediate_size", "n_shared_experts", "aux_loss_alpha")}
+        cfgs += [dict(base, num_nextn_predict_layers=1),
+                 dict(base, num_nextn_predict_layers=2, mtp_loss_weight=0.5, scoring_func="sigmoid",
+                      topk_method="group_limited", n_group=4, topk_group=2, tie_word_embeddings=True),
+                 dict(dense, num_nextn_predict_layers=2),
+                 dict(base, num_nextn_predict_layers=2, attention_type="mla", q_lora_rank=6, kv_lora_rank=8,
+                      qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=3, sandwich_norm=True),
+                 dict(base, num_nextn_predict_layers=1, topk_method="moge", n_group=2, sandwich_norm=True,
+                      rope_interleave=True)]
     worst_all = 0.0
+    leaks = 0
     for raw in cfgs:
         c = load_config(raw)
         P = {k: v.double() for k, v in draw_params(c, 1, 0.3).items()}
@@ -839,6 +1029,9 @@ def cmd_gradcheck(a):
         rows = torch.from_numpy(rng.integers(0, c.V, size=(B, T + 1)))
         inp, tgt = rows[:, :T], rows[:, 1:].clone()
         tgt[0, 2] = -1   # one invalid target
+        if c.D:
+            tgt[1, T - 1] = -1   # the last target masked: e_T of row 1 is the zero vector
+            leaks += mtp_leak_check(c, P, rows) + mtp_target_check(c, P, inp, tgt)
         Pg = {k: v.clone().requires_grad_(True) for k, v in P.items()}
         stats = []
         _, _, _, loss = forward(c, Pg, inp, tgt, stats)
@@ -849,8 +1042,12 @@ def cmd_gradcheck(a):
         for name, t in P.items():
             # a few random coordinates per tensor, central differences
             n = t.numel()
-            for j in torch.randint(0, n, (3,), generator=g).tolist():
-                h = 1e-6
+            coords = torch.randint(0, n, (3,), generator=g).tolist()
+            if c.D and name == "model.embed_tokens.weight":
+                # the row of t_T of row 0: reaches the loss through e_T (and as a target)
+                coords += [int(tgt[0, T - 1]) * c.d + jj for jj in (0, c.d - 1)]
+            for j in coords:
+                h = 1e-5   # fp64: rounding ~1e-11 here, truncation below it
                 def f(delta):
                     Q = dict(P)
                     tt = t.clone().view(-1)
@@ -870,9 +1067,11 @@ def cmd_gradcheck(a):
                     print(f"  {name}[{j}]: autograd {ad:.9g} finite diff {fd:.9g} rel {err:.2e}")
         del base_idx
         worst_all = max(worst_all, worst)
-        print(f"gradcheck {c.attn_type}/{c.topk_method}/{c.scoring}/norm={c.norm_topk}/tied={c.tied}: "
-              f"min margin {min(float(m[0].min()) for m in stats):.2e}, worst rel err {worst:.2e}")
-    ok = worst_all < 1e-5
+        print(f"gradcheck {c.attn_type}/{c.topk_method}/{c.scoring}/norm={c.norm_topk}/tied={c.tied}"
+              + (f"/moe={c.n_moe > 0}/sandwich={c.sandwich}/mtp={c.D}" if c.D else "") + ": "
+              f"min margin {min([float(m[0].min()) for m in stats], default=float('inf')):.2e}, "
+              f"worst rel err {worst:.2e}")
+    ok = worst_all < 1e-5 and leaks == 0
     print("gradcheck:", "OK" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -991,7 +1190,8 @@ def cmd_train(a):
     data = ShardSampler(a.data, "train", a.seed)
     params = list(P.values())
     nparam = sum(t.numel() for t in params)
-    print(f"train: {nparam / 1e6:.2f}M parameters, {c.L} layers ({c.n_moe} MoE), "
+    print(f"train: {nparam / 1e6:.2f}M parameters, {c.L} layers ({c.n_moe} MoE)"
+          + (f" + {c.D} MTP block(s) (weight {c.mtp_w:g})" if c.D else "") + ", "
           f"batch {a.batch} x seq {a.seq}, {a.steps} steps, threads {a.threads}, autocast {a.autocast}", flush=True)
     tok_timed, t_timed = 0, 0.0
     for step in range(a.steps):
@@ -1006,8 +1206,9 @@ def cmd_train(a):
         inp, tgt = data.batch(a.batch, a.seq)
         if int(inp.max()) >= c.V or int(tgt.max()) >= c.V:
             raise ValueError(f"{a.data}: token id {max(int(inp.max()), int(tgt.max()))} >= vocab_size {c.V}")
+        mtp = []
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
-            _, ce, bals, loss = forward(c, P, inp, tgt)
+            _, ce, bals, loss = forward(c, P, inp, tgt, None, mtp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -1017,7 +1218,8 @@ def cmd_train(a):
             tok_timed += a.batch * a.seq
             t_timed += dt
         bal = float(torch.stack(bals).sum()) if bals else 0.0
-        print(f"step {step + 1}/{a.steps} loss {float(loss):.6f} ce {float(ce):.6f} balance_sum {bal:.5f} "
+        mtxt = "".join(f"mtp_ce{k + 1} {float(cek):.6f} " for k, (_, cek) in enumerate(mtp))
+        print(f"step {step + 1}/{a.steps} loss {float(loss):.6f} ce {float(ce):.6f} {mtxt}balance_sum {bal:.5f} "
               f"lr {lr:.3e} gnorm {float(gn):.4f} {dt * 1000:.0f} ms {a.batch * a.seq / dt:.0f} tok/s", flush=True)
     if a.out:
         save_checkpoint(a.out, c, {n: t.detach() for n, t in P.items()})
@@ -1073,6 +1275,9 @@ def main(argv=None):
     m.add_argument("--std", type=float, default=0.3)
     m.add_argument("--batch", type=int, default=2)
     m.add_argument("--seq", type=int, default=16)
+    m.add_argument("--mtp-copies", action="store_true",
+                   help="also write DeepSeek-V3's model.layers.{L+k-1}.embed_tokens.weight and "
+                        ".shared_head.head.weight (random, unlike the real ones: loaders must ignore them)")
     cp = sub.add_parser("compare")
     cp.add_argument("--case", required=True)
     cp.add_argument("--dump", required=True)
