@@ -5,7 +5,8 @@
  * checkpoint larger than memory is never slurped. A directory is either one
  * model.safetensors or a Hugging Face index (model.safetensors.index.json) plus shards;
  * tensor lookup goes through a name-sorted table to the shard that holds the tensor.
- * Writer: streams header and data to path.tmp, fsyncs and renames (atomic replace). */
+ * Writer: streams header and data to path.tmp (BF16 converted chunk by chunk), fsyncs and
+ * renames (atomic replace). */
 #include "base/safetensors.h"
 
 #include "base/common.h"
@@ -27,11 +28,9 @@
 /* BF16 conversion buffer, in elements. */
 #define ST_CHUNK ((size_t)1 << 20)
 
-enum { ST_F32 = 0, ST_BF16 = 1 };
-
 typedef struct {
     char *name;
-    int dtype;                    /* ST_F32 / ST_BF16 */
+    int dtype;                    /* enum mt_st_dtype */
     int ndim;
     int64_t shape[MT_ST_MAX_DIMS];
     uint64_t begin, end;          /* byte offsets relative to the data region */
@@ -121,8 +120,8 @@ static int parse_entry(const cJSON *item, st_tensor *t, const char *path) {
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
     if (!cJSON_IsString(dt))
         return mt_error("%s: tensor %s: missing or non-string dtype", path, name);
-    if (strcmp(dt->valuestring, "F32") == 0) t->dtype = ST_F32;
-    else if (strcmp(dt->valuestring, "BF16") == 0) t->dtype = ST_BF16;
+    if (strcmp(dt->valuestring, "F32") == 0) t->dtype = MT_ST_F32;
+    else if (strcmp(dt->valuestring, "BF16") == 0) t->dtype = MT_ST_BF16;
     else
         return mt_error("%s: tensor %s has unsupported dtype %s (F32 and BF16 are accepted)",
                         path, name, dt->valuestring);
@@ -154,7 +153,7 @@ static int parse_entry(const cJSON *item, st_tensor *t, const char *path) {
     if (t->end < t->begin)
         return mt_error("%s: tensor %s: data_offsets [%llu, %llu] end before they begin", path,
                         name, (unsigned long long)t->begin, (unsigned long long)t->end);
-    uint64_t bytes = numel * (t->dtype == ST_F32 ? 4u : 2u);
+    uint64_t bytes = numel * (t->dtype == MT_ST_F32 ? 4u : 2u);
     if (t->end - t->begin != bytes) {
         char s[160];
         format_shape(s, sizeof s, t->ndim, t->shape);
@@ -537,7 +536,7 @@ int mt_st_read_f32(mt_st_reader *r, const char *name, float *dst, int ndim, cons
     uint64_t bytes = t->end - t->begin, off = s->data_start + t->begin;
     if (bytes == 0) return 0;
     MT_ASSERT(dst);
-    if (t->dtype == ST_F32) return pread_full(s->fd, dst, (size_t)bytes, off, s->path);
+    if (t->dtype == MT_ST_F32) return pread_full(s->fd, dst, (size_t)bytes, off, s->path);
     /* BF16: the upper 16 bits of an fp32, converted chunk by chunk. */
     size_t numel = (size_t)(bytes / 2), done = 0;
     uint16_t *buf = mt_xmalloc((numel < ST_CHUNK ? numel : ST_CHUNK) * sizeof(uint16_t));
@@ -571,9 +570,19 @@ static cJSON *json_u64(uint64_t v) {
     return cJSON_CreateRaw(buf);
 }
 
+uint16_t mt_st_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN: keep it one */
+    /* adding 0x7fff plus the kept part's lowest bit rounds to nearest, ties to even; a carry
+     * into the exponent is the correct rounding up (to Inf past the largest bf16) */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* Builds the header JSON (unpadded). Returns NULL after mt_error on bad entries. */
 static char *build_header(const char *path, const mt_st_entry *entries, int n,
-                          const char *const *meta, int n_meta) {
+                          const char *const *meta, int n_meta, int dtype) {
+    const uint64_t es = dtype == MT_ST_BF16 ? 2 : 4;
     cJSON *root = cJSON_CreateObject();
     cJSON *md = cJSON_AddObjectToObject(root, "__metadata__");
     cJSON_AddStringToObject(md, "format", "pt");
@@ -602,7 +611,7 @@ static char *build_header(const char *path, const mt_st_entry *entries, int n,
         }
         uint64_t numel = 1;
         cJSON *t = cJSON_AddObjectToObject(root, e->name);
-        cJSON_AddStringToObject(t, "dtype", "F32");
+        cJSON_AddStringToObject(t, "dtype", dtype == MT_ST_BF16 ? "BF16" : "F32");
         cJSON *sh = cJSON_AddArrayToObject(t, "shape");
         for (int k = 0; k < e->ndim; k++) {
             if (e->shape[k] < 0) {
@@ -623,7 +632,7 @@ static char *build_header(const char *path, const mt_st_entry *entries, int n,
         }
         cJSON *o = cJSON_AddArrayToObject(t, "data_offsets");
         cJSON_AddItemToArray(o, json_u64(off));
-        off += 4 * numel;
+        off += es * numel;
         cJSON_AddItemToArray(o, json_u64(off));
     }
     char *s = cJSON_PrintUnformatted(root);
@@ -637,12 +646,30 @@ fail:
     return NULL;
 }
 
+/* Writes numel floats of x as BF16, through a bounded buffer. */
+static int write_bf16(FILE *f, const float *x, size_t numel) {
+    uint16_t buf[4096];
+    for (size_t done = 0; done < numel;) {
+        size_t m = numel - done < 4096 ? numel - done : 4096;
+        for (size_t j = 0; j < m; j++) buf[j] = mt_st_bf16(x[done + j]);
+        if (fwrite(buf, sizeof buf[0], m, f) != m) return 0;
+        done += m;
+    }
+    return 1;
+}
+
 int mt_st_write(const char *path, const mt_st_entry *entries, int n,
                 const char *const *meta, int n_meta) {
+    return mt_st_write_as(path, entries, n, meta, n_meta, MT_ST_F32);
+}
+
+int mt_st_write_as(const char *path, const mt_st_entry *entries, int n,
+                   const char *const *meta, int n_meta, int dtype) {
     MT_ASSERT(path && n >= 0 && (n == 0 || entries) && n_meta >= 0 && (n_meta == 0 || meta));
+    MT_ASSERT(dtype == MT_ST_F32 || dtype == MT_ST_BF16);
     if (!host_is_little_endian())
         return mt_error("%s: safetensors I/O needs a little-endian host", path);
-    char *hdr = build_header(path, entries, n, meta, n_meta);
+    char *hdr = build_header(path, entries, n, meta, n_meta, dtype);
     if (!hdr) return -1;
     /* Pad with spaces so that the data starts 8-byte aligned, as the reference does. */
     size_t hlen = strlen(hdr), padded = (hlen + 7) / 8 * 8;
@@ -666,7 +693,9 @@ int mt_st_write(const char *path, const mt_st_entry *entries, int n,
     for (int i = 0; ok && i < n; i++) {
         size_t numel = 1;
         for (int k = 0; k < entries[i].ndim; k++) numel *= (size_t)entries[i].shape[k];
-        if (numel) ok = fwrite(entries[i].data, sizeof(float), numel, f) == numel;
+        if (!numel) continue;
+        if (dtype == MT_ST_BF16) ok = write_bf16(f, entries[i].data, numel);
+        else ok = fwrite(entries[i].data, sizeof(float), numel, f) == numel;
     }
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int err = errno;

@@ -4,7 +4,8 @@
  * {"__metadata__": {...}, name: {"dtype": "F32", "shape": [...], "data_offsets": [b, e]}},
  * then the data, tensors contiguous with no gaps in offset order.
  * The reader accepts F32 and BF16 (converted to F32), a single file or a directory holding
- * model.safetensors or a HF index (model.safetensors.index.json + shards). */
+ * model.safetensors or a HF index (model.safetensors.index.json + shards). The writer stores
+ * F32 as given or rounds to BF16 (nearest even). */
 #ifndef MT_BASE_SAFETENSORS_H
 #define MT_BASE_SAFETENSORS_H
 
@@ -12,6 +13,9 @@
 #include <stdint.h>
 
 #define MT_ST_MAX_DIMS 8
+
+/* Element types of the subset read and written. */
+enum mt_st_dtype { MT_ST_F32 = 0, MT_ST_BF16 = 1 };
 
 typedef struct mt_st_reader mt_st_reader;
 
@@ -42,5 +46,10 @@ typedef struct {
  * optional key/value pairs meta[0..2*n_meta)}; atomically (tmp, fsync, rename). */
 int mt_st_write(const char *path, const mt_st_entry *entries, int n,
                 const char *const *meta, int n_meta);
+/* mt_st_write storing every tensor as dtype (enum mt_st_dtype; BF16: mt_st_bf16 of each value). */
+int mt_st_write_as(const char *path, const mt_st_entry *entries, int n,
+                   const char *const *meta, int n_meta, int dtype);
+/* The bfloat16 nearest to x, ties to even (PyTorch's rounding); a NaN stays a (quiet) NaN. */
+uint16_t mt_st_bf16(float x);
 
 #endif

@@ -10,6 +10,7 @@ int mt_cmd_generate(int argc, char **argv);
 int mt_cmd_info(int argc, char **argv);
 int mt_cmd_bench(int argc, char **argv);
 int mt_cmd_dump(int argc, char **argv);
+int mt_cmd_export(int argc, char **argv);
 int mt_cmd_plan(int argc, char **argv);
 int mt_cmd_rl(int argc, char **argv);
 

@@ -19,6 +19,7 @@ static const struct {
     {"rl", mt_cmd_rl, "RL post-training (GRPO with verifiable rewards) from a checkpoint"},
     {"eval", mt_cmd_eval, "validation loss and math exact-match accuracy of a checkpoint"},
     {"generate", mt_cmd_generate, "sample text from a checkpoint given a prompt"},
+    {"export", mt_cmd_export, "write a checkpoint as a Hugging Face / DeepSeek-V3 folder (sharded safetensors, F32 or BF16)"},
     {"info", mt_cmd_info, "parameters, active parameters, FLOPs per token, memory for a batch shape"},
     {"bench", mt_cmd_bench, "GEMM GFLOP/s of this machine and training throughput of a config"},
     {"dump", mt_cmd_dump, "write logits, losses and gradients of a checkpoint on a batch (testing)"},

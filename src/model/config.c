@@ -5,8 +5,8 @@
  * text, every key once). Parsing is strict about types (integers may be written 8 or 8.0,
  * never 8.5; booleans are JSON booleans; strings are strings) and about keys that would change the
  * architecture in ways docs/FORMATS.md does not cover (rope_scaling, moe_layer_freq, biases,
- * hidden_act, ...): those are errors rather than silently wrong models. Other unknown
- * keys are ignored. Every message is one line "<file>: key <name>: <problem>".
+ * hidden_act, quantization_config, ...): those are errors rather than silently wrong models.
+ * Other unknown keys are ignored. Every message is one line "<file>: key <name>: <problem>".
  * Range and consistency rules live in mt_config_validate only, so a config built in code
  * and one read from disk are checked by the same lines. */
 #include "model/config.h"
@@ -164,15 +164,41 @@ static int check_unsupported(const cJSON *root, const char *what) {
     if (found && strcmp(act, "silu") != 0)
         return mt_error("%s: key hidden_act: activation \"%s\" is not supported (only \"silu\")",
                         what, act);
+    /* DeepSeek-V3's published config.json describes FP8 block-quantized weights */
+    v = get(root, "quantization_config");
+    if (v) {
+        const cJSON *qm = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "quant_method") : NULL;
+        char s[64];
+        show_value(qm ? qm : v, s, sizeof s);
+        return mt_error("%s: key quantization_config: quantized weights (quant_method %s) are not supported: "
+                        "moetrain reads F32 and BF16 tensors (dequantize to BF16 and drop the key)", what, s);
+    }
+    /* false is DeepSeek's batch-wise balance loss; section 1.4's is per sequence */
+    v = get(root, "seq_aux");
+    if (v && !cJSON_IsTrue(v)) {
+        char s[64];
+        show_value(v, s, sizeof s);
+        return mt_error("%s: key seq_aux: only the sequence-wise balance loss (true) is supported, got %s", what, s);
+    }
+    v = get(root, "attention_dropout");
+    if (v && !(cJSON_IsNumber(v) && v->valuedouble == 0.0)) {
+        char s[64];
+        show_value(v, s, sizeof s);
+        return mt_error("%s: key attention_dropout: dropout is not supported (must be 0), got %s", what, s);
+    }
     return 0;
 }
 
 static int parse_object(mt_config *c, const cJSON *root, const char *what) {
     if (check_unsupported(root, what) != 0) return -1;
 
+    int have_type = 0;
     if (read_string(root, what, "attention_type", c->attention_type, sizeof c->attention_type,
-                    NULL) != 0)
+                    &have_type) != 0)
         return -1;
+    /* DeepSeek-V2/V3 configs have no such key: their MLA keys say it */
+    if (!have_type && get(root, "kv_lora_rank"))
+        snprintf(c->attention_type, sizeof c->attention_type, "%s", "mla");
     int mla = strcmp(c->attention_type, "mla") == 0;
     if (!mla && strcmp(c->attention_type, "gqa") != 0)
         return mt_error("%s: key attention_type: \"%s\" is not supported (\"gqa\" or \"mla\")",
@@ -251,6 +277,10 @@ static int parse_object(mt_config *c, const cJSON *root, const char *what) {
     if (strcmp(s, "greedy") == 0) c->topk_method = MT_TOPK_GREEDY;
     else if (strcmp(s, "group_limited") == 0) c->topk_method = MT_TOPK_GROUP_LIMITED;
     else if (strcmp(s, "moge") == 0) c->topk_method = MT_TOPK_MOGE;
+    else if (strcmp(s, "noaux_tc") == 0)
+        return mt_error("%s: key topk_method: \"noaux_tc\" (DeepSeek-V3's selection by scores plus the learned "
+                        "e_score_correction_bias) is not supported (\"greedy\", \"group_limited\" or \"moge\")",
+                        what);
     else
         return mt_error("%s: key topk_method: \"%s\" is not supported (\"greedy\", "
                         "\"group_limited\" or \"moge\")", what, s);
@@ -442,12 +472,14 @@ static const char *topk_name(int m) {
     return m == MT_TOPK_GROUP_LIMITED ? "group_limited" : m == MT_TOPK_MOGE ? "moge" : "greedy";
 }
 
-char *mt_config_to_json(const mt_config *c) {
+char *mt_config_to_json(const mt_config *c) { return mt_config_to_json_as(c, "float32"); }
+
+char *mt_config_to_json_as(const mt_config *c, const char *torch_dtype) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("MoetrainForCausalLM"));
     cJSON_AddStringToObject(o, "model_type", c->model_type);
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype);
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
     cJSON_AddNumberToObject(o, "num_hidden_layers", c->num_hidden_layers);

@@ -63,6 +63,8 @@ int mt_config_validate(const mt_config *c, const char *what);
 int mt_config_save(const mt_config *c, const char *path);
 /* Returns a malloc'd JSON text of the config. */
 char *mt_config_to_json(const mt_config *c);
+/* The same with "torch_dtype" set to the given name ("float32", "bfloat16": the weights' type). */
+char *mt_config_to_json_as(const mt_config *c, const char *torch_dtype);
 
 /* Errors (naming `what` and max_position_embeddings) unless 0 < T <= max_position_embeddings. */
 int mt_config_check_seq(const mt_config *c, int T, const char *what);

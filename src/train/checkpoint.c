@@ -1,7 +1,8 @@
-/* train/checkpoint.c — checkpoint folders: save, verify, load (see checkpoint.h). */
+/* train/checkpoint.c — checkpoint folders: save, verify, load, export (see checkpoint.h). */
 #include "train/checkpoint.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -69,6 +70,30 @@ static int write_params(const char *path, const mt_model *m, const float *base, 
     return rc;
 }
 
+/* checksums.json of folder dir over those of names (NULL-terminated) that are present;
+ * written last, it marks the folder complete. */
+static int write_checksums(const char *dir, const char *const *names) {
+    char path[4096];
+    cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "algorithm", "xxh64");
+    for (int i = 0; names[i]; i++) {
+        join(path, sizeof path, dir, names[i]);
+        if (!exists(path)) continue;
+        unsigned long long h;
+        if (file_xxh64(path, &h) != 0) { cJSON_Delete(root); cJSON_Delete(files); return -1; }
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", h);
+        cJSON_AddStringToObject(files, names[i], hex);
+    }
+    cJSON_AddItemToObject(root, "files", files);
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    join(path, sizeof path, dir, "checksums.json");
+    int rc = mt_write_file_atomic(path, txt, strlen(txt));
+    free(txt);
+    return rc;
+}
+
 /* Writes the checkpoint's files into folder dir (made). */
 static int save_files(const char *dir, const mt_model *m, const float *m_adam, const float *v_adam,
                       const char *state_json, const mt_tokenizer *tk) {
@@ -107,24 +132,7 @@ static int save_files(const char *dir, const mt_model *m, const float *m_adam, c
         if (mt_write_file_atomic(path, state_json, strlen(state_json)) != 0) return -1;
     }
     if (tk && tk->bpe && mt_tokenizer_save_dir(tk, dir) != 0) return -1;
-    cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "algorithm", "xxh64");
-    for (int i = 0; ckpt_files[i]; i++) {
-        join(path, sizeof path, dir, ckpt_files[i]);
-        if (!exists(path)) continue;
-        unsigned long long h;
-        if (file_xxh64(path, &h) != 0) { cJSON_Delete(root); cJSON_Delete(files); return -1; }
-        char hex[17];
-        snprintf(hex, sizeof hex, "%016llx", h);
-        cJSON_AddStringToObject(files, ckpt_files[i], hex);
-    }
-    cJSON_AddItemToObject(root, "files", files);
-    char *txt = cJSON_Print(root);
-    cJSON_Delete(root);
-    join(path, sizeof path, dir, "checksums.json");
-    int rc = mt_write_file_atomic(path, txt, strlen(txt));
-    free(txt);
-    return rc;
+    return write_checksums(dir, ckpt_files);
 }
 
 /* A failed save removes what it wrote beside the checkpoint (a full disk must not fill up
@@ -348,7 +356,8 @@ int mt_ckpt_load_state(const char *dir, char **json, size_t *len) {
     return mt_read_file(path, json, len);
 }
 
-int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite) {
+/* mt_ckpt_open_model; infer: parameters only (no gradient buffer). */
+static int open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite, int infer) {
     char dir[4096];
     mt_config cfg;
     if (mt_ckpt_resolve(path, dir, sizeof dir) != 0) return -1;
@@ -356,8 +365,130 @@ int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap
     if (mt_ckpt_load_config(dir, &cfg) != 0) return -1;
     char cpath[4200];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
-    if (mt_model_check(&cfg, cpath) != 0 || mt_model_init(m, &cfg) != 0) return -1;
+    if (mt_model_check(&cfg, cpath) != 0 || (infer ? mt_model_init_infer(m, &cfg) : mt_model_init(m, &cfg)) != 0)
+        return -1;
     if (mt_ckpt_load_weights(dir, m, allow_nonfinite) != 0) { mt_model_free(m); return -1; }
     if (resolved) snprintf(resolved, cap, "%s", dir);
+    return 0;
+}
+
+int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite) {
+    return open_model(path, m, resolved, cap, allow_nonfinite, 0);
+}
+
+/* ---- export: the Hugging Face / DeepSeek-V3 folder layout ---- */
+
+/* 0 when out may receive the export (absent, or an empty folder); an error otherwise, so a
+ * folder holding anything (another model, the source itself) is never mixed into. */
+static int export_target_ok(const char *out) {
+    struct stat st;
+    if (stat(out, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        return mt_error("%s: cannot use as the output folder: %s", out, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) return mt_error("%s: exists and is not a folder", out);
+    DIR *d = opendir(out);
+    if (!d) return mt_error("%s: cannot read the output folder: %s", out, strerror(errno));
+    struct dirent *e;
+    int empty = 1;
+    while (empty && (e = readdir(d))) empty = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+    closedir(d);
+    return empty ? 0 : mt_error("%s: exists and is not empty (export writes a new folder: remove it or give "
+                                "another --out)", out);
+}
+
+/* The shards, index, config.json, tokenizer and checksums.json of model m (a whole model,
+ * parameters only) in the staging folder tmp. */
+static int export_files(const char *tmp, const mt_model *m, const mt_tokenizer *tk, const mt_export_opts *o,
+                        mt_export_info *info) {
+    const int n = m->ntensors, bf16 = o->dtype == MT_ST_BF16;
+    const uint64_t es = bf16 ? 2 : 4;
+    /* tensors in checkpoint order, a new shard when the next would pass the size; one
+     * larger than the size alone gets a shard of its own (tensors are never split) */
+    int *shard = mt_xcalloc((size_t)n + 1, sizeof *shard), ns = 0;
+    uint64_t used = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        const uint64_t b = (uint64_t)m->tensors[i].numel * es;
+        if (i == 0 || (used > 0 && used + b > o->shard_bytes)) ns++, used = 0;
+        shard[i] = ns - 1;
+        used += b;
+        total += b;
+    }
+    char **files = mt_xcalloc((size_t)ns + 8, sizeof *files); /* the shards, then the other files, NULL */
+    mt_st_entry *e = mt_xcalloc((size_t)n + 1, sizeof *e);
+    char path[4096];
+    int rc = 0;
+    for (int s = 0, i = 0; rc == 0 && s < ns; s++) {
+        char name[64];
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, ns);
+        files[s] = mt_xstrdup(name);
+        int k = 0;
+        for (; i < n && shard[i] == s; i++, k++) {
+            const mt_tensor *t = &m->tensors[i];
+            e[k] = (mt_st_entry){t->name, m->params + t->offset, t->ndim, {t->shape[0], t->shape[1]}};
+        }
+        join(path, sizeof path, tmp, name);
+        rc = mt_st_write_as(path, e, k, NULL, 0, o->dtype);
+    }
+    if (rc == 0) { /* {"metadata": {"total_size": bytes of tensor data}, "weight_map": {name: shard}} */
+        cJSON *root = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(root, "metadata");
+        char num[32];
+        snprintf(num, sizeof num, "%llu", (unsigned long long)total);
+        cJSON_AddItemToObject(md, "total_size", cJSON_CreateRaw(num));
+        cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+        for (int i = 0; i < n; i++) cJSON_AddStringToObject(wm, m->tensors[i].name, files[shard[i]]);
+        char *txt = cJSON_Print(root);
+        cJSON_Delete(root);
+        join(path, sizeof path, tmp, "model.safetensors.index.json");
+        rc = mt_write_file_atomic(path, txt, strlen(txt));
+        free(txt);
+    }
+    if (rc == 0) {
+        char *txt = mt_config_to_json_as(&m->cfg, bf16 ? "bfloat16" : "float32");
+        join(path, sizeof path, tmp, "config.json");
+        rc = mt_write_file_atomic(path, txt, strlen(txt));
+        free(txt);
+    }
+    if (rc == 0 && tk->bpe) rc = mt_tokenizer_save_dir(tk, tmp);
+    if (rc == 0) {
+        const char *more[] = {"model.safetensors.index.json", "config.json", "tokenizer.json", "tokenizer_config.json"};
+        for (int j = 0; j < 4; j++) files[ns + j] = mt_xstrdup(more[j]);
+        rc = write_checksums(tmp, (const char *const *)files);
+    }
+    for (int j = 0; files[j]; j++) free(files[j]);
+    free(files);
+    free(e);
+    free(shard);
+    info->shards = ns;
+    info->tensors = n;
+    info->bytes = total;
+    info->params = m->nparams;
+    return rc;
+}
+
+int mt_ckpt_export(const char *ckpt, const char *out_arg, const mt_export_opts *o, mt_export_info *info) {
+    MT_ASSERT(o->shard_bytes > 0 && (o->dtype == MT_ST_F32 || o->dtype == MT_ST_BF16));
+    char out[4096], tmp[4200], dir[4096];
+    snprintf(out, sizeof out, "%s", out_arg);
+    /* "DIR/" must stage in DIR.tmp beside it, not in DIR/.tmp */
+    for (size_t k = strlen(out); k > 1 && out[k - 1] == '/'; k--) out[k - 1] = 0;
+    if (export_target_ok(out) != 0) return -1;
+    mt_model m;
+    if (open_model(ckpt, &m, dir, sizeof dir, o->allow_nonfinite, 1) != 0) return -1;
+    mt_tokenizer tk;
+    if (mt_tokenizer_load_dir(&tk, dir) != 0) { mt_model_free(&m); return -1; }
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    int rc = mt_rm_tree(tmp) != 0 || mt_mkdir_p(tmp) != 0 ? -1 : export_files(tmp, &m, &tk, o, info);
+    mt_tokenizer_free(&tk);
+    mt_model_free(&m);
+    /* one rename puts the whole folder in place (over an empty one too) */
+    if (rc == 0 && rename(tmp, out) != 0) rc = mt_error("%s: cannot rename to %s: %s", tmp, out, strerror(errno));
+    if (rc != 0) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mt_last_error());
+        if (mt_rm_tree(tmp) != 0) mt_warn("%s", mt_last_error());
+        return mt_error("%s: export not written: %s", out, msg);
+    }
+    mt_fsync_dir_of(out);
     return 0;
 }

@@ -3,11 +3,13 @@
  * exp_avg.<param> / exp_avg_sq.<param>) and trainer_state.json (step, data position,
  * seed, hyper-parameters). checksums.json (XXH64 of every file) is written last; a folder
  * without it is incomplete. A run folder holds step_NNNNNNNN/ checkpoints and a file
- * `latest` naming the newest complete one. */
+ * `latest` naming the newest complete one. mt_ckpt_export writes a checkpoint's weights in
+ * the sharded Hugging Face layout (DeepSeek-V3's), which every loader here reads too. */
 #ifndef MT_TRAIN_CHECKPOINT_H
 #define MT_TRAIN_CHECKPOINT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "data/tokenizer.h"
 #include "model/model.h"
@@ -41,5 +43,22 @@ int mt_ckpt_load_state(const char *dir, char **json, size_t *len);
 int mt_ckpt_open_model(const char *path, mt_model *m, char *resolved, size_t cap, int allow_nonfinite);
 /* Writes `latest` in run_dir pointing at the checkpoint folder name (atomically). */
 int mt_ckpt_set_latest(const char *run_dir, const char *name);
+
+/* The Hugging Face / DeepSeek-V3 folder layout (docs/FORMATS.md 4.7). */
+typedef struct {
+    int dtype;            /* enum mt_st_dtype (base/safetensors.h): F32, or BF16 rounded to nearest even */
+    uint64_t shard_bytes; /* most tensor bytes per shard (> 0); a larger tensor gets a shard of its own */
+    int allow_nonfinite;  /* as mt_ckpt_load_weights */
+} mt_export_opts;
+typedef struct {
+    int shards, tensors;
+    uint64_t bytes;       /* tensor data in all shards (the index's total_size) */
+    size_t params;
+} mt_export_info;
+/* Writes the weights of checkpoint or run folder ckpt as folder out (absent or empty):
+ * config.json, model-0000i-of-0000N.safetensors holding the tensors in checkpoint order,
+ * model.safetensors.index.json, the tokenizer files when the checkpoint has them, and
+ * checksums.json; staged in out.tmp and renamed into place. */
+int mt_ckpt_export(const char *ckpt, const char *out, const mt_export_opts *o, mt_export_info *info);
 
 #endif
