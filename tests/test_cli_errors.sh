@@ -37,7 +37,7 @@ variant("float_int", {"hidden_size": 8.5})
 variant("missing_key", drop=("intermediate_size",))
 variant("vocab200", {"vocab_size": 200})
 variant("layers300", {"num_hidden_layers": 300, "first_k_dense_replace": 300})
-variant("mtp", {"num_nextn_predict_layers": 1})
+variant("mtp5", {"num_nextn_predict_layers": 5})
 variant("tied", {"tie_word_embeddings": True})
 variant("absurd", {"vocab_size": 2000000000, "hidden_size": 2000000000})
 # accepted spellings (positive control for the rules above)
@@ -266,7 +266,7 @@ expect_fail dump_batch_zero '--batch' -- "$M" dump --ckpt RUN --tokens "$TRAIN_S
 expect_fail eval_eot_range '--eot' --timeout 60 -- "$M" eval --ckpt RUN --data D --doc-mode --eot 999 --problems 0
 # configs beyond the trainer: a clear error, not a stack overrun or an abort allocating
 expect_fail train_layers_over_256 'layers300\.json: key num_hidden_layers: 300.*256' -- "$M" train --config cfg/layers300.json --data D $TR --out R_L300 --quiet
-expect_fail train_mtp_unsupported 'num_nextn_predict_layers' -- "$M" train --config cfg/mtp.json --data D $TR --out R_MTP --quiet
+expect_fail train_mtp_over_limit 'num_nextn_predict_layers: 5 exceeds the trainer.s limit of 4' -- "$M" train --config cfg/mtp5.json --data D $TR --out R_MTP --quiet
 expect_fail train_absurd_sizes 'parameter' -- "$M" train --config cfg/absurd.json --data D $TR --out R_ABS --quiet
 # flags that would be ignored: refused
 expect_fail train_resume_and_init '--init' -- "$M" train --resume RUN --init RUN --data D --steps 3 --out R_RI --quiet

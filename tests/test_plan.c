@@ -13,6 +13,7 @@
 #include "parallel/schedule.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "model/decode.h"
 #include "model/model.h"
 #include "plan/costs.h"
 #include "plan/plan.h"
@@ -153,6 +154,224 @@ static void test_costs_vs_trainer(void) {
     printf("pangu-ultra-moe-718b: %.1fB parameters, %.1fB activated (incl. embedding)\n", pp / 1e9, pa / 1e9);
     CHECK(fabs(pp / 718e9 - 1) < 0.02, "Pangu params %.4g, expected ~718B", pp);
     CHECK(fabs(pa / 39e9 - 1) < 0.05, "Pangu active %.4g, expected ~39B", pa);
+}
+
+/* ---------------------------------------------------------------- attention sizes (GQA, MLA) */
+
+/* Parameters of each planner unit against mt_model_layout's tensors: the embedding, every
+ * decoder layer, the final norm + head; and a TP-2 rank's share of each layer against
+ * mt_model_layout_part (the trainer splits q / q_b, k, v, kv_b, o and the dense FFN; MLA's
+ * q_a, kv_a and latent norms stay whole). */
+static void check_unit_params(const mt_config *c, const char *name) {
+    /* the MTP blocks are layers L.. of the trainer's table and the units after the stack's */
+    const int L = mt_config_layers(c), n = mt_cost_units(c, 256, 4, NULL);
+    MT_ASSERT(n == L + 2);
+    mt_unit_cost *u = mt_xcalloc((size_t)n, sizeof *u);
+    mt_cost_units(c, 256, 4, u);
+    double *want = mt_xcalloc((size_t)L + 2, sizeof(double)), *want2 = mt_xcalloc((size_t)L + 2, sizeof(double));
+    const int nt = mt_model_layout(c, NULL, NULL);
+    mt_tensor *t = mt_xcalloc((size_t)nt, sizeof *t);
+    mt_model_layout(c, t, NULL);
+    /* index: 0 embedding, 1 + l layer l, L + 1 final norm and head */
+    for (int i = 0; i < nt; i++) want[t[i].layer >= 0 ? 1 + t[i].layer : t[i].role == MT_R_EMBED ? 0 : L + 1] += (double)t[i].numel;
+    const int tp2 = c->num_attention_heads % 2 == 0 && c->num_key_value_heads % 2 == 0 && c->intermediate_size % 2 == 0;
+    if (tp2) {
+        mt_part sh;
+        mt_part_whole(&sh, c);
+        sh.tp_size = 2;
+        const int n2 = mt_model_layout_part(c, &sh, NULL, NULL, NULL, NULL);
+        mt_tensor *t2 = mt_xcalloc((size_t)n2, sizeof *t2);
+        mt_model_layout_part(c, &sh, t2, NULL, NULL, NULL);
+        for (int i = 0; i < n2; i++) if (t2[i].layer >= 0) want2[1 + t2[i].layer] += (double)t2[i].numel;
+        free(t2);
+    }
+    for (int i = 0; i < L + 2; i++) {
+        const mt_unit_cost *x = &u[i];
+        const double got = x->p_tp + x->p_rep + x->p_expert;
+        CHECK(got == want[i], "%s unit %d: %.0f parameters, mt_model_layout %.0f", name, i, got, want[i]);
+        /* the GEMMs moetrain's TP repeats on every rank: MLA's q_a and kv_a */
+        const double rep = !mt_config_is_mla(c) || i == 0 || i > L ? 0
+                           : 2.0 * c->hidden_size * (c->q_lora_rank + c->kv_lora_rank + c->qk_rope_head_dim);
+        CHECK(x->f_gemm_tp_rep == rep, "%s unit %d: %.0f FLOPs a token on every TP rank, want %.0f", name, i,
+              x->f_gemm_tp_rep, rep);
+        if (tp2 && i >= 1 && i <= L) {
+            const double got2 = x->p_tp_trainer / 2 + (x->p_tp - x->p_tp_trainer) + x->p_rep + x->p_expert;
+            CHECK(got2 == want2[i], "%s layer %d on a TP-2 rank: %.0f parameters, mt_model_layout_part %.0f", name,
+                  i - 1, got2, want2[i]);
+        }
+    }
+    free(t);
+    free(want);
+    free(want2);
+    free(u);
+}
+
+/* What the planner's units keep per token (elt 4: the trainer's fp32 arena) against
+ * mt_acts_layer_bytes for every layer, both trainer policies, micro-batches whose token count
+ * is a multiple of 16 (every per-token buffer a multiple of the carver's 64 B); an MoE layer
+ * also keeps its expert offsets (E + 1 int32) and the per-sequence balance statistics
+ * (B x E fp32), which are not per token. */
+static void check_layer_acts(const mt_config *c, const char *name) {
+    static const int shapes[][2] = {{2, 64}, {1, 48}, {4, 128}};
+    for (int s = 0; s < 3; s++) {
+        const int B = shapes[s][0], T = shapes[s][1];
+        if (T > c->max_position_embeddings) continue;
+        const int n = mt_cost_units(c, T, 4, NULL);
+        mt_unit_cost *u = mt_xcalloc((size_t)n, sizeof *u);
+        mt_cost_units(c, T, 4, u);
+        const double N = (double)B * T, E = c->n_routed_experts;
+        for (int policy = MT_RECOMPUTE_NONE; policy <= MT_RECOMPUTE_SELECTIVE; policy++)
+            for (int l = 0; l < c->num_hidden_layers; l++) {
+                const mt_acts_dims d = {B, T, 1, policy, 1, 0, 0};
+                const mt_unit_cost *x = &u[1 + l];
+                double got = N * (x->act_tok[policy] + x->act_expert_tok[policy]);
+                if (x->moe) got += ceil(4 * (E + 1) / 64) * 64 + ceil(4 * B * E / 64) * 64;
+                const double want = (double)mt_acts_layer_bytes(c, l, &d);
+                CHECK(got == want, "%s B %d T %d %s layer %d: planner keeps %.0f B, mt_acts_layer_bytes %.0f", name, B,
+                      T, mt_recompute_name(policy), l, got, want);
+            }
+        free(u);
+    }
+}
+
+/* The KV cache: the planner's (kv_cache of mt_plan_eval, mt_kv_cache_bytes) against what the
+ * rollout engine allocates, measured through its API: a decoder of two slots holds exactly one
+ * sequence's cache more than one of one slot (nothing else is per slot). Both forms for MLA. */
+static void check_kv_cache(const mt_config *c, const char *name) {
+    mt_model m;
+    memset(&m, 0, sizeof m);
+    MT_ASSERT(mt_model_init_infer(&m, c) == 0);
+    const int tmax = c->max_position_embeddings < 40 ? c->max_position_embeddings : 40, L = c->num_hidden_layers;
+    mt_cluster cl;
+    load_cluster(&cl, "configs/clusters/h100.json");
+    mt_plan_settings st;
+    mt_plan_settings_default(&st);
+    st.seq = tmax;
+    st.elt = 4; /* the decoder's fp32 cache */
+    st.decode_seqs = 3;
+    const int tp = c->num_attention_heads % 2 == 0 && c->num_key_value_heads % 2 == 0 &&
+                   c->intermediate_size % 2 == 0 ? 2 : 1;
+    st.devices = tp * 2;
+    st.global_seqs = 4;
+    mt_layout lay;
+    char spec[64];
+    snprintf(spec, sizeof spec, "tp=%d,pp=2,mb=1", tp);
+    MT_ASSERT(mt_layout_parse(&lay, spec, MT_RECOMPUTE_NONE) == 0);
+    mt_plan_result r;
+    mt_plan_eval(c, &cl, &st, &lay, &r);
+    const int mla = mt_config_is_mla(c);
+    for (int absorbed = 0; absorbed <= mla; absorbed++) {
+        mt_decoder *d1 = mt_decoder_new_form(&m, 1, tmax, 4, 1, 0, absorbed);
+        mt_decoder *d2 = mt_decoder_new_form(&m, 2, tmax, 4, 1, 0, absorbed);
+        MT_ASSERT(d1 && d2);
+        const double one = (double)mt_decoder_bytes(d2) - (double)mt_decoder_bytes(d1);
+        const int a = absorbed || !mla; /* the planner's first figure: the decoder's default form */
+        const double model = a ? r.kv_model : r.kv_model_unabs, dev = a ? r.kv_dev : r.kv_dev_unabs;
+        const double split = mla && absorbed ? 1 : tp; /* the latent row is every head's */
+        CHECK(mt_kv_cache_bytes(c, absorbed, L, 1, tmax, 4) == one && model == 3 * one &&
+              dev == 3 * one * r.kv_layers / L / split && r.kv_layers >= (L + 1) / 2,
+              "%s %s: decoder's cache %.0f B a sequence of %d positions; planner %.0f B for 3 (device %.0f B, %d of %d "
+              "layers, TP %d)", name, mla ? (absorbed ? "absorbed" : "unabsorbed") : "GQA", one, tmax, model, dev,
+              r.kv_layers, L, tp);
+        /* the widths the issue states: absorbed kv_lora_rank + qk_rope_head_dim, unabsorbed
+         * the per-head k and v, GQA 2 x Hkv x hd */
+        const double w = !mla ? 2.0 * c->num_key_value_heads * c->head_dim
+                         : absorbed ? c->kv_lora_rank + c->qk_rope_head_dim
+                                    : (double)c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim);
+        CHECK(one == 4.0 * w * L * tmax && (absorbed || !mla ? r.kv_width : r.kv_width_unabs) == w,
+              "%s: %.0f B a sequence, %.0f values a position and layer", name, one, w);
+        if (absorbed) {
+            printf("kv cache, %s: %.0f B a position and layer absorbed, %.0f B unabsorbed (fp32)\n", name,
+                   one / L / tmax, r.kv_model_unabs / 3 / L / tmax);
+        }
+        mt_decoder_free(d1);
+        mt_decoder_free(d2);
+    }
+    if (!mla) printf("kv cache, %s: %.0f B a position and layer (fp32)\n", name, r.kv_model / 3 / L / tmax);
+    mt_model_free(&m);
+}
+
+/* One source for the attention's sizes (model/sizes.h): on GQA and MLA configs (query
+ * compression on and off, different dn / dr / dv, sandwich norm, dense and MoE layers) the
+ * planner's parameters equal mt_model_layout's per unit and in total, its FLOPs per token
+ * mt_model_flops_per_token, what its layers keep mt_acts_layer_bytes, its trainer arena
+ * mt_acts_bytes_chunk, its KV cache the decoder's allocation. */
+static void test_attention_sizes(void) {
+    static const char *const json[] = {
+        /* MLA with q_lora, MoE + shared expert, dv = dn */
+        "{\"attention_type\": \"mla\", \"vocab_size\": 300, \"hidden_size\": 128, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"q_lora_rank\": 96, \"kv_lora_rank\": 64, \"qk_nope_head_dim\": 32,"
+        " \"qk_rope_head_dim\": 16, \"v_head_dim\": 32, \"intermediate_size\": 256, \"max_position_embeddings\": 256,"
+        " \"first_k_dense_replace\": 1, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"n_shared_experts\": 1,"
+        " \"moe_intermediate_size\": 64}",
+        /* MLA without q_lora (DeepSeek-V2-Lite's form), dv != dn, 6 heads, tied embeddings */
+        "{\"attention_type\": \"mla\", \"vocab_size\": 260, \"hidden_size\": 96, \"num_hidden_layers\": 4,"
+        " \"num_attention_heads\": 6, \"q_lora_rank\": null, \"kv_lora_rank\": 48, \"qk_nope_head_dim\": 16,"
+        " \"qk_rope_head_dim\": 8, \"v_head_dim\": 24, \"intermediate_size\": 192, \"max_position_embeddings\": 512,"
+        " \"first_k_dense_replace\": 2, \"n_routed_experts\": 4, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 48, \"tie_word_embeddings\": true}",
+        /* MLA, all dense, sandwich norm, rope wider than nope, 5 heads (no TP 2) */
+        "{\"attention_type\": \"mla\", \"vocab_size\": 256, \"hidden_size\": 80, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 5, \"q_lora_rank\": 40, \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 8,"
+        " \"qk_rope_head_dim\": 24, \"v_head_dim\": 16, \"intermediate_size\": 160, \"max_position_embeddings\": 128,"
+        " \"sandwich_norm\": true}",
+        /* GQA: Hkv < H, MoE with shared experts, sandwich norm */
+        "{\"vocab_size\": 300, \"hidden_size\": 128, \"num_hidden_layers\": 3, \"num_attention_heads\": 8,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 256, \"max_position_embeddings\": 256,"
+        " \"first_k_dense_replace\": 1, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"n_shared_experts\": 2,"
+        " \"moe_intermediate_size\": 32, \"sandwich_norm\": true}",
+    };
+    static const char *const names[] = {"mla_qlora", "mla_noqlora", "mla_dense_sandwich", "gqa_sandwich"};
+    mt_config cs[8];
+    const char *nm[8];
+    int n = 0;
+    for (size_t i = 0; i < sizeof json / sizeof json[0]; i++, n++) {
+        if (mt_config_parse(&cs[n], json[i], names[i]) != 0) { printf("FAIL: %s\n", mt_last_error()); exit(1); }
+        nm[n] = names[i];
+    }
+    load_config(&cs[n], "configs/demo.json"), nm[n++] = "demo";
+    load_config(&cs[n], "configs/small.json"), nm[n++] = "small";
+    for (int i = 0; i < n; i++) {
+        const mt_config *c = &cs[i];
+        size_t np;
+        mt_model_layout(c, NULL, &np);
+        CHECK(mt_cost_params(c) == (double)np, "%s: params %.0f vs trainer %zu", nm[i], mt_cost_params(c), np);
+        CHECK(mt_cost_active_params(c) == mt_model_active_params(c), "%s: active params %.0f vs trainer %.0f", nm[i],
+              mt_cost_active_params(c), mt_model_active_params(c));
+        const int mla = mt_config_is_mla(c);
+        const double qk = mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
+        const double vd = mla ? c->v_head_dim : c->head_dim;
+        for (int T = 1; T <= c->max_position_embeddings; T *= 4) {
+            const double f = mt_cost_flops_per_token(c, T), g = mt_model_flops_per_token(c, T);
+            CHECK(fabs(f - g) <= 1e-12 * g, "%s T %d: FLOPs/token %.17g vs trainer %.17g", nm[i], T, f, g);
+            /* scores over the q/k width, values over v's, (T+1)/2 keys: 2 FLOPs each */
+            const double core = 2.0 * c->num_attention_heads * (qk + vd) * (T + 1) / 2.0;
+            CHECK(mt_attn_core_flops(c, T) == core, "%s T %d: attention core %.17g, want %.17g", nm[i], T,
+                  mt_attn_core_flops(c, T), core);
+        }
+        check_unit_params(c, nm[i]);
+        check_layer_acts(c, nm[i]);
+        if (i < 3) test_trainer_arena_sizes(c, nm[i]); /* the GQA ones: test_costs_vs_trainer */
+        check_kv_cache(c, nm[i]);
+    }
+    /* the presets: per unit as above (DeepSeek-V3 and Pangu Ultra MoE, q_lora MLA at scale) */
+    static const char *const presets[] = {"deepseek-v3", "pangu-ultra-moe-718b", "llama3-405b"};
+    static const char *const preset_files[] = {"configs/deepseek-v3.json", "configs/pangu-ultra-moe-718b.json",
+                                               "configs/llama3-405b.json"};
+    for (int i = 0; i < 3; i++) {
+        mt_config c;
+        load_config(&c, preset_files[i]);
+        size_t np;
+        mt_model_layout(&c, NULL, &np);
+        /* the trainer holds, runs and counts the MTP blocks */
+        CHECK(mt_cost_params_mtp(&c) == (double)np, "%s: params %.0f vs trainer %zu", presets[i],
+              mt_cost_params_mtp(&c), np);
+        const double f = mt_cost_model_flops_per_token(&c, 8192), g = mt_model_flops_per_token(&c, 8192);
+        CHECK(fabs(f - g) <= 1e-12 * g, "%s: FLOPs/token %.17g vs trainer %.17g", presets[i], f, g);
+        check_unit_params(&c, presets[i]);
+    }
+    printf("attention sizes: planner == trainer (params per unit and TP-2 rank, FLOPs, kept bytes, KV cache) on %d "
+           "configs and 3 presets\n", n);
 }
 
 /* ---------------------------------------------------------------- schedules */
@@ -431,6 +650,46 @@ static void test_search_and_cli(void) {
     char *a4[] = {"moetrain", "plan", "--model", model, "--cluster", clus, "--devices", "64", "--global-batch",
                   "64", "--top", "3", NULL};
     CHECK(mt_cmd_plan(12, a4) != 0, "718B on 64 devices should not fit");
+    /* the KV-cache line: --decode-batch and --decode-context (at most max_position_embeddings) */
+    char *a5[] = {"moetrain", "plan", "--model", model, "--cluster", clus, "--devices", "6144", "--global-batch",
+                  "3840", "--decode-batch", "8", "--decode-context", "131072", "--layout", "tp=8,pp=16,ep=32", NULL};
+    CHECK(mt_cmd_plan(16, a5) == 0, "plan --decode-batch --decode-context failed: %s", mt_last_error());
+    char *a6[] = {"moetrain", "plan", "--model", model, "--cluster", clus, "--decode-context", "131073", NULL};
+    CHECK(mt_cmd_plan(8, a6) != 0 && strstr(mt_last_error(), "--decode-context"), "--decode-context beyond the "
+          "model's positions accepted (%s)", mt_last_error());
+    char *a7[] = {"moetrain", "plan", "--model", model, "--cluster", clus, "--decode-batch", "0", NULL};
+    CHECK(mt_cmd_plan(8, a7) != 0 && strstr(mt_last_error(), "--decode-batch"), "--decode-batch 0 accepted");
+    {
+        /* Pangu at its published layout: 64 sequences of 8192 positions in bf16; absorbed MLA's
+         * 576 values a position and layer are on every TP rank, the unabsorbed 40960 split */
+        mt_config pc;
+        mt_cluster pcl;
+        mt_plan_settings ps;
+        plan_case(&pc, "configs/pangu-ultra-moe-718b.json", &pcl, "configs/clusters/atlas-800t-a2.json", &ps, 6144, 3840);
+        mt_layout pl;
+        MT_ASSERT(mt_layout_parse(&pl, "tp=8,pp=16,vpp=2,ep=32,mb=1,rc=none,a2a=hier,split=balanced", MT_RECOMPUTE_KEEP_ALL) == 0);
+        mt_plan_result pr;
+        mt_plan_eval(&pc, &pcl, &ps, &pl, &pr);
+        const double per = 64.0 * 8192 * 2; /* bytes of one value over the batch */
+        CHECK(pr.kv_mla && pr.kv_width == 576 && pr.kv_width_unabs == 40960 && pr.kv_model == 61 * per * 576 &&
+              pr.kv_dev == pr.kv_layers * per * 576 && pr.kv_dev_unabs == pr.kv_layers * per * 40960 / 8 &&
+              pr.kv_layers == 4, "Pangu KV cache: %d / %d values, %.4g B (device %.4g, %d layers)", pr.kv_width,
+              pr.kv_width_unabs, pr.kv_model, pr.kv_dev, pr.kv_layers);
+        char *txt = NULL;
+        size_t tlen = 0;
+        FILE *mf = open_memstream(&txt, &tlen);
+        mt_plan_print_detail(mf, &pr);
+        fclose(mf);
+        char *js = mt_plan_json(&pr, 1, NULL);
+        CHECK(strstr(txt, "kv cache      decoding 64 sequences x 8192 positions, 2 B a value") &&
+              strstr(txt, "MLA absorbed (576 values") && strstr(txt, "unabsorbed (per-head k and v, 40960 values") &&
+              strstr(js, "\"device_bytes_unabsorbed\""), "KV-cache lines:\n%s", txt);
+        printf("pangu-ultra-moe-718b KV cache, 64 x 8192 bf16: %.2f GB absorbed / %.1f GB unabsorbed (whole model), "
+               "%.2f / %.2f GB a device at TP8 PP16 VPP2\n", pr.kv_model / 1e9, pr.kv_model_unabs / 1e9,
+               pr.kv_dev / 1e9, pr.kv_dev_unabs / 1e9);
+        free(js);
+        free(txt);
+    }
 }
 
 
@@ -799,6 +1058,7 @@ int main(void) {
     if (slash) *slash = 0;
     else snprintf(src_dir, sizeof src_dir, "..");
     test_costs_vs_trainer();
+    test_attention_sizes();
     test_schedules();
     test_published_runs();
     test_search_and_cli();

@@ -49,7 +49,7 @@ static int parse_batch(const char *s, int T, long long *seqs) {
 int mt_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *gb = NULL, *layout = NULL, *dtype = "bf16", *optim = "adamw";
     int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0, threads = 0, per_node = 0;
-    int bf16 = 0, dtype_given = 0;
+    int bf16 = 0, dtype_given = 0, decode_batch = 64, decode_ctx = 0, ctx_given = 0;
     double imbalance = 0, bucket_mb = 25;
     mt_arg specs[] = {
         {"model", MT_ARG_STR, &model, "model config.json or preset name (required)", NULL},
@@ -66,6 +66,8 @@ int mt_cmd_plan(int argc, char **argv) {
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
+        {"decode-batch", MT_ARG_INT, &decode_batch, "the KV-cache line: sequences a model replica decodes at once (default 64, the rollout's --slots)", NULL},
+        {"decode-context", MT_ARG_INT, &decode_ctx, "the KV-cache line: positions of each (default --seq)", &ctx_given},
         {"top", MT_ARG_INT, &top, "layouts in the table (default 10)", NULL},
         {"layout", MT_ARG_STR, &layout, "evaluate one layout: tp=8,pp=16,vpp=2,ep=32,mb=1,rc=none,a2a=hier,split=balanced (rc: keep-all, none, selective, full)", NULL},
         {"explain", MT_ARG_BOOL, &explain, "say what separates the best layout from the next ones", NULL},
@@ -153,6 +155,13 @@ int mt_cmd_plan(int argc, char **argv) {
         mt_error("moetrain plan: --optimizer: '%s' is not supported (adamw)", optim);
         return mt_cli_fail();
     }
+    if (decode_batch < 1) {
+        mt_error("moetrain plan: --decode-batch must be at least 1");
+        return mt_cli_fail();
+    }
+    if (ctx_given && mt_config_check_seq(&c, decode_ctx, "moetrain plan: --decode-context") != 0) return mt_cli_fail();
+    st.decode_seqs = decode_batch;
+    st.decode_positions = decode_ctx;
     if (top < 1 || top > 1000) {
         mt_error("moetrain plan: --top must be in 1..1000");
         return mt_cli_fail();

@@ -75,17 +75,15 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     d->absorbed = d->mla && absorbed;
     /* widths per fed token: q, the heads' output, k and v (MLA: kv_b's output in v) */
     size_t qw = (size_t)H * c->head_dim, aw = qw, kw, vw;
-    d->kvw = d->vw = c->num_key_value_heads * c->head_dim;
-    kw = vw = (size_t)d->kvw;
+    /* the cache's widths (model/sizes.h; the planner sizes the cache with the same function) */
+    mt_kv_widths(c, d->absorbed, &d->kvw, &d->vw);
+    kw = vw = (size_t)c->num_key_value_heads * c->head_dim;
     if (d->mla) {
         const int dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
         qw = (size_t)H * dq;
         aw = (size_t)H * c->v_head_dim;
         kw = qw;
         vw = (size_t)H * (c->qk_nope_head_dim + c->v_head_dim);
-        /* absorbed: one row of normed c and rotated k_pe per position, shared by all heads */
-        d->kvw = d->absorbed ? c->kv_lora_rank + c->qk_rope_head_dim : H * dq;
-        d->vw = d->absorbed ? 0 : H * c->v_head_dim;
     }
     d->draft = draft;
     const size_t pos_rows = (size_t)(d->L + draft) * slots * tmax; /* drafting: MTP block 1's cache after the stack's */

@@ -285,17 +285,11 @@ int mt_model_layout_part(const mt_config *c, const mt_part *sh, mt_tensor *t, si
 }
 
 double mt_model_active_params(const mt_config *c) {
-    const double C = c->hidden_size, H = c->num_attention_heads, G = c->num_key_value_heads;
-    const double D = c->head_dim;
+    const double C = c->hidden_size;
+    const mt_attn_params ap = mt_attn_param_counts(c); /* model/sizes.h: the planner's too */
     double total = 0;
     for (int l = 0; l < mt_config_layers(c); l++) {
-        if (mt_config_is_mla(c)) {
-            const double ql = c->q_lora_rank, kvl = c->kv_lora_rank, dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
-            total += (ql > 0 ? C * ql + ql * H * dq : C * H * dq) + C * (kvl + c->qk_rope_head_dim) +
-                     kvl * H * (c->qk_nope_head_dim + c->v_head_dim) + H * c->v_head_dim * C;
-        } else {
-            total += C * H * D * 2 + C * G * D * 2;
-        }
+        total += ap.split + ap.shared;
         if (!mt_config_is_moe(c, l))
             total += 3.0 * C * c->intermediate_size;
         else
@@ -309,12 +303,8 @@ double mt_model_active_params(const mt_config *c) {
 }
 
 double mt_model_flops_per_token(const mt_config *c, int T) {
-    /* causal attention: a token at position t attends to t+1 keys; QK^T and PV each
-     * 2*D FLOPs per (head, key); averaged over the sequence: (T+1)/2 keys */
-    double att = 2.0 * 2.0 * c->num_attention_heads * c->head_dim * ((double)T + 1) / 2.0;
-    if (mt_config_is_mla(c)) /* scores over dn + dr, values over dv */
-        att = 2.0 * c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) *
-              ((double)T + 1) / 2.0;
+    /* causal attention's scores and values, (T+1)/2 keys a token (model/sizes.h) */
+    const double att = mt_attn_core_flops(c, T);
     return 6.0 * mt_model_active_params(c) + 3.0 * att * mt_config_layers(c);
 }
 

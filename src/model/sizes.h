@@ -52,4 +52,34 @@ size_t mt_acts_base_bytes(const mt_config *cfg, int last, const mt_acts_dims *d)
  * blocks' buffers (sized by the chunk's layers) and, when last, the head's logits share. */
 size_t mt_acts_scratch_bytes(const mt_config *cfg, int lo, int hi, int last, const mt_acts_dims *d);
 
+/* The attention sublayer of one decoder layer (GQA or MLA): one definition of its sizes, which
+ * the trainer's counts (mt_model_active_params, mt_model_flops_per_token), the rollout
+ * engine's KV cache (model/decode.c) and the planner (plan/costs.c) all call, so that they
+ * cannot drift apart (model/sizes.c; mt_model_layout's tensor shapes are held to them by
+ * tests/test_plan.c). */
+typedef struct {
+    /* projection weights TP splits by heads: GQA q, k, v, o; MLA q_b_proj (q_proj without
+     * q_lora_rank), kv_b_proj, o_proj */
+    double split;
+    /* projection weights every head reads, whole on each TP rank: MLA q_a_proj and
+     * kv_a_proj_with_mqa (0 for GQA) */
+    double shared;
+    /* the latent norms' gains, whole on each TP rank: MLA q_a_layernorm, kv_a_layernorm */
+    double norms;
+} mt_attn_params;
+mt_attn_params mt_attn_param_counts(const mt_config *cfg);
+/* Forward FLOPs per token of the score and value products (QK^T over the q/k width, PV over
+ * the v width, 2 FLOPs a multiply-add) at sequence length T, causal: a token sees (T+1)/2
+ * keys on average. The projections' forward FLOPs per token are 2 x (split + shared). */
+double mt_attn_core_flops(const mt_config *cfg, int T);
+/* Floats one position of one layer puts in the KV cache, as keys (*kw) and values (*vw):
+ * GQA the Hkv heads' k and v (hd each); MLA absorbed (kv_b folded into the query and the
+ * output) the normed c and the rotated k_pe (kv_lora_rank + qk_rope_head_dim) as keys and no
+ * values, unabsorbed the per-head k (dn + dr) and v (dv) of the training forward. absorbed is
+ * ignored for GQA. */
+void mt_kv_widths(const mt_config *cfg, int absorbed, int *kw, int *vw);
+/* Bytes of the KV cache of `layers` layers for `seqs` sequences of `positions` positions,
+ * elt bytes a value (the rollout engine: 4) and every head's k and v (or the latent) held. */
+double mt_kv_cache_bytes(const mt_config *cfg, int absorbed, int layers, double seqs, double positions, int elt);
+
 #endif

@@ -17,16 +17,16 @@ static int is_mla(const mt_config *c) { return strcmp(c->attention_type, "mla") 
  * residual's gradient and its gradient (elt bytes each), the recomputed 1/rms (fp32) */
 static double common_work_tok(double C, int elt) { return 3 * C * elt + 4; }
 
-/* Attention block: fills the attention part of a layer unit (norms included). */
+/* Attention block: fills the attention part of a layer unit (norms included). Parameters and
+ * FLOPs come from the trainer's own size functions (model/sizes.h); what is kept for the
+ * backward is the trainer's arena (model/acts.c carve_layer) at elt bytes a value. */
 static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
     const double C = c->hidden_size, H = c->num_attention_heads, f4 = 4;
-    double mat, qkdim, vdim, kvdim, saved, work, rope_w;
+    const mt_attn_params ap = mt_attn_param_counts(c);
+    double vdim, saved, work, rope_w, up_tok = 0, up_rc = 0;
     if (!is_mla(c)) {
         const double D = c->head_dim, G = c->num_key_value_heads;
-        mat = C * H * D * 2 + C * G * D * 2;          /* q, k, v, o */
-        qkdim = D;
         vdim = D;
-        kvdim = G * D;
         /* kept: q, k, v after RoPE, attention output */
         saved = (H * D * 2 + G * D * 2) * elt;
         work = (H * D * 2 + G * D * 2) * elt;        /* datt, dq, dk, dv */
@@ -34,38 +34,43 @@ static void attention(const mt_config *c, int T, int elt, mt_unit_cost *u) {
         u->gemm_width = 2 * C * H * D;
     } else {
         /* MLA (DeepSeek-V2/V3): q = q_b(norm(q_a(x))) (or q_proj(x) without q_lora),
-         * [latent | k_rope] = kv_a(x), [k_nope | v] = kv_b(norm(latent)), o_proj. */
+         * [c | k_pe] = kv_a(x), [k_nope | v] = kv_b(norm(c)), o_proj. */
         const double ql = c->q_lora_rank, kvl = c->kv_lora_rank;
-        const double dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
-        qkdim = dn + dr;
+        const double dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, qkdim = dn + dr;
         vdim = dv;
-        double q = ql > 0 ? C * ql + ql * H * qkdim : C * H * qkdim;
-        mat = q + C * (kvl + dr) + kvl * H * (dn + dv) + H * dv * C;
-        u->p_rep += (ql > 0 ? ql : 0) + kvl;          /* q_a_layernorm, kv_a_layernorm */
-        kvdim = H * (qkdim + dv);
-        /* kept: q latent, kv latent + k_rope (normed inputs of the up projections), the
-         * full q and k, v, attention output; plus the two latent norms' 1/rms */
-        saved = (ql + kvl + dr + H * qkdim * 2 + H * dv * 2) * elt + 2 * f4;
-        work = (H * qkdim * 2 + H * dv * 2) * elt;
+        /* kept: the q and kv latents before their norms and their 1/rms (the normed ones are
+         * recomputed), the full q and per-head k (k_pe inside), v, attention output */
+        saved = (ql + kvl + H * qkdim * 2 + H * dv * 2) * elt + (ql > 0 ? f4 : 0) + f4;
+        /* the backward's: datt, dq, dk, dv, d[k_nope | v], k_pe, the normed c, its gradient
+         * and c's (and the same three for the q latent) */
+        work = (H * qkdim * 2 + H * dv * 2 + H * (dn + dv) + dr + 3 * kvl + 3 * ql) * elt;
         rope_w = H * dr + dr;
         u->gemm_width = 2 * kvl * H * (dn + dv);
+        /* selective recompute rebuilds the per-head q, k, v (model/mla.c mla_up): q_b (or
+         * q_proj), kv_a's k_pe rows and kv_b run again, into buffers the layers share */
+        up_tok = (H * qkdim * 2 + H * dv) * elt;
+        up_rc = 2 * ((ql > 0 ? ql : C) * H * qkdim + C * dr + kvl * H * (dn + dv));
+        /* moetrain's TP runs the latent projections on every gathered token of each rank */
+        u->f_gemm_tp_rep += 2 * ap.shared;
     }
-    (void)kvdim;
-    u->p_tp += mat;
-    u->p_tp_trainer += mat;
-    u->p_rep += 2 * C;                                 /* input and post-attention norms */
-    u->p_active += mat;
-    u->f_gemm += 2 * mat;
-    u->f_att += (double)c->num_attention_heads * (qkdim + vdim) * ((double)T + 1);
+    /* q_a and kv_a (MLA) and the latent norms are whole on every TP rank (the trainer's
+     * tp_split_dim; Megatron-Core's down-projections are "duplicated" too) */
+    u->p_tp += ap.split;
+    u->p_tp_trainer += ap.split;
+    u->p_rep += ap.shared + ap.norms + 2 * C;          /* + input and post-attention norms */
+    u->p_active += ap.split + ap.shared;
+    u->f_gemm += 2 * (ap.split + ap.shared);
+    u->f_att += mt_attn_core_flops(c, T);
     /* layer input x, its 1/rms; the attention's log-sum-exp per head; h and its 1/rms */
     const double base = C * elt + f4 + H * f4 + C * elt + f4;
     u->act_tok[MT_RECOMPUTE_KEEP_ALL] += base + saved;
     u->act_tok[MT_RECOMPUTE_NONE] += base + saved;
-    u->act_tok[MT_RECOMPUTE_SELECTIVE] += base + saved - C * elt; /* h recomputed from the attention output */
-    u->f_rc_gemm += 2 * C * H * (is_mla(c) ? c->v_head_dim : c->head_dim);
-    u->work_rc_tok += C * elt;                         /* ... into one buffer shared by the layers */
+    /* h recomputed from the attention output (and MLA's q, k, v from the latents) */
+    u->act_tok[MT_RECOMPUTE_SELECTIVE] += base + saved - C * elt - up_tok;
+    u->f_rc_gemm += 2 * C * H * vdim + up_rc;
+    u->work_rc_tok += C * elt + up_tok;                /* ... into buffers shared by the layers */
     u->act_tok[MT_RECOMPUTE_FULL] += C * elt;          /* only the layer input */
-    /* both blocks: normed input, residual grad, its grad; the attention's: datt, dq, dk, dv */
+    /* both blocks: normed input, residual grad, its grad; the attention's own gradients */
     u->work_tok += common_work_tok(C, elt);
     u->work_att_tok += common_work_tok(C, elt) + work;
     /* two norms (read+write), two residual adds (2 reads + write), RoPE (read+write) */
@@ -203,6 +208,7 @@ static double sum_units(const mt_config *c, int T, int mtp, int what) {
 }
 
 double mt_cost_params(const mt_config *c) { return sum_units(c, 1, 0, 0); }
+double mt_cost_params_mtp(const mt_config *c) { return sum_units(c, 1, 1, 0); }
 double mt_cost_active_params(const mt_config *c) { return sum_units(c, 1, 0, 1); }
 double mt_cost_flops_per_token(const mt_config *c, int T) { return sum_units(c, T, 0, 2); }
 double mt_cost_model_flops_per_token(const mt_config *c, int T) { return sum_units(c, T, 1, 2); }

@@ -9,10 +9,12 @@
  * every per-token tensor and every GEMM is split over TP (token-wise or head-wise), and the
  * routed experts are spread over EP with ETP = 1 (each expert whole on one device).
  *
- * For GQA models the totals agree with the trainer's own size functions
- * (mt_model_layout, mt_model_active_params, mt_model_flops_per_token exactly). The
- * trainer's activation arena is not modelled per token: mt_cost_trainer_acts_bytes sums the
- * trainer's own size functions by part (model/sizes.h). */
+ * The attention's parameters and FLOPs (GQA and MLA) are the trainer's own size functions
+ * (model/sizes.h mt_attn_param_counts, mt_attn_core_flops), and the totals agree with
+ * mt_model_layout, mt_model_active_params and mt_model_flops_per_token exactly; the bytes a
+ * layer keeps per token are those of the trainer's arena (mt_acts_layer_bytes) at elt bytes a
+ * value. For the trainer's memory the arena is not modelled per token:
+ * mt_cost_trainer_acts_bytes sums the trainer's own size functions by part (model/sizes.h). */
 #ifndef MT_PLAN_COSTS_H
 #define MT_PLAN_COSTS_H
 
@@ -38,6 +40,9 @@ typedef struct {
     double p_active;     /* matmul parameters a token uses (MFU numerator; embedding excluded) */
     /* forward FLOPs per token; the backward is twice the forward */
     double f_gemm;       /* GEMMs outside the routed experts (incl. router) */
+    double f_gemm_tp_rep;/* of which moetrain's TP runs on all the gathered tokens of every TP
+                          * rank (MLA's q_a and kv_a: replicated weights); the GPU mode splits
+                          * them with the tokens, as a sequence-parallel MLA can */
     double f_att;        /* causal attention core (QK^T and PV) at sequence length T */
     double f_expert;     /* routed experts, all k of them */
     double gemm_width;   /* a typical dense GEMM's FLOPs per row (sizes the efficiency curve) */
@@ -63,13 +68,16 @@ typedef struct {
  * and log-sum-exps stay fp32 and indices int32 whatever elt is. T = sequence length. */
 int mt_cost_units(const mt_config *c, int T, int elt, mt_unit_cost *u);
 
-/* Totals over the main model (MTP modules excluded, as the trainer has none):
- * parameters (= mt_model_layout's nparams for GQA), active parameters
- * (= mt_model_active_params) and training FLOPs per token (= mt_model_flops_per_token). */
+/* Totals over the main model (MTP modules excluded, as published figures count them):
+ * parameters, active parameters and training FLOPs per token; without MTP modules these are
+ * mt_model_layout's nparams, mt_model_active_params and mt_model_flops_per_token. */
 double mt_cost_params(const mt_config *c);
+/* Parameters with the MTP modules: what moetrain's trainer holds (mt_model_layout's). */
+double mt_cost_params_mtp(const mt_config *c);
 double mt_cost_active_params(const mt_config *c);
 double mt_cost_flops_per_token(const mt_config *c, int T);
-/* Model FLOPs per token including the MTP modules (the planner's MFU numerator). */
+/* Model FLOPs per token including the MTP modules (the planner's MFU numerator; the
+ * trainer's mt_model_flops_per_token, which runs them). */
 double mt_cost_model_flops_per_token(const mt_config *c, int T);
 
 /* The trainer's activation arena of one pipeline chunk (decoder layers [lo, hi), the final

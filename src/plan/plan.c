@@ -51,6 +51,7 @@ void mt_plan_settings_default(mt_plan_settings *s) {
     s->imbalance = 1.2;
     s->threads = 1;
     s->bucket_bytes = 25.0 * 1048576.0;
+    s->decode_seqs = 64;
 }
 
 /* Everything that does not depend on the layout, computed once per search. */
@@ -136,6 +137,8 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     const double imb = l->ep > 1 ? x->st->imbalance : 1.0, Ntok = (double)l->mb * x->st->seq, n = Ntok / l->tp;
     const double peak = cl->peak_bf16; /* the training dtype's (attention in fp32) */
     double tg = gemm_time(x, u->f_gemm * n, n * u->gemm_width);
+    /* moetrain's TP: MLA's latent projections run on all the gathered tokens of each rank */
+    if (x->st->trainer && l->tp > 1) tg += gemm_time(x, u->f_gemm_tp_rep * (Ntok - n), Ntok * u->gemm_width);
     /* attention: in bf16 mode its products run on bf16 pairs (the calibrated rate when the
      * file has it) */
     double ta = x->st->gemm_bf16 && cl->eff_att_bf16 > 0 ? u->f_att * n / (cl->gemm_bf16_peak * cl->eff_att_bf16)
@@ -257,6 +260,37 @@ static int check_layout(const ctx *x, mt_layout *l, int *m) {
     return MT_PLAN_OK;
 }
 
+/* The KV cache of decoding with the layout's split (res->layers known): the pipeline rank
+ * holding the most decoder layers, the rollout engine's cache widths (model/sizes.h). */
+static void kv_cache(const ctx *x, mt_plan_result *res) {
+    const mt_config *c = x->c;
+    const mt_plan_settings *st = x->st;
+    const int P = res->l.pp, S = res->nstages, tp = res->l.tp, L = c->num_hidden_layers;
+    res->kv_seqs = st->decode_seqs;
+    res->kv_positions = st->decode_positions > 0 ? st->decode_positions : st->seq;
+    res->kv_elt = st->elt;
+    res->kv_rank = 0;
+    res->kv_layers = 0;
+    for (int r = 0; r < P; r++) {
+        int n = 0;
+        for (int s = r; s < S; s += P) n += res->layers[s];
+        if (n > res->kv_layers) res->kv_layers = n, res->kv_rank = r;
+    }
+    const double B = res->kv_seqs, T = res->kv_positions;
+    const int mla = mt_config_is_mla(c);
+    int kw, vw;
+    mt_kv_widths(c, 1, &kw, &vw);
+    res->kv_width = kw + vw;
+    mt_kv_widths(c, 0, &kw, &vw);
+    res->kv_width_unabs = kw + vw;
+    res->kv_mla = mla;
+    /* absorbed MLA caches one latent row for all heads: TP cannot split it */
+    res->kv_model = mt_kv_cache_bytes(c, 1, L, B, T, st->elt);
+    res->kv_dev = mt_kv_cache_bytes(c, 1, res->kv_layers, B, T, st->elt) / (mla ? 1 : tp);
+    res->kv_model_unabs = mt_kv_cache_bytes(c, 0, L, B, T, st->elt);
+    res->kv_dev_unabs = mt_kv_cache_bytes(c, 0, res->kv_layers, B, T, st->elt) / tp;
+}
+
 /* The evaluation; sched may be NULL (made here). bound > 0: skip the simulation when the
  * busiest rank's compute alone reaches it (res->step is then that lower bound). Returns 1
  * if simulated. */
@@ -283,6 +317,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     double first = ut[0].fwd + ut[0].bwd, last = 0;
     for (int i = 1 + Lyr; i < x->nu; i++) last += ut[i].fwd + ut[i].bwd;
     split_layers(l, w, Lyr, S, first, last, res->layers);
+    kv_cache(x, res);
 
     /* per virtual stage: its units [u0, u1) */
     const int nu = x->nu;
@@ -376,7 +411,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         double mc = 2 * msg + (moe_on[r] ? 2 * n * c->num_experts_per_tok * c->hidden_size * st->elt * imb : 0);
         double wk = work[r], ckpt = 0, ckpt_extra = 0;
         if (st->trainer) {
-            const double nfull = mt_cost_params(c);
+            const double nfull = mt_cost_params_mtp(c); /* the trainer holds the MTP blocks too */
             /* fp32 weights and gradients, two fp32 moments (no master copy); the arenas of
              * model.c itself (train/pipeline.c: one per micro-batch a chunk holds at once,
              * from the same schedule) */
@@ -664,6 +699,29 @@ void mt_plan_print_table(FILE *f, const mt_plan_result *r, int n) {
     }
 }
 
+/* "12.345 GB", or TB from 10^12 B (whole-model caches of the big presets) */
+static const char *gb_tb(double b, char *buf, size_t n) {
+    if (b >= 1e12) snprintf(buf, n, "%.3f TB", b / 1e12);
+    else snprintf(buf, n, "%.3f GB", b / GB);
+    return buf;
+}
+
+/* The KV-cache lines of a layout's detail. */
+static void print_kv(FILE *f, const mt_plan_result *x) {
+    char d[32], m[32];
+    fprintf(f, "kv cache      decoding %d sequences x %d positions, %d B a value (not in the memory above), pipeline "
+               "rank %d (%d layers):\n", x->kv_seqs, x->kv_positions, x->kv_elt, x->kv_rank, x->kv_layers);
+    if (!x->kv_mla) {
+        fprintf(f, "              GQA k and v (%d values a position and layer, split over TP): %s a device, %s the "
+                   "whole model\n", x->kv_width, gb_tb(x->kv_dev, d, sizeof d), gb_tb(x->kv_model, m, sizeof m));
+        return;
+    }
+    fprintf(f, "              MLA absorbed (%d values a position and layer, whole on every TP rank): %s a device, "
+               "%s the whole model\n", x->kv_width, gb_tb(x->kv_dev, d, sizeof d), gb_tb(x->kv_model, m, sizeof m));
+    fprintf(f, "              unabsorbed (per-head k and v, %d values, split over TP): %s a device, %s the whole "
+               "model\n", x->kv_width_unabs, gb_tb(x->kv_dev_unabs, d, sizeof d), gb_tb(x->kv_model_unabs, m, sizeof m));
+}
+
 void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
     char lay[160];
     mt_layout_format(&x->l, lay, sizeof lay);
@@ -693,6 +751,7 @@ void mt_plan_print_detail(FILE *f, const mt_plan_result *x) {
         if (x->mem_ckpt > 0)
             fprintf(f, "              peak of the step %.3f GB, while writing the checkpoint %.3f GB\n",
                     x->mem_step / GB, x->mem_ckpt / GB);
+        print_kv(f, x);
     }
 }
 
@@ -719,6 +778,23 @@ void mt_plan_print_explain(FILE *f, const mt_plan_result *r, int n) {
                 b->t_compute - a->t_compute, b->t_tp - a->t_tp, b->t_a2a - a->t_a2a, b->t_p2p - a->t_p2p,
                 b->t_dp - a->t_dp, 100 * (b->bubble - a->bubble), (b->mem_total - a->mem_total) / GB);
     }
+}
+
+/* The KV-cache figures of a layout (mt_plan_result's kv_*), MLA's in both forms. */
+static void kv_json(cJSON *kv, const mt_plan_result *x) {
+    cJSON_AddNumberToObject(kv, "sequences", x->kv_seqs);
+    cJSON_AddNumberToObject(kv, "positions", x->kv_positions);
+    cJSON_AddNumberToObject(kv, "value_bytes", x->kv_elt);
+    cJSON_AddNumberToObject(kv, "pipeline_rank", x->kv_rank);
+    cJSON_AddNumberToObject(kv, "layers", x->kv_layers);
+    cJSON_AddNumberToObject(kv, "values_per_position_layer", x->kv_width);
+    cJSON_AddNumberToObject(kv, "device_bytes", x->kv_dev);
+    cJSON_AddNumberToObject(kv, "model_bytes", x->kv_model);
+    if (!x->kv_mla) return;
+    /* the figures above are the absorbed form (the decoder's default) */
+    cJSON_AddNumberToObject(kv, "values_per_position_layer_unabsorbed", x->kv_width_unabs);
+    cJSON_AddNumberToObject(kv, "device_bytes_unabsorbed", x->kv_dev_unabs);
+    cJSON_AddNumberToObject(kv, "model_bytes_unabsorbed", x->kv_model_unabs);
 }
 
 static cJSON *result_json(const mt_plan_result *x) {
@@ -763,6 +839,7 @@ static cJSON *result_json(const mt_plan_result *x) {
     cJSON_AddNumberToObject(m, "pipeline_rank", x->mem_rank);
     cJSON_AddNumberToObject(m, "step_peak", x->mem_step);
     if (x->mem_ckpt > 0) cJSON_AddNumberToObject(m, "checkpoint_peak", x->mem_ckpt);
+    if (x->nstages > 0) kv_json(cJSON_AddObjectToObject(o, "kv_cache"), x); /* a layout that divides the model */
     cJSON *sp = cJSON_AddArrayToObject(o, "layers_per_stage");
     for (int s = 0; s < x->nstages; s++) cJSON_AddItemToArray(sp, cJSON_CreateNumber(x->layers[s]));
     return o;

@@ -61,6 +61,10 @@ typedef struct {
      * as in fp32; element-wise work, communication and memory as in fp32; MFU against the
      * bf16 GEMM peak, as the trainer reports it */
     int gemm_bf16;
+    /* the KV-cache line of the reports (not part of the training memory): decode_seqs
+     * sequences decoded at once by a model replica (a TP x PP group; default 64, the rollout's
+     * --slots), each of decode_positions positions (0: seq) */
+    int decode_seqs, decode_positions;
 } mt_plan_settings;
 
 typedef struct {
@@ -84,6 +88,15 @@ typedef struct {
     double mem_ckpt;         /* trainer: peak while writing the checkpoint (0 if not modelled) */
     double mem_ckpt_extra;   /* trainer: of which the checkpoint's own buffers */
     int gemm_bf16;           /* the settings' gemm_bf16 (the train flags get --bf16) */
+    /* KV cache of decoding the settings' decode_seqs x decode_positions with the layout's
+     * split, elt bytes a value (model/sizes.h mt_kv_cache_bytes, the rollout engine's size
+     * function): on pipeline rank kv_rank, the one with the most decoder layers (kv_layers),
+     * per device (a per-head cache is split over TP, MLA's absorbed latent is whole on every
+     * TP rank) and for the whole model (what the rollout engine holds on a rank); MLA in the
+     * decoder's absorbed form and unabsorbed (GQA: both the same) */
+    int kv_seqs, kv_positions, kv_elt, kv_rank, kv_layers;
+    int kv_mla, kv_width, kv_width_unabs; /* MLA?; values a position and layer, k and v */
+    double kv_dev, kv_model, kv_dev_unabs, kv_model_unabs;
     int nstages;
     int layers[MT_PLAN_MAX_STAGES]; /* decoder layers of each virtual stage */
 } mt_plan_result;
