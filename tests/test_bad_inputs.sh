@@ -220,7 +220,7 @@ expect_ok eval_every_without_val 'moetrain: warning: --eval-every 1: TRONLY has 
   "$M" train --config c.json --data TRONLY --steps 1 --batch 2 --seq 32 --eval-every 1 --out R_NOVAL --quiet
 expect_fail vocab_names_shard_and_key 'D/math_train_000000\.bin: token id [0-9]+ does not fit c200\.json: key vocab_size: 200' -- \
   "$M" train --config c200.json --data D $TR --out R_V200
-"$PY" -c 'import json; c=json.load(open("c.json")); c["num_nextn_predict_layers"]=1; json.dump(c, open("mtp.json","w"))'
+"$PY" -c 'import json; c=json.load(open("c.json")); c["num_nextn_predict_layers"]=5; json.dump(c, open("mtp.json","w"))'
 expect_fail trainer_limit_names_file 'mtp\.json: key num_nextn_predict_layers' -- "$M" train --config mtp.json --data D $TR --out R_MTP
 
 cli_summary
