@@ -1,5 +1,5 @@
 /* tests/test_st_bf16.c — the BF16 writer of base/safetensors (moetrain export --dtype bf16):
- * mt_st_bf16 rounds to nearest, ties to even, on the cases a random tensor rarely hits
+ * mt_f32_to_bf16 rounds to nearest, ties to even, on the cases a random tensor rarely hits
  * (exact ties both ways, a carry into the exponent, overflow to Inf, signed zero, NaNs whose
  * payload lies in the dropped bits), and a file written as BF16 reads back as the rounded values. */
 #include "base/common.h"
@@ -37,16 +37,16 @@ static void test_rounding(void) {
         {0xbf818000u, 0xbf82}, /* ties to even for negatives too */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const uint16_t got = mt_st_bf16(from_bits(cases[i].in));
+        const uint16_t got = mt_f32_to_bf16(from_bits(cases[i].in));
         if (got != cases[i].out) {
-            fprintf(stderr, "mt_st_bf16(0x%08x) = 0x%04x, want 0x%04x\n", cases[i].in, got, cases[i].out);
+            fprintf(stderr, "mt_f32_to_bf16(0x%08x) = 0x%04x, want 0x%04x\n", cases[i].in, got, cases[i].out);
             failures++;
         }
     }
     /* a NaN whose payload is only in the low bits must not round to Inf */
     static const uint32_t nans[] = {0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7fffffffu};
     for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-        const uint16_t h = mt_st_bf16(from_bits(nans[i]));
+        const uint16_t h = mt_f32_to_bf16(from_bits(nans[i]));
         CHECK((h & 0x7f80) == 0x7f80 && (h & 0x007f) != 0);
         CHECK((h & 0x8000) == ((nans[i] >> 16) & 0x8000));
     }
@@ -67,7 +67,7 @@ static void test_file(const char *dir) {
         CHECK(mt_st_read_f32(r, "a", y, 1, sa) == 0);
         int bad = 0;
         for (int i = 0; i < N; i++) {
-            const uint32_t want = (uint32_t)mt_st_bf16(x[i]) << 16;
+            const uint32_t want = (uint32_t)mt_f32_to_bf16(x[i]) << 16;
             uint32_t got;
             memcpy(&got, &y[i], 4);
             bad += got != want;

@@ -14,6 +14,16 @@
 
 #define MT_ALIGN 64
 
+/* fp32 -> bf16 bits, round to nearest even (NaN kept, quiet): the rule of VCVTNEPS2BF16, used
+ * by the bf16 kernels' scalar paths and by the BF16 safetensors writer */
+static inline uint16_t mt_f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    /* a carry into the exponent is the correct rounding up (to Inf past the largest bf16) */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* Records the error message (printf format) for this thread; always returns -1. */
 int mt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The last message recorded by mt_error() on this thread ("" if none). */

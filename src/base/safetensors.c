@@ -570,15 +570,6 @@ static cJSON *json_u64(uint64_t v) {
     return cJSON_CreateRaw(buf);
 }
 
-uint16_t mt_st_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN: keep it one */
-    /* adding 0x7fff plus the kept part's lowest bit rounds to nearest, ties to even; a carry
-     * into the exponent is the correct rounding up (to Inf past the largest bf16) */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* Builds the header JSON (unpadded). Returns NULL after mt_error on bad entries. */
 static char *build_header(const char *path, const mt_st_entry *entries, int n,
                           const char *const *meta, int n_meta, int dtype) {
@@ -651,7 +642,7 @@ static int write_bf16(FILE *f, const float *x, size_t numel) {
     uint16_t buf[4096];
     for (size_t done = 0; done < numel;) {
         size_t m = numel - done < 4096 ? numel - done : 4096;
-        for (size_t j = 0; j < m; j++) buf[j] = mt_st_bf16(x[done + j]);
+        for (size_t j = 0; j < m; j++) buf[j] = mt_f32_to_bf16(x[done + j]);
         if (fwrite(buf, sizeof buf[0], m, f) != m) return 0;
         done += m;
     }

@@ -46,10 +46,8 @@ typedef struct {
  * optional key/value pairs meta[0..2*n_meta)}; atomically (tmp, fsync, rename). */
 int mt_st_write(const char *path, const mt_st_entry *entries, int n,
                 const char *const *meta, int n_meta);
-/* mt_st_write storing every tensor as dtype (enum mt_st_dtype; BF16: mt_st_bf16 of each value). */
+/* mt_st_write storing every tensor as dtype (enum mt_st_dtype; BF16: mt_f32_to_bf16 of each value). */
 int mt_st_write_as(const char *path, const mt_st_entry *entries, int n,
                    const char *const *meta, int n_meta, int dtype);
-/* The bfloat16 nearest to x, ties to even (PyTorch's rounding); a NaN stays a (quiet) NaN. */
-uint16_t mt_st_bf16(float x);
 
 #endif

@@ -65,10 +65,8 @@ int mt_cmd_dump(int argc, char **argv) {
     float ms[MT_MAX_MTP], mce[MT_MAX_MTP];
     int64_t mnv[MT_MAX_MTP];
     float *mlogits = D ? mt_alloc(sizeof(float) * N * c->vocab_size * (size_t)D) : NULL;
-    for (int k = 1; k <= D; k++) {
-        mnv[k - 1] = mt_mtp_valid(tg, B, T, k);
-        ms[k - 1] = mnv[k - 1] ? (float)(c->mtp_loss_weight / D / (double)mnv[k - 1]) : 0.0f;
-    }
+    for (int k = 1; k <= D; k++) mnv[k - 1] = mt_mtp_valid(tg, B, T, k);
+    mt_mtp_scales(c, mnv, ms);
     const mt_loss spec = {nvalid ? 1.0f / (float)nvalid : 0.0f, NULL, NULL, NULL, 0, D ? ms : NULL, mlogits};
     mt_step_stats st;
     memset(&st, 0, sizeof st);

@@ -38,16 +38,8 @@
  * does not force a lower tier) */
 int mt_bf16_supported(void) { return mt_cpu_tier() == MT_TIER_AVX512BF16; }
 
-/* fp32 -> bf16, round to nearest even (NaN kept quiet), the rule of VCVTNEPS2BF16 */
-static inline uint32_t bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 float mt_bf16_round(float f) {
-    uint32_t u = bf16_bits(f) << 16;
+    uint32_t u = (uint32_t)mt_f32_to_bf16(f) << 16;
     float r;
     memcpy(&r, &u, 4);
     return r;

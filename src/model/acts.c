@@ -153,16 +153,26 @@ static void carve_layer(carver *cv, const mt_acts *a, layer_acts *L, const mt_co
     }
 }
 
+/* The chunk's decoder layers [lo, hi) and, when last, the MTP blocks after its head: the
+ * fields that say which layer each layer_acts is (mt_acts_layer_of) */
+static void chunk_shape(mt_acts *a, const mt_config *c, int lo, int hi, int last) {
+    a->lo = lo;
+    a->hi = hi;
+    a->last = last;
+    a->Lm = c->num_hidden_layers;
+    a->nmtp = last ? c->num_nextn_predict_layers : 0;
+    a->nL = hi - lo + a->nmtp;
+}
+
 /* The last chunk's MTP blocks: each one's decoder layer and its own buffers (mtp_acts). */
-static void carve_mtp(carver *cv, mt_acts *a, const mt_config *c, const geom *g, int last) {
-    if (!last) return;
+static void carve_mtp(carver *cv, mt_acts *a, const mt_config *c, const geom *g) {
     const size_t N = g->N, C = g->C, fl = sizeof(float), il = sizeof(int32_t);
-    for (int k = 0; k < c->num_nextn_predict_layers; k++) {
+    for (int k = 0; k < a->nmtp; k++) {
         layer_acts dummy;
         mtp_acts mdummy;
         layer_acts *L = a->L ? &a->L[a->hi - a->lo + k] : &dummy;
         mtp_acts *M = a->M ? &a->M[k] : &mdummy;
-        carve_layer(cv, a, L, c, c->num_hidden_layers + k, g);
+        carve_layer(cv, a, L, c, mt_acts_layer_of(a, a->hi - a->lo + k), g);
         M->tok = carve(cv, N * il);
         M->tg = carve(cv, N * il);
         M->e = carve(cv, N * C * fl);
@@ -207,9 +217,8 @@ static void carve_scratch(carver *cv, mt_acts *a, const mt_config *c, const geom
      * dense FFN (F wider than the experts' K*Fm) then runs over row chunks that fit */
     size_t bigsz = 0;
     int dense = 0;
-    const int nmtp = a->last ? c->num_nextn_predict_layers : 0;
-    for (int i = 0; i < a->hi - a->lo + nmtp; i++) {
-        const int l = i < a->hi - a->lo ? a->lo + i : c->num_hidden_layers + (i - (a->hi - a->lo));
+    for (int i = 0; i < a->nL; i++) {
+        const int l = mt_acts_layer_of(a, i);
         if (mt_config_is_moe(c, l)) bigsz = maxz(bigsz, maxz(R * g->Fm, N * g->Fs));
         else dense = 1;
     }
@@ -281,7 +290,7 @@ static void acts_layout(mt_acts *a, const mt_config *c, const mt_acts_dims *d, c
     geom_of(&g, c, d);
     carve_shared(cv, a, &g);
     for (int l = a->lo; l < a->hi; l++) carve_layer(cv, a, &a->L[l - a->lo], c, l, &g);
-    carve_mtp(cv, a, c, &g, a->last);
+    carve_mtp(cv, a, c, &g);
     carve_stream(cv, a, &g);
     carve_scratch(cv, a, c, &g);
     carve_att_scratch(cv, a, &g);
@@ -306,10 +315,10 @@ size_t mt_acts_base_bytes(const mt_config *c, int last, const mt_acts_dims *d) {
     geom_of(&g, c, d);
     mt_acts a;
     memset(&a, 0, sizeof a);
-    a.last = last;
+    chunk_shape(&a, c, 0, 0, last);
     carver cv = {NULL, 0, 1};
     carve_shared(&cv, &a, &g);
-    carve_mtp(&cv, &a, c, &g, last);
+    carve_mtp(&cv, &a, c, &g);
     carve_stream(&cv, &a, &g);
     carve_att_scratch(&cv, &a, &g);
     return cv.off;
@@ -320,9 +329,7 @@ size_t mt_acts_scratch_bytes(const mt_config *c, int lo, int hi, int last, const
     geom_of(&g, c, d);
     mt_acts a;
     memset(&a, 0, sizeof a);
-    a.lo = lo;
-    a.hi = hi;
-    a.last = last;
+    chunk_shape(&a, c, lo, hi, last);
     carver cv = {NULL, 0, 1};
     carve_scratch(&cv, &a, c, &g);
     return cv.off;
@@ -360,13 +367,10 @@ size_t mt_acts_bytes_chunk(const mt_config *c, int lo, int hi, int first, int la
     a.kv16 = kv16;
     a.tp = tp;
     a.sp = sp && tp > 1;
-    a.lo = lo;
-    a.hi = hi;
+    chunk_shape(&a, c, lo, hi, last);
     a.first = first;
-    a.last = last;
-    const int nmtp = last ? c->num_nextn_predict_layers : 0;
-    a.L = mt_xcalloc((size_t)(hi - lo + nmtp) + 1, sizeof(layer_acts));
-    a.M = mt_xcalloc((size_t)nmtp + 1, sizeof(mtp_acts));
+    a.L = mt_xcalloc((size_t)a.nL + 1, sizeof(layer_acts));
+    a.M = mt_xcalloc((size_t)a.nmtp + 1, sizeof(mtp_acts));
     const mt_acts_dims d = {B, T, nthr, policy, tp, sp, kv16};
     carver cv = {NULL, 0, 1};
     acts_layout(&a, c, &d, &cv);
@@ -393,19 +397,14 @@ mt_acts *mt_acts_new_chunk(const mt_config *c, int lo, int hi, int first, int la
     a->T = T;
     a->nthr = nthr;
     a->policy = policy;
-    a->lo = lo;
-    a->hi = hi;
+    chunk_shape(a, c, lo, hi, last);
     a->first = first;
-    a->last = last;
     a->tp = tp > 1 ? tp : 1;
     a->sp = sp && tp > 1;
     a->cap = (size_t)B * T;
     a->bf16 = bf16 != 0;
     a->ws.bf16 = a->bf16; /* every kernel the blocks run gets the precision with a->ws */
     a->kv16 = mt_attention_bf16(a->bf16, c->head_dim);
-    a->Lm = c->num_hidden_layers;
-    a->nmtp = last ? c->num_nextn_predict_layers : 0;
-    a->nL = hi - lo + a->nmtp;
     a->L = mt_xcalloc((size_t)a->nL + 1, sizeof(layer_acts));
     a->M = mt_xcalloc((size_t)a->nmtp + 1, sizeof(mtp_acts));
     a->arena_bytes = mt_acts_bytes_chunk(c, lo, hi, first, last, B, T, nthr, policy, tp, sp, a->kv16);

@@ -40,23 +40,6 @@ static void *dalloc(mt_decoder *d, size_t bytes) {
     return mt_try_alloc(bytes);
 }
 
-mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
-    return mt_decoder_new_form(m, slots, tmax, cap, nthr, bf16, 1);
-}
-
-static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed, int draft);
-
-mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed) {
-    return create(m, slots, tmax, cap, nthr, bf16, absorbed, 0);
-}
-
-mt_decoder *mt_decoder_new_draft(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
-    if (m->cfg.num_nextn_predict_layers < 1)
-        return mt_error("decode: speculative decoding drafts with the model's MTP block, and this model has none "
-                        "(num_nextn_predict_layers 0)"), NULL;
-    return create(m, slots, tmax, cap, nthr, bf16, 1, 1);
-}
-
 static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed, int draft) {
     const mt_config *c = &m->cfg;
     if (slots < 1 || tmax < 1 || cap < 1)
@@ -138,6 +121,21 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     }
     mt_rope_table(d->cos_t, d->sin_t, tmax, R, c->rope_theta);
     return d;
+}
+
+mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
+    return mt_decoder_new_form(m, slots, tmax, cap, nthr, bf16, 1);
+}
+
+mt_decoder *mt_decoder_new_form(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16, int absorbed) {
+    return create(m, slots, tmax, cap, nthr, bf16, absorbed, 0);
+}
+
+mt_decoder *mt_decoder_new_draft(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16) {
+    if (m->cfg.num_nextn_predict_layers < 1)
+        return mt_error("decode: speculative decoding drafts with the model's MTP block, and this model has none "
+                        "(num_nextn_predict_layers 0)"), NULL;
+    return create(m, slots, tmax, cap, nthr, bf16, 1, 1);
 }
 
 void mt_decoder_free(mt_decoder *d) {
@@ -382,12 +380,8 @@ void mt_decoder_draft(mt_decoder *d, mt_model *m, const int32_t *next, const int
     mt_trace_begin("decode.draft");
     mt_acts *a = d->a;
     a->Nl = nr, a->g0 = 0, a->count_load = 0;
-    /* u = eh_proj [norm(e_next, enorm) | norm(h0, hnorm)] (model/mtp.c's block, one position) */
-    mt_rmsnorm_fwd(d->ln, d->rstd, d->x, w->enorm, nr, C, eps);
-    for (int i = 0; i < nr; i++) memcpy(d->cat + (size_t)i * 2 * C, d->ln + (size_t)i * C, sizeof(float) * C);
-    mt_rmsnorm_fwd(d->ln, d->rstd, d->xo, w->hnorm, nr, C, eps);
-    for (int i = 0; i < nr; i++) memcpy(d->cat + (size_t)i * 2 * C + C, d->ln + (size_t)i * C, sizeof(float) * C);
-    mt_linear_fwd(a->ws, d->x, d->cat, w->eh_proj, nr, 2 * C, C, 0.0f);
+    /* the block's input from e_next (in x) and h0 (in xo), as the training forward builds it */
+    mt_mtp_input(a->ws, w, d->x, d->cat, d->ln, d->rstd, d->rstd, d->x, d->xo, nr, C, eps);
     decode_layer(d, m, l, d->dslot, d->dpos, nr);
     int32_t *crow = d->dslot; /* free again: the wanted rows, compacted */
     for (int j = 0; j < no; j++) {

@@ -166,6 +166,11 @@ void mt_layer_bwd(const mt_model *m, mt_acts *a, layer_acts *L, int l, float *d,
 void mt_mtp_fwd(const mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets, const int32_t *pos,
                 int B, int T, int train, const mt_loss *loss, mt_step_stats *st);
 void mt_mtp_bwd(mt_model *m, mt_acts *a, const int32_t *pos, int B, int T, float bal_coef);
+/* An MTP block's input (the training forward's and the decoder's drafts): u[N,C] = eh_proj
+ * [rmsnorm(e, enorm) | rmsnorm(h, hnorm)], the concatenation left in cat[N,2C] (tmp[N,C]
+ * scratch; u may be e, which is read first). */
+void mt_mtp_input(mt_ws ws, const mt_layer_w *w, float *u, float *cat, float *tmp, float *rstd_e, float *rstd_h,
+                  const float *e, const float *h, int N, int C, float eps);
 
 /* mla.c: the MLA attention sublayer on the normed input (lnf, or ln16: bf16 without TP) of
  * all N tokens of the micro-batch. fwd writes L->att (the heads' outputs, before o_proj); bwd

@@ -40,12 +40,10 @@ void mt_model_step_pos(mt_model *m, mt_acts *a, const int32_t *inputs, const int
     memset(st, 0, sizeof *st);
     mt_loss loss = {ce_scale, NULL, NULL, NULL, 0, NULL, NULL};
     float ms[MT_MAX_MTP];
-    const int nm = m->cfg.num_nextn_predict_layers;
+    int64_t nv[MT_MAX_MTP];
     if (a->nmtp > 0) { /* the MTP blocks run (and train) too, the batch being the global one */
-        for (int k = 1; k <= nm; k++) {
-            const int64_t nv = mt_mtp_valid(targets, B, T, k);
-            ms[k - 1] = nv ? (float)(m->cfg.mtp_loss_weight / nm / (double)nv) : 0.0f;
-        }
+        for (int k = 1; k <= a->nmtp; k++) nv[k - 1] = mt_mtp_valid(targets, B, T, k);
+        mt_mtp_scales(&m->cfg, nv, ms);
         loss.mtp_scale = ms;
     }
     mt_model_forward(m, a, inputs, targets, pos, B, T, train, &loss, logits, st);

@@ -316,6 +316,9 @@ typedef struct {
 /* Valid targets of MTP block k (1..D) in rows of T targets: its target at position i is
  * targets[i + k] (none for i >= T - k). */
 int64_t mt_mtp_valid(const int32_t *targets, int rows, int T, int k);
+/* The MTP blocks' CE gradient scales (mt_loss.mtp_scale) from their valid targets in the
+ * global batch: mtp_loss_weight / D / nvalid[k] (0 without any). */
+void mt_mtp_scales(const mt_config *c, const int64_t *nvalid, float *scale);
 
 /* Forward of a micro-batch (B rows of T tokens, T <= the acts' T, B*T <= capacity), and,
  * when train != 0, the backward, accumulating into m->grads the gradient of

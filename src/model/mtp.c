@@ -33,6 +33,20 @@ static void from_half(float *x, const float *cat, int N, int C, int col) {
     for (int n = 0; n < N; n++) memcpy(x + (size_t)n * C, cat + (size_t)n * 2 * C + col, sizeof(float) * C);
 }
 
+void mt_mtp_scales(const mt_config *c, const int64_t *nvalid, float *scale) {
+    const int D = c->num_nextn_predict_layers;
+    for (int k = 0; k < D; k++) scale[k] = nvalid[k] ? (float)(c->mtp_loss_weight / D / (double)nvalid[k]) : 0.0f;
+}
+
+void mt_mtp_input(mt_ws ws, const mt_layer_w *w, float *u, float *cat, float *tmp, float *rstd_e, float *rstd_h,
+                  const float *e, const float *h, int N, int C, float eps) {
+    mt_rmsnorm_fwd(tmp, rstd_e, e, w->enorm, N, C, eps);
+    to_half(cat, tmp, N, C, 0);
+    mt_rmsnorm_fwd(tmp, rstd_h, h, w->hnorm, N, C, eps);
+    to_half(cat, tmp, N, C, C);
+    mt_linear_fwd(ws, u, cat, w->eh_proj, N, 2 * C, C, 0.0f);
+}
+
 void mt_mtp_fwd(const mt_model *m, mt_acts *a, const int32_t *inputs, const int32_t *targets, const int32_t *pos,
                 int B, int T, int train, const mt_loss *loss, mt_step_stats *st) {
     const mt_config *c = &m->cfg;
@@ -60,11 +74,7 @@ void mt_mtp_fwd(const mt_model *m, mt_acts *a, const int32_t *inputs, const int3
             if (M->tok[n] >= 0) memcpy(e, m->embed + (size_t)M->tok[n] * C, sizeof(float) * C);
             else memset(e, 0, sizeof(float) * C);
         }
-        mt_rmsnorm_fwd(a->ln, M->rstd_e, M->e, w->enorm, Nl, C, eps);
-        to_half(M->cat, a->ln, Nl, C, 0);
-        mt_rmsnorm_fwd(a->ln, M->rstd_h, hprev, w->hnorm, Nl, C, eps);
-        to_half(M->cat, a->ln, Nl, C, C);
-        mt_linear_fwd(a->ws, L->x, M->cat, w->eh_proj, Nl, 2 * C, C, 0.0f);
+        mt_mtp_input(a->ws, w, L->x, M->cat, a->ln, M->rstd_e, M->rstd_h, M->e, hprev, Nl, C, eps);
         mt_trace_end();
         mt_layer_fwd(m, a, L, l, M->out, pos, B, T, train, st);
         mt_trace_begin(train ? "fwd.mtp.head+ce (+bwd)" : "fwd.mtp.head");

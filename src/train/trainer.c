@@ -649,7 +649,7 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     if (mtp) {
         for (int k = 1; k <= nm; k++) mnv[k - 1] = mt_mtp_valid(b->tg, b->B * b->n_micro, b->T, k);
         mt_group_sum_i64(&d->dp, mnv, (size_t)nm);
-        for (int k = 0; k < nm; k++) mscale[k] = mnv[k] ? (float)(cfg->mtp_loss_weight / nm / (double)mnv[k]) : 0.0f;
+        mt_mtp_scales(cfg, mnv, mscale);
     }
     mt_trace_begin("compute.zero_grads");
     mt_model_zero_grads(&t->m);
