@@ -22,6 +22,7 @@
 
 #include "base/common.h"
 #include "parallel/a2a.h"
+#include "parallel/wire.h"
 #include "testutil.h"
 
 #include "mpicheck.h"
@@ -163,6 +164,25 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
         vs[m] = falloc((size_t)N * K);
         mt_a2a_to_source(a, p, vs[m], v);
         free(v);
+        {   /* split phase, a combine and a gather in flight at once (the hierarchical mode over an
+             * emulated 0.2 GB/s link): the same bits as the blocking calls */
+            mt_wire_set(m ? 2e8 : 0, m ? 50e-6 : 0);
+            mt_a2a_req rq[2];
+            memset(rq, 0, sizeof rq);
+            float *o2 = falloc((size_t)N * C), *x2 = falloc((size_t)p->R * C);
+            mt_a2a_combine_begin(a, p, &rq[0], y, p->w);
+            mt_a2a_gather_begin(a, p, &rq[1], dout);
+            long polls = 0;
+            while (!mt_a2a_test(&rq[0]) || !mt_a2a_test(&rq[1])) polls++;
+            mt_a2a_gather_end(a, &rq[1], x2);
+            mt_a2a_combine_end(a, &rq[0], o2);
+            CHECK(!memcmp(o2, out[m], sizeof(float) * (size_t)N * C), "split-phase combine != blocking, mode %d", m);
+            CHECK(!memcmp(x2, xg[m], sizeof(float) * (size_t)p->R * C), "split-phase gather != blocking, mode %d", m);
+            CHECK(rq[0].kind == 0 && rq[1].kind == 0, "requests not released, mode %d", m);
+            mt_wire_set(0, 0);
+            free(o2);
+            free(x2);
+        }
         free(y);
     }
     {   /* to_source returns to pair t*K+j of this rank exactly the value its expert rank set */

@@ -3,7 +3,8 @@
 # on the same data and seed as one process with the same global batch (--accum =
 # micro-batches x DP) and must print the same losses and validation losses (within 1e-5
 # relative):
-#   TP2, TP2 + SP, TP2 x EP2 (SP), TP2 x DP2 x EP2, EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses),
+#   TP2, TP2 + SP, TP2 x EP2 (SP), TP2 x DP2 x EP2, EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses;
+#   over an emulated slow link with blocking exchanges: bit-identical too),
 #   PP2 (1F1B), PP2 x VPP2 (interleaved), PP4 x VPP2 with an uneven --split (10 layers),
 #   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x TP2 (SP) x DP2 with EP4 (8 ranks),
 #   PP2 x EP2 with --dist-opt and tied embeddings, EP4 with a shuffled expert placement;
@@ -73,6 +74,13 @@ run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --a2a flat --ou
 [ "$(losses "$T/ep4h/metrics.jsonl")" = "$(losses "$T/ep4f/metrics.jsonl")" ] \
     || fail "flat and hierarchical all-to-all gave different losses"
 ok "EP4: flat and hierarchical all-to-all give identical losses"
+# an emulated 0.05 GB/s link between the nodes and blocking exchanges: later, not other, bits
+run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --wire 0.05,50 --overlap off --out "$T/ep4w"
+[ "$(losses "$T/ep4h/metrics.jsonl")" = "$(losses "$T/ep4w/metrics.jsonl")" ] \
+    || fail "the wire (or --overlap off) changed the losses"
+ww=$(grep -m1 '"step":2,' "$T/ep4w/metrics.jsonl" | sed -nE 's/.*"wire_wait_s":([0-9.]+).*/\1/p')
+awk -v w="${ww:-0}" 'BEGIN { exit !(w > 0) }' || fail "--wire 0.05,50: rank 0 never waited for the link (wire_wait_s '$ww')"
+ok "EP4 over an emulated 0.05 GB/s link, blocking exchanges: identical losses, rank 0 waited ${ww} s for the link in step 2"
 # the same routing: hierarchical sends fewer inter-node rows and bytes than flat would
 r=$(grep -m1 '"step":2,' "$T/ep4h/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*"a2a_inter_rows_flat":([0-9]+),"a2a_inter_rows_hier":([0-9]+).*/\1 \2 \3/')
 rf=$(grep -m1 '"step":2,' "$T/ep4f/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*/\1/')
@@ -228,6 +236,9 @@ refuse "needs --accum" 2 --pp 2 --vpp 2 --accum 3
 refuse "sums to 3 layers" 2 --pp 2 --split 2,1
 refuse "does not divide the attention heads" 3 --tp 3
 refuse "needs --tp >= 2" 1 --sp
+refuse "it needs --ep >= 2" 2 --wire 1,10
+refuse "expected GBPS" 2 --ep 2 --wire fast
+refuse "block or off" 2 --ep 2 --overlap sometimes
 # ranks whose --data folders differ (rank 1 has no val split: it would skip the evaluation's
 # collectives and leave rank 0 waiting): refused at start-up, no hang
 mkdir -p "$T/w0" "$T/w1"

@@ -10,6 +10,7 @@
 typedef struct {
     const char *name;
     double t0, dur;
+    int tid;
 } trace_event;
 
 enum { MAX_DEPTH = 32, MAX_TOTALS = 64 };
@@ -52,7 +53,7 @@ void mt_trace_begin(const char *name) {
     size_t i = (size_t)-1;
     if (tr.n < tr.cap) {
         i = tr.n++;
-        tr.ev[i] = (trace_event){name, t0, -1};
+        tr.ev[i] = (trace_event){name, t0, -1, 0};
     }
     tr.open[tr.depth++] = (open_span){name, t0, i};
 }
@@ -70,6 +71,12 @@ void mt_trace_end(void) {
     double dur = mt_now() - sp.t0;
     if (sp.ev != (size_t)-1) tr.ev[sp.ev].dur = dur;
     add_total(sp.name, dur);
+}
+
+void mt_trace_async(const char *name, double t0, double t1) {
+    if (!tr.on) return;
+    if (tr.n < tr.cap) tr.ev[tr.n++] = (trace_event){name, t0, t1 - t0, 1};
+    add_total(name, t1 - t0);
 }
 
 double mt_trace_total(const char *prefix) {
@@ -90,8 +97,8 @@ int mt_trace_write(const char *path) {
     for (size_t i = 0; i < tr.n; i++) {
         if (tr.ev[i].dur < 0) continue; /* still open */
         len += (size_t)snprintf(buf + len, cap - len,
-                                "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.1f,\"dur\":%.1f}",
-                                first ? "" : ",\n", tr.ev[i].name, tr.pid, (tr.ev[i].t0 - tr.origin) * 1e6,
+                                "%s{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.1f,\"dur\":%.1f}",
+                                first ? "" : ",\n", tr.ev[i].name, tr.pid, tr.ev[i].tid, (tr.ev[i].t0 - tr.origin) * 1e6,
                                 tr.ev[i].dur * 1e6);
         first = 0;
         MT_ASSERT(len < cap);

@@ -15,6 +15,9 @@ int mt_trace_enabled(void);
 void mt_trace_begin(const char *name);
 /* Closes the innermost open span. */
 void mt_trace_end(void);
+/* Records a span of [t0, t1] (mt_now() seconds) on the process's second track (tid 1):
+ * something in flight while the first track computes, e.g. a non-blocking exchange. */
+void mt_trace_async(const char *name, double t0, double t1);
 /* Seconds spent inside spans whose name starts with `prefix` since the last reset. */
 double mt_trace_total(const char *prefix);
 void mt_trace_reset_totals(void);

@@ -19,6 +19,7 @@
 
 #include "base/common.h"
 #include "parallel/dist.h"
+#include "parallel/wire.h"
 
 int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     memset(a, 0, sizeof *a);
@@ -152,6 +153,28 @@ static int rkey_cmp(const void *x, const void *y) {
     return (a->i > b->i) - (a->i < b->i);
 }
 
+/* Only the stages over the EP group cross nodes (the hierarchical second stage stays in one),
+ * so whether a stage is on the wire is the same on every rank of its communicator. */
+static int stage_wired(const mt_a2a *a, MPI_Comm comm) { return mt_wire_get()->on && comm == a->ep && a->nnodes > 1; }
+
+/* this rank's arrival stamps for sending cnt[p] items of `item` bytes to the peers of comm */
+static void wire_stamps(const mt_a2a *a, const int *cnt, int np, const int *peer_ep, int64_t item, double *stamp) {
+    int64_t *bytes = mt_xmalloc(sizeof(int64_t) * (size_t)np);
+    for (int p = 0; p < np; p++) {
+        int e = peer_ep ? peer_ep[p] : p;
+        bytes[p] = a->node_of[e] != a->node_id ? (int64_t)cnt[p] * item : 0;
+    }
+    mt_wire_stamp(bytes, np, (a->rank + 1) % np, stamp);
+    free(bytes);
+}
+
+static double latest(const double *t, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        if (t[i] > m) m = t[i];
+    return m;
+}
+
 /* Sets up s from l, exchanges counts (checked) and metadata. On success *rmeta holds the
  * received metadata (*nrmeta ints, peer blocks in order). Collective over a->ep. */
 static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *peer_ep, const itemlist *l,
@@ -229,6 +252,16 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
         *rmeta = mt_xmalloc(sizeof(int32_t) * ((size_t)moff + 1));
         MPI_Alltoallv(smeta, smc, smd, MPI_INT32_T, *rmeta, rmc, rmd, MPI_INT32_T, comm);
         for (int p = 0; p < np; p++) account(a, stage_peer(s, p), (int64_t)smc[p] * (int64_t)sizeof(int32_t), 0);
+        if (stage_wired(a, comm)) { /* the counts and the metadata, one message per peer */
+            int *b = mt_xmalloc(sizeof(int) * (size_t)np);
+            for (int p = 0; p < np; p++) b[p] = 2 + smc[p];
+            double *st = mt_xmalloc(sizeof(double) * 2 * (size_t)np);
+            wire_stamps(a, b, np, peer_ep, (int64_t)sizeof(int32_t), st);
+            MPI_Alltoall(st, 1, MPI_DOUBLE, st + np, 1, MPI_DOUBLE, comm);
+            mt_wire_sleep_until(latest(st + np, np));
+            free(st);
+            free(b);
+        }
         free(rmc);
         /* order in which combine sums the rows that return to one input row */
         rkey *k = mt_xmalloc(sizeof(rkey) * ((size_t)s->nsend + 1));
@@ -283,32 +316,69 @@ static MPI_Datatype row_type(int C) {
     return t;
 }
 
+/* Starts moving a stage's rows: forward (send scnt, receive rcnt) or back (the reverse). */
+static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int back, const float *sb, float *rb, int C) {
+    const int *sc = back ? s->rcnt : s->scnt, *sd = back ? s->rdis : s->sdis;
+    const int *rc = back ? s->scnt : s->rcnt, *rd = back ? s->sdis : s->rdis;
+    const int64_t rowb = (int64_t)sizeof(float) * C;
+    memset(x, 0, sizeof *x);
+    x->np = s->np;
+    x->type = row_type(C);
+    double t0 = MPI_Wtime();
+    MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
+    x->nreq = 1;
+    if (stage_wired(a, s->comm)) {
+        x->wired = 1;
+        x->stamp = mt_xmalloc(sizeof(double) * 2 * (size_t)s->np);
+        wire_stamps(a, sc, s->np, s->peer_ep, rowb, x->stamp);
+        MPI_Ialltoall(x->stamp, 1, MPI_DOUBLE, x->stamp + s->np, 1, MPI_DOUBLE, s->comm, &x->req[1]);
+        x->nreq = 2;
+    }
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    for (int p = 0; p < s->np; p++) account(a, stage_peer(s, p), (int64_t)sc[p] * rowb, 1);
+}
+
+static int xfer_test(mt_a2a_xfer *x) {
+    if (!x->nreq) return 1;
+    int done = 0;
+    MPI_Testall(x->nreq, x->req, &done, MPI_STATUSES_IGNORE);
+    return done && (!x->wired || mt_now() >= latest(x->stamp + x->np, x->np));
+}
+
+static void xfer_finish(mt_a2a_xfer *x) {
+    if (!x->nreq) return;
+    double t0 = MPI_Wtime();
+    MPI_Waitall(x->nreq, x->req, MPI_STATUSES_IGNORE);
+    if (x->wired) mt_wire_sleep_until(latest(x->stamp + x->np, x->np));
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
+    MPI_Type_free(&x->type);
+    free(x->stamp);
+    memset(x, 0, sizeof *x);
+}
+
+/* in[.,C] -> the stage's send buffer, rows in send order (mt_alloc'd) */
+static float *stage_pack(const mt_a2a_stage *s, const float *in, int C) {
+    size_t rb = sizeof(float) * (size_t)C;
+    float *sb = mt_alloc(rb * ((size_t)s->nsend + 1));
+    for (int i = 0; i < s->nsend; i++) memcpy(sb + (size_t)i * C, in + (size_t)s->sidx[i] * C, rb);
+    return sb;
+}
+
 /* in[.,C] -> returns the stage's received rows [nrecv, C] (mt_alloc'd) */
 static float *stage_fwd(mt_a2a *a, const mt_a2a_stage *s, const float *in, int C) {
-    size_t rb = sizeof(float) * (size_t)C;
-    float *sb = mt_alloc(rb * ((size_t)s->nsend + 1)), *rbuf = mt_alloc(rb * ((size_t)s->nrecv + 1));
-    for (int i = 0; i < s->nsend; i++) memcpy(sb + (size_t)i * C, in + (size_t)s->sidx[i] * C, rb);
-    MPI_Datatype t = row_type(C);
-    double t0 = MPI_Wtime();
-    MPI_Alltoallv(sb, s->scnt, s->sdis, t, rbuf, s->rcnt, s->rdis, t, s->comm);
-    mt_dist_get()->comm_s += MPI_Wtime() - t0;
-    MPI_Type_free(&t);
-    for (int p = 0; p < s->np; p++) account(a, stage_peer(s, p), (int64_t)s->scnt[p] * (int64_t)rb, 1);
+    float *sb = stage_pack(s, in, C), *rbuf = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s->nrecv + 1));
+    mt_a2a_xfer x;
+    xfer_start(a, &x, s, 0, sb, rbuf, C);
+    xfer_finish(&x);
     mt_free(sb);
     return rbuf;
 }
 
-/* back: rows [nrecv, C] returned to their senders; out[nin, C] = per input row the sum of its
+/* ret: the rows [nsend, C] that came back; out[nin, C] = per input row the sum of its
  * returned rows, in rord order: ranks of one node, then nodes, each sum from a copy. */
-static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, const float *back, int C) {
+static void stage_sum(const mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, const float *ret, int C) {
     size_t rb = sizeof(float) * (size_t)C;
-    float *ret = mt_alloc(rb * ((size_t)s->nsend + 1)), *acc = mt_alloc(rb);
-    MPI_Datatype t = row_type(C);
-    double t0 = MPI_Wtime();
-    MPI_Alltoallv(back, s->rcnt, s->rdis, t, ret, s->scnt, s->sdis, t, s->comm);
-    mt_dist_get()->comm_s += MPI_Wtime() - t0;
-    MPI_Type_free(&t);
-    for (int p = 0; p < s->np; p++) account(a, stage_peer(s, p), (int64_t)s->rcnt[p] * (int64_t)rb, 1);
+    float *acc = mt_alloc(rb);
     memset(out, 0, rb * (size_t)nin);
     /* peer of sent row i: the block it is in */
     int *pr = mt_xmalloc(sizeof(int) * ((size_t)s->nsend + 1));
@@ -335,6 +405,15 @@ static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, con
     }
     free(pr);
     mt_free(acc);
+}
+
+/* back: rows [nrecv, C] returned to their senders, summed into out[nin, C] (stage_sum) */
+static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, const float *back, int C) {
+    float *ret = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s->nsend + 1));
+    mt_a2a_xfer x;
+    xfer_start(a, &x, s, 1, back, ret, C);
+    xfer_finish(&x);
+    stage_sum(a, s, out, nin, ret, C);
     mt_free(ret);
 }
 
@@ -360,10 +439,6 @@ static void move_bwd_c(mt_a2a *a, const mt_a2a_plan *p, float *out, const float 
     } else {
         stage_bwd(a, &p->st[0], out, p->N, items, C);
     }
-}
-
-static void move_bwd(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *items) {
-    move_bwd_c(a, p, out, items, p->C);
 }
 
 /* ---- dispatch ---- */
@@ -577,7 +652,8 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
 
 /* ---- combine and the backwards ---- */
 
-void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y, const float *wr) {
+/* part[nitem, C] = per item the weighted sum of its pairs' rows of y (mt_alloc'd) */
+static float *combine_items(const mt_a2a_plan *p, const float *y, const float *wr) {
     const int C = p->C;
     float *part = mt_alloc(sizeof(float) * (size_t)C * ((size_t)p->nitem + 1));
     for (int i = 0; i < p->nitem; i++) {
@@ -592,9 +668,67 @@ void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y,
                 for (int c = 0; c < C; c++) o[c] += wq * yr[c];
         }
     }
-    move_bwd(a, p, out, part);
-    mt_free(part);
+    return part;
 }
+
+void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y, const float *wr) {
+    mt_a2a_req r = {0};
+    mt_a2a_combine_begin(a, p, &r, y, wr);
+    mt_a2a_combine_end(a, &r, out);
+}
+
+void mt_a2a_combine_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *y, const float *wr) {
+    MT_ASSERT(r->kind == 0);
+    const int C = p->C;
+    const mt_a2a_stage *s0 = &p->st[0];
+    float *back = combine_items(p, y, wr);
+    if (p->nst == 2) { /* the node's stage first: the relays sum what crosses back to each node */
+        float *mid = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s0->nrecv + 1));
+        stage_bwd(a, &p->st[1], mid, s0->nrecv, back, C);
+        mt_free(back);
+        back = mid;
+    }
+    *r = (mt_a2a_req){.kind = 1, .p = p, .C = C, .sbuf = back};
+    r->rbuf = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s0->nsend + 1));
+    xfer_start(a, &r->x, s0, 1, back, r->rbuf, C);
+}
+
+void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out) {
+    MT_ASSERT(r->kind == 1);
+    xfer_finish(&r->x);
+    stage_sum(a, &r->p->st[0], out, r->p->N, r->rbuf, r->C);
+    mt_free(r->sbuf);
+    mt_free(r->rbuf);
+    memset(r, 0, sizeof *r);
+}
+
+void mt_a2a_gather_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *x) {
+    MT_ASSERT(r->kind == 0);
+    const mt_a2a_stage *s0 = &p->st[0];
+    *r = (mt_a2a_req){.kind = 2, .p = p, .C = p->C, .sbuf = stage_pack(s0, x, p->C)};
+    r->rbuf = mt_alloc(sizeof(float) * (size_t)p->C * ((size_t)s0->nrecv + 1));
+    xfer_start(a, &r->x, s0, 0, r->sbuf, r->rbuf, p->C);
+}
+
+void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr) {
+    MT_ASSERT(r->kind == 2);
+    const mt_a2a_plan *p = r->p;
+    const int C = p->C;
+    xfer_finish(&r->x);
+    float *items = r->rbuf;
+    if (p->nst == 2) {
+        items = stage_fwd(a, &p->st[1], r->rbuf, C);
+        mt_free(r->rbuf);
+    }
+    for (int i = 0; i < p->nitem; i++)
+        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
+            memcpy(xr + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
+    mt_free(items);
+    mt_free(r->sbuf);
+    memset(r, 0, sizeof *r);
+}
+
+int mt_a2a_test(mt_a2a_req *r) { return r->kind == 0 || xfer_test(&r->x); }
 
 void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float *dxe) {
     mt_a2a_combine(a, p, dx, dxe, NULL);
@@ -621,12 +755,9 @@ void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, c
 }
 
 void mt_a2a_gather(mt_a2a *a, const mt_a2a_plan *p, float *xr, const float *x) {
-    const int C = p->C;
-    float *items = move_fwd(a, p, x);
-    for (int i = 0; i < p->nitem; i++)
-        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
-            memcpy(xr + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
-    mt_free(items);
+    mt_a2a_req r = {0};
+    mt_a2a_gather_begin(a, p, &r, x);
+    mt_a2a_gather_end(a, &r, xr);
 }
 
 void mt_a2a_to_source(mt_a2a *a, const mt_a2a_plan *p, float *vs, const float *v) {

@@ -92,6 +92,25 @@ typedef struct {
     int32_t *pair_pos;        /* [R] row in the dispatch layout, pairs in item, slot order */
 } mt_a2a_plan;
 
+/* One stage's rows in flight (internal; by value in mt_a2a_req). On the wire
+ * (parallel/wire.h) the senders' arrival stamps travel with the rows. */
+typedef struct {
+    MPI_Request req[2];       /* rows, stamps */
+    MPI_Datatype type;
+    int nreq, np, wired;
+    double *stamp;            /* [2 np]: sent, received (wired only) */
+} mt_a2a_xfer;
+
+/* A split-phase combine or gather (mt_a2a_combine_begin / mt_a2a_gather_begin): the
+ * inter-node part of the exchange is in flight until the matching _end. */
+typedef struct {
+    int kind;                 /* 0: none pending, 1: combine, 2: gather */
+    const mt_a2a_plan *p;
+    int C;
+    mt_a2a_xfer x;
+    float *sbuf, *rbuf;       /* the rows sent and being received (owned) */
+} mt_a2a_req;
+
 /* Dispatch. x[N,C], sel[N*K] (experts in [0,E), E divisible by the EP size), w[N*K] (may
  * be NULL: weights 1). Fills plan (free with mt_a2a_plan_free) and returns in *xe a new
  * mt_alloc'd buffer [plan->R, C] (free with mt_free). Collective; -1 on every rank on error. */
@@ -108,6 +127,17 @@ void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float
  * NULL, dw[R] = <dout[tok_r], y_r> (needs y[R,C]), both in the dispatch layout. */
 void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
                         const float *y);
+
+/* The same two operations split in phases, for computing while the rows travel: _begin
+ * sends (in the hierarchical mode, after the intra-node stage that comes first), _test says
+ * whether _end would return at once (MPI has delivered and, on the wire, the arrival time has
+ * come), _end completes and writes the result. Every rank begins and ends its operations in
+ * the same order; one request holds one operation; the inputs may be reused after _begin. */
+void mt_a2a_combine_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *y, const float *wr);
+void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out);
+void mt_a2a_gather_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *x);
+void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr);
+int mt_a2a_test(mt_a2a_req *r);
 
 /* xr[R,C] = x[tok_r] rows of the source tokens in the dispatch layout, unweighted (a
  * dispatch of new rows along an existing plan, e.g. the output gradient in the backward). */

@@ -41,16 +41,37 @@ void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, 
     free(nd);
 }
 
-/* The exchange's state of one batch. The a2a collectives are blocking, so each operation
- * moves its rows inside the call that begins it; what it accumulates into the caller's
- * buffer waits for wait(), as the interface promises. */
+/* The exchange's state of one batch. Split (mt_ep.split): the combine and the gather are in
+ * flight from the call that begins them to wait(), the block computing the shared experts
+ * meanwhile; the dispatch, dispatch_bwd and to_source, which nothing can overlap inside the
+ * block, complete in their call. Otherwise every operation completes in its call. What an
+ * operation writes into the caller's buffer appears at wait() either way. */
 typedef struct {
     mt_a2a_plan plan;
     mt_ep_count rows;      /* rows of one exchange along this plan */
     float *sum;            /* [N, C] combine / dispatch_bwd result before it reaches the caller */
     float *dst;            /* pending: the caller's buffer and how it receives sum */
     int accumulate;
+    mt_a2a_req req;        /* the combine or gather in flight */
+    float *gather_dst;     /* the gather's destination */
+    double t_begin;        /* when the operation in flight began (the trace's in-flight span) */
 } ep_plan;
+
+/* the [N, C] buffer a combine or dispatch_bwd sums into, kept for the batch's next one */
+static float *plan_sum(ep_plan *pp) {
+    if (!pp->sum) pp->sum = mt_alloc(sizeof(float) * ((size_t)pp->plan.N * pp->plan.C + 1));
+    return pp->sum;
+}
+
+/* completes the operation in flight, if any (the wait is exposed communication) */
+static void ep_finish(mt_ep *e, ep_plan *pp) {
+    if (pp->req.kind == 0) return;
+    mt_trace_begin("comm.a2a.wait");
+    if (pp->req.kind == 1) mt_a2a_combine_end(&e->a2a, &pp->req, plan_sum(pp));
+    else mt_a2a_gather_end(&e->a2a, &pp->req, pp->gather_dst);
+    mt_trace_end();
+    mt_trace_async("a2a in flight", pp->t_begin, mt_now());
+}
 
 static void add_count(mt_ep *e, const ep_plan *p) {
     for (int m = 0; m < 2; m++) {
@@ -89,32 +110,31 @@ static void ep_dispatch(void *ctx, mt_ep_batch *b, const float *x, const uint16_
     b->plan = pp;
 }
 
-/* the [N, C] buffer a combine or dispatch_bwd sums into, kept for the batch's next one */
-static float *plan_sum(ep_plan *pp) {
-    if (!pp->sum) pp->sum = mt_alloc(sizeof(float) * ((size_t)pp->plan.N * pp->plan.C + 1));
-    return pp->sum;
-}
-
 static void ep_combine(void *ctx, mt_ep_batch *b, float *out, const float *y) {
     mt_ep *e = ctx;
     ep_plan *pp = b->plan;
     MT_ASSERT(!pp->dst);
     add_count(e, pp);
     mt_trace_begin("comm.a2a");
-    mt_a2a_combine(&e->a2a, &pp->plan, plan_sum(pp), y, pp->plan.w);
+    pp->t_begin = mt_now();
+    mt_a2a_combine_begin(&e->a2a, &pp->plan, &pp->req, y, pp->plan.w);
     mt_trace_end();
+    if (!e->split) ep_finish(e, pp);
     pp->dst = out;
     pp->accumulate = 1;
 }
 
 static void ep_gather(void *ctx, mt_ep_batch *b, float *xr, uint16_t *xr16, const float *x) {
     mt_ep *e = ctx;
-    const ep_plan *pp = b->plan;
-    MT_ASSERT(xr && !xr16);
+    ep_plan *pp = b->plan;
+    MT_ASSERT(xr && !xr16 && pp->req.kind == 0);
     add_count(e, pp);
     mt_trace_begin("comm.a2a");
-    mt_a2a_gather(&e->a2a, &pp->plan, xr, x);
+    pp->t_begin = mt_now();
+    pp->gather_dst = xr;
+    mt_a2a_gather_begin(&e->a2a, &pp->plan, &pp->req, x);
     mt_trace_end();
+    if (!e->split) ep_finish(e, pp);
 }
 
 static void ep_redispatch(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16) {
@@ -124,7 +144,7 @@ static void ep_redispatch(void *ctx, mt_ep_batch *b, const float *x, const uint1
 static void ep_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate) {
     mt_ep *e = ctx;
     ep_plan *pp = b->plan;
-    MT_ASSERT(!pp->dst);
+    MT_ASSERT(!pp->dst && pp->req.kind == 0);
     add_count(e, pp);
     mt_trace_begin("comm.a2a");
     mt_a2a_dispatch_bwd(&e->a2a, &pp->plan, plan_sum(pp), dxe);
@@ -142,14 +162,17 @@ static void ep_to_source(void *ctx, mt_ep_batch *b, float *vs, const float *v) {
 }
 
 static int ep_test(void *ctx, mt_ep_batch *b) {
-    (void)ctx, (void)b;
-    return 1; /* the rows moved when the operation began */
+    (void)ctx;
+    ep_plan *pp = b->plan;
+    return !pp || mt_a2a_test(&pp->req);
 }
 
 static void ep_wait(void *ctx, mt_ep_batch *b) {
-    (void)ctx;
+    mt_ep *e = ctx;
     ep_plan *pp = b->plan;
-    if (!pp || !pp->dst) return;
+    if (!pp) return;
+    ep_finish(e, pp);
+    if (!pp->dst) return;
     const size_t n = (size_t)pp->plan.N * pp->plan.C;
     if (pp->accumulate) mt_add(pp->dst, pp->sum, n);
     else mt_copy(pp->dst, pp->sum, n);
@@ -160,7 +183,7 @@ static void ep_release(void *ctx, mt_ep_batch *b) {
     (void)ctx;
     if (b->plan) {
         ep_plan *pp = b->plan;
-        MT_ASSERT(!pp->dst);
+        MT_ASSERT(!pp->dst && pp->req.kind == 0);
         mt_a2a_plan_free(&pp->plan);
         mt_free(pp->sum);
         free(pp);
@@ -175,10 +198,11 @@ static void ep_sum_f64(void *ctx, double *x, size_t n) {
     MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, e->a2a.ep);
 }
 
-int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode) {
+int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode, int split) {
     memset(e, 0, sizeof *e);
     if (mt_a2a_init(&e->a2a, ep, ranks_per_node) != 0) return -1;
     e->mode = mode;
+    e->split = split != 0;
     e->ops = (mt_ep_ops){.ctx = e, .rank = e->a2a.rank, .size = e->a2a.size, .dispatch = ep_dispatch,
                          .combine = ep_combine, .gather = ep_gather, .redispatch = ep_redispatch,
                          .dispatch_bwd = ep_dispatch_bwd, .to_source = ep_to_source, .test = ep_test,

@@ -177,9 +177,9 @@ int MPI_Sendrecv(const void *s, int sn, MPI_Datatype st, int dst, int stag, void
                  int rtag, MPI_Comm c, MPI_Status *status) {
     WATCHED("MPI_Sendrecv", c, PMPI_Sendrecv(s, sn, st, dst, stag, r, rn, rt, src, rtag, c, status));
 }
-int MPI_Wait(MPI_Request *q, MPI_Status *st) { WATCHED("MPI_Wait (a point-to-point request)", MPI_COMM_NULL, PMPI_Wait(q, st)); }
+int MPI_Wait(MPI_Request *q, MPI_Status *st) { WATCHED("MPI_Wait (a non-blocking request)", MPI_COMM_NULL, PMPI_Wait(q, st)); }
 int MPI_Waitall(int n, MPI_Request q[], MPI_Status st[]) {
-    WATCHED("MPI_Waitall (point-to-point requests)", MPI_COMM_NULL, PMPI_Waitall(n, q, st));
+    WATCHED("MPI_Waitall (non-blocking requests)", MPI_COMM_NULL, PMPI_Waitall(n, q, st));
 }
 int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out) {
     WATCHED("MPI_Comm_split", c, PMPI_Comm_split(c, color, key, out));

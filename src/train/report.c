@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "parallel/wire.h"
 #include "base/trace.h"
 #include "kernels/blas.h"
 
@@ -162,6 +163,8 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
             fprintf(rp->metrics, ",\"a2a_inter_bytes\":%lld,\"a2a_intra_bytes\":%lld,\"a2a_inter_rows_flat\":%lld,"
                     "\"a2a_inter_rows_hier\":%lld", (long long)ab[0], (long long)ab[1], (long long)ab[2],
                     (long long)ab[3]);
+        if (mt_wire_get()->on) /* rank 0's sleep for the emulated link's arrivals during the step */
+            fprintf(rp->metrics, ",\"wire_wait_s\":%.4f", mt_wire_get()->slept);
         if (o->tp > 1)
             fprintf(rp->metrics, ",\"tp_bytes\":%lld,\"tp_bytes_fp32\":%lld,\"flashcomm_rel_err\":%.3e",
                     (long long)s->tp_bytes[0], (long long)s->tp_bytes[1], s->tp_err);
@@ -171,6 +174,7 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
         else fprintf(rp->tsv, "%d\t%.6f\t%.6f\n", step, r->loss, s->val_loss);
         if (files_check(rp) != 0) return -1;
     }
+    mt_wire_get()->slept = 0;
     if (root && !o->quiet && (step % o->log_every == 0 || step == o->steps || step == rp->start_step + 1)) {
         char el[32], et[32];
         fmt_hms(el, sizeof el, s->elapsed);

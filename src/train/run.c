@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "parallel/wire.h"
 #include "base/trace.h"
 #include "kernels/blas.h"
 #include "kernels/tier.h"
@@ -48,6 +49,12 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
                    t->a2a_mode == MT_A2A_HIER ? "hierarchical" : "flat", t->ep.a2a.nnodes,
                    t->ep.a2a.nnodes > 1 ? "s" : "");
         printf("\n");
+        const mt_wire *wi = mt_wire_get();
+        if (wi->on)
+            printf("  wire: an emulated link between the %d nodes, %.3g GB/s per rank and direction, %.3g us latency; "
+                   "exchanges %s\n",
+                   t->ep.a2a.nnodes, wi->bw / 1e9, wi->lat * 1e6,
+                   t->ep.split ? "in flight behind the shared experts (--overlap block)" : "blocking (--overlap off)");
         if (o->pp > 1) {
             printf("  layers per virtual stage:");
             for (int st = 0; st < S; st++) printf(" %d", t->bounds[st + 1] - t->bounds[st]);

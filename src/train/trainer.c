@@ -17,6 +17,7 @@
 #include "kernels/ops.h"
 #include "train/checkpoint.h"
 #include "parallel/reshard.h"
+#include "parallel/wire.h"
 #include "train/saveload.h"
 #include "train/trainer_impl.h"
 
@@ -354,6 +355,18 @@ static int init_config(mt_trainer *t) {
                         "without --sp");
     if (o->ep < 2 && (o->a2a || o->ranks_per_node) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
+    if (o->overlap && strcmp(o->overlap, "block") != 0 && strcmp(o->overlap, "off") != 0)
+        return mt_error("train: --overlap '%s': block or off", o->overlap);
+    if (o->wire) {
+        double bw, lat;
+        if (mt_wire_parse(o->wire, &bw, &lat) != 0) return -1;
+        if (o->ep < 2) return mt_error("train: --wire delays the expert all-to-all between nodes: it needs --ep >= 2");
+        if (d->local_size != d->size)
+            return mt_error("train: --wire emulates nodes on one machine (one clock for every rank): the %d ranks "
+                            "run on several machines",
+                            d->size);
+        mt_wire_set(bw, lat);
+    }
     mt_set_threads(o->threads > 0 ? o->threads : mt_get_threads());
     t->nthr = mt_get_threads();
 
@@ -532,7 +545,8 @@ static int init_model(mt_trainer *t) {
     if (policy < 0 || aux_scope < 0 || check_memory(t, &sh, policy) != 0) return -1;
     if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp, o->flashcomm && strcmp(o->flashcomm, "int8") == 0);
     if (o->ep > 1) {
-        if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode) != 0) return -1;
+        if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode,
+                        !o->overlap || strcmp(o->overlap, "off") != 0) != 0) return -1;
         t->have_ep = 1;
     }
     const int rc = mt_model_init_part(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);

@@ -54,6 +54,9 @@ typedef struct {
     const char *a2a;         /* "hier" (default) or "flat" */
     const char *flashcomm;   /* "int8": the TP all-reduces as FlashComm (parallel/tp.h); NULL or "off": fp32 */
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
+    const char *wire;        /* "GBPS[,US]": the emulated inter-node link (parallel/wire.h); NULL: none */
+    const char *overlap;     /* "block" (default: the MoE block computes its shared experts while the
+                              * combine / gather is in flight) or "off" (every exchange completes at once) */
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     int external_batches;    /* the caller makes every batch (RL): no token shards are read */
     const char *expert_placement; /* "contiguous" (default) or "shuffled:SEED" (mt_expert_map) */

@@ -1,0 +1,64 @@
+/* parallel/wire.c — the emulated inter-node link (see wire.h). */
+#include "parallel/wire.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "base/common.h"
+
+static mt_wire g_wire;
+
+mt_wire *mt_wire_get(void) { return &g_wire; }
+
+int mt_wire_parse(const char *spec, double *bw, double *lat) {
+    char *end;
+    errno = 0;
+    double g = strtod(spec, &end), us = 0;
+    if (end == spec || errno || !(g > 0) || !isfinite(g)) goto bad;
+    if (*end == ',') {
+        const char *s = end + 1;
+        us = strtod(s, &end);
+        if (end == s || errno || !(us >= 0) || !isfinite(us)) goto bad;
+    }
+    if (*end) goto bad;
+    *bw = g * 1e9;
+    *lat = us * 1e-6;
+    return 0;
+bad:
+    return mt_error("--wire '%s': expected GBPS[,US] (bandwidth in GB/s > 0, latency in microseconds >= 0), "
+                    "e.g. --wire 0.5,20",
+                    spec);
+}
+
+void mt_wire_set(double bw, double lat) {
+    g_wire.on = bw > 0;
+    g_wire.bw = bw;
+    g_wire.lat = lat;
+    g_wire.link_free = 0;
+}
+
+void mt_wire_stamp(const int64_t *bytes, int n, int first, double *arrive) {
+    mt_wire *w = &g_wire;
+    double t = mt_now();
+    if (w->link_free < t) w->link_free = t;
+    for (int i = 0; i < n; i++) {
+        int p = (first + i) % n;
+        arrive[p] = 0;
+        if (bytes[p] <= 0) continue;
+        w->link_free += (double)bytes[p] / w->bw;
+        w->bytes += bytes[p];
+        arrive[p] = w->link_free + w->lat;
+    }
+}
+
+void mt_wire_sleep_until(double t) {
+    double now = mt_now();
+    if (t <= now) return;
+    struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+    g_wire.slept += mt_now() - now;
+}

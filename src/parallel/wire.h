@@ -1,0 +1,44 @@
+/* parallel/wire.h — an emulated inter-node link (the "virtual wire").
+ *
+ * On one machine every exchange is a memory copy, so hiding communication behind compute
+ * cannot be shown: there is nothing to hide. The wire gives the traffic between emulated
+ * nodes (train --ranks-per-node) a cost: each rank has one outgoing link of `bw` bytes/s and
+ * a latency `lat` seconds. A message of n bytes the rank sends at time t leaves when the link
+ * is free (after the rank's earlier messages), takes n / bw on it and arrives lat later; the
+ * sender stamps that arrival time on the message (a double sent with the exchange) and the
+ * receiver's request completes only once MPI has delivered it *and* its time has come. A rank
+ * whose time has not come sleeps (clock_nanosleep) rather than spins, so the other ranks of
+ * the machine keep its core. Times are CLOCK_MONOTONIC seconds, one clock for every process
+ * of the machine, so a wire needs all its ranks on one machine (mt_wire_set checks).
+ *
+ * The wire changes when data arrives, never what arrives: results are bit-identical with and
+ * without it. Off by default. Today it carries the expert all-to-all (parallel/a2a.c), the
+ * traffic the overlap work is about; other groups' collectives are not delayed. */
+#ifndef MT_PARALLEL_WIRE_H
+#define MT_PARALLEL_WIRE_H
+
+#include <stdint.h>
+
+typedef struct {
+    int on;
+    double bw, lat;       /* bytes/s, seconds */
+    double link_free;     /* when this rank's outgoing link is next free */
+    double slept;         /* seconds slept waiting for arrivals (reset by the caller) */
+    int64_t bytes;        /* bytes sent over the wire */
+} mt_wire;
+
+/* The process's wire (one per rank). */
+mt_wire *mt_wire_get(void);
+/* Parses "GBPS,US" (bandwidth in GB/s = 1e9 bytes/s per direction, latency in microseconds;
+ * ",US" optional, default 0) into *bw, *lat. -1 with a message on a malformed or non-positive
+ * bandwidth / negative latency. */
+int mt_wire_parse(const char *spec, double *bw, double *lat);
+/* Turns the wire on (bw > 0) or off (bw = 0). */
+void mt_wire_set(double bw, double lat);
+/* Arrival times of messages of bytes[p] (p < n, 0 = none: arrive[p] = 0) that this rank sends
+ * now, in the order p = first, first+1, ... (mod n) on its one link. */
+void mt_wire_stamp(const int64_t *bytes, int n, int first, double *arrive);
+/* Sleeps until CLOCK_MONOTONIC time t (returns at once when it has passed). */
+void mt_wire_sleep_until(double t);
+
+#endif
