@@ -8,10 +8,14 @@ Commands
   make-case --config CFG.json --out DIR [--seed S --std 0.3 --batch B --seq T --mtp-copies]
   compare   --case DIR --dump FILE.safetensors
   train     --config CFG.json --data DIR --steps N --batch B --seq T [--threads 2
-            --lr 3e-4 --warmup 10 --init DIR --out DIR --seed S --autocast none|bf16]
+            --lr 3e-4 --warmup 10 --init DIR --out DIR --seed S --autocast none|bf16
+            --no-blas-timing]
   eval      --ckpt DIR --data DIR --seq T --windows N [--threads 2]
   gradcheck [--config CFG.json]   (float64 autograd vs finite differences, self test; with
             MTP also which tokens each block sees and a literal sum of its ce)
+  batch     --jobs FILE [--threads N]   (many of the commands above in one process: each
+            line of FILE is PREFIX COMMAND ARGS..., shell-quoted; the job's stdout, stderr
+            and exit status go to PREFIX.out, PREFIX.err and PREFIX.rc)
 
 Everything is plain torch code in fp32 (or fp64 for gradcheck; `train --autocast bf16`
 runs the forward under torch.autocast, PyTorch's mixed precision); nothing is shared with
@@ -1086,7 +1090,7 @@ def vm_hwm_mb():
     return float("nan")
 
 
-def blas_report():
+def blas_report(timed=True):
     libs = set()
     a = torch.randn(1024, 1024)
     b = torch.randn(1024, 1024)
@@ -1100,19 +1104,21 @@ def blas_report():
                     libs.add(os.path.realpath(p))
     except OSError:
         pass
-    n = 0
-    t0 = time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        n += 1
-        dt = time.perf_counter() - t0
-        if dt > 0.5 and n >= 3:
-            break
-    gf = 2.0 * 1024 ** 3 * n / dt / 1e9
+    gf = float("nan")
+    if timed:
+        n = 0
+        t0 = time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt > 0.5 and n >= 3:
+                break
+        gf = 2.0 * 1024 ** 3 * n / dt / 1e9
     print(f"blas: {', '.join(sorted(libs)) or '?'}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')}"
           f" OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')} GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '')} threads={torch.get_num_threads()}"
           f" malloc={'tuned' if os.environ.get('MOE_REF_MALLOC') == '1' else 'default'};"
-          f" sgemm 1024^3: {gf:.1f} GFLOP/s", flush=True)
+          + (f" sgemm 1024^3: {gf:.1f} GFLOP/s" if timed else " sgemm not timed (--no-blas-timing)"), flush=True)
     return gf
 
 
@@ -1165,7 +1171,7 @@ def save_checkpoint(out, c, P):
 def cmd_train(a):
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    blas_report()
+    blas_report(not a.no_blas_timing)
     if a.init:
         c, P = load_checkpoint(a.init)
     else:
@@ -1264,6 +1270,55 @@ def cmd_eval(a):
     return 0
 
 
+def cmd_batch(a):
+    """Runs the jobs of a.jobs one after the other in this process (torch is imported
+    once, not once per job).  A job that fails, raises or exits leaves its status in
+    PREFIX.rc and the next job runs; a job with no PREFIX.rc did not finish.  A `train`
+    job here runs without the malloc/BLAS re-exec above (fine for tests, not for timing)."""
+    import shlex
+    import traceback
+    with open(a.jobs) as f:
+        jobs = [shlex.split(line) for line in f if line.strip()]
+    nfail = 0
+    for job in jobs:
+        prefix, argv = job[0], job[1:]
+        t0 = time.perf_counter()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = (os.dup(1), os.dup(2))
+        try:
+            with open(prefix + ".out", "wb") as fo, open(prefix + ".err", "wb") as fe:
+                os.dup2(fo.fileno(), 1)
+                os.dup2(fe.fileno(), 2)
+                try:
+                    if argv and argv[0] == "batch":
+                        raise ValueError("batch: a job cannot be a batch")
+                    # every job starts alike, whatever the one before it set
+                    torch.set_num_threads(a.threads)
+                    rc = main(argv)
+                except SystemExit as ex:   # argparse's usage errors
+                    rc = ex.code if isinstance(ex.code, int) else 2
+                except Exception:
+                    traceback.print_exc()
+                    rc = 1
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os.dup2(saved[0], 1)
+                    os.dup2(saved[1], 2)
+        finally:
+            os.close(saved[0])
+            os.close(saved[1])
+        rc = rc or 0
+        with open(prefix + ".rc.tmp", "w") as f:
+            f.write(f"{rc}\n")
+        os.replace(prefix + ".rc.tmp", prefix + ".rc")
+        nfail += rc != 0
+        print(f"batch: {' '.join(argv[:1])} {prefix}: exit {rc}, {time.perf_counter() - t0:.2f} s", flush=True)
+    print(f"batch: {len(jobs)} job(s), {nfail} failed")
+    return 1 if nfail else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="moe_ref.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1294,6 +1349,8 @@ def main(argv=None):
     t.add_argument("--init")
     t.add_argument("--out")
     t.add_argument("--seed", type=int, default=1)
+    t.add_argument("--no-blas-timing", action="store_true",
+                   help="skip timing an sgemm for the start-up blas: line (a test needs no rate)")
     t.add_argument("--autocast", choices=["none", "bf16"], default="none",
                    help="bf16: mixed precision (torch.autocast on CPU: matrix products in bfloat16 "
                         "through oneDNN, fp32 weights and optimizer)")
@@ -1311,12 +1368,16 @@ def main(argv=None):
     sd.add_argument("--perturb")
     g = sub.add_parser("gradcheck")
     g.add_argument("--config")
+    bt = sub.add_parser("batch")
+    bt.add_argument("--jobs", required=True)
+    bt.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     if a.cmd == "train" and not (a.config or a.init):
         ap.error("train needs --config or --init")
     try:
         return {"make-case": cmd_make_case, "compare": cmd_compare, "train": cmd_train,
-                "eval": cmd_eval, "gradcheck": cmd_gradcheck, "selfdump": cmd_selfdump}[a.cmd](a)
+                "eval": cmd_eval, "gradcheck": cmd_gradcheck, "selfdump": cmd_selfdump,
+                "batch": cmd_batch}[a.cmd](a)
     except (ValueError, RuntimeError, OSError) as ex:
         print(f"moe_ref.py {a.cmd}: error: {ex}", file=sys.stderr)
         return 2
