@@ -4,7 +4,8 @@
 # micro-batches x DP) and must print the same losses and validation losses (within 1e-5
 # relative):
 #   TP2, TP2 + SP, TP2 x EP2 (SP), TP2 x DP2 x EP2, EP2 (DP2), EP4 over 2 emulated nodes (hierarchical, and flat: bit-identical losses;
-#   over an emulated slow link with blocking exchanges: bit-identical too),
+#   over an emulated slow link with blocking exchanges, and with the overlapped schedule
+#   (--overlap pipe): bit-identical too),
 #   PP2 (1F1B), PP2 x VPP2 (interleaved), PP4 x VPP2 with an uneven --split (10 layers),
 #   DP2 x PP2, PP2 x DP4 with EP4 (8 ranks), PP2 x TP2 (SP) x DP2 with EP4 (8 ranks),
 #   PP2 x EP2 with --dist-opt and tied embeddings, EP4 with a shuffled expert placement;
@@ -46,7 +47,7 @@ check() { # name reference.jsonl layout.jsonl
 }
 
 # single-process references
-for a in 1 2 4; do "$MT" train --config demo "${base[@]}" --accum $a --out "$T/s$a"; done
+for a in 1 2 4 8; do "$MT" train --config demo "${base[@]}" --accum $a --out "$T/s$a"; done
 "$MT" train --config "$T/demo10.json" "${base[@]}" --accum 4 --out "$T/s10"
 "$MT" train --config "$T/tied.json" "${base[@]}" --accum 4 --out "$T/st"
 
@@ -81,6 +82,18 @@ run 4 train --config demo "${base[@]}" --ep 4 --ranks-per-node 2 --wire 0.05,50 
 ww=$(grep -m1 '"step":2,' "$T/ep4w/metrics.jsonl" | sed -nE 's/.*"wire_wait_s":([0-9.]+).*/\1/p')
 awk -v w="${ww:-0}" 'BEGIN { exit !(w > 0) }' || fail "--wire 0.05,50: rank 0 never waited for the link (wire_wait_s '$ww')"
 ok "EP4 over an emulated 0.05 GB/s link, blocking exchanges: identical losses, rank 0 waited ${ww} s for the link in step 2"
+# the overlapped schedule (two micro-batches per rank as fibers) over the wire: the bits of
+# the blocking schedule, and the trace draws both fibers
+run 4 train --config demo "${base[@]}" --accum 2 --ep 4 --ranks-per-node 2 --overlap off --out "$T/ep4b"
+run 4 train --config demo "${base[@]}" --accum 2 --ep 4 --ranks-per-node 2 --overlap pipe --wire 0.05,50 --profile \
+    --out "$T/ep4p" > "$T/ep4p.log"
+check "EP4 over 2 nodes, blocking, accum 2" "$T/s8/metrics.jsonl" "$T/ep4b/metrics.jsonl"
+[ "$(losses "$T/ep4b/metrics.jsonl")" = "$(losses "$T/ep4p/metrics.jsonl")" ] \
+    && [ "$(vals "$T/ep4b/metrics.jsonl")" = "$(vals "$T/ep4p/metrics.jsonl")" ] \
+    || { paste <(losses "$T/ep4b/metrics.jsonl") <(losses "$T/ep4p/metrics.jsonl"); fail "--overlap pipe changed the losses"; }
+grep -q '"tid":3' "$T/ep4p/trace_rank0.json" && grep -q '"name":"a2a in flight"' "$T/ep4p/trace_rank0.json" \
+    || fail "--overlap pipe: the trace has no second fiber's track or no exchange in flight"
+ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
 # the same routing: hierarchical sends fewer inter-node rows and bytes than flat would
 r=$(grep -m1 '"step":2,' "$T/ep4h/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*"a2a_inter_rows_flat":([0-9]+),"a2a_inter_rows_hier":([0-9]+).*/\1 \2 \3/')
 rf=$(grep -m1 '"step":2,' "$T/ep4f/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*/\1/')
@@ -238,7 +251,9 @@ refuse "does not divide the attention heads" 3 --tp 3
 refuse "needs --tp >= 2" 1 --sp
 refuse "it needs --ep >= 2" 2 --wire 1,10
 refuse "expected GBPS" 2 --ep 2 --wire fast
-refuse "block or off" 2 --ep 2 --overlap sometimes
+refuse "pipe, block or off" 2 --ep 2 --overlap sometimes
+refuse "it needs --accum >= 2" 2 --ep 2 --overlap pipe
+refuse "not with --pp yet" 2 --pp 2 --accum 2 --overlap pipe
 # ranks whose --data folders differ (rank 1 has no val split: it would skip the evaluation's
 # collectives and leave rank 0 waiting): refused at start-up, no hang
 mkdir -p "$T/w0" "$T/w1"

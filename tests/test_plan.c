@@ -413,7 +413,7 @@ static void test_schedules(void) {
         int P = pm[i][0], M = pm[i][1];
         double fwd[64], bwd[64];
         for (int k = 0; k < 64; k++) fwd[k] = 1, bwd[k] = 2;
-        mt_sim_cost c = {fwd, bwd, 0, NULL, NULL};
+        mt_sim_cost c = {fwd, bwd, 0, NULL, NULL, NULL, NULL};
         mt_sim_result r1, r2;
         MT_ASSERT(mt_schedule_make(&s, P, 1, M) == 0);
         mt_sim_run(&s, &c, &r1);

@@ -19,15 +19,25 @@ enum { MAX_DEPTH = 32, MAX_TOTALS = 64 };
  * the span still counts in the totals, only its event is dropped) */
 typedef struct {
     const char *name;
-    double t0;
+    double t0, away0;
     size_t ev;
 } open_span;
 
+/* One stack of open spans per context: the thread (0) and the two fibers (1, 2,
+ * base/fiber.h). A fiber's spans count only the time it ran: `away` sums the time it was
+ * switched out. */
+typedef struct {
+    int depth;
+    open_span open[MAX_DEPTH];
+    double away, out_at;
+} span_stack;
+
 static struct {
-    int on, pid, depth;
+    int on, pid;
     size_t n, cap;
     trace_event *ev;
-    open_span open[MAX_DEPTH];
+    span_stack st[3];
+    int cur;                 /* index into st */
     double origin;
     int ntot;
     const char *tot_name[MAX_TOTALS];
@@ -48,14 +58,27 @@ int mt_trace_enabled(void) { return tr.on; }
 
 void mt_trace_begin(const char *name) {
     if (!tr.on) return;
-    MT_ASSERT(tr.depth < MAX_DEPTH);
+    span_stack *k = &tr.st[tr.cur];
+    MT_ASSERT(k->depth < MAX_DEPTH);
     double t0 = mt_now();
     size_t i = (size_t)-1;
     if (tr.n < tr.cap) {
         i = tr.n++;
-        tr.ev[i] = (trace_event){name, t0, -1, 0};
+        tr.ev[i] = (trace_event){name, t0, -1, tr.cur ? tr.cur + 1 : 0}; /* fibers on tracks 2 and 3 */
     }
-    tr.open[tr.depth++] = (open_span){name, t0, i};
+    k->open[k->depth++] = (open_span){name, t0, k->away, i};
+}
+
+void mt_trace_fiber_switch(int from, int to) {
+    if (!tr.on) return;
+    double t = mt_now();
+    if (from >= 0) tr.st[from + 1].out_at = t;
+    if (to >= 0) {
+        span_stack *k = &tr.st[to + 1];
+        if (k->out_at > 0) k->away += t - k->out_at;
+        k->out_at = 0;
+    }
+    tr.cur = to + 1;
 }
 
 static void add_total(const char *name, double dt) {
@@ -66,11 +89,12 @@ static void add_total(const char *name, double dt) {
 
 void mt_trace_end(void) {
     if (!tr.on) return;
-    MT_ASSERT(tr.depth > 0);
-    open_span sp = tr.open[--tr.depth];
+    span_stack *k = &tr.st[tr.cur];
+    MT_ASSERT(k->depth > 0);
+    open_span sp = k->open[--k->depth];
     double dur = mt_now() - sp.t0;
     if (sp.ev != (size_t)-1) tr.ev[sp.ev].dur = dur;
-    add_total(sp.name, dur);
+    add_total(sp.name, dur - (k->away - sp.away0));
 }
 
 void mt_trace_async(const char *name, double t0, double t1) {

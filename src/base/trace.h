@@ -18,6 +18,10 @@ void mt_trace_end(void);
 /* Records a span of [t0, t1] (mt_now() seconds) on the process's second track (tid 1):
  * something in flight while the first track computes, e.g. a non-blocking exchange. */
 void mt_trace_async(const char *name, double t0, double t1);
+/* base/fiber.c's hook: the thread switches from fiber `from` to `to` (-1: the thread's own
+ * context). Each fiber has its own span stack, drawn on tracks 2 and 3, and its spans' totals
+ * count only the time it ran. */
+void mt_trace_fiber_switch(int from, int to);
 /* Seconds spent inside spans whose name starts with `prefix` since the last reset. */
 double mt_trace_total(const char *prefix);
 void mt_trace_reset_totals(void);

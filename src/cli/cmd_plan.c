@@ -48,6 +48,7 @@ static int parse_batch(const char *s, int T, long long *seqs) {
 
 int mt_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *gb = NULL, *layout = NULL, *dtype = "bf16", *optim = "adamw";
+    const char *overlap = NULL;
     int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0, threads = 0, per_node = 0;
     int bf16 = 0, dtype_given = 0, decode_batch = 64, decode_ctx = 0, ctx_given = 0;
     double imbalance = 0, bucket_mb = 25;
@@ -65,6 +66,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"bf16", MT_ARG_BOOL, &bf16, "calibrated CPU files: the trainer's `train --bf16` (GEMMs and attention at their measured bf16 rates, all else fp32); implies --dtype fp32", NULL},
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
+        {"overlap", MT_ARG_STR, &overlap, "pipe: one-stage layouts run the overlapped schedule (train --overlap pipe: the forward of one micro-batch with the backward of the previous, each one's expert exchanges hidden behind the other's compute); block or off (default): the exchanges count in full", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
         {"decode-batch", MT_ARG_INT, &decode_batch, "the KV-cache line: sequences a model replica decodes at once (default 64, the rollout's --slots)", NULL},
         {"decode-context", MT_ARG_INT, &decode_ctx, "the KV-cache line: positions of each (default --seq)", &ctx_given},
@@ -91,6 +93,11 @@ int mt_cmd_plan(int argc, char **argv) {
     st.seq = T;
     st.devices = devices > 0 ? devices : cl.devices;
     st.dist_opt = !no_dist_opt;
+    if (overlap && strcmp(overlap, "pipe") != 0 && strcmp(overlap, "block") != 0 && strcmp(overlap, "off") != 0) {
+        mt_error("moetrain plan: --overlap '%s': pipe, block or off", overlap);
+        return mt_cli_fail();
+    }
+    st.overlap = overlap && strcmp(overlap, "pipe") == 0;
     if (!(bucket_mb > 0)) { /* integers are never negative (the parser) */
         mt_error("moetrain plan: --bucket-mb must be positive");
         return mt_cli_fail();
@@ -210,6 +217,7 @@ int mt_cmd_plan(int argc, char **argv) {
                model, st.devices, cl.name, T, st.global_seqs, st.global_seqs * (double)T / 1e6, dtype,
                st.gemm_bf16 ? " (GEMMs bf16)" : "",
                st.dist_opt ? "distributed" : "replicated");
+        if (st.overlap) printf("one-stage layouts: the overlapped schedule (expert exchanges behind the other micro-batch)\n");
         printf("searched %lld layouts in %.2f s: %lld fit (%lld simulated, %lld pruned by a lower bound)\n",
                stats.layouts, stats.seconds, stats.feasible, stats.simulated, stats.pruned);
         for (int i = 1; i < MT_PLAN_NREASONS; i++)

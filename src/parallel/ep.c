@@ -195,7 +195,7 @@ static void ep_release(void *ctx, mt_ep_batch *b) {
 static void ep_sum_f64(void *ctx, double *x, size_t n) {
     mt_ep *e = ctx;
     MT_ASSERT(n <= (size_t)1 << 30);
-    MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, e->a2a.ep);
+    mt_a2a_sum_f64(&e->a2a, x, (int)n);
 }
 
 int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode, int split) {

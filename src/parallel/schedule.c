@@ -25,6 +25,26 @@ static void push(mt_action *list, int *n, int kind, int chunk, int peer, int mb)
     a->chunk = (uint8_t)chunk;
     a->peer = (int16_t)peer;
     a->mb = mb;
+    a->with_next = 0;
+}
+
+int mt_schedule_overlap(mt_schedule *s) {
+    if (s->pp != 1 || s->vpp != 1)
+        return mt_error("schedule: the overlapped schedule pairs a forward with a backward on one stage; "
+                        "not with --pp %d --vpp %d yet", s->pp, s->vpp);
+    const int M = s->m;
+    mt_action *l = s->act[0];
+    int n = 0;
+    push(l, &n, MT_ACT_FWD, 0, -1, 0);
+    for (int i = 1; i < M; i++) {
+        push(l, &n, MT_ACT_FWD, 0, -1, i);
+        l[n - 1].with_next = 1;
+        push(l, &n, MT_ACT_BWD, 0, -1, i - 1);
+    }
+    push(l, &n, MT_ACT_BWD, 0, -1, M - 1);
+    push(l, &n, MT_ACT_OPT, 0, -1, -1);
+    MT_ASSERT(n == s->len[0]);
+    return mt_schedule_check(s);
 }
 
 /* A compute action with the receive before it and the send after it. The first virtual

@@ -30,6 +30,7 @@ typedef struct {
     uint8_t chunk;  /* local chunk index on this rank, 0..V-1 */
     int16_t peer;   /* the other rank of a send/recv, -1 otherwise */
     int32_t mb;     /* micro-batch, -1 for MT_ACT_OPT */
+    uint8_t with_next; /* a forward run together with the backward that follows it (overlap) */
 } mt_action;
 
 typedef struct {
@@ -43,6 +44,12 @@ typedef struct {
  * M % P != 0. */
 int mt_schedule_make(mt_schedule *s, int pp, int vpp, int m);
 void mt_schedule_free(mt_schedule *s);
+/* The overlapped schedule (train --overlap pipe): forward of micro-batch i+1 run together with
+ * the backward of i (a forward flagged with_next, the backward right after it), so one's
+ * expert exchanges travel while the other computes: F0, F1+B0, F2+B1, ..., B(M-1). Every
+ * consumer that ignores the flag sees a valid schedule with two micro-batches in flight. For
+ * one stage (pp = vpp = 1) only: -1 (mt_error) otherwise. */
+int mt_schedule_overlap(mt_schedule *s);
 
 /* Virtual stage of chunk c on rank r. */
 static inline int mt_schedule_stage(const mt_schedule *s, int r, int c) { return c * s->pp + r; }

@@ -119,7 +119,7 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
     return inter / cl->inter_bw + intra / cl->intra_bw + cl->inter_lat + cl->intra_lat;
 }
 
-typedef struct { double fwd, bwd, comp, tp, a2a; } unit_time; /* comp/tp/a2a: fwd + bwd */
+typedef struct { double fwd, bwd, comp, tp, a2a, a2a_f; } unit_time; /* comp/tp/a2a: fwd + bwd; a2a_f: fwd's */
 
 /* Seconds of `flops` FLOPs of GEMM calls of `call` FLOPs each: the training dtype's peak
  * and curve, or (trainer --bf16) the bf16 GEMM's. */
@@ -172,6 +172,7 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     t->comp = cf + cb + rf;
     t->tp = 2 * tpc + rtp;
     t->a2a = 2 * a2a + ra;
+    t->a2a_f = a2a;
 }
 
 /* Layers per virtual stage. first/last: fixed costs of the first stage (embedding) and of
@@ -323,8 +324,8 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     const int nu = x->nu;
     double *fwd = mt_xcalloc((size_t)S * 6, sizeof(double));
     double *bwd = fwd + S, *sync = fwd + 2 * S, *acts = fwd + 3 * S, *comp = fwd + 4 * S, *tpa = fwd + 5 * S;
-    double *a2a = mt_xcalloc((size_t)S * 3, sizeof(double));
-    double *pdense = a2a + S, *pexp = a2a + 2 * S;
+    double *a2a = mt_xcalloc((size_t)S * 5, sizeof(double));
+    double *pdense = a2a + S, *pexp = a2a + 2 * S, *a2a_f = a2a + 3 * S, *a2a_b = a2a + 4 * S;
     double *work = mt_xcalloc((size_t)P * 3, sizeof(double));
     double *moe_on = work + P, *opt = work + 2 * P;
     const double imb = st->imbalance, n = (double)l->mb * st->seq / l->tp;
@@ -342,6 +343,8 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             comp[s] += ut[i].comp;
             tpa[s] += ut[i].tp;
             a2a[s] += ut[i].a2a;
+            a2a_f[s] += ut[i].a2a_f;
+            a2a_b[s] += ut[i].a2a - ut[i].a2a_f;
             pdense[s] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
                                      : u->p_tp / l->tp + u->p_rep;
             pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
@@ -386,6 +389,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     if (!sched) {
         int rc = mt_schedule_make(&own, P, V, M);
         MT_ASSERT(rc == 0);
+        if (st->overlap && P == 1 && V == 1 && M > 1) MT_ASSERT(mt_schedule_overlap(&own) == 0);
         sched = &own;
     }
     const double msg = (double)l->mb * st->seq * c->hidden_size * st->elt / l->tp;
@@ -507,7 +511,9 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
          * the schedule's own (stage imbalance included) */
         double pbw, plat;
         group_link(cl, 2, l->tp * l->dp, &pbw, &plat);
-        mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt};
+        const int paired = st->overlap && P == 1 && V == 1 && M > 1;
+        mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt, paired ? a2a_f : NULL,
+                          paired ? a2a_b : NULL};
         mt_sim_result a, b;
         mt_sim_run(sched, &sc, &a);
         double p2p = sc.p2p;
@@ -518,6 +524,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         res->bubble = b.bubble;
         res->t_p2p = fmax(0, a.pipe - b.pipe);
         res->t_dp = a.exposed_dp + exposed_ag;
+        if (paired) res->t_a2a = a.exposed_ep; /* what the pairs leave exposed */
         simulated = 1;
     }
     res->exposed_comm = res->t_tp + res->t_a2a + res->t_p2p + res->t_dp;
@@ -600,6 +607,8 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
                                     if (!have_sched) {
                                         int rcs = mt_schedule_make(&sched, pp, vpp, m);
                                         MT_ASSERT(rcs == 0);
+                                        if (st->overlap && pp == 1 && vpp == 1 && m > 1)
+                                            MT_ASSERT(mt_schedule_overlap(&sched) == 0);
                                         have_sched = 1;
                                     }
                                     double bound = have == n ? best[n - 1].step : 0;

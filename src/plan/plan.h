@@ -43,6 +43,7 @@ typedef struct {
     int devices;
     int elt;                 /* bytes per activation / weight element: 2 (bf16) */
     int dist_opt;            /* ZeRO-1: optimizer state sharded over (expert-)DP */
+    int overlap;             /* the overlapped schedule (train --overlap pipe) on one-stage layouts */
     double imbalance;        /* dropless MoE: busiest EP rank's tokens / mean */
     /* trainer != 0: model the moetrain trainer on a CPU cluster (a calibrated file, after
      * mt_cluster_for_device) instead of a Megatron-style GPU job: fp32 weights, gradients

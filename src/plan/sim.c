@@ -15,8 +15,9 @@ void mt_sim_run(const mt_schedule *s, const mt_sim_cost *c, mt_sim_result *out) 
     const size_t nmsg = 2 * (size_t)S * M;
     double *arrive = mt_xmalloc(nmsg * sizeof(double));
     for (size_t i = 0; i < nmsg; i++) arrive[i] = -1;
-    double *t = mt_xcalloc((size_t)P * 4, sizeof(double));
+    double *t = mt_xcalloc((size_t)P * 5, sizeof(double));
     double *comm = t + P, *busy = t + 2 * P, *cend = t + 3 * P;  /* comm stream; compute s; last compute end */
+    double *xep = t + 4 * P;                                      /* exposed expert exchanges */
     int *pc = mt_xcalloc((size_t)P * (V + 1), sizeof(int));
     int *bwd_left = pc + P;                                       /* [P*V] backwards still to run */
     for (int i = 0; i < P * V; i++) bwd_left[i] = M;
@@ -38,11 +39,23 @@ void mt_sim_run(const mt_schedule *s, const mt_sim_cost *c, mt_sim_result *out) 
                     if (at > now) now = at;
                 } else if (a->kind == MT_ACT_FWD || a->kind == MT_ACT_BWD) {
                     double d = a->kind == MT_ACT_FWD ? c->fwd[st] : c->bwd[st];
+                    double e = c->fwd_a2a ? (a->kind == MT_ACT_FWD ? c->fwd_a2a[st] : c->bwd_a2a[st]) : 0;
+                    if (a->with_next && c->fwd_a2a) { /* the pair: this forward and the backward after it */
+                        MT_ASSERT(i + 1 < s->len[r] && list[i + 1].kind == MT_ACT_BWD);
+                        const mt_action *b = &list[++i];
+                        const int sb = b->chunk * P + r;
+                        double comp = d - e + c->bwd[sb] - c->bwd_a2a[sb], ex = e + c->bwd_a2a[sb];
+                        d = comp > ex ? comp : ex;
+                        e = d - comp;
+                        a = b; /* what follows is the backward's bookkeeping */
+                    }
                     now += d;
                     busy[r] += d;
+                    xep[r] += c->fwd_a2a ? e : 0;
                     cend[r] = now;
-                    if (a->kind == MT_ACT_BWD && --bwd_left[st] == 0 && c->grad_sync)
-                        comm[r] = (comm[r] > now ? comm[r] : now) + c->grad_sync[st];
+                    const int sa = a->chunk * P + r;
+                    if (a->kind == MT_ACT_BWD && --bwd_left[sa] == 0 && c->grad_sync)
+                        comm[r] = (comm[r] > now ? comm[r] : now) + c->grad_sync[sa];
                 } else if (a->kind == MT_ACT_SEND_ACT) {
                     arrive[((size_t)0 * S + st + 1) * M + a->mb] = now + c->p2p;
                 } else if (a->kind == MT_ACT_SEND_GRAD) {
@@ -67,6 +80,7 @@ void mt_sim_run(const mt_schedule *s, const mt_sim_cost *c, mt_sim_result *out) 
         if (t[r] > out->step) out->step = t[r];
         if (cend[r] > out->pipe) out->pipe = cend[r];
         if (busy[r] > out->busy_max) out->busy_max = busy[r];
+        if (xep[r] > out->exposed_ep) out->exposed_ep = xep[r];
     }
     for (int r = 0; r < P; r++) idle += out->pipe - busy[r];
     out->bubble = out->pipe > 0 ? idle / (P * out->pipe) : 0;

@@ -7,13 +7,18 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "base/fiber.h"
 #include "base/trace.h"
 
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
-                 int T, int nthr, int policy, int tp, int sp, int bf16) {
+                 int T, int nthr, int policy, int tp, int sp, int bf16, int overlap) {
     memset(p, 0, sizeof *p);
     if (vpp > 256) return mt_error("--vpp %d: at most 256 chunks per rank", vpp);
     if (mt_schedule_make(&p->sched, pp, vpp, m) != 0) return -1;
+    if (overlap && mt_schedule_overlap(&p->sched) != 0) {
+        mt_schedule_free(&p->sched);
+        return -1;
+    }
     p->P = pp, p->V = vpp, p->M = m, p->rank = rank, p->S = pp * vpp;
     const long tag_ub = mt_dist_tag_ub();
     if ((long)m * p->S * 2 + 2 > tag_ub) {
@@ -90,6 +95,27 @@ static void recv_rows(float *buf, size_t n, int peer, int tag, mt_group *g) {
     mt_trace_end();
 }
 
+/* one fiber's work: a forward or a backward of one micro-batch */
+typedef struct {
+    mt_model *m;
+    mt_acts *x;
+    const int32_t *in, *tg, *ps;
+    int B, T;
+    mt_loss lm;
+    float bal_scale;
+    mt_step_stats *st;
+} pass_args;
+
+static void fwd_pass(void *v) {
+    pass_args *a = v;
+    mt_model_forward(a->m, a->x, a->in, a->tg, a->ps, a->B, a->T, 1, &a->lm, NULL, a->st);
+}
+
+static void bwd_pass(void *v) {
+    pass_args *a = v;
+    mt_model_backward(a->m, a->x, a->in, a->ps, a->B, a->T, a->bal_scale);
+}
+
 void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
                    const int32_t *pos, int B, int T, const mt_loss *loss, float bal_scale, mt_step_stats *st) {
     const size_t BT = (size_t)B * T;
@@ -116,7 +142,24 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
         case MT_ACT_FWD: {
             mt_head_obj obj;
             const mt_loss lm = mt_loss_micro(loss, mb, B, T, &obj);
-            mt_model_forward(m, x, in, tg, ps, B, T, 1, &lm, NULL, st);
+            if (!a->with_next) {
+                mt_model_forward(m, x, in, tg, ps, B, T, 1, &lm, NULL, st);
+                break;
+            }
+            /* the forward and the next action, a backward of this stage, as two fibers */
+            const mt_action *nb = &act[++i];
+            MT_ASSERT(nb->kind == MT_ACT_BWD && p->P == 1);
+            size_t kb = slot_of(p, nb->chunk, nb->mb);
+            const size_t ob = (size_t)nb->mb * BT;
+            pass_args fa = {m, x, in, tg, ps, B, T, lm, 0, st};
+            pass_args ba;
+            memset(&ba, 0, sizeof ba);
+            ba = (pass_args){.m = m, .x = p->slot[kb], .in = inputs + ob, .ps = pos ? pos + ob : NULL, .B = B, .T = T,
+                             .bal_scale = bal_scale};
+            mt_trace_begin("overlap.pair");
+            mt_fiber_pair(fwd_pass, &fa, bwd_pass, &ba);
+            mt_trace_end();
+            p->slot_mb[kb] = -1; /* stage 0: free after its backward */
             break;
         }
         case MT_ACT_BWD:

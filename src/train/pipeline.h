@@ -8,7 +8,10 @@
  * a 1/TP block of the tokens under sequence parallelism). Each chunk has as many activation slots as the schedule keeps micro-batches of
  * it in flight; a slot is taken by the micro-batch's forward (or the receive before it) and
  * given back after its backward once the sends from it have completed. With P = V = 1 the
- * list is forward, backward per micro-batch: the plain gradient-accumulation loop. */
+ * list is forward, backward per micro-batch: the plain gradient-accumulation loop; with
+ * overlap (P = V = 1, mt_schedule_overlap) the forward of micro-batch i+1 and the backward of
+ * i run as two fibers (base/fiber.h) that hand the thread to each other while they wait for
+ * their expert exchanges, in two slots. */
 #ifndef MT_TRAIN_PIPELINE_H
 #define MT_TRAIN_PIPELINE_H
 
@@ -30,12 +33,12 @@ typedef struct {
     size_t acts_bytes;         /* activation memory of all slots */
 } mt_pipe;
 
-/* The layers of virtual stage s are [bounds[s], bounds[s+1]) (bounds has P*V+1 entries).
+/* overlap: the overlapped schedule (one stage only). The layers of virtual stage s are [bounds[s], bounds[s+1]) (bounds has P*V+1 entries).
  * Errors (-1) when the schedule cannot be built (e.g. M not a multiple of P with V > 1) or
  * the message tags would not fit the MPI tag space (mt_dist_tag_ub). The slots' activations
  * run in bf16 (mixed precision) or fp32 (model.h, mt_acts_new_chunk). */
 int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int rank, const int *bounds, int B,
-                 int T, int nthr, int policy, int tp, int sp, int bf16);
+                 int T, int nthr, int policy, int tp, int sp, int bf16, int overlap);
 void mt_pipe_free(mt_pipe *p);
 /* Between steps: waits for the slots' pending sends and parks their activations (mt_acts_park). */
 void mt_pipe_park(mt_pipe *p);

@@ -355,8 +355,18 @@ static int init_config(mt_trainer *t) {
                         "without --sp");
     if (o->ep < 2 && (o->a2a || o->ranks_per_node) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
-    if (o->overlap && strcmp(o->overlap, "block") != 0 && strcmp(o->overlap, "off") != 0)
-        return mt_error("train: --overlap '%s': block or off", o->overlap);
+    if (o->overlap && strcmp(o->overlap, "block") != 0 && strcmp(o->overlap, "off") != 0 &&
+        strcmp(o->overlap, "pipe") != 0)
+        return mt_error("train: --overlap '%s': pipe, block or off", o->overlap);
+    if (o->overlap && strcmp(o->overlap, "pipe") == 0) {
+        if (o->pp > 1) return mt_error("train: --overlap pipe runs on one pipeline stage: not with --pp yet");
+        if (o->tp > 1)
+            return mt_error("train: --overlap pipe: the tensor-parallel collectives do not yield to the other "
+                            "micro-batch yet: not with --tp");
+        if (o->accum < 2)
+            return mt_error("train: --overlap pipe pairs the forward of one micro-batch with the backward of the "
+                            "previous one: it needs --accum >= 2");
+    }
     if (o->wire) {
         double bw, lat;
         if (mt_wire_parse(o->wire, &bw, &lat) != 0) return -1;
@@ -572,7 +582,7 @@ static int init_model(mt_trainer *t) {
         mt_model_init_weights_embed(&t->m, o->seed, std, tiny ? (float)MT_TINYINIT_EMBED_STD : std);
     }
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
-                     o->tp, d->sp, o->bf16) != 0)
+                     o->tp, d->sp, o->bf16, o->overlap && strcmp(o->overlap, "pipe") == 0) != 0)
         return -1;
     /* the fullest rank's optimizer state, for the report */
     uint64_t ob = t->opt.bytes;

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Overlap of the expert all-to-all with compute (issue 24): EP2 over two emulated nodes (one
+# rank each, one thread each) on a demo-shaped model twice as wide (hidden 256, 8 experts
+# top-2, 4 micro-batches of 8 x 128 tokens per rank), the inter-node link emulated by --wire.
+# Variants, run round-robin OV_REPS times each (the median step time counts):
+#   nowire  --overlap off, no wire: the step without link time (the floor)
+#   off     --overlap off over the wire: every exchange blocks
+#   block   --overlap block: the shared experts computed while combine / gather travel
+#   pipe    --overlap pipe: the forward of micro-batch i+1 and the backward of i as two fibers
+# Reported per variant: the median steady step time (metrics summary step_time_s), the
+# communication share of the step the trainer measured (time in exchanges that nothing
+# hid), and the share of the wire's cost it hides: (off - X) / (off - nowire). Every
+# variant's losses must equal the blocking run's bit for bit (else FAIL).
+#
+# Usage: bash bench/bench_overlap.sh path/to/moetrain
+# Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6),
+#      MT_BENCH_TMP (scratch, kept when given)
+set -u
+MT=${1:?usage: bash bench/bench_overlap.sh path/to/moetrain}
+case "$MT" in /*) ;; *) MT="$PWD/$MT" ;; esac
+SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
+WIRE=${OV_WIRE:-0.2,50}
+REPS=${OV_REPS:-3}
+STEPS=${OV_STEPS:-6}
+TMP=${MT_BENCH_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/bench_overlap.XXXXXX")}
+KEEP=${MT_BENCH_TMP:+1}
+mkdir -p "$TMP"
+trap '[ -z "$KEEP" ] && rm -rf "$TMP"' EXIT
+source "$SRC/tests/lib/mpirun.sh"
+[ ${#MPI[@]} -gt 0 ] || { echo "bench_overlap: mpirun not found"; exit 1; }
+export OMP_NUM_THREADS=1
+
+sed -e 's/"hidden_size": 128/"hidden_size": 256/' -e 's/"moe_intermediate_size": 128/"moe_intermediate_size": 256/' \
+    -e 's/"intermediate_size": 384/"intermediate_size": 768/' "$SRC/configs/demo.json" > "$TMP/ov.json"
+"$MT" data math --out "$TMP/data" --train 20000 --val 200 > /dev/null || exit 1
+echo "bench_overlap: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores; EP2 over 2 emulated nodes, wire $WIRE"
+echo "  model: demo x2 wide (hidden 256, 8 experts top-2), 4 x 8 x 128 tokens per rank per step, $STEPS steps, $REPS runs each"
+
+losses() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
+run() { # name rep flags...
+    local n=$1 r=$2
+    shift 2
+    "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum 4 \
+        --lr 1e-3 --warmup 2 --threads 1 --steps "$STEPS" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
+        --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
+}
+for r in $(seq 1 "$REPS"); do
+    run nowire "$r" --overlap off
+    run off "$r" --overlap off --wire "$WIRE"
+    run block "$r" --overlap block --wire "$WIRE"
+    run pipe "$r" --overlap pipe --wire "$WIRE"
+done
+fail=0
+for n in nowire block pipe; do
+    [ "$(losses "$TMP/off.1/metrics.jsonl")" = "$(losses "$TMP/$n.1/metrics.jsonl")" ] \
+        || { echo "FAIL: $n: losses differ from the blocking run"; fail=1; }
+done
+median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+summary() { # name key: the median over the runs of the summary's key
+    for r in $(seq 1 "$REPS"); do
+        grep '"event":"summary"' "$TMP/$1.$r/metrics.jsonl" | sed -E "s/.*\"$2\":([0-9.eE+-]+).*/\1/"
+    done | median
+}
+t0=$(summary nowire step_time_s)
+toff=$(summary off step_time_s)
+printf "  %-7s %9s %13s %12s\n" variant "step s" "comm share" "wire hidden"
+for n in nowire off block pipe; do
+    t=$(summary $n step_time_s)
+    c=$(summary $n comm_share)
+    awk -v n=$n -v t="$t" -v c="$c" -v t0="$t0" -v toff="$toff" 'BEGIN {
+        h = (toff > t0) ? (toff - t) / (toff - t0) : 0
+        printf "  %-7s %9.3f %12.1f%% %11.0f%%\n", n, t, 100 * c, (n == "nowire" || n == "off") ? 0 : 100 * h }'
+done
+[ $fail = 0 ] && echo "bench_overlap: losses of every variant identical to the blocking run"
+exit $fail
