@@ -127,25 +127,17 @@ static MPI_Comm fcomm(const mt_a2a *a, MPI_Comm c) {
     return a->node_f[f];
 }
 
-/* Completes n requests (inside a fiber: tests, and yields while they are not done) */
-static void wait_reqs(MPI_Request *r, int n) {
-    if (mt_fiber_id() < 0) {
-        MPI_Waitall(n, r, MPI_STATUSES_IGNORE);
-        return;
-    }
-    for (;;) {
-        int done = 0;
-        MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
-        if (done) return;
-        yield_to_other(0);
-    }
-}
+/* The turn order of a fiber pair is the same on every rank, whatever the timing: a fiber
+ * hands the thread over exactly once at each wait for rows (xfer_finish: the other fiber
+ * computes one piece, up to its own next such wait, while the rows travel) and never at the
+ * dispatch's small control exchanges, which it waits for in place. Every rank then reaches
+ * the same exchange of the same fiber in the same turn, so a wait in place always finds its
+ * peers coming, and a rank never waits for a peer that is computing its other fiber (a
+ * timing-dependent order measured no faster than the shared experts' overlap alone). */
+static void wait_reqs(MPI_Request *r, int n) { MPI_Waitall(n, r, MPI_STATUSES_IGNORE); }
 
-/* until CLOCK_MONOTONIC time t (an arrival on the wire): the other fiber computes meanwhile */
-static void wait_until(double t) {
-    while (mt_now() < t)
-        if (mt_fiber_id() < 0 || yield_to_other(t) == 0) mt_wire_sleep_until(t);
-}
+/* until CLOCK_MONOTONIC time t (an arrival on the wire) */
+static void wait_until(double t) { mt_wire_sleep_until(t); }
 
 static void allreduce(const mt_a2a *a, void *x, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
     if (mt_fiber_id() < 0) {
@@ -439,6 +431,7 @@ static int xfer_test(mt_a2a_xfer *x) {
 static void xfer_finish(mt_a2a_xfer *x) {
     if (!x->nreq) return;
     double t0 = MPI_Wtime(), away0 = *away();
+    yield_to_other(0); /* the turn: the other fiber computes while the rows travel */
     wait_reqs(x->req, x->nreq);
     if (x->wired) wait_until(latest(x->stamp + x->np, x->np));
     mt_dist_get()->comm_s += MPI_Wtime() - t0 - (*away() - away0);
