@@ -94,6 +94,18 @@ check "EP4 over 2 nodes, blocking, accum 2" "$T/s8/metrics.jsonl" "$T/ep4b/metri
 grep -q '"tid":3' "$T/ep4p/trace_rank0.json" && grep -q '"name":"a2a in flight"' "$T/ep4p/trace_rank0.json" \
     || fail "--overlap pipe: the trace has no second fiber's track or no exchange in flight"
 ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
+# --wire CLUSTER.json: the cluster's link at this machine's pace (a device of 0.1 TFLOP/s:
+# about this rank's rate, so the emulated link is about the file's 20 GB/s)
+cat > "$T/cl.json" <<'JSON'
+{"name": "test", "devices": 4, "devices_per_node": 2, "peak_tflops": {"bf16": 0.1, "fp32": 0.1},
+ "memory_gb": 16, "memory_bw_gbs": 20, "intra_node": {"bw_gbs": 50, "latency_us": 1},
+ "inter_node": {"bw_gbs": 20, "latency_us": 2}}
+JSON
+run 2 train --config demo "${base[@]}" --steps 2 --ep 2 --ranks-per-node 1 --wire "$T/cl.json" --out "$T/ep2c" > "$T/ep2c.log" 2>&1 \
+    || { cat "$T/ep2c.log"; fail "--wire CLUSTER.json: the run failed"; }
+grep -q "test's inter-node link (20 GB/s, 2 us) at this rank's pace" "$T/ep2c.log" \
+    || { cat "$T/ep2c.log"; fail "--wire CLUSTER.json: no scaled link reported"; }
+ok "--wire CLUSTER.json: $(grep -o 'so --wire .*' "$T/ep2c.log")"
 # the same routing: hierarchical sends fewer inter-node rows and bytes than flat would
 r=$(grep -m1 '"step":2,' "$T/ep4h/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*"a2a_inter_rows_flat":([0-9]+),"a2a_inter_rows_hier":([0-9]+).*/\1 \2 \3/')
 rf=$(grep -m1 '"step":2,' "$T/ep4f/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*/\1/')

@@ -6,9 +6,40 @@
 #include "base/common.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "kernels/blas.h"
 #include "parallel/dist.h"
+#include "plan/cluster.h"
 #include "train/trainer.h"
 
+
+/* --wire CLUSTER.json: the cluster file's inter-node link, its bandwidth times (and its
+ * latency over) this rank's GEMM rate / a device's achieved rate (peak x GEMM efficiency),
+ * so that a step here has the cluster's link/compute ratio. Rank 0 measures, all use it. */
+static int wire_from_cluster(mt_train_opts *o) {
+    static char spec[64];
+    const size_t n = strlen(o->wire);
+    if (n < 5 || strcmp(o->wire + n - 5, ".json") != 0) return 0;
+    mt_cluster cl;
+    if (mt_cluster_load(&cl, o->wire) != 0) return -1;
+    const double dev = cl.peak_bf16 * cl.eff_gemm;
+    if (!(cl.inter_bw > 0) || !(dev > 0))
+        return mt_error("--wire %s: the cluster needs inter_node.bw_gbs and peak_tflops.bf16", o->wire);
+    mt_dist *d = mt_dist_get();
+    double here = 0;
+    if (d->rank == 0) {
+        if (o->threads > 0) mt_set_threads(o->threads);
+        here = mt_gemm_gflops(1024, 0.3, o->bf16) * 1e9;
+    }
+    mt_group_bcast_f64(&d->all, &here, 1);
+    const double s = here / dev, bw = cl.inter_bw * s, lat = cl.inter_lat / s;
+    snprintf(spec, sizeof spec, "%.6g,%.6g", bw / 1e9, lat * 1e6);
+    if (d->rank == 0)
+        printf("wire: %s's inter-node link (%.3g GB/s, %.3g us) at this rank's pace: its GEMM %.3g GFLOP/s against a "
+               "device's %.3g TFLOP/s (%.0f%% of peak), so --wire %s\n",
+               cl.name, cl.inter_bw / 1e9, cl.inter_lat * 1e6, here / 1e9, dev / 1e12, 100 * cl.eff_gemm, spec);
+    o->wire = spec;
+    return 0;
+}
 int mt_cmd_train(int argc, char **argv) {
     mt_train_opts o;
     mt_train_defaults(&o);
@@ -66,7 +97,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"aux-scope", MT_ARG_STR, &o.aux_scope, "balance loss over: sequence (each sequence, the default) or ep-group (all tokens of a micro-batch on the EP group's ranks, as Pangu Ultra MoE; its value depends on the layout: --ep, --batch, --sp)", NULL},
         {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
         {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},
-        {"wire", MT_ARG_STR, &o.wire, "GBPS[,US]: an emulated link between the (--ranks-per-node) nodes for the expert all-to-all, GB/s per rank and direction, latency in us (default: none)", NULL},
+        {"wire", MT_ARG_STR, &o.wire, "GBPS[,US] or CLUSTER.json: an emulated link between the (--ranks-per-node) nodes for the expert all-to-all, GB/s per rank and direction and latency in us, or a cluster file's inter-node link scaled to this machine's compute (default: none)", NULL},
         {"overlap", MT_ARG_STR, &o.overlap, "expert all-to-all: block (default: shared experts computed while the combine / gather travels) or off (each exchange completes before compute goes on)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,
@@ -83,6 +114,10 @@ int mt_cmd_train(int argc, char **argv) {
     for (int i = 2; i < argc; i++) XXH64_update(h, argv[i], strlen(argv[i]) + 1);
     o.args_hash = XXH64_digest(h);
     XXH64_freeState(h);
+    if (o.wire && wire_from_cluster(&o) != 0) {
+        if (multi) mt_dist_abort(mt_last_error());
+        return mt_cli_fail();
+    }
     if (mt_train(&o) != 0) {
         if (multi) mt_dist_abort(mt_last_error());
         return mt_cli_fail();
