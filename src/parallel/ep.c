@@ -41,10 +41,10 @@ void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, 
     free(nd);
 }
 
-/* The exchange's state of one batch. Split (mt_ep.split): the combine and the gather are in
- * flight from the call that begins them to wait(), the block computing the shared experts
- * meanwhile; the dispatch, dispatch_bwd and to_source, which nothing can overlap inside the
- * block, complete in their call. Otherwise every operation completes in its call. What an
+/* The exchange's state of one batch. Split (mt_ep.split): the combine, the gather and the
+ * dispatch backward are in flight from the call that begins them to wait(), the block
+ * computing the shared experts or the gate|up weight gradient meanwhile; the dispatch and
+ * to_source, which nothing can overlap inside the block, complete in their call. Otherwise every operation completes in its call. What an
  * operation writes into the caller's buffer appears at wait() either way. */
 typedef struct {
     mt_a2a_plan plan;
@@ -147,8 +147,10 @@ static void ep_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *d
     MT_ASSERT(!pp->dst && pp->req.kind == 0);
     add_count(e, pp);
     mt_trace_begin("comm.a2a");
-    mt_a2a_dispatch_bwd(&e->a2a, &pp->plan, plan_sum(pp), dxe);
+    pp->t_begin = mt_now();
+    mt_a2a_combine_begin(&e->a2a, &pp->plan, &pp->req, dxe, NULL); /* a combine with unit weights */
     mt_trace_end();
+    if (!e->split) ep_finish(e, pp);
     pp->dst = dx;
     pp->accumulate = accumulate;
 }
