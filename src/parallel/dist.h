@@ -12,8 +12,9 @@
  *
  * Errors: a rank that fails reports its message and calls mt_dist_abort(), which takes the
  * whole job down (MPI_Abort) instead of leaving the other ranks waiting in a collective.
- * Every collective adds its wall time to mt_dist.comm_s (the trainer resets it per step):
- * nothing overlaps computation yet, so all of it is exposed time. */
+ * Every collective adds the time it waited to mt_dist.comm_s (the trainer resets it per
+ * step): exposed time only (a split-phase exchange counts its begin and its wait, a fiber
+ * of the overlapped schedule not the time the other fiber computed, parallel/a2a.c). */
 #ifndef MT_DIST_DIST_H
 #define MT_DIST_DIST_H
 

@@ -102,8 +102,9 @@ void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, doub
     s->dt = dt;
     s->comm = comm;
     if (o->profile) {
-        /* the TP collectives and all-to-alls run inside the forward and backward spans;
-         * nothing overlaps them yet, so all communication time is exposed */
+        /* the TP collectives and all-to-alls run inside the forward and backward spans; their
+         * spans count only the waits (an exchange in flight behind compute is not in them,
+         * and a fiber's spans exclude the other fiber's time), i.e. the exposed time */
         double cf = mt_trace_total("fwd."), cb = mt_trace_total("bwd.");
         double ctp = mt_trace_total("comm.tp"), ca2a = mt_trace_total("comm.a2a");
         double cpp = mt_trace_total("comm.pipeline"), cg = mt_trace_total("comm.gradients");
