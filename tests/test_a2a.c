@@ -172,8 +172,8 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
             float *o2 = falloc((size_t)N * C), *x2 = falloc((size_t)p->R * C);
             mt_a2a_combine_begin(a, p, &rq[0], y, p->w);
             mt_a2a_gather_begin(a, p, &rq[1], dout);
-            long polls = 0;
-            while (!mt_a2a_test(&rq[0]) || !mt_a2a_test(&rq[1])) polls++;
+            while (!mt_a2a_test(&rq[0]) || !mt_a2a_test(&rq[1])) {
+            }
             mt_a2a_gather_end(a, &rq[1], x2);
             mt_a2a_combine_end(a, &rq[0], o2);
             CHECK(!memcmp(o2, out[m], sizeof(float) * (size_t)N * C), "split-phase combine != blocking, mode %d", m);

@@ -105,7 +105,11 @@ run 2 train --config demo "${base[@]}" --steps 2 --ep 2 --ranks-per-node 1 --wir
     || { cat "$T/ep2c.log"; fail "--wire CLUSTER.json: the run failed"; }
 grep -q "test's inter-node link (20 GB/s, 2 us) at this rank's pace" "$T/ep2c.log" \
     || { cat "$T/ep2c.log"; fail "--wire CLUSTER.json: no scaled link reported"; }
-ok "--wire CLUSTER.json: $(grep -o 'so --wire .*' "$T/ep2c.log")"
+# the link is the file's 20 GB/s x (this rank's GEMM GFLOP/s / 70) and 2 us / that ratio
+read -r gf bw lat <<< "$(sed -nE "s/.*its GEMM ([0-9.e+]+) GFLOP\/s.*so --wire ([0-9.e+]+),([0-9.e+]+).*/\1 \2 \3/p" "$T/ep2c.log")"
+awk -v g="${gf:-0}" -v b="${bw:-0}" -v l="${lat:-0}" 'BEGIN { r = g / 70; exit !(r > 0 && b > 0.99 * 20 * r && b < 1.01 * 20 * r &&
+    l > 0.99 * 2 / r && l < 1.01 * 2 / r) }' || fail "--wire CLUSTER.json: GEMM '$gf' GFLOP/s gave --wire '$bw,$lat'"
+ok "--wire CLUSTER.json: $(grep -o 'so --wire .*' "$T/ep2c.log") (GEMM $gf GFLOP/s)"
 # the same routing: hierarchical sends fewer inter-node rows and bytes than flat would
 r=$(grep -m1 '"step":2,' "$T/ep4h/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*"a2a_inter_rows_flat":([0-9]+),"a2a_inter_rows_hier":([0-9]+).*/\1 \2 \3/')
 rf=$(grep -m1 '"step":2,' "$T/ep4f/metrics.jsonl" | sed -E 's/.*"a2a_inter_bytes":([0-9]+).*/\1/')

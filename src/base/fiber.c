@@ -1,9 +1,7 @@
 /* base/fiber.c — two cooperative fibers on one thread (see fiber.h), over ucontext. */
 #include "base/fiber.h"
 
-#include <errno.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <ucontext.h>
 
 #include "base/common.h"
@@ -20,7 +18,6 @@ static struct {
     void *arg[2];
     int done[2];
     int cur;               /* -1 outside a pair */
-    double ready[2];       /* each fiber's earliest time to go on (0: unknown / running) */
 } g;
 
 static void *stack_of(int i) {
@@ -67,7 +64,6 @@ static void trampoline(void) {
     const int me = g.cur;
     g.fn[me](g.arg[me]);
     g.done[me] = 1;
-    g.ready[me] = 0;
     switch_to(g.done[1 - me] ? -1 : 1 - me, 1);
     MT_ASSERT(0); /* a finished fiber is never resumed */
 }
@@ -77,7 +73,6 @@ void mt_fiber_pair(mt_fiber_fn a, void *aa, mt_fiber_fn b, void *ba) {
     g.fn[0] = a, g.fn[1] = b, g.arg[0] = aa, g.arg[1] = ba;
     for (int i = 0; i < 2; i++) {
         g.done[i] = 0;
-        g.ready[i] = 0;
         MT_ASSERT(getcontext(&g.ctx[i]) == 0);
         g.ctx[i].uc_stack.ss_sp = (char *)stack_of(i) + 4096;
         g.ctx[i].uc_stack.ss_size = FIBER_STACK - 4096;
@@ -95,30 +90,11 @@ void mt_fiber_pair(mt_fiber_fn a, void *aa, mt_fiber_fn b, void *ba) {
 
 int mt_fiber_id(void) { return g.cur; }
 
-static void sleep_until(double t) {
-    struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-    }
-}
-
-double mt_fiber_yield(double ready_at) {
+double mt_fiber_yield(void) {
     const int me = g.cur;
-    if (me < 0) return 0;
-    const int other = 1 - me;
-    if (g.done[other]) {
-        if (ready_at > 0) sleep_until(ready_at);
-        return 0;
-    }
-    /* both wait for known times: sleep until the earlier, then let the other look first */
-    if (ready_at > 0 && g.ready[other] > 0) {
-        double t = ready_at < g.ready[other] ? ready_at : g.ready[other];
-        sleep_until(t);
-    }
-    g.ready[me] = ready_at;
+    if (me < 0 || g.done[1 - me]) return 0;
     double t0 = mt_now();
-    switch_to(other, 0);
-    g.ready[me] = 0;
+    switch_to(1 - me, 0);
     return mt_now() - t0;
 }
 

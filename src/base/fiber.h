@@ -20,9 +20,8 @@ void mt_fiber_pair(mt_fiber_fn a, void *aa, mt_fiber_fn b, void *ba);
 /* The running fiber (0 or 1), -1 outside a pair. */
 int mt_fiber_id(void);
 /* Gives the thread to the other fiber if it has not finished; returns when this fiber runs
- * again. `ready_at` (CLOCK_MONOTONIC seconds, 0 = unknown) is when this fiber can go on at the
- * earliest: when both fibers wait for a known time, the thread sleeps until the earlier one
- * instead of spinning. Returns the seconds the other fiber ran. */
-double mt_fiber_yield(double ready_at);
+ * again, with the seconds the other fiber ran (0 at once outside a pair or when the other
+ * has finished). */
+double mt_fiber_yield(void);
 
 #endif

@@ -26,7 +26,6 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     memset(a, 0, sizeof *a);
     a->ep = ep;
     a->node = MPI_COMM_NULL;
-    a->ep_f[0] = a->ep_f[1] = a->node_f[0] = a->node_f[1] = MPI_COMM_NULL;
     MPI_Comm_rank(ep, &a->rank);
     MPI_Comm_size(ep, &a->size);
     if (ranks_per_node < 0) return mt_error("a2a: ranks_per_node %d < 0", ranks_per_node);
@@ -78,104 +77,23 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     int nr;
     MPI_Comm_rank(a->node, &nr);
     MT_ASSERT(nr == a->local);
-    for (int f = 0; f < 2; f++) { /* each fiber's own (base/fiber.h): their orders differ between ranks */
-        MPI_Comm_dup(ep, &a->ep_f[f]);
-        MPI_Comm_dup(a->node, &a->node_f[f]);
-        MPI_Comm_set_name(a->ep_f[f], f ? "ep (backward fiber)" : "ep (forward fiber)");
-        MPI_Comm_set_name(a->node_f[f], f ? "ep node (backward fiber)" : "ep node (forward fiber)");
-    }
     return 0;
 }
 
 void mt_a2a_free(mt_a2a *a) {
     if (a->node != MPI_COMM_NULL) MPI_Comm_free(&a->node);
-    for (int f = 0; f < 2; f++) {
-        if (a->ep_f[f] != MPI_COMM_NULL) MPI_Comm_free(&a->ep_f[f]);
-        if (a->node_f[f] != MPI_COMM_NULL) MPI_Comm_free(&a->node_f[f]);
-    }
     free(a->node_of);
     free(a->local_of);
     free(a->node_start);
     free(a->node_rank);
     memset(a, 0, sizeof *a);
     a->node = MPI_COMM_NULL;
-    a->ep_f[0] = a->ep_f[1] = a->node_f[0] = a->node_f[1] = MPI_COMM_NULL;
 }
-
-/* ---- communication that a fiber waits for by yielding ----
- * Inside a fiber pair (the overlapped schedule) every call uses the fiber's own duplicate of
- * the communicator and waits by testing and yielding, so the other fiber computes meanwhile
- * and no rank blocks in one fiber's collective while its peers are in the other's. */
-
-/* seconds the other fiber ran while this one waited, per context (the thread's own, never
- * away; fibers 0 and 1): the communication time counted (mt_dist.comm_s) is the rest, the
- * part nothing hid */
-static double g_away_f[3];
-static double *away(void) { return &g_away_f[mt_fiber_id() + 1]; }
-
-static double yield_to_other(double ready_at) {
-    double d = mt_fiber_yield(ready_at);
-    *away() += d;
-    return d;
-}
-
-static MPI_Comm fcomm(const mt_a2a *a, MPI_Comm c) {
-    const int f = mt_fiber_id();
-    if (f < 0) return c;
-    if (c == a->ep) return a->ep_f[f];
-    MT_ASSERT(c == a->node);
-    return a->node_f[f];
-}
-
-/* The turn order of a fiber pair is the same on every rank, whatever the timing: a fiber
- * hands the thread over exactly once at each wait for rows (xfer_finish: the other fiber
- * computes one piece, up to its own next such wait, while the rows travel) and never at the
- * dispatch's small control exchanges, which it waits for in place. Every rank then reaches
- * the same exchange of the same fiber in the same turn, so a wait in place always finds its
- * peers coming, and a rank never waits for a peer that is computing its other fiber (a
- * timing-dependent order measured no faster than the shared experts' overlap alone). */
-static void wait_reqs(MPI_Request *r, int n) { MPI_Waitall(n, r, MPI_STATUSES_IGNORE); }
-
-/* until CLOCK_MONOTONIC time t (an arrival on the wire) */
-static void wait_until(double t) { mt_wire_sleep_until(t); }
-
-static void allreduce(const mt_a2a *a, void *x, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
-    if (mt_fiber_id() < 0) {
-        MPI_Allreduce(MPI_IN_PLACE, x, n, t, op, c);
-        return;
-    }
-    MPI_Request r;
-    MPI_Iallreduce(MPI_IN_PLACE, x, n, t, op, fcomm(a, c), &r);
-    wait_reqs(&r, 1);
-}
-
-static void alltoall(const mt_a2a *a, const void *s, int n, MPI_Datatype t, void *r, MPI_Comm c) {
-    if (mt_fiber_id() < 0) {
-        MPI_Alltoall(s, n, t, r, n, t, c);
-        return;
-    }
-    MPI_Request q;
-    MPI_Ialltoall(s, n, t, r, n, t, fcomm(a, c), &q);
-    wait_reqs(&q, 1);
-}
-
-static void alltoallv(const mt_a2a *a, const void *s, const int *sc, const int *sd, void *r, const int *rc,
-                      const int *rd, MPI_Datatype t, MPI_Comm c) {
-    if (mt_fiber_id() < 0) {
-        MPI_Alltoallv(s, sc, sd, t, r, rc, rd, t, c);
-        return;
-    }
-    MPI_Request q;
-    MPI_Ialltoallv(s, sc, sd, t, r, rc, rd, t, fcomm(a, c), &q);
-    wait_reqs(&q, 1);
-}
-
-void mt_a2a_sum_f64(mt_a2a *a, double *x, int n) { allreduce(a, x, n, MPI_DOUBLE, MPI_SUM, a->ep); }
 
 /* Collective agreement on failure: returns -1 on every rank when bad is set on any. */
 static int agree(mt_a2a *a, int bad) {
     int any = bad != 0; /* bad may be mt_error()'s -1 */
-    allreduce(a, &any, 1, MPI_INT, MPI_MAX, a->ep);
+    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, a->ep);
     if (!any) return 0;
     if (!bad) mt_error("a2a: another rank of the EP group failed");
     return -1;
@@ -299,8 +217,8 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
     }
     free(fill);
     /* counts: check non-negative, shape (an item has >= 6 metadata ints), totals */
-    double t0 = MPI_Wtime(), away0 = *away();
-    alltoall(a, c2, 2, MPI_INT, r2, comm);
+    double t0 = MPI_Wtime();
+    MPI_Alltoall(c2, 2, MPI_INT, r2, 2, MPI_INT, comm);
     for (int p = 0; p < np; p++) account(a, stage_peer(s, p), 2 * (int64_t)sizeof(int), 0);
     int bad = 0;
     int64_t tot[4] = {s->nsend, 0, l->nm, 0};
@@ -314,7 +232,7 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
     if (!bad && (tot[1] > INT_MAX || tot[3] > INT_MAX))
         bad = mt_error("a2a: %lld rows / %lld metadata ints received exceed the int range", (long long)tot[1],
                        (long long)tot[3]);
-    allreduce(a, tot, 4, MPI_INT64_T, MPI_SUM, a->ep);
+    MPI_Allreduce(MPI_IN_PLACE, tot, 4, MPI_INT64_T, MPI_SUM, a->ep);
     if (!bad && (tot[0] != tot[1] || tot[2] != tot[3]))
         bad = mt_error("a2a: counts inconsistent: %lld rows sent vs %lld received in total", (long long)tot[0],
                        (long long)tot[1]);
@@ -333,15 +251,15 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
         s->nrecv = off;
         *nrmeta = moff;
         *rmeta = mt_xmalloc(sizeof(int32_t) * ((size_t)moff + 1));
-        alltoallv(a, smeta, smc, smd, *rmeta, rmc, rmd, MPI_INT32_T, comm);
+        MPI_Alltoallv(smeta, smc, smd, MPI_INT32_T, *rmeta, rmc, rmd, MPI_INT32_T, comm);
         for (int p = 0; p < np; p++) account(a, stage_peer(s, p), (int64_t)smc[p] * (int64_t)sizeof(int32_t), 0);
         if (stage_wired(a, comm)) { /* the counts and the metadata, one message per peer */
             int *b = mt_xmalloc(sizeof(int) * (size_t)np);
             for (int p = 0; p < np; p++) b[p] = 2 + smc[p];
             double *st = mt_xmalloc(sizeof(double) * 2 * (size_t)np);
             wire_stamps(a, b, np, peer_ep, (int64_t)sizeof(int32_t), st);
-            alltoall(a, st, 1, MPI_DOUBLE, st + np, comm);
-            wait_until(latest(st + np, np));
+            MPI_Alltoall(st, 1, MPI_DOUBLE, st + np, 1, MPI_DOUBLE, comm);
+            mt_wire_sleep_until(latest(st + np, np));
             free(st);
             free(b);
         }
@@ -356,7 +274,7 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
         for (int i = 0; i < s->nsend; i++) s->rord[i] = k[i].i;
         free(k);
     }
-    mt_dist_get()->comm_s += MPI_Wtime() - t0 - (*away() - away0);
+    mt_dist_get()->comm_s += MPI_Wtime() - t0;
     free(c2);
     free(smeta);
     return rc;
@@ -408,13 +326,13 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     x->np = s->np;
     x->type = row_type(C);
     double t0 = MPI_Wtime();
-    MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, fcomm(a, s->comm), &x->req[0]);
+    MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
     x->nreq = 1;
     if (stage_wired(a, s->comm)) {
         x->wired = 1;
         x->stamp = mt_xmalloc(sizeof(double) * 2 * (size_t)s->np);
         wire_stamps(a, sc, s->np, s->peer_ep, rowb, x->stamp);
-        MPI_Ialltoall(x->stamp, 1, MPI_DOUBLE, x->stamp + s->np, 1, MPI_DOUBLE, fcomm(a, s->comm), &x->req[1]);
+        MPI_Ialltoall(x->stamp, 1, MPI_DOUBLE, x->stamp + s->np, 1, MPI_DOUBLE, s->comm, &x->req[1]);
         x->nreq = 2;
     }
     mt_dist_get()->comm_s += MPI_Wtime() - t0;
@@ -428,13 +346,21 @@ static int xfer_test(mt_a2a_xfer *x) {
     return done && (!x->wired || mt_now() >= latest(x->stamp + x->np, x->np));
 }
 
+/* Inside the overlapped schedule's fiber pair (base/fiber.h) the turn order of a fiber pair is the same on every rank, whatever the timing: a fiber
+ * hands the thread over exactly once at each wait for rows (xfer_finish: the other fiber
+ * computes one piece, up to its own next such wait, while the rows travel) and never at the
+ * dispatch's small control exchanges, which it waits for in place. Every rank therefore
+ * issues the two fibers' collectives in the same order (one communicator serves both, as
+ * MPI requires), a wait in place always finds its peers coming, and a rank never waits for a
+ * peer busy with its other fiber (a timing-dependent order measured no faster than the
+ * shared experts' overlap alone). */
 static void xfer_finish(mt_a2a_xfer *x) {
     if (!x->nreq) return;
-    double t0 = MPI_Wtime(), away0 = *away();
-    yield_to_other(0); /* the turn: the other fiber computes while the rows travel */
-    wait_reqs(x->req, x->nreq);
-    if (x->wired) wait_until(latest(x->stamp + x->np, x->np));
-    mt_dist_get()->comm_s += MPI_Wtime() - t0 - (*away() - away0);
+    double t0 = MPI_Wtime();
+    const double ran = mt_fiber_yield(); /* the turn: the other fiber computes while the rows travel */
+    MPI_Waitall(x->nreq, x->req, MPI_STATUSES_IGNORE);
+    if (x->wired) mt_wire_sleep_until(latest(x->stamp + x->np, x->np));
+    mt_dist_get()->comm_s += MPI_Wtime() - t0 - ran; /* what the other fiber's compute did not hide */
     MPI_Type_free(&x->type);
     free(x->stamp);
     memset(x, 0, sizeof *x);

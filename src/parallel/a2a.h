@@ -50,7 +50,6 @@ typedef struct {
 typedef struct {
     MPI_Comm ep;        /* the caller's communicator (not owned) */
     MPI_Comm node;      /* the ranks of this node, ordered by EP rank (owned) */
-    MPI_Comm ep_f[2], node_f[2]; /* duplicates for the two fibers of the overlapped schedule (owned) */
     int rank, size;     /* in ep */
     int node_id, nnodes, local, local_size;
     int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
@@ -139,9 +138,6 @@ void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out);
 void mt_a2a_gather_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *x);
 void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr);
 int mt_a2a_test(mt_a2a_req *r);
-
-/* x[n] summed over the EP group (in place; a fiber's own communicator inside a pair). */
-void mt_a2a_sum_f64(mt_a2a *a, double *x, int n);
 
 /* xr[R,C] = x[tok_r] rows of the source tokens in the dispatch layout, unweighted (a
  * dispatch of new rows along an existing plan, e.g. the output gradient in the backward). */

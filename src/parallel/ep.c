@@ -44,15 +44,16 @@ void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, 
 /* The exchange's state of one batch. Split (mt_ep.split): the combine, the gather and the
  * dispatch backward are in flight from the call that begins them to wait(), the block
  * computing the shared experts or the gate|up weight gradient meanwhile; the dispatch and
- * to_source, which nothing can overlap inside the block, complete in their call. Otherwise every operation completes in its call. What an
- * operation writes into the caller's buffer appears at wait() either way. */
+ * to_source, which nothing can overlap inside the block, complete in their call. Otherwise
+ * every operation completes in its call. What an operation writes into the caller's buffer
+ * appears at wait() either way. */
 typedef struct {
     mt_a2a_plan plan;
     mt_ep_count rows;      /* rows of one exchange along this plan */
     float *sum;            /* [N, C] combine / dispatch_bwd result before it reaches the caller */
     float *dst;            /* pending: the caller's buffer and how it receives sum */
     int accumulate;
-    mt_a2a_req req;        /* the combine or gather in flight */
+    mt_a2a_req req;        /* the combine (or dispatch backward) or gather in flight */
     float *gather_dst;     /* the gather's destination */
     double t_begin;        /* when the operation in flight began (the trace's in-flight span) */
 } ep_plan;
@@ -197,7 +198,7 @@ static void ep_release(void *ctx, mt_ep_batch *b) {
 static void ep_sum_f64(void *ctx, double *x, size_t n) {
     mt_ep *e = ctx;
     MT_ASSERT(n <= (size_t)1 << 30);
-    mt_a2a_sum_f64(&e->a2a, x, (int)n);
+    MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, e->a2a.ep);
 }
 
 int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode, int split) {

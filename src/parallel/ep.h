@@ -20,7 +20,7 @@ typedef struct {
     mt_ep_ops ops;
     mt_a2a a2a;
     mt_a2a_mode mode;
-    int split;             /* the combine and the gather stay in flight until wait() */
+    int split;             /* the combine, gather and dispatch backward stay in flight until wait() */
     mt_ep_count count;     /* accumulated over every exchange (dispatch, combine and backwards) */
     int64_t *rows;         /* rows this rank received in each dispatch so far */
     int nrows, caprows;
@@ -35,8 +35,8 @@ double mt_ep_imbalance(mt_ep *e);
 void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, mt_ep_count *c);
 
 /* Collective over ep: ranks_per_node as in mt_a2a_init (0 = shared-memory nodes); split:
- * the combine and the gather complete at the model's wait() (computing meanwhile), else in
- * the call that begins them. The results are the same bits either way. */
+ * the combine, gather and dispatch backward complete at the model's wait() (computing
+ * meanwhile), else in the call that begins them. The results are the same bits either way. */
 int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode, int split);
 void mt_ep_free(mt_ep *e);
 

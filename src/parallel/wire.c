@@ -48,7 +48,6 @@ void mt_wire_stamp(const int64_t *bytes, int n, int first, double *arrive) {
         arrive[p] = 0;
         if (bytes[p] <= 0) continue;
         w->link_free += (double)bytes[p] / w->bw;
-        w->bytes += bytes[p];
         arrive[p] = w->link_free + w->lat;
     }
 }

@@ -9,7 +9,7 @@
  * receiver's request completes only once MPI has delivered it *and* its time has come. A rank
  * whose time has not come sleeps (clock_nanosleep) rather than spins, so the other ranks of
  * the machine keep its core. Times are CLOCK_MONOTONIC seconds, one clock for every process
- * of the machine, so a wire needs all its ranks on one machine (mt_wire_set checks).
+ * of the machine, so a wire needs all its ranks on one machine (the trainer checks).
  *
  * The wire changes when data arrives, never what arrives: results are bit-identical with and
  * without it. Off by default. Today it carries the expert all-to-all (parallel/a2a.c), the
@@ -24,7 +24,6 @@ typedef struct {
     double bw, lat;       /* bytes/s, seconds */
     double link_free;     /* when this rank's outgoing link is next free */
     double slept;         /* seconds slept waiting for arrivals (reset by the caller) */
-    int64_t bytes;        /* bytes sent over the wire */
 } mt_wire;
 
 /* The process's wire (one per rank). */

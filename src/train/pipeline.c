@@ -152,10 +152,8 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
             size_t kb = slot_of(p, nb->chunk, nb->mb);
             const size_t ob = (size_t)nb->mb * BT;
             pass_args fa = {m, x, in, tg, ps, B, T, lm, 0, st};
-            pass_args ba;
-            memset(&ba, 0, sizeof ba);
-            ba = (pass_args){.m = m, .x = p->slot[kb], .in = inputs + ob, .ps = pos ? pos + ob : NULL, .B = B, .T = T,
-                             .bal_scale = bal_scale};
+            pass_args ba = {.m = m, .x = p->slot[kb], .in = inputs + ob, .ps = pos ? pos + ob : NULL, .B = B, .T = T,
+                            .bal_scale = bal_scale};
             mt_trace_begin("overlap.pair");
             mt_fiber_pair(fwd_pass, &fa, bwd_pass, &ba);
             mt_trace_end();

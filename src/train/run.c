@@ -48,7 +48,7 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
             printf(", EP %d (%d experts per rank, %s all-to-all over %d node%s)", o->ep, cfg->n_routed_experts / o->ep,
                    t->a2a_mode == MT_A2A_HIER ? "hierarchical" : "flat", t->ep.a2a.nnodes,
                    t->ep.a2a.nnodes > 1 ? "s" : "");
-        if (o->overlap && strcmp(o->overlap, "pipe") == 0)
+        if (t->overlap == MT_OVERLAP_PIPE)
             printf(", overlapped schedule (the forward of micro-batch i+1 runs with the backward of i)");
         printf("\n");
         const mt_wire *wi = mt_wire_get();
@@ -57,7 +57,7 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
                    "exchanges %s\n",
                    t->ep.a2a.nnodes, wi->bw / 1e9, wi->lat * 1e6,
                    !t->ep.split ? "blocking (--overlap off)"
-                   : o->overlap && strcmp(o->overlap, "pipe") == 0
+                   : t->overlap == MT_OVERLAP_PIPE
                        ? "in flight while the other micro-batch computes (--overlap pipe)"
                        : "in flight behind the shared experts (--overlap block)");
         if (o->pp > 1) {

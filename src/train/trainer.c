@@ -355,14 +355,14 @@ static int init_config(mt_trainer *t) {
                         "without --sp");
     if (o->ep < 2 && (o->a2a || o->ranks_per_node) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
-    if (o->overlap && strcmp(o->overlap, "block") != 0 && strcmp(o->overlap, "off") != 0 &&
-        strcmp(o->overlap, "pipe") != 0)
+    t->overlap = MT_OVERLAP_BLOCK;
+    if (o->overlap && strcmp(o->overlap, "off") == 0) t->overlap = MT_OVERLAP_OFF;
+    else if (o->overlap && strcmp(o->overlap, "pipe") == 0) t->overlap = MT_OVERLAP_PIPE;
+    else if (o->overlap && strcmp(o->overlap, "block") != 0)
         return mt_error("train: --overlap '%s': pipe, block or off", o->overlap);
-    if (o->overlap && strcmp(o->overlap, "pipe") == 0) {
+    if (t->overlap == MT_OVERLAP_PIPE) {
         if (o->pp > 1) return mt_error("train: --overlap pipe runs on one pipeline stage: not with --pp yet");
-        if (o->tp > 1)
-            return mt_error("train: --overlap pipe: the tensor-parallel collectives do not yield to the other "
-                            "micro-batch yet: not with --tp");
+        if (o->tp > 1) return mt_error("train: --overlap pipe is not built for --tp yet");
         if (o->accum < 2)
             return mt_error("train: --overlap pipe pairs the forward of one micro-batch with the backward of the "
                             "previous one: it needs --accum >= 2");
@@ -556,7 +556,7 @@ static int init_model(mt_trainer *t) {
     if (o->tp > 1) mt_tp_init(&t->tp, &d->tp, d->sp, o->flashcomm && strcmp(o->flashcomm, "int8") == 0);
     if (o->ep > 1) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode,
-                        !o->overlap || strcmp(o->overlap, "off") != 0) != 0) return -1;
+                        t->overlap != MT_OVERLAP_OFF) != 0) return -1;
         t->have_ep = 1;
     }
     const int rc = mt_model_init_part(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
@@ -582,7 +582,7 @@ static int init_model(mt_trainer *t) {
         mt_model_init_weights_embed(&t->m, o->seed, std, tiny ? (float)MT_TINYINIT_EMBED_STD : std);
     }
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
-                     o->tp, d->sp, o->bf16, o->overlap && strcmp(o->overlap, "pipe") == 0) != 0)
+                     o->tp, d->sp, o->bf16, t->overlap == MT_OVERLAP_PIPE) != 0)
         return -1;
     /* the fullest rank's optimizer state, for the report */
     uint64_t ob = t->opt.bytes;
