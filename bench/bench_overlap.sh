@@ -9,7 +9,9 @@
 #   pipe    --overlap pipe: the forward of micro-batch i+1 and the backward of i as two fibers
 # Reported per variant: the median steady step time (metrics summary step_time_s), the
 # communication share of the step the trainer measured (time in exchanges that nothing
-# hid), and the share of the wire's cost it hides: (off - X) / (off - nowire). Every
+# hid) on rank 0 and on the busiest rank (summary comm_share_min: the least any rank waited,
+# what the step loses to exchanges; the other rank's excess waits for the busiest one's
+# experts), and the share of the wire's cost it hides: (off - X) / (off - nowire). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
 #
 # Usage: bash bench/bench_overlap.sh path/to/moetrain
@@ -63,13 +65,14 @@ summary() { # name key: the median over the runs of the summary's key
 }
 t0=$(summary nowire step_time_s)
 toff=$(summary off step_time_s)
-printf "  %-7s %9s %13s %12s\n" variant "step s" "comm share" "wire hidden"
+printf "  %-7s %9s %13s %13s %12s\n" variant "step s" "comm rank 0" "comm busiest" "wire hidden"
 for n in nowire off block pipe; do
     t=$(summary $n step_time_s)
     c=$(summary $n comm_share)
-    awk -v n=$n -v t="$t" -v c="$c" -v t0="$t0" -v toff="$toff" 'BEGIN {
+    cm=$(summary $n comm_share_min)
+    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v t0="$t0" -v toff="$toff" 'BEGIN {
         h = (toff > t0) ? (toff - t) / (toff - t0) : 0
-        printf "  %-7s %9.3f %12.1f%% %11.0f%%\n", n, t, 100 * c, (n == "nowire" || n == "off") ? 0 : 100 * h }'
+        printf "  %-7s %9.3f %12.1f%% %12.1f%% %11.0f%%\n", n, t, 100 * c, 100 * cm, (n == "nowire" || n == "off") ? 0 : 100 * h }'
 done
 [ $fail = 0 ] && echo "bench_overlap: losses of every variant identical to the blocking run"
 exit $fail

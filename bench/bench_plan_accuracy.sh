@@ -50,6 +50,10 @@ fi
 # names (docs/PLAN.md). A row runs only when `moetrain train --help` lists every flag it uses
 # (the EP / PP rows wait for those flags). Rows with --bf16 (every GEMM in bf16 with fp32
 # sums) are planned with `plan --bf16` (the calibrated bf16 GEMM) and need AVX512-BF16.
+# The ep2-nodes / ep2-wire rows put each rank on its own emulated node (--ranks-per-node 1,
+# planned with --devices-per-node 1), the wire rows with the expert exchanges over an
+# emulated link (train --wire, planned with plan --wire), blocking and with the overlapped
+# schedule (--overlap pipe, planned with plan --overlap pipe).
 LAYOUTS=(
   "dp1-t2|1|2|--batch 4|mb=4,rc=none"
   "dp1-t1|1|1|--batch 4|mb=4,rc=none"
@@ -70,6 +74,9 @@ LAYOUTS=(
   "dp1-t2-bf16|1|2|--batch 4 --bf16|mb=4,rc=none"
   "dp2-t1-bf16|2|1|--batch 4 --bf16|mb=4,rc=none"
   "ep2-t1-bf16|2|1|--batch 4 --ep 2 --bf16|ep=2,mb=4,rc=none"
+  "ep2-nodes-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap off|ep=2,mb=2,rc=none"
+  "ep2-wire-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap off --wire 0.05,50|ep=2,mb=2,rc=none"
+  "ep2-wire-pipe-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap pipe --wire 0.05,50|ep=2,mb=2,rc=none"
 )
 
 echo "bench_plan_accuracy: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg), scratch $TMP"
@@ -147,6 +154,10 @@ for row in "${LAYOUTS[@]}"; do
     gb=$((batch * accum * dp))
     dist=--no-dist-opt
     grep -q -- '--dist-opt' <<< "$flags" && dist=
+    pnode=$ranks pwire=
+    grep -q -- '--ranks-per-node 1 ' <<< "$flags " && pnode=1
+    grep -q -- '--wire' <<< "$flags" && pwire="--wire $(grep -o -- '--wire [^ ]*' <<< "$flags" | awk '{print $2}')"
+    grep -q -- '--overlap pipe' <<< "$flags" && pwire="$pwire --overlap pipe"
     out="$TMP/run_$name"
     echo "--- $name: ${MPI[*]} -np $ranks -x OMP_NUM_THREADS=$threads moetrain train --config small --seq $SEQ --steps $STEPS --threads $threads $flags"
     wait_quiet
@@ -167,10 +178,10 @@ for row in "${LAYOUTS[@]}"; do
         imb="--imbalance $("$PY" -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "summary" in l][-1]["ep_imbalance"])' "$out/metrics.jsonl")"
     fi
     # shellcheck disable=SC2086
-    "$MOETRAIN" plan --model small --cluster "$CAL" --devices "$ranks" --devices-per-node "$ranks" --threads "$threads" \
-        --seq $SEQ --global-batch "$gb" --dtype fp32 $pbf16 $dist $imb --layout "$layout" --json --quiet > "$TMP/$name.plan.json" \
-        2> "$TMP/$name.plan.err"
-    echo "    plan --devices $ranks --devices-per-node $ranks --threads $threads --seq $SEQ --global-batch $gb --dtype fp32 $pbf16 $dist $imb --layout $layout"
+    "$MOETRAIN" plan --model small --cluster "$CAL" --devices "$ranks" --devices-per-node "$pnode" --threads "$threads" \
+        --seq $SEQ --global-batch "$gb" --dtype fp32 $pbf16 $dist $imb $pwire --layout "$layout" --json --quiet \
+        > "$TMP/$name.plan.json" 2> "$TMP/$name.plan.err"
+    echo "    plan --devices $ranks --devices-per-node $pnode --threads $threads --seq $SEQ --global-batch $gb --dtype fp32 $pbf16 $dist $imb $pwire --layout $layout"
     printf '%s\t%s\t%s\t%s\n' "$name" "$layout" "$out/metrics.jsonl" "$TMP/$name.plan.json" >> "$ROWS"
 done
 

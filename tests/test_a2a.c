@@ -334,6 +334,27 @@ static int bench(int rpn, int N, int Cb, int K) {
     return 0;
 }
 
+/* The wire's queue (parallel/wire.h): bulk messages one after another on the link, a small
+ * one ahead of them, the bulk after it later by the small one's time on the link. */
+static void test_wire_queue(void) {
+    const double bw = 1e6, lat = 1e-3;
+    mt_wire_set(bw, lat);
+    int64_t big[2] = {500000, 0}, small[2] = {0, 1000};
+    double a1[2], a2[2], a3[2];
+    const double t0 = mt_now();
+    mt_wire_stamp(big, 2, 0, a1);   /* 0.5 s on the link */
+    mt_wire_stamp(small, 2, 0, a2); /* 1 ms, ahead of it */
+    mt_wire_stamp(big, 2, 1, a3);   /* after both */
+    const double t1 = mt_now();
+    CHECK(a1[1] == 0 && a2[0] == 0, "a peer without bytes has no arrival");
+    CHECK(a1[0] >= t0 + 0.5 + lat && a1[0] <= t1 + 0.5 + lat, "bulk: arrives %g s after the stamp", a1[0] - t0);
+    CHECK(a2[1] <= t1 + 0.001 + lat && a2[1] < a1[0] - 0.4, "small: %g s after the stamp, the bulk's %g s", a2[1] - t0,
+          a1[0] - t0);
+    CHECK(fabs(a3[0] - a1[0] - 0.5 - 0.001) < 1e-9, "second bulk: %g s after the first (0.501 s: its own and the small one's)",
+          a3[0] - a1[0]);
+    mt_wire_set(0, 0);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -351,6 +372,7 @@ int main(int argc, char **argv) {
         if (g_rank == 0) fprintf(stderr, "test_a2a: %d ranks do not divide E=%d\n", a.size, E);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
+    if (g_rank == 0) test_wire_queue();
     const int Ks[2] = {2, 8};
     for (int ki = 0; ki < 2; ki++)
         for (int routing = 0; routing < 3; routing++) run_case(&a, Ks[ki], routing, 1000 * ki + 10 * routing + 1);

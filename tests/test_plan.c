@@ -708,22 +708,24 @@ static void small_trainer_settings(mt_plan_settings *st) {
     st->global_seqs = 4;
 }
 
+/* A calibrated 2-core file (cpu and mpi sections) the trainer-mode tests share. */
+static const char *cpu2_json =
+    "{\"name\": \"cpu2\", \"devices\": 1, \"devices_per_node\": 1, \"peak_tflops\": {\"bf16\": 0.2, \"fp32\": 0.2},"
+    " \"memory_gb\": 24, \"memory_bw_gbs\": 40, \"intra_node\": {\"bw_gbs\": 10, \"latency_us\": 1},"
+    " \"inter_node\": {\"bw_gbs\": 10, \"latency_us\": 1}, \"efficiency\": {\"attention\": 0.5, \"memory\": 1},"
+    " \"cpu\": {\"cores_per_node\": 2, \"by_threads\": ["
+    "   {\"threads\": 1, \"peak_tflops\": 0.1, \"memory_bw_gbs\": 30, \"attention\": 0.5, \"reserve_mb\": 20,"
+    "    \"gemm_curve\": [[0.01, 0.8], [1, 0.9]]},"
+    "   {\"threads\": 2, \"peak_tflops\": 0.19, \"memory_bw_gbs\": 40, \"attention\": 0.45, \"reserve_mb\": 40,"
+    "    \"gemm_curve\": [[0.01, 0.7], [1, 0.9]]}]},"
+    " \"mpi\": {\"per_peer_mb\": 2, \"allreduce_bw_gbs\": 3, \"reduce_scatter_bw_gbs\": 1, \"allgather_bw_gbs\": 3,"
+    "   \"allreduce_scratch\": 0.5, \"reduce_scatter_scratch\": 1.5, \"allgather_scratch\": 0}}";
+
 /* A calibrated file's cpu and mpi sections: a device is a rank with its threads sharing the
  * node's cores, and the planner's trainer mode counts what the trainer allocates. */
 static void test_trainer_mode(void) {
-    static const char *cpu_json =
-        "{\"name\": \"cpu2\", \"devices\": 1, \"devices_per_node\": 1, \"peak_tflops\": {\"bf16\": 0.2, \"fp32\": 0.2},"
-        " \"memory_gb\": 24, \"memory_bw_gbs\": 40, \"intra_node\": {\"bw_gbs\": 10, \"latency_us\": 1},"
-        " \"inter_node\": {\"bw_gbs\": 10, \"latency_us\": 1}, \"efficiency\": {\"attention\": 0.5, \"memory\": 1},"
-        " \"cpu\": {\"cores_per_node\": 2, \"by_threads\": ["
-        "   {\"threads\": 1, \"peak_tflops\": 0.1, \"memory_bw_gbs\": 30, \"attention\": 0.5, \"reserve_mb\": 20,"
-        "    \"gemm_curve\": [[0.01, 0.8], [1, 0.9]]},"
-        "   {\"threads\": 2, \"peak_tflops\": 0.19, \"memory_bw_gbs\": 40, \"attention\": 0.45, \"reserve_mb\": 40,"
-        "    \"gemm_curve\": [[0.01, 0.7], [1, 0.9]]}]},"
-        " \"mpi\": {\"per_peer_mb\": 2, \"allreduce_bw_gbs\": 3, \"reduce_scatter_bw_gbs\": 1, \"allgather_bw_gbs\": 3,"
-        "   \"allreduce_scratch\": 0.5, \"reduce_scatter_scratch\": 1.5, \"allgather_scratch\": 0}}";
     mt_cluster base, cl;
-    MT_ASSERT(mt_cluster_parse(&base, cpu_json, "cpu2") == 0);
+    MT_ASSERT(mt_cluster_parse(&base, cpu2_json, "cpu2") == 0);
     CHECK(base.ncpu == 2 && base.cores == 2 && fabs(base.rs_scratch - 1.5) < 1e-12, "cpu/mpi sections parsed");
     /* shares: 1 rank x 2 threads = the 2-thread figures; 2 x 1 = the 1-thread ones; 4 x 1 on
      * 2 cores = half of them; 1 x 4 = the 2-thread figures (time slicing) */
@@ -829,6 +831,47 @@ static void test_trainer_mode(void) {
     CHECK(strstr(txt, "train flags   --tp 1 ") && strstr(txt, want) && r.layers[0] + r.layers[1] + r.layers[2] + r.layers[3] == 8,
           "train flags line: want '%s' in\n%s", want, txt);
     free(txt);
+}
+
+/* plan --wire (train --wire): an EP group spanning nodes sends each MoE layer's exchanges
+ * over the emulated link, lat + bytes / bw a message: the forward three messages (metadata,
+ * rows, combined rows), the backward three (rows, a float per row, rows). On a link slow
+ * enough to dominate, the blocking step's exchange time is exactly that; inside one node the
+ * wire is not used; the overlapped schedule hides part of it. */
+static void test_trainer_wire(void) {
+    mt_cluster base;
+    MT_ASSERT(mt_cluster_parse(&base, cpu2_json, "cpu2") == 0);
+    mt_config c;
+    load_config(&c, "configs/small.json");
+    mt_plan_settings st;
+    small_trainer_settings(&st);
+    st.devices = 2, st.threads = 1, st.global_seqs = 8, st.imbalance = 1.25;
+    mt_layout l;
+    MT_ASSERT(mt_layout_parse(&l, "ep=2,mb=2,rc=none", MT_RECOMPUTE_KEEP_ALL) == 0);
+    mt_plan_result r[5];
+    for (int i = 0; i < 5; i++) { /* one node; two nodes; + a slow wire; + a faster wire, blocking and pipelined */
+        mt_cluster cl = base;
+        MT_ASSERT(mt_cluster_for_device(&cl, 1, 2) == 0);
+        cl.per_node = i == 0 ? 2 : 1;
+        mt_plan_settings s = st;
+        if (i >= 2) s.wire_bw = i == 2 ? 2e6 : 1e8, s.wire_lat = 1e-3;
+        s.overlap = i == 4;
+        mt_plan_eval(&c, &cl, &s, &l, &r[i]);
+        CHECK(r[i].reason == MT_PLAN_OK, "wire case %d: infeasible", i);
+    }
+    const int moe = c.num_hidden_layers - c.first_k_dense_replace, M = 2; /* 8 seqs / (2 ranks x mb 2) */
+    const double rows = 2.0 * 256 * c.num_experts_per_tok * 1.25 / 2, bw = 2e6, lat = 1e-3;
+    const double want = M * moe * (6 * lat + (24 + 4) * rows / bw + 4 * rows * c.hidden_size * 4 / bw);
+    CHECK(r[1].t_a2a < 0.01 * want && r[3].t_a2a > 2 * r[1].t_a2a, "the wires add: %g, %g, %g s", r[1].t_a2a,
+          r[3].t_a2a, r[2].t_a2a);
+    CHECK(fabs(r[2].t_a2a - want) < 1e-9 * want && fabs(r[2].step - r[1].step - (want - r[1].t_a2a)) < 1e-6 * want,
+          "--wire 0.002,1000: exchanges %g s, want %g s (step %g, without %g)", r[2].t_a2a, want, r[2].step, r[1].step);
+    /* pipelined, about half the exchanges (those hidden behind the other micro-batch's compute) */
+    CHECK(r[4].t_a2a < 0.7 * r[3].t_a2a && r[3].step - r[4].step > 0.3 * r[3].t_a2a,
+          "--overlap pipe over the wire: exposed %g of %g s, step %g vs %g s", r[4].t_a2a, r[3].t_a2a, r[4].step, r[3].step);
+    printf("plan --wire, EP2 over 2 nodes: 0.002,1000: exchanges %.3f s (the wire's formula %.3f s); 0.1,1000: %.3f s, "
+           "%.3f s exposed with --overlap pipe (compute %.3f s)\n",
+           r[2].t_a2a, want, r[3].t_a2a, r[4].t_a2a, r[3].t_compute);
 }
 
 /* train --bf16: a calibrated file with the bf16 GEMM (peak and curve per thread count). The
@@ -1063,6 +1106,7 @@ int main(void) {
     test_published_runs();
     test_search_and_cli();
     test_trainer_mode();
+    test_trainer_wire();
     test_trainer_bf16();
     if (failures) {
         printf("test_plan: %d FAILED\n", failures);

@@ -10,6 +10,7 @@
 #include "base/common.h"
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "parallel/wire.h"
 #include "plan/plan.h"
 
 int mt_cmd_plan(int argc, char **argv);
@@ -48,7 +49,7 @@ static int parse_batch(const char *s, int T, long long *seqs) {
 
 int mt_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *cluster = NULL, *gb = NULL, *layout = NULL, *dtype = "bf16", *optim = "adamw";
-    const char *overlap = NULL;
+    const char *overlap = NULL, *wire = NULL;
     int T = 8192, devices = 0, top = 10, json = 0, explain = 0, no_dist_opt = 0, quiet = 0, threads = 0, per_node = 0;
     int bf16 = 0, dtype_given = 0, decode_batch = 64, decode_ctx = 0, ctx_given = 0;
     double imbalance = 0, bucket_mb = 25;
@@ -67,6 +68,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
         {"overlap", MT_ARG_STR, &overlap, "pipe: one-stage layouts run the overlapped schedule (train --overlap pipe: the forward of one micro-batch with the backward of the previous, each one's expert exchanges hidden behind the other's compute); block or off (default): the exchanges count in full", NULL},
+        {"wire", MT_ARG_STR, &wire, "calibrated CPU files: GBPS[,US], the trainer's `train --wire`: the expert exchanges between nodes (--devices-per-node) over an emulated link of GBPS GB/s per rank and US us per message", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
         {"decode-batch", MT_ARG_INT, &decode_batch, "the KV-cache line: sequences a model replica decodes at once (default 64, the rollout's --slots)", NULL},
         {"decode-context", MT_ARG_INT, &decode_ctx, "the KV-cache line: positions of each (default --seq)", &ctx_given},
@@ -142,6 +144,14 @@ int mt_cmd_plan(int argc, char **argv) {
             return mt_cli_fail();
         }
         cl.per_node = per_node;
+    }
+    if (wire) {
+        if (!st.trainer) {
+            mt_error("moetrain plan: --wire models `moetrain train --wire` and needs a calibrated cluster file "
+                     "(moetrain bench --calibrate) with --dtype fp32");
+            return mt_cli_fail();
+        }
+        if (mt_wire_parse(wire, &st.wire_bw, &st.wire_lat) != 0) return mt_cli_fail();
     }
     if (imbalance != 0) {
         if (imbalance < 1 || imbalance > 1000) {

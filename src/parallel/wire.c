@@ -47,7 +47,14 @@ void mt_wire_stamp(const int64_t *bytes, int n, int first, double *arrive) {
         int p = (first + i) % n;
         arrive[p] = 0;
         if (bytes[p] <= 0) continue;
-        w->link_free += (double)bytes[p] / w->bw;
+        const double d = (double)bytes[p] / w->bw;
+        if (bytes[p] <= MT_WIRE_SMALL) { /* ahead of the queued bulk, which slips by its time */
+            arrive[p] = t + d + w->lat;
+            w->link_free += d;
+            t += d;
+            continue;
+        }
+        w->link_free += d;
         arrive[p] = w->link_free + w->lat;
     }
 }

@@ -4,8 +4,9 @@
  * cannot be shown: there is nothing to hide. The wire gives the traffic between emulated
  * nodes (train --ranks-per-node) a cost: each rank has one outgoing link of `bw` bytes/s and
  * a latency `lat` seconds. A message of n bytes the rank sends at time t leaves when the link
- * is free (after the rank's earlier messages), takes n / bw on it and arrives lat later; the
- * sender stamps that arrival time on the message (a double sent with the exchange) and the
+ * is free (after the rank's earlier messages), takes n / bw on it and arrives lat later; a
+ * small message (<= MT_WIRE_SMALL) goes ahead of that queue, leaving at t, and the link's
+ * next bulk message starts n / bw later. The sender stamps that arrival time on the message (a double sent with the exchange) and the
  * receiver's request completes only once MPI has delivered it *and* its time has come. A rank
  * whose time has not come sleeps (clock_nanosleep) rather than spins, so the other ranks of
  * the machine keep its core. Times are CLOCK_MONOTONIC seconds, one clock for every process
@@ -34,6 +35,12 @@ mt_wire *mt_wire_get(void);
 int mt_wire_parse(const char *spec, double *bw, double *lat);
 /* Turns the wire on (bw > 0) or off (bw = 0). */
 void mt_wire_set(double bw, double lat);
+/* Messages of at most this many bytes (the dispatch's counts and metadata, the gate
+ * gradients of a small batch) go ahead of the bulk rows queued on the link, as a NIC
+ * interleaves its queues packet by packet: a control message waited in place does not wait
+ * for another micro-batch's payload. Rows already stamped keep their times; the link's
+ * busy time still counts the small message. */
+#define MT_WIRE_SMALL 65536
 /* Arrival times of messages of bytes[p] (p < n, 0 = none: arrive[p] = 0) that this rank sends
  * now, in the order p = first, first+1, ... (mod n) on its one link. */
 void mt_wire_stamp(const int64_t *bytes, int n, int first, double *arrive);

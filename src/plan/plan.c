@@ -119,6 +119,23 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
     return inter / cl->inter_bw + intra / cl->intra_bw + cl->inter_lat + cl->intra_lat;
 }
 
+/* train --wire: the MoE layer's exchanges when the EP group spans nodes, each message on
+ * this rank's one outgoing link (lat + bytes / bw), an exchange done when both the local
+ * copy (*f, *b on entry) and the wire are. The forward sends the dispatch's metadata (about
+ * six int32 per row), the rows and the combined rows back; the backward the output
+ * gradients' rows (gather), a float per row for the gate (to_source) and the input
+ * gradients' rows (parallel/ep.c). */
+static void wire_a2a(const ctx *x, const mt_layout *l, double n, double *f, double *b) {
+    const mt_cluster *cl = x->cl;
+    const double C = x->c->hidden_size, K = x->c->num_experts_per_tok, imb = x->st->imbalance;
+    const int ep = l->ep, local = ep < cl->per_node ? ep : cl->per_node, nn = (ep + local - 1) / local;
+    if (ep <= 1 || nn <= 1) return;
+    const double rows = l->a2a == MT_A2A_HIER ? n * imb * remote_nodes(x->c, nn) : n * K * imb * (ep - (double)local) / ep;
+    const double bw = x->st->wire_bw, lat = x->st->wire_lat, row = rows * C * 4 / bw;
+    const double wf = 3 * lat + 6 * 4 * rows / bw + 2 * row, wb = 3 * lat + 4 * rows / bw + 2 * row;
+    *f = fmax(*f, wf), *b = fmax(*b, wb);
+}
+
 /* the overlapped schedule (plan --overlap pipe) applies to one-stage layouts of >= 2
  * micro-batches (mt_schedule_overlap) */
 static int overlapped(const mt_plan_settings *st, int P, int V, int M) { return st->overlap && P == 1 && V == 1 && M > 1; }
@@ -158,6 +175,8 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     double a2a = u->moe ? 2 * a2a_time(x, l, n) : 0;
     if (u->moe && l->ep > 1 && cl->ep_layer_s > 0) /* calibrated: the trainer's exchange, half each way */
         a2a = 0.5 * (cl->ep_layer_s + cl->ep_byte_s * n * c->num_experts_per_tok * c->hidden_size * x->st->elt * imb);
+    double a2a_b = a2a; /* the backward's exchanges (the forward's: a2a) */
+    if (u->moe && x->st->wire_bw > 0) wire_a2a(x, l, n, &a2a, &a2a_b);
     double cf = tg + ta + te + tm, cb = 2 * (tg + ta + te + tm);
     int layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
     double rf = 0, rtp = 0, ra = 0;
@@ -172,10 +191,10 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
         }
     }
     t->fwd = cf + tpc + a2a;
-    t->bwd = cb + tpc + a2a + rf + rtp + ra;
+    t->bwd = cb + tpc + a2a_b + rf + rtp + ra;
     t->comp = cf + cb + rf;
     t->tp = 2 * tpc + rtp;
-    t->a2a = 2 * a2a + ra;
+    t->a2a = a2a + a2a_b + ra;
     t->a2a_f = a2a;
 }
 

@@ -45,6 +45,9 @@ typedef struct {
     int dist_opt;            /* ZeRO-1: optimizer state sharded over (expert-)DP */
     int overlap;             /* the overlapped schedule (train --overlap pipe) on one-stage layouts */
     double imbalance;        /* dropless MoE: busiest EP rank's tokens / mean */
+    /* trainer: `train --wire`: the expert exchanges between nodes over the emulated link of
+     * wire_bw bytes/s and wire_lat s per message (parallel/wire.h); 0: off */
+    double wire_bw, wire_lat;
     /* trainer != 0: model the moetrain trainer on a CPU cluster (a calibrated file, after
      * mt_cluster_for_device) instead of a Megatron-style GPU job: fp32 weights, gradients
      * and two AdamW moments (no master copy), with dist_opt a gradient shard buffer; the

@@ -253,10 +253,15 @@ int mt_report_summary(mt_report *rp, const mt_report_run *run) {
     mt_dist *d = rp->d;
     const int W = d->size;
     /* peak RSS of every rank (the planner's memory model is per rank) */
-    int64_t *rss_all = mt_xcalloc((size_t)d->size * 2, sizeof(int64_t));
+    /* and every rank's steady-state communication share (ns): the least any rank waited is
+     * what the busiest rank, which sets the step, lost to exchanges; the rest of the others'
+     * waits is the load imbalance */
+    int64_t *rss_all = mt_xcalloc((size_t)d->size * 4, sizeof(int64_t));
     rss_all[d->rank] = (int64_t)rp->rss.all;
     rss_all[d->size + d->rank] = (int64_t)rp->rss.train;
-    mt_group_sum_i64(&d->all, rss_all, (size_t)d->size * 2);
+    rss_all[2 * d->size + d->rank] = (int64_t)(rp->comm_timed * 1e9);
+    rss_all[3 * d->size + d->rank] = (int64_t)(rp->t_timed * 1e9);
+    mt_group_sum_i64(&d->all, rss_all, (size_t)d->size * 4);
     if (d->rank == 0) {
         double tps = rp->t_timed > 0 ? rp->tok_timed / rp->t_timed : 0;
         if (o->peak_gflops <= 0 && rp->steps_timed > 0) { /* the higher of two measurements */
@@ -283,7 +288,15 @@ int mt_report_summary(mt_report *rp, const mt_report_run *run) {
         /* the peak of training alone: before each checkpoint was written */
         fprintf(rp->metrics, "],\"peak_rss_train_bytes_per_rank\":[");
         for (int i = 0; i < d->size; i++) fprintf(rp->metrics, "%s%lld", i ? "," : "", (long long)rss_all[d->size + i]);
-        fprintf(rp->metrics, "]}\n");
+        fprintf(rp->metrics, "],\"comm_share_per_rank\":[");
+        double share_min = comm_share;
+        for (int i = 0; i < d->size; i++) {
+            const int64_t ti = rss_all[3 * d->size + i];
+            const double sh = ti > 0 ? (double)rss_all[2 * d->size + i] / (double)ti : 0;
+            if (sh < share_min) share_min = sh;
+            fprintf(rp->metrics, "%s%.4f", i ? "," : "", sh);
+        }
+        fprintf(rp->metrics, "],\"comm_share_min\":%.4f}\n", share_min);
         if (!o->quiet) {
             char peaks[64];
             if (W > 1) snprintf(peaks, sizeof peaks, "%d x %.0f", W, peak);
@@ -292,6 +305,7 @@ int mt_report_summary(mt_report *rp, const mt_report_run *run) {
                    "peak RSS %.0f MiB",
                    tps, 100 * mfu, peaks, 100 * wait, (double)rss_peak / 1048576.0);
             if (W > 1) printf(", communication %.1f%% of the step", 100 * comm_share);
+            if (W > 1 && share_min < comm_share - 0.0005) printf(" (the least of any rank %.1f%%)", 100 * share_min);
             if (o->metrics) printf("\n  checkpoint %s\n  metrics    %s\n", run->checkpoint, o->metrics);
             else printf("\n  checkpoint %s\n  metrics    %s/metrics.jsonl\n", run->checkpoint, o->out);
         }
