@@ -6,6 +6,9 @@
 
 #include <stdio.h>
 
+#include "base/common.h"
+#include "parallel/dist.h"
+
 static int g_pass, g_fail, g_rank;
 #define CHECK(c, ...)                                                                          \
     do {                                                                                       \
@@ -17,5 +20,17 @@ static int g_pass, g_fail, g_rank;
             fprintf(stderr, "\n");                                                             \
         }                                                                                      \
     } while (0)
+
+/* mt_dist_init for a test's main: the process's mt_dist with g_rank set, or NULL after
+ * printing the error. */
+static inline mt_dist *mpicheck_init(int *argc, char ***argv) {
+    if (mt_dist_init(argc, argv) != 0) {
+        fprintf(stderr, "%s\n", mt_last_error());
+        return NULL;
+    }
+    mt_dist *d = mt_dist_get();
+    g_rank = d->rank;
+    return d;
+}
 
 #endif

@@ -192,12 +192,8 @@ static void run_stale(mt_dist *d, int ng) {
 }
 
 int main(int argc, char **argv) {
-    if (mt_dist_init(&argc, &argv) != 0) {
-        fprintf(stderr, "%s\n", mt_last_error());
-        return 1;
-    }
-    mt_dist *d = mt_dist_get();
-    g_rank = d->rank;
+    mt_dist *d = mpicheck_init(&argc, &argv);
+    if (!d) return 1;
     if (argc > 1 && strcmp(argv[1], "stop") == 0) { /* the last rank stops after 5 groups */
         mt_dist_set_timeout(3);
         mt_dq_opts o = {G, 1, 1, 1000, d->size - 1};

@@ -58,12 +58,8 @@ static void run_case(mt_dist *d, mt_tp *t, size_t n, int kind) {
 }
 
 int main(int argc, char **argv) {
-    if (mt_dist_init(&argc, &argv) != 0) {
-        fprintf(stderr, "%s\n", mt_last_error());
-        return 1;
-    }
-    mt_dist *d = mt_dist_get();
-    g_rank = d->rank;
+    mt_dist *d = mpicheck_init(&argc, &argv);
+    if (!d) return 1;
     if (mt_dist_set_layout(d, 1, d->size, 0, 1) != 0) {
         fprintf(stderr, "%s\n", mt_last_error());
         return 1;

@@ -20,7 +20,8 @@
 #     absolute: an on-policy loss is a sum of +-A w / N terms that cancel to ~1e-8, where
 #     the last bits of w = exp(logp_old - logp_behav) move with the batch shape); so do
 #     training layouts that split the model (EP2, TP2+SP, PP2+ZeRO-1; DP4 x EP2: RL Fusion, a layout
-#     switch to a whole rollout copy every step, switch_s > 0) and separate deployments
+#     switch to a whole rollout copy every step, or to an EP part of one with --rollout-ep,
+#     switch_s > 0; logp_old within 1e-5 of logp_behav) and separate deployments
 #     (--rollout-ranks 1 of 2, 2 of 3: the weights sent to the rollout ranks each step).
 # Usage: bash tests/test_rl.sh path/to/moetrain
 set -euo pipefail
@@ -205,9 +206,13 @@ sys.exit(1 if bad else 0)
 EOF
     ok "DP2 = one process: rewards, accuracy, tokens, held-out accuracy exactly; loss within 1e-5 (1e-6 abs)"
     # RL Fusion: training splits the model, every rank rolls out from a whole copy
-    # (4 ranks, DP4 x EP2: ranks 2 and 3 own no tensor, so they send empty blocks)
-    # and separate deployments: --rollout-ranks R roll out, the other ranks train
-    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2" "2 --rollout-ranks 1" "3 --rollout-ranks 2"; do
+    # (4 ranks, DP4 x EP2: ranks 2 and 3 own no tensor, so they send empty blocks), or
+    # from its part of an expert-parallel rollout layout (--rollout-ep: DP2 -> EP2, TP2 x DP2
+    # -> EP4, the experts exchanged in every decode step); and separate deployments:
+    # --rollout-ranks R roll out, the other ranks train. The trainer's log-probs of the
+    # sampled tokens within 1e-5 of the rollout's in every pair of layouts
+    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2" "2 --rollout-ranks 1" "3 --rollout-ranks 2" \
+             "2 --rollout-ep 2" "4 --tp 2 --sp --rollout-ep 4"; do
         np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -')
         run $np rl "${rlargs[@]}" $L --threads 1 --quiet --out "$T/F$n" > "$T/F$n.log" 2>&1 \
             || { tail -5 "$T/F$n.log"; fail "rl $L under mpirun -np $np"; }
@@ -223,7 +228,7 @@ for x, y in zip(a, b):
     bad |= abs(x["loss"] - y["loss"]) > 1e-5 * abs(x["loss"]) + 1e-6
     bad |= abs(x["grad_norm"] - y["grad_norm"]) > 1e-4 * x["grad_norm"]
     bad |= x.get("heldout_accuracy") != y.get("heldout_accuracy")
-    bad |= y["ratio_dev"] != 0 or not (y["switch_s"] > 0)
+    bad |= y["ratio_dev"] != 0 or not (y["switch_s"] > 0) or y["logp_old_behav_max"] > 1e-5
 sys.exit(1 if bad else 0)
 EOF
         ok "rl $L on $np ranks (weights moved each step) = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
@@ -233,6 +238,15 @@ EOF
     fi
     grep -q "leaves no rank to train" "$T/S4.log" || { cat "$T/S4.log"; fail "--rollout-ranks 2 on 2 ranks: no clear error"; }
     ok "--rollout-ranks 2 on 2 ranks refused: $(grep -m1 'no rank to train' "$T/S4.log")"
+    for v in "3|does not divide" "2 --rollout-ranks 1|cannot be given with --rollout-ranks"; do
+        a=${v%%|*} msg=${v#*|}
+        # shellcheck disable=SC2086
+        if run 2 rl "${rlargs[@]}" --rollout-ep $a --threads 1 --quiet --out "$T/S5" > "$T/S5.log" 2>&1; then
+            fail "--rollout-ep $a on 2 ranks accepted"
+        fi
+        grep -q "$msg" "$T/S5.log" || { cat "$T/S5.log"; fail "--rollout-ep $a: no clear error"; }
+        ok "--rollout-ep $a on 2 ranks refused: $(grep -m1 "$msg" "$T/S5.log")"
+    done
     if run 2 rl "${rlargs[@]}" --prompts-per-step 7 --threads 1 --quiet --out "$T/S3" > "$T/S3.log" 2>&1; then
         fail "DP2 with --prompts-per-step 7 accepted"
     fi

@@ -47,8 +47,10 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     if (tmax > c->max_position_embeddings)
         return mt_error("decode: %d positions exceed max_position_embeddings %d", tmax, c->max_position_embeddings),
                NULL;
-    if (m->tp || m->ep || !m->part.embed || !m->part.head)
-        return mt_error("decode: the model must be whole on this rank (no TP, PP or EP)"), NULL;
+    if (m->tp || !m->part.embed || !m->part.head)
+        return mt_error("decode: the model must be whole on this rank but for its experts (no TP or PP)"), NULL;
+    if (m->ep && draft)
+        return mt_error("decode: speculative decoding with the experts split over ranks (EP) is not supported"), NULL;
     if (mt_gemm_bf16_check(bf16) != 0) return NULL;
     mt_decoder *d = mt_xcalloc(1, sizeof *d);
     const int H = c->num_attention_heads, R = mt_config_rope_dim(c);

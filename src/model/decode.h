@@ -8,7 +8,10 @@
  * (one token each), so finished sequences can be replaced while others continue
  * (continuous batching). A token attends to the positions 0..pos of its own slot, which
  * the call writes before reading. The layers are those of the training forward
- * (model/model.c), run on the fed tokens only; no tensor or pipeline parallelism. */
+ * (model/model.c), run on the fed tokens only; no tensor or pipeline parallelism. A model
+ * whose routed experts are split over an EP group (m->ep) decodes collectively: every rank
+ * of the group makes the same calls (each with its own tokens), whose MoE layers exchange
+ * rows as in training. */
 #ifndef MT_MODEL_DECODE_H
 #define MT_MODEL_DECODE_H
 
@@ -22,7 +25,7 @@ typedef struct mt_decoder mt_decoder;
 /* A decoder for m with `slots` sequences of up to tmax positions and up to cap fed tokens
  * per call, whose products run in bf16 (mixed precision, as mt_acts_new's bf16) or fp32 (0);
  * NULL with an error when tmax exceeds max_position_embeddings or the model is split (TP,
- * PP, EP) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
+ * PP; EP with drafting) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
  * and training activations of either precision may share one model. */
 mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16);
 /* The same choosing MLA's cache form (ignored for GQA): absorbed (1, mt_decoder_new's) caches

@@ -143,64 +143,110 @@ void mt_reshard_extract(const mt_tensor *full_t, const float *full, const mt_mod
     move(&self, full_t, (float *)full, part, pbuf, 0, 0, 0, 0);
 }
 
-void mt_reshard_allgather(mt_group *g, const mt_tensor *full_t, const mt_model *part, const float *pbuf, int own_tp,
-                          int own_dense, int own_expert, float *full) {
+void mt_reshard_allgather(mt_group *g, const mt_tensor *full_t, int nfull, const mt_model *part, const float *pbuf,
+                          int own_tp, int own_dense, int own_expert, float *full) {
+    mt_reshard_allgather_to(g, full_t, nfull, part, pbuf, own_tp, own_dense, own_expert, full_t, nfull, full);
+}
+
+/* whole tensor fi of a part, from the slice h of it (or the whole) in src */
+static void put(float *dbuf, const mt_tensor *full_t, const mt_tensor *dst_t, const int *where, const int64_t *h,
+                float *src) {
+    mt_tensor f = full_t[h[0]];
+    f.offset = dst_t[where[h[0]]].offset;
+    slice_copy(dbuf, &f, src, h, 1);
+}
+
+void mt_reshard_allgather_to(mt_group *g, const mt_tensor *full_t, int nfull, const mt_model *part, const float *pbuf,
+                             int own_tp, int own_dense, int own_expert, const mt_tensor *dst_t, int ndst, float *dbuf) {
     int *idx;
     int64_t *hdr;
     const int n = my_list(part, 1, own_tp, own_dense, own_expert, &idx, &hdr);
+    int *where = mt_xmalloc(sizeof(int) * ((size_t)nfull + 1)); /* whole index -> this rank's dst tensor, or -1 */
+    for (int i = 0; i < nfull; i++) where[i] = -1;
+    for (int k = 0; k < ndst; k++) {
+        MT_ASSERT(dst_t[k].tp_dim < 0 && dst_t[k].full_index >= 0 && dst_t[k].full_index < nfull);
+        where[dst_t[k].full_index] = k;
+    }
     for (int k = 0; k < n; k++) /* this rank's own tensors: local copies */
-        slice_copy(full, &full_t[hdr[HDR * k]], (float *)pbuf + part->tensors[idx[k]].offset, hdr + HDR * k, 1);
+        if (where[hdr[HDR * k]] >= 0) put(dbuf, full_t, dst_t, where, hdr + HDR * k, (float *)pbuf + part->tensors[idx[k]].offset);
     const int single = g->size == 1 || g->comm == MPI_COMM_NULL;
     if (single) {
+        free(where);
         free(idx);
         free(hdr);
         return;
     }
     double t0 = MPI_Wtime();
     const int S = g->size, r = g->rank;
-    /* every rank's list of owned tensors, in the order its block packs them */
-    int *counts = mt_xmalloc(sizeof(int) * (size_t)S * 2), *displ = counts + S, cnt = n * HDR;
+    /* every rank's list of owned tensors (in the order its blocks pack them) and of the whole
+     * indices its dst holds */
+    int *counts = mt_xmalloc(sizeof(int) * (size_t)S * 4), *displ = counts + S, cnt = n * HDR;
+    int *dcounts = counts + 2 * S, *ddispl = counts + 3 * S;
     MPI_Allgather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, g->comm);
-    int tot = 0;
-    for (int q = 0; q < S; q++) displ[q] = tot, tot += counts[q];
+    MPI_Allgather(&ndst, 1, MPI_INT, dcounts, 1, MPI_INT, g->comm);
+    int tot = 0, dtot = 0;
+    for (int q = 0; q < S; q++) displ[q] = tot, tot += counts[q], ddispl[q] = dtot, dtot += dcounts[q];
     int64_t *all = mt_xmalloc(sizeof(int64_t) * ((size_t)tot + 1));
     MPI_Allgatherv(hdr, cnt, MPI_INT64_T, all, counts, displ, MPI_INT64_T, g->comm);
-    size_t *floats = mt_xcalloc((size_t)S, sizeof(size_t)), maxf = 0;
-    for (int q = 0; q < S; q++) {
-        for (int k = 0; k < counts[q] / HDR; k++) floats[q] += (size_t)(all[displ[q] + HDR * k + 3] * all[displ[q] + HDR * k + 4]);
-        if (floats[q] > maxf) maxf = floats[q];
-    }
-    /* this rank's block: its owned tensors back to back */
-    float *send = mt_alloc((floats[r] + 1) * sizeof(float)), *recv = mt_alloc((maxf + 1) * sizeof(float));
-    for (size_t k = 0, off = 0; k < (size_t)n; k++) {
-        const mt_tensor *t = &part->tensors[idx[k]];
-        memcpy(send + off, pbuf + t->offset, t->numel * sizeof(float));
-        off += t->numel;
-    }
-    /* round j: this block to rank r + j, rank r - j's block from it; no rank waits on another's
-     * round, and each holds one block in flight */
-    /* every rank makes the same number of calls per round (at least one, even for empty
-     * blocks), so that each send meets its receive */
-    const size_t win = (size_t)1 << 30, nwin = maxf / win + 1;
+    int *mine = mt_xmalloc(sizeof(int) * ((size_t)ndst + 1)), *held = mt_xmalloc(sizeof(int) * ((size_t)dtot + 1));
+    for (int k = 0; k < ndst; k++) mine[k] = dst_t[k].full_index;
+    MPI_Allgatherv(mine, ndst, MPI_INT, held, dcounts, ddispl, MPI_INT, g->comm);
+    /* the floats of each round: to rank r + j what its dst holds of this rank's, from rank
+     * r - j what this rank's dst holds of that rank's */
+    unsigned char *want = mt_xcalloc((size_t)nfull + 1, 1);
+    size_t *sendf = mt_xcalloc((size_t)S * 2, sizeof(size_t)), *recvf = sendf + S, maxr = 0, maxs = 0;
     for (int j = 1; j < S; j++) {
         const int dst = (r + j) % S, src = (r - j + S) % S;
+        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 1;
+        for (int k = 0; k < n; k++)
+            if (want[hdr[HDR * k]]) sendf[j] += part->tensors[idx[k]].numel;
+        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 0;
+        for (int k = 0; k < counts[src] / HDR; k++) {
+            const int64_t *h = all + displ[src] + HDR * k;
+            if (where[h[0]] >= 0) recvf[j] += (size_t)(h[3] * h[4]);
+        }
+        maxr = recvf[j] > maxr ? recvf[j] : maxr;
+        maxs = sendf[j] > maxs ? sendf[j] : maxs;
+    }
+    uint64_t mx = maxs > maxr ? maxs : maxr;
+    MPI_Allreduce(MPI_IN_PLACE, &mx, 1, MPI_UINT64_T, MPI_MAX, g->comm);
+    float *send = mt_alloc((maxs + 1) * sizeof(float)), *recv = mt_alloc((maxr + 1) * sizeof(float));
+    /* round j: to rank r + j, from rank r - j; no rank waits on another's round, and each
+     * holds one block in flight. Every rank makes the same number of calls per round (at
+     * least one, even for empty blocks), so that each send meets its receive */
+    const size_t win = (size_t)1 << 30, nwin = (size_t)mx / win + 1;
+    for (int j = 1; j < S; j++) {
+        const int dst = (r + j) % S, src = (r - j + S) % S;
+        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 1;
+        for (size_t k = 0, off = 0; k < (size_t)n; k++) {
+            const mt_tensor *t = &part->tensors[idx[k]];
+            if (!want[hdr[HDR * k]]) continue;
+            memcpy(send + off, pbuf + t->offset, t->numel * sizeof(float));
+            off += t->numel;
+        }
+        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 0;
         for (size_t w = 0, o = 0; w < nwin; w++, o += win) {
-            const size_t sc = o < floats[r] ? (floats[r] - o < win ? floats[r] - o : win) : 0;
-            const size_t rc = o < floats[src] ? (floats[src] - o < win ? floats[src] - o : win) : 0;
+            const size_t sc = o < sendf[j] ? (sendf[j] - o < win ? sendf[j] - o : win) : 0;
+            const size_t rc = o < recvf[j] ? (recvf[j] - o < win ? recvf[j] - o : win) : 0;
             MPI_Sendrecv(send + o, (int)sc, MPI_FLOAT, dst, 0, recv + o, (int)rc, MPI_FLOAT, src, 0, g->comm,
                          MPI_STATUS_IGNORE);
         }
         size_t off = 0;
         for (int k = 0; k < counts[src] / HDR; k++) {
             const int64_t *h = all + displ[src] + HDR * k;
-            slice_copy(full, &full_t[h[0]], recv + off, h, 1);
+            if (where[h[0]] < 0) continue;
+            put(dbuf, full_t, dst_t, where, h, recv + off);
             off += (size_t)(h[3] * h[4]);
         }
     }
     mt_dist_get()->comm_s += MPI_Wtime() - t0;
     mt_free(send);
     mt_free(recv);
-    free(floats);
+    free(want);
+    free(sendf);
+    free(mine);
+    free(held);
+    free(where);
     free(all);
     free(counts);
     free(idx);

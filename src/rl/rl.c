@@ -15,6 +15,7 @@
 #include "base/json.h"
 #include "data/prompts.h"
 #include "parallel/dist.h"
+#include "parallel/ep.h"
 #include "kernels/blas.h"
 #include "rl/advantage.h"
 #include "rl/dump.h"
@@ -162,8 +163,14 @@ static void merge_records(const double *all, double *out, size_t n, int W, int T
 /* The switch back: the trainer's part from the rollout copy, whose pages are then given
  * back until the next switch. */
 static void back_to_training(mt_trainer *t, mt_model *roll) {
-    mt_trainer_from_rollout(t, roll->params);
+    if (!roll->ep) mt_trainer_from_rollout(t, roll->params); /* an EP part: the trainer kept its own */
     mt_release_pages(roll->params, roll->nparams * sizeof(float));
+}
+
+/* The switch to the rollout copy: a whole one, or (--rollout-ep) this rank's EP part. */
+static void to_rollout(mt_trainer *t, mt_model *roll) {
+    if (roll->ep) mt_trainer_to_rollout_part(t, roll);
+    else mt_trainer_to_rollout(t, roll->params);
 }
 
 /* --profile: this rank's trace as OUT/trace_rank<job rank>.json. */
@@ -235,7 +242,15 @@ int mt_rl(const mt_rl_opts *opt) {
     const int rollout_lead = d->job.size - R, rollout_role = sep && d->job.rank >= rollout_lead;
     if (sep && mt_dist_set_role(d, rollout_role) != 0) return -1;
     if (o.profile) mt_trace_enable(d->job.size > 1 ? d->job.rank : d->rank, (size_t)1 << 20);
-    const int split = !sep && (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1);
+    const int Nr = o.rollout_ep > 0 ? o.rollout_ep : 1; /* the rollout's EP group */
+    if (o.rollout_ep < 0) return mt_error("rl: --rollout-ep must be >= 1");
+    if (Nr > 1 && sep)
+        return mt_error("rl: --rollout-ep is the co-located rollout's layout: it cannot be given with --rollout-ranks");
+    if (Nr > 1 && d->size % Nr != 0)
+        return mt_error("rl: --rollout-ep %d does not divide the %d ranks", Nr, d->size);
+    if (Nr > 1 && o.speculative)
+        return mt_error("rl: --speculative drafts on a whole copy: it cannot be given with --rollout-ep");
+    const int split = !sep && (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1 || Nr > 1);
     /* co-located: every rank samples its share (from a whole copy when training splits the
      * model); separate: the trainer's ranks sample nothing */
     const int D = d->size;
@@ -320,7 +335,23 @@ int mt_rl(const mt_rl_opts *opt) {
      * the switch fills from the parts and that gives its pages back while the trainer runs */
     mt_model roll;
     memset(&roll, 0, sizeof roll);
-    if (split && mt_model_init_infer(&roll, mt_trainer_config(t)) != 0) mt_dist_abort(mt_last_error());
+    mt_ep rep; /* --rollout-ep: the rollout copy's expert exchange, over groups of Nr consecutive ranks */
+    MPI_Comm rep_comm = MPI_COMM_NULL;
+    if (split && Nr > 1) {
+        const mt_config *rc = mt_trainer_config(t);
+        if (rc->n_routed_experts == 0 || rc->n_routed_experts % Nr != 0)
+            mt_dist_abort(rc->n_routed_experts == 0 ? "rl: --rollout-ep splits the routed experts: this model has none"
+                                                    : "rl: --rollout-ep must divide the routed experts (n_routed_experts)");
+        MPI_Comm_split(d->all.comm, d->rank / Nr, d->rank, &rep_comm);
+        const mt_a2a_mode mode = ti->a2a && strcmp(ti->a2a, "flat") == 0 ? MT_A2A_FLAT : MT_A2A_HIER;
+        if (mt_ep_init(&rep, rep_comm, ti->ranks_per_node, mode, 0) != 0) mt_dist_abort(mt_last_error());
+        mt_part sh;
+        mt_part_whole(&sh, rc);
+        sh.ep_rank = d->rank % Nr, sh.ep_size = Nr;
+        if (mt_model_init_infer_part(&roll, rc, &sh, &rep.ops) != 0) mt_dist_abort(mt_last_error());
+    } else if (split && mt_model_init_infer(&roll, mt_trainer_config(t)) != 0) {
+        mt_dist_abort(mt_last_error());
+    }
     mt_model *rm = split ? &roll : m;
     /* separate: the trainer's rank 0 tells the rollout ranks where the run starts, then the
      * weights and the completions flow through the link (rl/share.h) */
@@ -376,12 +407,18 @@ int mt_rl(const mt_rl_opts *opt) {
             printf("  StaleSync: step n trains on rollouts of version n-1-%d%s, corrected by the truncated importance "
                    "weight%s\n", o.max_staleness, o.stale_free ? " or newer (the newest the rollout ranks have)" : "",
                    o.no_is_weight ? " -- turned off (--no-is-weight)" : "");
-        if (!ti->quiet && split)
+        if (!ti->quiet && split && Nr == 1)
             printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; every rank rolls out %d prompts from a "
                    "whole copy of the weights (%.1f MiB: the only copy during the rollout, filled point to point each "
                    "step; the trainer's parameters, gradients and activations parked meanwhile)\n",
                    d->pp_size, d->dp_size, d->tp_size, d->sp ? " (SP)" : "", d->ep_size, Pr,
                    (double)roll.nparams * sizeof(float) / 1048576.0);
+        if (!ti->quiet && split && Nr > 1)
+            printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; rollout layout EP %d x DP %d: every rank "
+                   "rolls out %d prompts from its part (%.1f MiB: the experts split over %d ranks, filled point to point "
+                   "each step; the trainer's gradients and activations parked meanwhile)\n",
+                   d->pp_size, d->dp_size, d->tp_size, d->sp ? " (SP)" : "", d->ep_size, Nr, D / Nr, Pr,
+                   (double)roll.nparams * sizeof(float) / 1048576.0, Nr);
         fflush(stdout);
     }
     const int eval_on = ev.n > 0 && o.eval_n > 0;
@@ -391,7 +428,7 @@ int mt_rl(const mt_rl_opts *opt) {
             mt_rl_link_send(link, t, d, start, 1);
             acc0 = acc = mt_rl_link_accuracy(link, d);
         } else {
-            if (split) mt_trainer_to_rollout(t, roll.params);
+            if (split) to_rollout(t, &roll);
             acc0 = acc = mt_rl_heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
             if (split) back_to_training(t, &roll);
         }
@@ -494,7 +531,7 @@ int mt_rl(const mt_rl_opts *opt) {
                 } else {
                     mt_trace_begin("rl.switch");
                     const double t0 = mt_now();
-                    mt_trainer_to_rollout(t, roll.params);
+                    to_rollout(t, &roll);
                     switch_s += mt_now() - t0;
                     mt_trace_end();
                     mt_rl_share_requests(&po, &ps, &o, n, d->rank, D, rptok, rreq);
@@ -675,7 +712,7 @@ int mt_rl(const mt_rl_opts *opt) {
             if (sep) {
                 acc = mt_rl_link_accuracy(link, d);
             } else {
-                if (split) mt_trainer_to_rollout(t, roll.params);
+                if (split) to_rollout(t, &roll);
                 acc = mt_rl_heldout_accuracy(rm, &ev, o.eval_n, o.max_new, o.slots, ti->bf16, d);
                 if (split) back_to_training(t, &roll);
             }
@@ -743,6 +780,10 @@ int mt_rl(const mt_rl_opts *opt) {
     mt_rl_link_free(link, d);
     if (rc == 0) write_trace(&o);
     mt_model_free(&roll);
+    if (rep_comm != MPI_COMM_NULL) {
+        mt_ep_free(&rep);
+        MPI_Comm_free(&rep_comm);
+    }
     mt_free(ref);
     free(seq_of), free(rec), free(rec_all), free(rec_world);
     mt_trainer_free(t);

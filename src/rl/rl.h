@@ -44,6 +44,8 @@ typedef struct {
     int routing_replay;          /* the trainer's forwards route as the rollout did */
     int speculative;             /* rollouts decode speculatively with the model's MTP block (rl/rollout.h) */
     int rollout_ranks;           /* separate deployment: the last R ranks roll out; 0 = co-located */
+    int rollout_ep;              /* co-located: the rollout's routed experts split over groups of this many
+                                  * consecutive ranks (a copy of the rest on each); 1 = a whole copy per rank */
     int max_staleness;           /* StaleSync: step n trains on rollouts of version >= n - 1 - s (0: synchronous) */
     int stale_free;              /* separate: sample with the newest version arrived (else exactly n - 1 - s) */
     int no_is_weight;            /* w_t = 1: no truncated importance weight (the ablation) */

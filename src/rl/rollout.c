@@ -100,24 +100,39 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
                mt_rollout_stats *st) {
     const mt_config *c = &m->cfg;
     const int V = c->vocab_size, maxpos = c->max_position_embeddings;
+    const mt_ep_ops *ep = m->ep; /* experts split over a group: every rank makes the same forwards */
     memset(st, 0, sizeof *st);
-    if (n <= 0) return 0;
+    if (n <= 0 && !ep) return 0;
+    int bad = 0;
     if (o->max_new < 1 || o->slots < 1 || !(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) ||
         o->top_k < 0)
-        return mt_error("rollout: need max_new >= 1, slots >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0");
-    int tmax = 0, maxlen = 0;
-    for (int i = 0; i < n; i++) {
-        if (req[i].len < 1) return mt_error("rollout: request %d has an empty prompt", i);
-        if ((int64_t)req[i].len + o->max_new > maxpos)
-            return mt_error("rollout: request %d: a prompt of %d tokens + max_new %d exceeds max_position_embeddings %d",
-                            i, req[i].len, o->max_new, maxpos);
-        for (int j = 0; j < req[i].len; j++)
+        bad = mt_error("rollout: need max_new >= 1, slots >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0");
+    if (!bad && ep && o->speculative)
+        bad = mt_error("rollout: speculative decoding with the experts split over ranks (EP) is not supported");
+    int tmax = 1, maxlen = 0;
+    for (int i = 0; i < n && !bad; i++) {
+        if (req[i].len < 1) {
+            bad = mt_error("rollout: request %d has an empty prompt", i);
+            break;
+        }
+        if ((int64_t)req[i].len + o->max_new > maxpos) {
+            bad = mt_error("rollout: request %d: a prompt of %d tokens + max_new %d exceeds max_position_embeddings %d",
+                           i, req[i].len, o->max_new, maxpos);
+            break;
+        }
+        for (int j = 0; j < req[i].len && !bad; j++)
             if (req[i].prompt[j] < 0 || req[i].prompt[j] >= V)
-                return mt_error("rollout: request %d: token %d is not in the vocabulary (%d)", i, req[i].prompt[j], V);
+                bad = mt_error("rollout: request %d: token %d is not in the vocabulary (%d)", i, req[i].prompt[j], V);
         if (req[i].len + o->max_new > tmax) tmax = req[i].len + o->max_new;
         if (req[i].len > maxlen) maxlen = req[i].len;
     }
-    const int S = o->slots < n ? o->slots : n, spec = o->speculative != 0;
+    if (ep) { /* one rank's refusal is every rank's: the others would wait in its exchanges */
+        double b = bad ? 1 : 0;
+        ep->sum_f64(ep->ctx, &b, 1);
+        if (b > 0 && !bad) bad = mt_error("rollout: another rank of the expert-parallel group refused its requests");
+    }
+    if (bad) return -1;
+    const int S = o->slots < n ? o->slots : n > 0 ? n : 1, spec = o->speculative != 0;
     const int budget = o->prefill_tokens > 0 ? o->prefill_tokens : 4 * S;
     const int R = S * (1 + spec); /* rows sampled per forward: a running slot's token and its draft */
     const int cap = R + (budget > maxlen ? budget : maxlen);
@@ -140,7 +155,14 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
     for (int s = 0; s < S; s++) sreq[s] = -1, sdraft[s] = -1;
     memset(out, 0, sizeof *out * (size_t)n);
     int next_req = 0, done = 0;
-    while (done < n) {
+    for (;;) {
+        if (ep) { /* the group's sequences still running or pending */
+            double left = n - done;
+            ep->sum_f64(ep->ctx, &left, 1);
+            if (left == 0) break;
+        } else if (done == n) {
+            break;
+        }
         int nt = 0, no = 0;
         for (int s = 0; s < S; s++) { /* running sequences: their last sampled token, and its draft */
             if (sreq[s] < 0) continue;
@@ -171,10 +193,13 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
             sdraft[s] = -1;
             st->prompt_tokens += q->len;
         }
+        const int idle = nt == 0; /* EP: this rank is done while others are not; its forwards join their
+                                   * exchanges with one token in a free slot, whose results are dropped */
+        if (idle) tok[0] = 0, slot[0] = 0, pos[0] = 0, nt = 1;
         mt_decoder_forward(d, m, tok, slot, pos, nt, rows, no, logits);
         st->forwards++;
         if (o->poll) o->poll(o->poll_ctx);
-        if (o->record_routing && rw > 0) /* a rejected draft's record is overwritten when its position is fed again */
+        if (o->record_routing && rw > 0 && !idle) /* a rejected draft's record is overwritten when its position is fed again */
             for (int i = 0; i < nt; i++) {
                 int32_t *dst = out[sreq[slot[i]]].routing + (size_t)pos[i] * rw;
                 for (int l = 0, q = 0; l < c->num_hidden_layers; l++)

@@ -72,7 +72,11 @@ typedef struct {
 
 /* Completions of n requests into out[n] (free each with mt_completion_free). Every prompt
  * must be non-empty and len + max_new <= max_position_embeddings (else -1 with an error
- * naming the request). The model must be whole on this rank. */
+ * naming the request). The model must be whole on this rank but for its routed experts:
+ * with the experts split over an EP group (m->ep) the call is collective over the group,
+ * each rank with its own requests (n may be 0), and lasts until the group's last sequence
+ * ends; the tokens are those of a whole model up to rounding (the experts' products see
+ * the group's rows), no speculative decoding. */
 int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req, int n, mt_completion *out,
                mt_rollout_stats *st);
 

@@ -65,7 +65,18 @@ void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full) {
     }
     int own_t, own_d, own_e;
     owners(d, &own_t, &own_d, &own_e);
-    mt_reshard_allgather(&d->all, l->full_t, l->m, l->m->params, own_t, own_d, own_e, full);
+    mt_reshard_allgather(&d->all, l->full_t, l->nfull_t, l->m, l->m->params, own_t, own_d, own_e, full);
+}
+
+void mt_ckpt_allgather_part(const mt_ckpt_layout *l, mt_dist *d, const mt_model *dst, float *dbuf) {
+    if (l->whole) { /* every rank holds every tensor: local copies */
+        mt_reshard_extract(l->full_t, l->m->params, dst, dbuf);
+        return;
+    }
+    int own_t, own_d, own_e;
+    owners(d, &own_t, &own_d, &own_e);
+    mt_reshard_allgather_to(&d->all, l->full_t, l->nfull_t, l->m, l->m->params, own_t, own_d, own_e, dst->tensors,
+                            dst->ntensors, dbuf);
 }
 
 /* A rank holding the whole model writes from its own buffers (ZeRO-1 moments gathered to it

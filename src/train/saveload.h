@@ -36,6 +36,9 @@ int mt_ckpt_load_dist(const mt_ckpt_layout *l, mt_dist *d, const char *dir, cons
 /* Every rank: full[nfull] = the whole model's parameters in checkpoint order, assembled
  * point to point from the ranks' parts (collective over the world). */
 void mt_ckpt_allgather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full);
+/* The same into another layout's part dst (whole tensors only, e.g. an EP rollout copy):
+ * dbuf laid out like dst, each rank receiving only what dst holds (collective). */
+void mt_ckpt_allgather_part(const mt_ckpt_layout *l, mt_dist *d, const mt_model *dst, float *dbuf);
 /* The same on world rank 0 only (full unused elsewhere). */
 void mt_ckpt_gather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full);
 

@@ -632,6 +632,13 @@ void mt_trainer_to_rollout(mt_trainer *t, float *full) {
     if (!t->whole) mt_release_pages(t->m.params, t->m.nparams * sizeof(float));
 }
 
+void mt_trainer_to_rollout_part(mt_trainer *t, mt_model *roll) {
+    mt_pipe_park(&t->pipe);
+    mt_release_pages(t->m.grads, t->m.nparams * sizeof(float));
+    const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
+    mt_ckpt_allgather_part(&l, t->d, roll, roll->params);
+}
+
 int mt_trainer_load_params(mt_trainer *t, const char *ckpt, float *buf) {
     char dir[4200];
     mt_config c;

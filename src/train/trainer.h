@@ -147,6 +147,11 @@ size_t mt_trainer_whole_floats(const mt_trainer *t);
  * restores the part's parameters from full (local copies; full unchanged since), after
  * which full may be released. Nothing else may run on the trainer in between. */
 void mt_trainer_to_rollout(mt_trainer *t, float *full);
+/* The switch to a rollout layout whose part roll (whole tensors: no TP or PP; its routed
+ * experts split over a group) this rank holds: roll->params filled from the trainer's parts,
+ * each rank receiving only roll's tensors (collective); gradients and activations parked as
+ * above, the part's own parameters kept (roll cannot restore them), so no switch back. */
+void mt_trainer_to_rollout_part(mt_trainer *t, mt_model *roll);
 /* buf (laid out like this rank's part, nparams floats) = the weights of checkpoint ckpt (a
  * run or step folder of the same architecture), under any layout (collective). RL reloads
  * its frozen reference this way when it resumes. */
