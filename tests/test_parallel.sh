@@ -94,6 +94,15 @@ check "EP4 over 2 nodes, blocking, accum 2" "$T/s8/metrics.jsonl" "$T/ep4b/metri
 grep -q '"tid":3' "$T/ep4p/trace_rank0.json" && grep -q '"name":"a2a in flight"' "$T/ep4p/trace_rank0.json" \
     || fail "--overlap pipe: the trace has no second fiber's track or no exchange in flight"
 ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
+# and with TP: the fibers' TP collectives run in the same order on every TP rank (a fiber
+# hands over only at its row waits), so TP2+SP x EP2 over the wire gives the blocking bits
+run 4 train --config demo "${base[@]}" --accum 2 --tp 2 --sp --ep 2 --overlap off --out "$T/tpeb"
+run 4 train --config demo "${base[@]}" --accum 2 --tp 2 --sp --ep 2 --ranks-per-node 2 --overlap pipe --wire 0.05,50 \
+    --out "$T/tpep"
+[ "$(losses "$T/tpeb/metrics.jsonl")" = "$(losses "$T/tpep/metrics.jsonl")" ] \
+    && cmp -s "$T/tpeb/step_00000010/model.safetensors" "$T/tpep/step_00000010/model.safetensors" \
+    || fail "--overlap pipe with --tp 2 --sp changed the losses or the weights"
+ok "TP2+SP x EP2 --overlap pipe over the wire: the blocking schedule's losses and weights, bit for bit"
 # --wire CLUSTER.json: the cluster's link at this machine's pace (a device of 0.1 TFLOP/s:
 # about this rank's rate, so the emulated link is about the file's 20 GB/s)
 cat > "$T/cl.json" <<'JSON'

@@ -362,7 +362,6 @@ static int init_config(mt_trainer *t) {
         return mt_error("train: --overlap '%s': pipe, block or off", o->overlap);
     if (t->overlap == MT_OVERLAP_PIPE) {
         if (o->pp > 1) return mt_error("train: --overlap pipe runs on one pipeline stage: not with --pp yet");
-        if (o->tp > 1) return mt_error("train: --overlap pipe is not built for --tp yet");
         if (o->accum < 2)
             return mt_error("train: --overlap pipe pairs the forward of one micro-batch with the backward of the "
                             "previous one: it needs --accum >= 2");
