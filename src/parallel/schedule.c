@@ -28,25 +28,6 @@ static void push(mt_action *list, int *n, int kind, int chunk, int peer, int mb)
     a->with_next = 0;
 }
 
-int mt_schedule_overlap(mt_schedule *s) {
-    if (s->pp != 1 || s->vpp != 1)
-        return mt_error("schedule: the overlapped schedule pairs a forward with a backward on one stage; "
-                        "not with --pp %d --vpp %d yet", s->pp, s->vpp);
-    const int M = s->m;
-    mt_action *l = s->act[0];
-    int n = 0;
-    push(l, &n, MT_ACT_FWD, 0, -1, 0);
-    for (int i = 1; i < M; i++) {
-        push(l, &n, MT_ACT_FWD, 0, -1, i);
-        l[n - 1].with_next = 1;
-        push(l, &n, MT_ACT_BWD, 0, -1, i - 1);
-    }
-    push(l, &n, MT_ACT_BWD, 0, -1, M - 1);
-    push(l, &n, MT_ACT_OPT, 0, -1, -1);
-    MT_ASSERT(n == s->len[0]);
-    return mt_schedule_check(s);
-}
-
 /* A compute action with the receive before it and the send after it. The first virtual
  * stage has no input to receive and the last no output to send (and the reverse for
  * gradients). */
@@ -104,6 +85,40 @@ int mt_schedule_make(mt_schedule *s, int pp, int vpp, int m) {
         s->len[r] = n;
     }
     return 0;
+}
+
+/* The overlapped schedule: rank r runs P - r forwards ahead (one more than 1F1B), then pairs
+ * each forward with the oldest backward not yet run, then the remaining backwards. A pair's
+ * receives come first and its sends after both passes: its forward's input was sent by the
+ * previous rank's pair before (that rank runs one forward more ahead), and its backward's
+ * gradient by the next rank's pair of the same backward, which needs nothing from this
+ * pair, so no receive waits on a send that waits on it. One stage (P = 1): F0, F1+B0, ...,
+ * B(M-1). */
+int mt_schedule_overlap(mt_schedule *s) {
+    if (s->vpp != 1)
+        return mt_error("schedule: the overlapped schedule pairs a forward with a backward of one chunk; "
+                        "not with --vpp %d yet", s->vpp);
+    const int P = s->pp, M = s->m;
+    for (int r = 0; r < P; r++) {
+        mt_action *l = s->act[r];
+        const int warm = P - r < M ? P - r : M;
+        int n = 0, f = 0, b = 0;
+        for (; f < warm; f++) emit(l, &n, r, P, 1, 0, f, 0);
+        for (; f < M; f++, b++) {
+            const int first = r == 0, last = r == P - 1;
+            if (!first) push(l, &n, MT_ACT_RECV_ACT, 0, (r + P - 1) % P, f);
+            if (!last) push(l, &n, MT_ACT_RECV_GRAD, 0, (r + 1) % P, b);
+            push(l, &n, MT_ACT_FWD, 0, -1, f);
+            l[n - 1].with_next = 1;
+            push(l, &n, MT_ACT_BWD, 0, -1, b);
+            if (!last) push(l, &n, MT_ACT_SEND_ACT, 0, (r + 1) % P, f);
+            if (!first) push(l, &n, MT_ACT_SEND_GRAD, 0, (r + P - 1) % P, b);
+        }
+        for (; b < M; b++) emit(l, &n, r, P, 1, 0, b, 1);
+        push(l, &n, MT_ACT_OPT, 0, -1, -1);
+        MT_ASSERT(n == s->len[r]);
+    }
+    return mt_schedule_check(s);
 }
 
 void mt_schedule_free(mt_schedule *s) {

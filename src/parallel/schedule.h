@@ -44,11 +44,12 @@ typedef struct {
  * M % P != 0. */
 int mt_schedule_make(mt_schedule *s, int pp, int vpp, int m);
 void mt_schedule_free(mt_schedule *s);
-/* The overlapped schedule (train --overlap pipe): forward of micro-batch i+1 run together with
- * the backward of i (a forward flagged with_next, the backward right after it), so one's
- * expert exchanges travel while the other computes: F0, F1+B0, F2+B1, ..., B(M-1). Every
- * consumer that ignores the flag sees a valid schedule with two micro-batches in flight. For
- * one stage (pp = vpp = 1) only: -1 (mt_error) otherwise. */
+/* The overlapped schedule (train --overlap pipe) of a mt_schedule_make(pp, 1, m) list: a
+ * forward run together with the oldest backward not yet run (a forward flagged with_next,
+ * the backward right after it), so one's expert exchanges travel while the other computes.
+ * Rank r runs pp - r forwards ahead, one more than 1F1B (an activation slot more); a pair's
+ * receives come before it, its sends after it. One stage: F0, F1+B0, F2+B1, ..., B(M-1).
+ * Every consumer that ignores the flag sees a valid schedule. -1 (mt_error) with vpp > 1. */
 int mt_schedule_overlap(mt_schedule *s);
 
 /* Virtual stage of chunk c on rank r. */

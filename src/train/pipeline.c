@@ -148,7 +148,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
             }
             /* the forward and the next action, a backward of this stage, as two fibers */
             const mt_action *nb = &act[++i];
-            MT_ASSERT(nb->kind == MT_ACT_BWD && p->P == 1);
+            MT_ASSERT(nb->kind == MT_ACT_BWD);
             size_t kb = slot_of(p, nb->chunk, nb->mb);
             const size_t ob = (size_t)nb->mb * BT;
             pass_args fa = {m, x, in, tg, ps, B, T, lm, 0, st};
@@ -157,7 +157,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
             mt_trace_begin("overlap.pair");
             mt_fiber_pair(fwd_pass, &fa, bwd_pass, &ba);
             mt_trace_end();
-            p->slot_mb[kb] = -1; /* stage 0: free after its backward */
+            if (nb->chunk * p->P + p->rank == 0) p->slot_mb[kb] = -1; /* stage 0: free after its backward */
             break;
         }
         case MT_ACT_BWD:
