@@ -103,7 +103,8 @@ run 4 train --config demo "${base[@]}" --accum 2 --tp 2 --sp --ep 2 --ranks-per-
     && cmp -s "$T/tpeb/step_00000010/model.safetensors" "$T/tpep/step_00000010/model.safetensors" \
     || fail "--overlap pipe with --tp 2 --sp changed the losses or the weights"
 ok "TP2+SP x EP2 --overlap pipe over the wire: the blocking schedule's losses and weights, bit for bit"
-# and with PP: rank r runs P - r forwards ahead, then pairs (receives first, sends after)
+# and with PP and VPP: a rank runs one forward more ahead than without, then pairs (receives
+# first, sends after)
 run 4 train --config demo "${base[@]}" --accum 3 --pp 2 --ep 2 --overlap off --out "$T/ppeb"
 run 4 train --config demo "${base[@]}" --accum 3 --pp 2 --ep 2 --ranks-per-node 2 --overlap pipe --wire 0.05,50 \
     --out "$T/ppep"
@@ -111,6 +112,13 @@ run 4 train --config demo "${base[@]}" --accum 3 --pp 2 --ep 2 --ranks-per-node 
     && cmp -s "$T/ppeb/step_00000010/model.safetensors" "$T/ppep/step_00000010/model.safetensors" \
     || fail "--overlap pipe with --pp 2 changed the losses or the weights"
 ok "PP2 x EP2 --overlap pipe over the wire: the blocking schedule's losses and weights, bit for bit"
+run 4 train --config demo "${base[@]}" --accum 4 --pp 2 --vpp 2 --ep 2 --overlap off --out "$T/vpeb"
+run 4 train --config demo "${base[@]}" --accum 4 --pp 2 --vpp 2 --ep 2 --ranks-per-node 2 --overlap pipe \
+    --wire 0.05,50 --out "$T/vpep"
+[ "$(losses "$T/vpeb/metrics.jsonl")" = "$(losses "$T/vpep/metrics.jsonl")" ] \
+    && cmp -s "$T/vpeb/step_00000010/model.safetensors" "$T/vpep/step_00000010/model.safetensors" \
+    || fail "--overlap pipe with --pp 2 --vpp 2 changed the losses or the weights"
+ok "PP2 x VPP2 x EP2 --overlap pipe over the wire: the blocking schedule's losses and weights, bit for bit"
 # --wire CLUSTER.json: the cluster's link at this machine's pace (a device of 0.1 TFLOP/s:
 # about this rank's rate, so the emulated link is about the file's 20 GB/s)
 cat > "$T/cl.json" <<'JSON'
@@ -286,7 +294,6 @@ refuse "it needs --ep >= 2" 2 --wire 1,10
 refuse "expected GBPS" 2 --ep 2 --wire fast
 refuse "pipe, block or off" 2 --ep 2 --overlap sometimes
 refuse "it needs --accum >= 2" 2 --ep 2 --overlap pipe
-refuse "not with --vpp yet" 2 --pp 2 --vpp 2 --accum 2 --overlap pipe
 # ranks whose --data folders differ (rank 1 has no val split: it would skip the evaluation's
 # collectives and leave rank 0 waiting): refused at start-up, no hang
 mkdir -p "$T/w0" "$T/w1"

@@ -67,7 +67,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"bf16", MT_ARG_BOOL, &bf16, "calibrated CPU files: the trainer's `train --bf16` (GEMMs and attention at their measured bf16 rates, all else fp32); implies --dtype fp32", NULL},
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
-        {"overlap", MT_ARG_STR, &overlap, "pipe: layouts without VPP run the overlapped schedule (train --overlap pipe: each forward with the oldest backward not yet run, each one's expert exchanges hidden behind the other's compute); block or off (default): the exchanges count in full", NULL},
+        {"overlap", MT_ARG_STR, &overlap, "pipe: the overlapped schedule (train --overlap pipe: each forward with the oldest backward not yet run, each one's expert exchanges hidden behind the other's compute); block or off (default): the exchanges count in full", NULL},
         {"wire", MT_ARG_STR, &wire, "calibrated CPU files: GBPS[,US], the trainer's `train --wire`: the expert exchanges between nodes (--devices-per-node) over an emulated link of GBPS GB/s per rank and US us per message", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
         {"decode-batch", MT_ARG_INT, &decode_batch, "the KV-cache line: sequences a model replica decodes at once (default 64, the rollout's --slots)", NULL},
@@ -227,7 +227,7 @@ int mt_cmd_plan(int argc, char **argv) {
                model, st.devices, cl.name, T, st.global_seqs, st.global_seqs * (double)T / 1e6, dtype,
                st.gemm_bf16 ? " (GEMMs bf16)" : "",
                st.dist_opt ? "distributed" : "replicated");
-        if (st.overlap) printf("layouts without VPP: the overlapped schedule (expert exchanges behind the other micro-batch)\n");
+        if (st.overlap) printf("the overlapped schedule (expert exchanges behind the other micro-batch)\n");
         printf("searched %lld layouts in %.2f s: %lld fit (%lld simulated, %lld pruned by a lower bound)\n",
                stats.layouts, stats.seconds, stats.feasible, stats.simulated, stats.pruned);
         for (int i = 1; i < MT_PLAN_NREASONS; i++)

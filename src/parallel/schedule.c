@@ -87,34 +87,40 @@ int mt_schedule_make(mt_schedule *s, int pp, int vpp, int m) {
     return 0;
 }
 
-/* The overlapped schedule: rank r runs P - r forwards ahead (one more than 1F1B), then pairs
- * each forward with the oldest backward not yet run, then the remaining backwards. A pair's
+/* The overlapped schedule: rank r runs one forward more ahead than mt_schedule_make (1F1B:
+ * P - r; interleaved: 2 (P - r - 1) + (V - 1) P + 1), then pairs each forward with the oldest
+ * backward not yet run, in the same compute order, then the remaining backwards. A pair's
  * receives come first and its sends after both passes: its forward's input was sent by the
  * previous rank's pair before (that rank runs one forward more ahead), and its backward's
  * gradient by the next rank's pair of the same backward, which needs nothing from this
- * pair, so no receive waits on a send that waits on it. One stage (P = 1): F0, F1+B0, ...,
- * B(M-1). */
+ * pair, so no receive waits on a send that waits on it. One stage: F0, F1+B0, ..., B(M-1). */
 int mt_schedule_overlap(mt_schedule *s) {
-    if (s->vpp != 1)
-        return mt_error("schedule: the overlapped schedule pairs a forward with a backward of one chunk; "
-                        "not with --vpp %d yet", s->vpp);
-    const int P = s->pp, M = s->m;
+    const int P = s->pp, V = s->vpp, M = s->m, S = P * V, total = M * V;
     for (int r = 0; r < P; r++) {
         mt_action *l = s->act[r];
-        const int warm = P - r < M ? P - r : M;
-        int n = 0, f = 0, b = 0;
-        for (; f < warm; f++) emit(l, &n, r, P, 1, 0, f, 0);
-        for (; f < M; f++, b++) {
-            const int first = r == 0, last = r == P - 1;
-            if (!first) push(l, &n, MT_ACT_RECV_ACT, 0, (r + P - 1) % P, f);
-            if (!last) push(l, &n, MT_ACT_RECV_GRAD, 0, (r + 1) % P, b);
-            push(l, &n, MT_ACT_FWD, 0, -1, f);
-            l[n - 1].with_next = 1;
-            push(l, &n, MT_ACT_BWD, 0, -1, b);
-            if (!last) push(l, &n, MT_ACT_SEND_ACT, 0, (r + 1) % P, f);
-            if (!first) push(l, &n, MT_ACT_SEND_GRAD, 0, (r + P - 1) % P, b);
+        int warm = (V == 1 ? P - r - 1 : (P - r - 1) * 2 + (V - 1) * P) + 1;
+        if (warm > total) warm = total;
+        int n = 0, f = 0, b = 0, fc, fm, bc, bm;
+        for (; f < warm; f++) {
+            kth(f, P, V, 0, &fc, &fm);
+            emit(l, &n, r, P, V, fc, fm, 0);
         }
-        for (; b < M; b++) emit(l, &n, r, P, 1, 0, b, 1);
+        for (; f < total; f++, b++) {
+            kth(f, P, V, 0, &fc, &fm);
+            kth(b, P, V, 1, &bc, &bm);
+            const int sf = fc * P + r, sb = bc * P + r;
+            if (sf > 0) push(l, &n, MT_ACT_RECV_ACT, fc, (r + P - 1) % P, fm);
+            if (sb < S - 1) push(l, &n, MT_ACT_RECV_GRAD, bc, (r + 1) % P, bm);
+            push(l, &n, MT_ACT_FWD, fc, -1, fm);
+            l[n - 1].with_next = 1;
+            push(l, &n, MT_ACT_BWD, bc, -1, bm);
+            if (sf < S - 1) push(l, &n, MT_ACT_SEND_ACT, fc, (r + 1) % P, fm);
+            if (sb > 0) push(l, &n, MT_ACT_SEND_GRAD, bc, (r + P - 1) % P, bm);
+        }
+        for (; b < total; b++) {
+            kth(b, P, V, 1, &bc, &bm);
+            emit(l, &n, r, P, V, bc, bm, 1);
+        }
         push(l, &n, MT_ACT_OPT, 0, -1, -1);
         MT_ASSERT(n == s->len[r]);
     }

@@ -44,12 +44,12 @@ typedef struct {
  * M % P != 0. */
 int mt_schedule_make(mt_schedule *s, int pp, int vpp, int m);
 void mt_schedule_free(mt_schedule *s);
-/* The overlapped schedule (train --overlap pipe) of a mt_schedule_make(pp, 1, m) list: a
- * forward run together with the oldest backward not yet run (a forward flagged with_next,
- * the backward right after it), so one's expert exchanges travel while the other computes.
- * Rank r runs pp - r forwards ahead, one more than 1F1B (an activation slot more); a pair's
+/* The overlapped schedule (train --overlap pipe) of a mt_schedule_make list: a forward run
+ * together with the oldest backward not yet run (a forward flagged with_next, the backward
+ * right after it), so one's expert exchanges travel while the other computes. A rank runs
+ * one forward more ahead than in mt_schedule_make (an activation slot more); a pair's
  * receives come before it, its sends after it. One stage: F0, F1+B0, F2+B1, ..., B(M-1).
- * Every consumer that ignores the flag sees a valid schedule. -1 (mt_error) with vpp > 1. */
+ * Every consumer that ignores the flag sees a valid schedule. */
 int mt_schedule_overlap(mt_schedule *s);
 
 /* Virtual stage of chunk c on rank r. */

@@ -136,9 +136,9 @@ static void wire_a2a(const ctx *x, const mt_layout *l, double n, double *f, doub
     *f = fmax(*f, wf), *b = fmax(*b, wb);
 }
 
-/* the overlapped schedule (plan --overlap pipe) applies to layouts without VPP of >= 2
- * micro-batches (mt_schedule_overlap) */
-static int overlapped(const mt_plan_settings *st, int V, int M) { return st->overlap && V == 1 && M > 1; }
+/* the overlapped schedule (plan --overlap pipe, mt_schedule_overlap) pairs passes when a
+ * rank has more than the forwards it runs ahead */
+static int overlapped(const mt_plan_settings *st, int M) { return st->overlap && M > 1; }
 
 typedef struct { double fwd, bwd, comp, tp, a2a, a2a_f; } unit_time; /* comp/tp/a2a: fwd + bwd; a2a_f: fwd's */
 
@@ -412,7 +412,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     if (!sched) {
         int rc = mt_schedule_make(&own, P, V, M);
         MT_ASSERT(rc == 0);
-        if (overlapped(st, V, M)) MT_ASSERT(mt_schedule_overlap(&own) == 0);
+        if (overlapped(st, M)) MT_ASSERT(mt_schedule_overlap(&own) == 0);
         sched = &own;
     }
     const double msg = (double)l->mb * st->seq * c->hidden_size * st->elt / l->tp;
@@ -534,7 +534,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
          * the schedule's own (stage imbalance included) */
         double pbw, plat;
         group_link(cl, 2, l->tp * l->dp, &pbw, &plat);
-        const int paired = overlapped(st, V, M);
+        const int paired = overlapped(st, M);
         mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt, paired ? a2a_f : NULL,
                           paired ? a2a_b : NULL};
         mt_sim_result a, b;
@@ -630,7 +630,7 @@ int mt_plan_search(const mt_config *c, const mt_cluster *cl, const mt_plan_setti
                                     if (!have_sched) {
                                         int rcs = mt_schedule_make(&sched, pp, vpp, m);
                                         MT_ASSERT(rcs == 0);
-                                        if (overlapped(st, vpp, m))
+                                        if (overlapped(st, m))
                                             MT_ASSERT(mt_schedule_overlap(&sched) == 0);
                                         have_sched = 1;
                                     }

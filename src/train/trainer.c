@@ -361,7 +361,6 @@ static int init_config(mt_trainer *t) {
     else if (o->overlap && strcmp(o->overlap, "block") != 0)
         return mt_error("train: --overlap '%s': pipe, block or off", o->overlap);
     if (t->overlap == MT_OVERLAP_PIPE) {
-        if (o->vpp > 1) return mt_error("train: --overlap pipe pairs passes of one chunk: not with --vpp yet");
         if (o->accum < 2)
             return mt_error("train: --overlap pipe pairs the forward of one micro-batch with the backward of the "
                             "previous one: it needs --accum >= 2");
