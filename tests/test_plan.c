@@ -874,7 +874,8 @@ static void test_trainer_mode(void) {
 
 /* plan --wire (train --wire): an EP group spanning nodes sends each MoE layer's exchanges
  * over the emulated link, lat + bytes / bw a message: the forward three messages (metadata,
- * rows, combined rows), the backward three (rows, a float per row, rows). On a link slow
+ * rows, combined rows), the backward three (rows, a float per row, rows), the experts' side
+ * at the imbalance times the mean's rows. On a link slow
  * enough to dominate, the blocking step's exchange time is exactly that; inside one node the
  * wire is not used; the overlapped schedule hides part of it. */
 static void test_trainer_wire(void) {
@@ -899,8 +900,9 @@ static void test_trainer_wire(void) {
         CHECK(r[i].reason == MT_PLAN_OK, "wire case %d: infeasible", i);
     }
     const int moe = c.num_hidden_layers - c.first_k_dense_replace, M = 2; /* 8 seqs / (2 ranks x mb 2) */
-    const double rows = 2.0 * 256 * c.num_experts_per_tok * 1.25 / 2, bw = 2e6, lat = 1e-3;
-    const double want = M * moe * (6 * lat + (24 + 4) * rows / bw + 4 * rows * c.hidden_size * 4 / bw);
+    /* a rank's own rows go out at the mean's count, its experts' rows back at the busiest's */
+    const double rows = 2.0 * 256 * c.num_experts_per_tok / 2, bw = 2e6, lat = 1e-3, imb = 1.25;
+    const double want = M * moe * (6 * lat + (24 + 4 * imb) * rows / bw + 2 * (1 + imb) * rows * c.hidden_size * 4 / bw);
     CHECK(r[1].t_a2a < 0.01 * want && r[3].t_a2a > 2 * r[1].t_a2a, "the wires add: %g, %g, %g s", r[1].t_a2a,
           r[3].t_a2a, r[2].t_a2a);
     CHECK(fabs(r[2].t_a2a - want) < 1e-9 * want && fabs(r[2].step - r[1].step - (want - r[1].t_a2a)) < 1e-6 * want,

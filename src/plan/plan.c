@@ -122,17 +122,18 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
 /* train --wire: the MoE layer's exchanges when the EP group spans nodes, each message on
  * this rank's one outgoing link (lat + bytes / bw), an exchange done when both the local
  * copy (*f, *b on entry) and the wire are. The forward sends the dispatch's metadata (about
- * six int32 per row), the rows and the combined rows back; the backward the output
- * gradients' rows (gather), a float per row for the gate (to_source) and the input
- * gradients' rows (parallel/ep.c). */
+ * six int32 per row) and its tokens' rows, then its experts' rows back (combine); the
+ * backward the output gradients' rows to the experts (gather), then a float per row for
+ * the gate and the input gradients' rows back (parallel/ep.c). A rank's own tokens make
+ * the mean's rows; what its experts send back is the busiest rank's, imb times that. */
 static void wire_a2a(const ctx *x, const mt_layout *l, double n, double *f, double *b) {
     const mt_cluster *cl = x->cl;
     const double C = x->c->hidden_size, K = x->c->num_experts_per_tok, imb = x->st->imbalance;
     const int ep = l->ep, local = ep < cl->per_node ? ep : cl->per_node, nn = (ep + local - 1) / local;
     if (ep <= 1 || nn <= 1) return;
-    const double rows = l->a2a == MT_A2A_HIER ? n * imb * remote_nodes(x->c, nn) : n * K * imb * (ep - (double)local) / ep;
+    const double rows = l->a2a == MT_A2A_HIER ? n * remote_nodes(x->c, nn) : n * K * (ep - (double)local) / ep;
     const double bw = x->st->wire_bw, lat = x->st->wire_lat, row = rows * C * 4 / bw;
-    const double wf = 3 * lat + 6 * 4 * rows / bw + 2 * row, wb = 3 * lat + 4 * rows / bw + 2 * row;
+    const double wf = 3 * lat + 6 * 4 * rows / bw + (1 + imb) * row, wb = 3 * lat + 4 * imb * rows / bw + (1 + imb) * row;
     *f = fmax(*f, wf), *b = fmax(*b, wb);
 }
 
