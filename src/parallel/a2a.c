@@ -19,6 +19,7 @@
 
 #include "base/common.h"
 #include "parallel/dist.h"
+#include "parallel/watchdog.h"
 #include "parallel/wire.h"
 #include "base/fiber.h"
 
@@ -324,6 +325,7 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     const int64_t rowb = (int64_t)sizeof(float) * C;
     memset(x, 0, sizeof *x);
     x->np = s->np;
+    x->comm = s->comm;
     x->type = row_type(C);
     double t0 = MPI_Wtime();
     MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
@@ -358,7 +360,9 @@ static void xfer_finish(mt_a2a_xfer *x) {
     if (!x->nreq) return;
     double t0 = MPI_Wtime();
     const double ran = mt_fiber_yield(); /* the turn: the other fiber computes while the rows travel */
+    mt_watch_begin("MPI_Waitall", x->comm); /* so a stuck peer's report names the group */
     MPI_Waitall(x->nreq, x->req, MPI_STATUSES_IGNORE);
+    mt_watch_end();
     if (x->wired) mt_wire_sleep_until(latest(x->stamp + x->np, x->np));
     mt_dist_get()->comm_s += MPI_Wtime() - t0 - ran; /* what the other fiber's compute did not hide */
     MPI_Type_free(&x->type);

@@ -97,6 +97,7 @@ typedef struct {
 typedef struct {
     MPI_Request req[2];       /* rows, stamps */
     MPI_Datatype type;
+    MPI_Comm comm;            /* the stage's communicator (named by the watchdog) */
     int nreq, np, wired;
     double *stamp;            /* [2 np]: sent, received (wired only) */
 } mt_a2a_xfer;

@@ -450,7 +450,11 @@ void mt_group_recv_f32(mt_group *g, float *x, size_t n, int peer, int tag) {
     g_dist.comm_s += MPI_Wtime() - t0;
 }
 
-void mt_request_waitall(mt_request *req, int n) { MPI_Waitall(n, req, MPI_STATUSES_IGNORE); }
+void mt_request_waitall(mt_request *req, int n, mt_group *g) {
+    mt_watch_begin("MPI_Waitall", g ? g->comm : MPI_COMM_NULL);
+    MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+    mt_watch_end();
+}
 
 long mt_dist_tag_ub(void) {
     int *ub = NULL, flag = 0, init = 0;

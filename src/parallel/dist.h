@@ -133,7 +133,7 @@ typedef MPI_Request mt_request;
 #define MT_REQUEST_NULL MPI_REQUEST_NULL
 void mt_group_isend_f32(mt_group *g, const float *x, size_t n, int peer, int tag, mt_request *req);
 void mt_group_recv_f32(mt_group *g, float *x, size_t n, int peer, int tag);
-void mt_request_waitall(mt_request *req, int n);
+void mt_request_waitall(mt_request *req, int n, mt_group *g); /* g: the requests' group (NULL: unknown) */
 /* The same for bytes (n < 2^31); 1 when a request is done (an empty one is); 1 when a message
  * with this tag from peer is waiting to be received. */
 void mt_group_isend_bytes(mt_group *g, const void *x, size_t n, int peer, int tag, mt_request *req);

@@ -60,7 +60,7 @@ void mt_pipe_free(mt_pipe *p) {
 static void wait_slot(mt_pipe *p, size_t i) {
     if (p->req[2 * i] == MT_REQUEST_NULL && p->req[2 * i + 1] == MT_REQUEST_NULL) return;
     mt_trace_begin("comm.pipeline");
-    mt_request_waitall(&p->req[2 * i], 2);
+    mt_request_waitall(&p->req[2 * i], 2, p->grp);
     mt_trace_end();
 }
 
@@ -121,6 +121,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
     const size_t BT = (size_t)B * T;
     const size_t NC = (size_t)mt_acts_rows(p->slot[0], (int)BT) * (size_t)m->cfg.hidden_size;
     MT_ASSERT(NC <= (size_t)INT32_MAX);
+    p->grp = pp;
     const mt_action *act = p->sched.act[p->rank];
     for (int i = 0; i < p->sched.len[p->rank]; i++) {
         const mt_action *a = &act[i];
@@ -175,6 +176,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
 void mt_pipe_eval(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
                   const int32_t *pos, int nb, int T, const mt_loss *loss, mt_step_stats *st) {
     const size_t NC = (size_t)mt_acts_rows(p->slot[0], nb * T) * (size_t)m->cfg.hidden_size;
+    p->grp = pp;
     for (int ch = 0; ch < p->V; ch++) {
         const int s = ch * p->P + p->rank;
         const size_t k = (size_t)ch * p->maxslot;

@@ -30,6 +30,7 @@ typedef struct {
     int *slot_mb;              /* micro-batch held by each slot, -1 = free */
     mt_request *req;           /* [V][max slots][2]: pending sends from the slot (act, grad) */
     int maxslot;
+    mt_group *grp;             /* the pipeline group of the last train/eval (its sends) */
     size_t acts_bytes;         /* activation memory of all slots */
 } mt_pipe;
 
