@@ -15,7 +15,10 @@
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
 #
 # Usage: bash bench/bench_overlap.sh path/to/moetrain
+# The dense gradients (over DP 2, across the nodes) go over the wire too, in buckets of
+# OV_BUCKET_MB; block and pipe start them during the last backward, off after it.
 # Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6),
+#      OV_BUCKET_MB (1), OV_FLAGS (more train flags for every variant, e.g. --dist-opt),
 #      MT_BENCH_TMP (scratch, kept when given)
 set -u
 MT=${1:?usage: bash bench/bench_overlap.sh path/to/moetrain}
@@ -24,6 +27,8 @@ SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 WIRE=${OV_WIRE:-0.2,50}
 REPS=${OV_REPS:-3}
 STEPS=${OV_STEPS:-6}
+BUCKET=${OV_BUCKET_MB:-1}
+read -r -a EXTRA <<< "${OV_FLAGS:-}"
 TMP=${MT_BENCH_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/bench_overlap.XXXXXX")}
 KEEP=${MT_BENCH_TMP:+1}
 mkdir -p "$TMP"
@@ -35,7 +40,7 @@ export OMP_NUM_THREADS=1
 sed -e 's/"hidden_size": 128/"hidden_size": 256/' -e 's/"moe_intermediate_size": 128/"moe_intermediate_size": 256/' \
     -e 's/"intermediate_size": 384/"intermediate_size": 768/' "$SRC/configs/demo.json" > "$TMP/ov.json"
 "$MT" data math --out "$TMP/data" --train 20000 --val 200 > /dev/null || exit 1
-echo "bench_overlap: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores; EP2 over 2 emulated nodes, wire $WIRE"
+echo "bench_overlap: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores; EP2 over 2 emulated nodes, wire $WIRE, buckets $BUCKET MiB ${OV_FLAGS:-}"
 echo "  model: demo x2 wide (hidden 256, 8 experts top-2), 4 x 8 x 128 tokens per rank per step, $STEPS steps, $REPS runs each"
 
 losses() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
@@ -44,7 +49,7 @@ run() { # name rep flags...
     shift 2
     "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum 4 \
         --lr 1e-3 --warmup 2 --threads 1 --steps "$STEPS" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
-        --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
+        --bucket-mb "$BUCKET" "${EXTRA[@]}" --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
 }
 for r in $(seq 1 "$REPS"); do
     run nowire "$r" --overlap off

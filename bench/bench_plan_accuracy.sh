@@ -158,6 +158,7 @@ for row in "${LAYOUTS[@]}"; do
     grep -q -- '--ranks-per-node 1 ' <<< "$flags " && pnode=1
     grep -q -- '--wire' <<< "$flags" && pwire="--wire $(grep -o -- '--wire [^ ]*' <<< "$flags" | awk '{print $2}')"
     grep -q -- '--overlap pipe' <<< "$flags" && pwire="$pwire --overlap pipe"
+    grep -q -- '--overlap off' <<< "$flags" && [ -n "$pwire" ] && pwire="$pwire --overlap off"
     out="$TMP/run_$name"
     echo "--- $name: ${MPI[*]} -np $ranks -x OMP_NUM_THREADS=$threads moetrain train --config small --seq $SEQ --steps $STEPS --threads $threads $flags"
     wait_quiet

@@ -83,16 +83,54 @@ ww=$(grep -m1 '"step":2,' "$T/ep4w/metrics.jsonl" | sed -nE 's/.*"wire_wait_s":(
 awk -v w="${ww:-0}" 'BEGIN { exit !(w > 0) }' || fail "--wire 0.05,50: rank 0 never waited for the link (wire_wait_s '$ww')"
 ok "EP4 over an emulated 0.05 GB/s link, blocking exchanges: identical losses, rank 0 waited ${ww} s for the link in step 2"
 # the overlapped schedule (two micro-batches per rank as fibers) over the wire: the bits of
-# the blocking schedule, and the trace draws both fibers
-run 4 train --config demo "${base[@]}" --accum 2 --ep 4 --ranks-per-node 2 --overlap off --out "$T/ep4b"
+# the blocking schedule, and the trace draws both fibers; small gradient buckets (over DP 4
+# and, on the wire, between the nodes) start during the last backward, the same bits
+run 4 train --config demo "${base[@]}" --accum 2 --ep 4 --ranks-per-node 2 --overlap off --bucket-mb 0.05 --profile \
+    --out "$T/ep4b" > "$T/ep4b.log"
 run 4 train --config demo "${base[@]}" --accum 2 --ep 4 --ranks-per-node 2 --overlap pipe --wire 0.05,50 --profile \
-    --out "$T/ep4p" > "$T/ep4p.log"
+    --bucket-mb 0.05 --out "$T/ep4p" > "$T/ep4p.log"
 check "EP4 over 2 nodes, blocking, accum 2" "$T/s8/metrics.jsonl" "$T/ep4b/metrics.jsonl"
 [ "$(losses "$T/ep4b/metrics.jsonl")" = "$(losses "$T/ep4p/metrics.jsonl")" ] \
     && [ "$(vals "$T/ep4b/metrics.jsonl")" = "$(vals "$T/ep4p/metrics.jsonl")" ] \
     || { paste <(losses "$T/ep4b/metrics.jsonl") <(losses "$T/ep4p/metrics.jsonl"); fail "--overlap pipe changed the losses"; }
 grep -q '"tid":3' "$T/ep4p/trace_rank0.json" && grep -q '"name":"a2a in flight"' "$T/ep4p/trace_rank0.json" \
     || fail "--overlap pipe: the trace has no second fiber's track or no exchange in flight"
+# early_buckets TRACE: gradient buckets that went out before the reduction (comm.gradients) they end in
+early_buckets() {
+    grep -oE '"name":"(comm.gradients|gradient bucket in flight)","ph":"X","pid":[0-9]+,"tid":[0-9]+,"ts":[0-9.]+,"dur":[0-9.]+' "$1" |
+        sed -E 's/"name":"([a-z. ]+)".*"ts":([0-9.]+),"dur":([0-9.]+)/\2 \3 \1/' | sort -g |
+        awk '/comm.gradients/ { for (i in s) if (s[i] + d[i] >= $1) n++; delete s; delete d; next }
+             { s[NR] = $1; d[NR] = $2 } END { print n + 0 }'
+}
+eb=$(early_buckets "$T/ep4p/trace_rank0.json")
+[ "$eb" -gt 0 ] || fail "--overlap pipe --bucket-mb 0.05: no gradient bucket started during the backward"
+[ "$(early_buckets "$T/ep4b/trace_rank0.json")" = 0 ] || fail "--overlap off: gradient buckets started before the reduction"
+ok "EP4 --bucket-mb 0.05: $eb gradient buckets of rank 0 went out during the last backwards (none with --overlap off)"
+# ZeRO-1: the buckets reduce-scattered during the backward, the parameters' all-gather left in
+# flight after the update and waited for layer by layer by the next forward (a checkpoint, an
+# evaluation wait first): the blocking run's bits
+run 2 train --config demo "${base[@]}" --accum 2 --ep 2 --dist-opt --overlap off --bucket-mb 0.05 --out "$T/z1b"
+run 2 train --config demo "${base[@]}" --accum 2 --ep 2 --dist-opt --overlap pipe --bucket-mb 0.05 --ranks-per-node 1 \
+    --wire 0.05,50 --save-every 5 --profile --out "$T/z1p" > "$T/z1p.log"
+[ "$(losses "$T/z1b/metrics.jsonl")" = "$(losses "$T/z1p/metrics.jsonl")" ] \
+    && [ "$(vals "$T/z1b/metrics.jsonl")" = "$(vals "$T/z1p/metrics.jsonl")" ] \
+    && cmp -s "$T/z1b/step_00000010/model.safetensors" "$T/z1p/step_00000010/model.safetensors" \
+    && cmp -s "$T/z1b/step_00000010/optimizer.safetensors" "$T/z1p/step_00000010/optimizer.safetensors" \
+    || fail "ZeRO-1 with the buckets and the all-gather in flight changed the losses or the weights"
+np=$(grep -o '"name":"parameter bucket in flight"' "$T/z1p/trace_rank0.json" | wc -l)
+[ "$np" -gt 0 ] && [ "$(early_buckets "$T/z1p/trace_rank0.json")" -gt 0 ] \
+    || fail "ZeRO-1 --overlap pipe: no parameter bucket in flight ($np) or no gradient bucket early"
+ok "ZeRO-1 EP2 --overlap pipe over the wire, 0.05 MiB buckets: the blocking run's losses, weights and moments ($np parameter buckets in flight)"
+# a progress thread (MT_COMM_THREAD, MPI_THREAD_MULTIPLE) moves the same exchanges: the same bits
+MT_COMM_THREAD=300 run 2 train --config demo "${base[@]}" --accum 2 --ep 2 --dist-opt --overlap pipe --bucket-mb 0.05 \
+    --ranks-per-node 1 --wire 0.05,50 --out "$T/z1t"
+[ "$(losses "$T/z1b/metrics.jsonl")" = "$(losses "$T/z1t/metrics.jsonl")" ] \
+    && cmp -s "$T/z1b/step_00000010/model.safetensors" "$T/z1t/step_00000010/model.safetensors" \
+    || fail "MT_COMM_THREAD=300 changed the losses or the weights"
+if MT_COMM_THREAD=0.5 run 2 train --config demo "${base[@]}" --steps 1 --out "$T/z1x" > "$T/z1x.log" 2>&1; then
+    fail "MT_COMM_THREAD=0.5 was accepted"; fi
+grep -q "MT_COMM_THREAD=0.5: the progress thread's period" "$T/z1x.log" || { cat "$T/z1x.log"; fail "no clear message for MT_COMM_THREAD=0.5"; }
+ok "MT_COMM_THREAD=300: a progress thread gives the same bits; a bad period is refused"
 ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
 # and with TP: the fibers' TP collectives run in the same order on every TP rank (a fiber
 # hands over only at its row waits), so TP2+SP x EP2 over the wire gives the blocking bits
@@ -112,9 +150,9 @@ run 4 train --config demo "${base[@]}" --accum 3 --pp 2 --ep 2 --ranks-per-node 
     && cmp -s "$T/ppeb/step_00000010/model.safetensors" "$T/ppep/step_00000010/model.safetensors" \
     || fail "--overlap pipe with --pp 2 changed the losses or the weights"
 ok "PP2 x EP2 --overlap pipe over the wire: the blocking schedule's losses and weights, bit for bit"
-run 4 train --config demo "${base[@]}" --accum 4 --pp 2 --vpp 2 --ep 2 --overlap off --out "$T/vpeb"
+run 4 train --config demo "${base[@]}" --accum 4 --pp 2 --vpp 2 --ep 2 --overlap off --bucket-mb 0.05 --out "$T/vpeb"
 run 4 train --config demo "${base[@]}" --accum 4 --pp 2 --vpp 2 --ep 2 --ranks-per-node 2 --overlap pipe \
-    --wire 0.05,50 --out "$T/vpep"
+    --wire 0.05,50 --bucket-mb 0.05 --out "$T/vpep"
 [ "$(losses "$T/vpeb/metrics.jsonl")" = "$(losses "$T/vpep/metrics.jsonl")" ] \
     && cmp -s "$T/vpeb/step_00000010/model.safetensors" "$T/vpep/step_00000010/model.safetensors" \
     || fail "--overlap pipe with --pp 2 --vpp 2 changed the losses or the weights"
@@ -155,7 +193,7 @@ run 8 train --config demo "${base[@]}" --pp 2 --ep 4 --ranks-per-node 2 --out "$
 check "8 ranks: PP2 x DP4 with EP4 over 2 nodes" "$T/s4/metrics.jsonl" "$T/r8/metrics.jsonl"
 run 8 train --config demo "${base[@]}" --pp 2 --tp 2 --sp --ep 4 --accum 2 --ranks-per-node 4 --out "$T/r8t"
 check "8 ranks: PP2 x TP2 (SP) x DP2 with EP4" "$T/s4/metrics.jsonl" "$T/r8t/metrics.jsonl"
-run 4 train --config "$T/tied.json" "${base[@]}" --pp 2 --ep 2 --accum 2 --dist-opt --out "$T/tied"
+run 4 train --config "$T/tied.json" "${base[@]}" --pp 2 --ep 2 --accum 2 --dist-opt --bucket-mb 0.05 --out "$T/tied"
 check "PP2 x DP2 x EP2, --dist-opt, tied embeddings" "$T/st/metrics.jsonl" "$T/tied/metrics.jsonl"
 
 # MLA (attention_type "mla"): TP splits its heads (q_b / q_proj and kv_b rows, o_proj
@@ -290,7 +328,7 @@ refuse "needs --accum" 2 --pp 2 --vpp 2 --accum 3
 refuse "sums to 3 layers" 2 --pp 2 --split 2,1
 refuse "does not divide the attention heads" 3 --tp 3
 refuse "needs --tp >= 2" 1 --sp
-refuse "it needs --ep >= 2" 2 --wire 1,10
+refuse "it needs --ranks-per-node N" 2 --ep 2 --wire 1,10
 refuse "expected GBPS" 2 --ep 2 --wire fast
 refuse "pipe, block or off" 2 --ep 2 --overlap sometimes
 refuse "it needs --accum >= 2" 2 --ep 2 --overlap pipe

@@ -877,7 +877,9 @@ static void test_trainer_mode(void) {
  * rows, combined rows), the backward three (rows, a float per row, rows), the experts' side
  * at the imbalance times the mean's rows. On a link slow
  * enough to dominate, the blocking step's exchange time is exactly that; inside one node the
- * wire is not used; the overlapped schedule hides part of it. */
+ * wire is not used; the overlapped schedule hides part of it. The DP gradients (DP 2 across
+ * the two nodes) go over it too: after the backward with --overlap off, mostly behind the
+ * last backward otherwise. */
 static void test_trainer_wire(void) {
     mt_cluster base;
     MT_ASSERT(mt_cluster_parse(&base, cpu2_json, "cpu2") == 0);
@@ -888,14 +890,16 @@ static void test_trainer_wire(void) {
     st.devices = 2, st.threads = 1, st.global_seqs = 8, st.imbalance = 1.25;
     mt_layout l;
     MT_ASSERT(mt_layout_parse(&l, "ep=2,mb=2,rc=none", MT_RECOMPUTE_KEEP_ALL) == 0);
-    mt_plan_result r[5];
-    for (int i = 0; i < 5; i++) { /* one node; two nodes; + a slow wire; + a faster wire, blocking and pipelined */
+    mt_plan_result r[6];
+    for (int i = 0; i < 6; i++) { /* one node; two nodes; + a slow wire; + a faster wire, blocking and pipelined;
+                                   * the faster wire with the buckets in flight */
         mt_cluster cl = base;
         MT_ASSERT(mt_cluster_for_device(&cl, 1, 2) == 0);
         cl.per_node = i == 0 ? 2 : 1;
         mt_plan_settings s = st;
         if (i >= 2) s.wire_bw = i == 2 ? 2e6 : 1e8, s.wire_lat = 1e-3;
         s.overlap = i == 4;
+        s.blocking = i < 5;
         mt_plan_eval(&c, &cl, &s, &l, &r[i]);
         CHECK(r[i].reason == MT_PLAN_OK, "wire case %d: infeasible", i);
     }
@@ -905,8 +909,15 @@ static void test_trainer_wire(void) {
     const double want = M * moe * (6 * lat + (24 + 4 * imb) * rows / bw + 2 * (1 + imb) * rows * c.hidden_size * 4 / bw);
     CHECK(r[1].t_a2a < 0.01 * want && r[3].t_a2a > 2 * r[1].t_a2a, "the wires add: %g, %g, %g s", r[1].t_a2a,
           r[3].t_a2a, r[2].t_a2a);
-    CHECK(fabs(r[2].t_a2a - want) < 1e-9 * want && fabs(r[2].step - r[1].step - (want - r[1].t_a2a)) < 1e-6 * want,
-          "--wire 0.002,1000: exchanges %g s, want %g s (step %g, without %g)", r[2].t_a2a, want, r[2].step, r[1].step);
+    CHECK(fabs(r[2].t_a2a - want) < 1e-9 * want &&
+              fabs(r[2].step - r[1].step - (want - r[1].t_a2a) - (r[2].t_dp - r[1].t_dp)) < 1e-6 * want,
+          "--wire 0.002,1000: exchanges %g s, want %g s (step %g, without %g; DP %g, without %g)", r[2].t_a2a, want,
+          r[2].step, r[1].step, r[2].t_dp, r[1].t_dp);
+    /* the dense gradients (4 B each; all gradients: mem_grads) over the ring of 2: their bytes once on the link */
+    CHECK(r[3].t_dp > r[1].t_dp && r[3].t_dp > 0.2 * r[3].mem_grads / 1e8 && r[3].t_dp < r[3].mem_grads / 1e8 &&
+              r[5].t_dp < 0.9 * r[3].t_dp && r[5].t_dp > r[1].t_dp,
+          "DP over the wire: blocking %g s (without the wire %g), buckets in flight %g s (grads %g B)", r[3].t_dp,
+          r[1].t_dp, r[5].t_dp, r[3].mem_grads);
     /* pipelined, about half the exchanges (those hidden behind the other micro-batch's compute) */
     CHECK(r[4].t_a2a < 0.7 * r[3].t_a2a && r[3].step - r[4].step > 0.3 * r[3].t_a2a,
           "--overlap pipe over the wire: exposed %g of %g s, step %g vs %g s", r[4].t_a2a, r[3].t_a2a, r[4].step, r[3].step);

@@ -68,7 +68,7 @@ int mt_cmd_plan(int argc, char **argv) {
         {"optimizer", MT_ARG_STR, &optim, "adamw (the only one)", NULL},
         {"no-dist-opt", MT_ARG_BOOL, &no_dist_opt, "replicate the optimizer state (default: sharded over DP)", NULL},
         {"overlap", MT_ARG_STR, &overlap, "pipe: the overlapped schedule (train --overlap pipe: each forward with the oldest backward not yet run, each one's expert exchanges hidden behind the other's compute); block or off (default): the exchanges count in full", NULL},
-        {"wire", MT_ARG_STR, &wire, "calibrated CPU files: GBPS[,US], the trainer's `train --wire`: the expert exchanges between nodes (--devices-per-node) over an emulated link of GBPS GB/s per rank and US us per message", NULL},
+        {"wire", MT_ARG_STR, &wire, "calibrated CPU files: GBPS[,US], the trainer's `train --wire`: the expert exchanges, DP gradient buckets and pipeline messages between nodes (--devices-per-node) over an emulated link of GBPS GB/s per rank and US us per message", NULL},
         {"imbalance", MT_ARG_DBL, &imbalance, "dropless MoE: busiest EP rank's tokens / mean (default 1.2)", NULL},
         {"decode-batch", MT_ARG_INT, &decode_batch, "the KV-cache line: sequences a model replica decodes at once (default 64, the rollout's --slots)", NULL},
         {"decode-context", MT_ARG_INT, &decode_ctx, "the KV-cache line: positions of each (default --seq)", &ctx_given},
@@ -100,6 +100,7 @@ int mt_cmd_plan(int argc, char **argv) {
         return mt_cli_fail();
     }
     st.overlap = overlap && strcmp(overlap, "pipe") == 0;
+    st.blocking = overlap && strcmp(overlap, "off") == 0;
     if (!(bucket_mb > 0)) { /* integers are never negative (the parser) */
         mt_error("moetrain plan: --bucket-mb must be positive");
         return mt_cli_fail();

@@ -97,7 +97,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"aux-scope", MT_ARG_STR, &o.aux_scope, "balance loss over: sequence (each sequence, the default) or ep-group (all tokens of a micro-batch on the EP group's ranks, as Pangu Ultra MoE; its value depends on the layout: --ep, --batch, --sp)", NULL},
         {"comm-timeout", MT_ARG_DBL, &comm_timeout, "under mpirun: seconds one collective may wait before the job is ended as stuck, 0 = never (default 600)", NULL},
         {"ranks-per-node", MT_ARG_INT, &o.ranks_per_node, "emulate nodes of this many consecutive ranks (default: real shared-memory nodes)", NULL},
-        {"wire", MT_ARG_STR, &o.wire, "GBPS[,US] or CLUSTER.json: an emulated link between the (--ranks-per-node) nodes for the expert all-to-all, GB/s per rank and direction and latency in us, or a cluster file's inter-node link scaled to this machine's compute (default: none)", NULL},
+        {"wire", MT_ARG_STR, &o.wire, "GBPS[,US] or CLUSTER.json: an emulated link between the (--ranks-per-node) nodes for the expert all-to-all, the gradient buckets and the pipeline's messages, GB/s per rank and direction and latency in us, or a cluster file's inter-node link scaled to this machine's compute (default: none)", NULL},
         {"overlap", MT_ARG_STR, &o.overlap, "expert all-to-all: block (default: shared experts computed while the combine / gather travels), pipe (the forward of micro-batch i+1 with the backward of i as two fibers, each one's exchanges behind the other's compute; --accum >= 2) or off (each exchange completes before compute goes on)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("train", "--config FILE --data DIR --steps N --out DIR [flags]", specs, argc, argv, 2,

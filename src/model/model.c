@@ -2,6 +2,7 @@
  * micro-batch: attention, FFN and MoE layers, the head (see model.h). */
 #include "model/model.h"
 
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -216,15 +217,19 @@ void mt_model_forward(mt_model *m, mt_acts *a, const int32_t *inputs, const int3
     a->mtp_ran = 0;
 
     float *x0 = mt_acts_input(a);
+    if (m->params_ready) m->params_ready(m->hook_ctx, lo);
     if (a->first) { /* embedding of this rank's tokens */
         const int32_t *tok = inputs + a->g0;
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < Nl; n++)
             memcpy(x0 + (size_t)n * C, m->embed + (size_t)tok[n] * C, sizeof(float) * C);
     }
-    for (int l = lo; l < hi; l++)
+    for (int l = lo; l < hi; l++) {
+        if (m->params_ready && l > lo) m->params_ready(m->hook_ctx, l);
         mt_layer_fwd(m, a, &a->L[l - lo], l, l + 1 < hi ? a->L[l + 1 - lo].x : a->xf, pos, B, T, train, st);
+    }
     if (!a->last) return;
+    if (m->params_ready) m->params_ready(m->hook_ctx, INT_MAX);
     mt_trace_begin(train ? "fwd.head+ce (+bwd)" : "fwd.head");
     const int32_t *tg = targets + a->g0;
     mt_rmsnorm_fwd(a->lnf, a->rstdf, a->xf, m->norm, Nl, C, eps);
@@ -335,8 +340,14 @@ void mt_model_backward(mt_model *m, mt_acts *a, const int32_t *inputs, const int
      * norm's backward ran with it); the MTP blocks add theirs */
     float *d = a->dres;
     const float bal_coef = (float)(c->aux_loss_alpha * bal_scale);
-    if (a->mtp_ran) mt_mtp_bwd(m, a, pos, B, T, bal_coef);
-    for (int l = hi - 1; l >= lo; l--) mt_layer_bwd(m, a, &a->L[l - lo], l, d, pos, B, T, bal_coef);
+    if (a->mtp_ran) {
+        mt_mtp_bwd(m, a, pos, B, T, bal_coef);
+        for (int k = a->nmtp; k >= 1 && m->grad_ready; k--) m->grad_ready(m->hook_ctx, a->Lm + k - 1);
+    }
+    for (int l = hi - 1; l >= lo; l--) {
+        mt_layer_bwd(m, a, &a->L[l - lo], l, d, pos, B, T, bal_coef);
+        if (m->grad_ready) m->grad_ready(m->hook_ctx, l);
+    }
     if (!a->first) return; /* d is the gradient of the chunk's input */
     /* embedding backward: thread i owns the vocabulary rows congruent to i, and adds the
      * tokens in their order, so every row sums in the same order for any thread count */

@@ -194,6 +194,15 @@ typedef struct {
     mt_layer_w *w, *g;              /* [L] views into params / grads */
     float *embed, *norm, *head;     /* head == embed when tied */
     float *d_embed, *d_norm, *d_head;
+    /* called by mt_model_backward after each layer's backward (MTP blocks included) while set:
+     * the trainer sets it on a chunk's last backward of a step, so that the layer's gradient
+     * buckets go out while the layers below compute (train/optimizer.h) */
+    void (*grad_ready)(void *ctx, int layer);
+    /* called by mt_model_forward before it reads layer l's weights (at its start for its
+     * first layer, which covers the embedding; INT_MAX before the head) while set: ZeRO-1's
+     * parameter all-gather may still be in flight (train/optimizer.h) */
+    void (*params_ready)(void *ctx, int layer);
+    void *hook_ctx;
 } mt_model;
 
 /* Size function: fills tensors (if not NULL, capacity from mt_model_layout(cfg, NULL)) in

@@ -2,6 +2,8 @@
 #include "parallel/dist.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +11,9 @@
 #include <xxhash.h>
 
 #include "base/common.h"
+#include "base/trace.h"
 #include "parallel/watchdog.h"
+#include "parallel/wire.h"
 
 static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1, .pp_size = 1, .dp_size = 1,
                          .ep_size = 1, .edp_size = 1,
@@ -21,6 +25,11 @@ static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
 /* name: what the watchdog and MPI's own messages call the group */
 static void group_split(mt_group *g, int color, int key, const char *name) {
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+    if (g->has_wire) MPI_Comm_free(&g->wire); /* the old group's nodes: set again on the new one */
+    g->has_wire = 0;
+    g->nnodes = 0;
+    free(g->node_of);
+    g->node_of = NULL;
     MPI_Comm_split(g_dist.world, color, key, &g->comm);
     if (g->comm != MPI_COMM_NULL) MPI_Comm_set_name(g->comm, name);
     if (g->comm == MPI_COMM_NULL) {
@@ -37,11 +46,49 @@ static void group_split(mt_group *g, int color, int key, const char *name) {
  * paths on small models. */
 static size_t max_count = (size_t)1 << 30;
 
+/* MT_COMM_THREAD=US: a thread that enters MPI every US microseconds (an MPI_Iprobe on a
+ * communicator of its own, which runs the library's progress engine), so that non-blocking
+ * exchanges move while the main thread computes: Open MPI has no progress thread of its
+ * own. Needs MPI_THREAD_MULTIPLE. The alternative, and the default, is polling at the
+ * compute pieces' boundaries (docs/DESIGN.md has the measurement). */
+static struct {
+    pthread_t th;
+    MPI_Comm comm;
+    long period_ns;
+    _Atomic int stop;
+    int on;
+} g_prog;
+
+static void *progress_loop(void *arg) {
+    (void)arg;
+    struct timespec ts = {g_prog.period_ns / 1000000000L, g_prog.period_ns % 1000000000L};
+    while (!atomic_load(&g_prog.stop)) {
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, 0, g_prog.comm, &flag, MPI_STATUS_IGNORE);
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static long comm_thread_period_ns(void) {
+    const char *s = getenv("MT_COMM_THREAD");
+    if (!s || !*s) return 0;
+    char *end;
+    const double us = strtod(s, &end);
+    if (*end || !(us >= 1 && us <= 1e6)) return -1;
+    return (long)(us * 1000);
+}
+
 int mt_dist_init(int *argc, char ***argv) {
     MT_ASSERT(!g_dist.initialized);
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    const long period = comm_thread_period_ns();
+    if (period < 0) return mt_error("MT_COMM_THREAD=%s: the progress thread's period in microseconds, 1..1e6", getenv("MT_COMM_THREAD"));
+    const int want = period > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+    if (MPI_Init_thread(argc, argv, want, &provided) != MPI_SUCCESS)
         return mt_error("MPI_Init_thread failed");
+    if (period > 0 && provided < MPI_THREAD_MULTIPLE)
+        return mt_error("MT_COMM_THREAD: this MPI gives thread level %d, not MPI_THREAD_MULTIPLE", provided);
     if (provided < MPI_THREAD_FUNNELED) {
         /* only the main thread calls MPI, so SINGLE works in practice; say so once */
         mt_warn("MPI provides thread level %d < MPI_THREAD_FUNNELED; continuing", provided);
@@ -74,6 +121,14 @@ int mt_dist_init(int *argc, char ***argv) {
         long long v = strtoll(mc, &end, 10);
         if (*end || v < 1 || v > (1LL << 30)) return mt_error("MT_MPI_MAX_COUNT=%s: not a count in 1..2^30", mc);
         max_count = (size_t)v;
+    }
+    if (period > 0 && g_dist.size > 1) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &g_prog.comm);
+        g_prog.period_ns = period;
+        atomic_store(&g_prog.stop, 0);
+        if (pthread_create(&g_prog.th, NULL, progress_loop, NULL) != 0)
+            return mt_error("MT_COMM_THREAD: could not start the progress thread");
+        g_prog.on = 1;
     }
     if (g_dist.size > 1 && mt_watch_start(g_dist.rank, g_dist.size, MT_COMM_TIMEOUT_DEFAULT) != 0)
         mt_warn("could not start the communication watchdog: a stuck rank will not be detected");
@@ -206,9 +261,20 @@ int mt_group_probe(mt_group *g, int peer, int tag) {
 
 void mt_dist_finalize(void) {
     if (!g_dist.initialized) return;
+    if (g_prog.on) {
+        atomic_store(&g_prog.stop, 1);
+        pthread_join(g_prog.th, NULL);
+        MPI_Comm_free(&g_prog.comm);
+        g_prog.on = 0;
+    }
     mt_group *gs[] = {&g_dist.job, &g_dist.all, &g_dist.tp, &g_dist.dpt, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
-    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
+    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++) {
         if (gs[i]->comm != MPI_COMM_NULL) MPI_Comm_free(&gs[i]->comm);
+        if (gs[i]->has_wire) MPI_Comm_free(&gs[i]->wire);
+        gs[i]->has_wire = 0;
+        free(gs[i]->node_of);
+        gs[i]->node_of = NULL;
+    }
     MPI_Comm_free(&g_dist.world);
     MPI_Finalize();
     g_dist.initialized = 0;
@@ -254,17 +320,129 @@ void mt_group_sum_f32(mt_group *g, float *x, size_t n) { allreduce(g, x, n, size
 void mt_group_sum_f64(mt_group *g, double *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_DOUBLE); }
 void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n) { allreduce(g, x, n, sizeof *x, MPI_INT64_T); }
 
-void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes) {
+size_t mt_dist_max_count(void) { return max_count; }
+
+/* on the wire: this rank's share of a ring collective of `bytes` over g on its link */
+static void coll_stamp(mt_group *g, mt_coll *c, double bytes, int steps) {
+    if (!mt_wire_get()->on || g->nnodes < 2) return;
+    mt_wire_background_begin();
+    c->wired = 1;
+    c->stamp[0] = mt_now(); /* timed at the end: the expert traffic sent meanwhile goes first */
+    c->bytes = bytes;
+    c->steps = steps;
+}
+
+void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c) {
+    memset(c, 0, sizeof *c);
     if (!active(g) || n == 0) return;
-    size_t be = bucket_bytes / sizeof(float);
-    if (be < 1) be = 1;
-    if (be > max_count) be = max_count;
+    MT_ASSERT(n <= max_count);
     double t0 = MPI_Wtime();
-    for (size_t i = 0; i < n; i += be) {
-        size_t c = n - i < be ? n - i : be;
-        MPI_Allreduce(MPI_IN_PLACE, x + i, (int)c, MPI_FLOAT, MPI_SUM, g->comm);
-    }
+    MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &c->req[0]);
+    c->nreq = 1;
+    c->t_begin = mt_now();
+    c->what = "gradient bucket in flight";
+    const int S = g->size;
+    coll_stamp(g, c, 2.0 * (S - 1) / S * (double)n * sizeof(float), 2 * (S - 1));
     g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+/* each rank's share of the part [b0, b1) of a buffer of n cut in g's ranges: c->cnt[r], and
+ * where it starts in the part, c->cnt[size + r] */
+static void part_counts(const mt_group *g, size_t n, size_t b0, size_t b1, mt_coll *c) {
+    c->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
+    for (int r = 0; r < g->size; r++) {
+        size_t lo, hi;
+        mt_group_range(g, n, r, &lo, &hi);
+        lo = lo > b0 ? lo : b0;
+        hi = hi < b1 ? hi : b1;
+        c->cnt[r] = hi > lo ? (int)(hi - lo) : 0;
+        c->cnt[g->size + r] = hi > lo ? (int)(lo - b0) : 0;
+    }
+}
+
+void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t b0, size_t b1, float *shard,
+                                   mt_coll *c) {
+    memset(c, 0, sizeof *c);
+    MT_ASSERT(b0 <= b1 && b1 <= n && b1 - b0 <= max_count);
+    size_t mlo, mhi;
+    mt_group_range(g, n, g->rank, &mlo, &mhi);
+    const size_t at = b0 > mlo ? b0 : mlo; /* where this rank's share of the part starts */
+    if (!active(g)) {
+        if (b1 > b0) memcpy(shard + (at - mlo), x + b0, (b1 - b0) * sizeof *x);
+        return;
+    }
+    if (b1 == b0) return;
+    double t0 = MPI_Wtime();
+    part_counts(g, n, b0, b1, c);
+    MPI_Ireduce_scatter(x + b0, shard + (at - mlo), c->cnt, MPI_FLOAT, MPI_SUM, g->comm, &c->req[0]);
+    c->nreq = 1;
+    c->t_begin = mt_now();
+    c->what = "gradient bucket in flight";
+    const int S = g->size;
+    coll_stamp(g, c, (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c) {
+    memset(c, 0, sizeof *c);
+    MT_ASSERT(b0 <= b1 && b1 <= n && b1 - b0 <= max_count);
+    if (!active(g) || b1 == b0) return;
+    double t0 = MPI_Wtime();
+    part_counts(g, n, b0, b1, c);
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + b0, c->cnt, c->cnt + g->size, MPI_FLOAT, g->comm, &c->req[0]);
+    c->nreq = 1;
+    c->t_begin = mt_now();
+    c->what = "parameter bucket in flight";
+    const int S = g->size;
+    coll_stamp(g, c, (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1);
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
+int mt_coll_test(mt_coll *c) {
+    if (!c->nreq) return 1;
+    int done = 0;
+    MPI_Testall(c->nreq, c->req, &done, MPI_STATUSES_IGNORE);
+    return done && !c->wired; /* a wired bucket's time is known at its end only */
+}
+
+void mt_coll_end(mt_coll *c, mt_group *g) {
+    if (c->nreq) {
+        double t0 = MPI_Wtime();
+        mt_watch_begin("MPI_Waitall", g->comm);
+        MPI_Waitall(c->nreq, c->req, MPI_STATUSES_IGNORE);
+        if (c->wired) { /* every rank's share arrived: the latest of the group's */
+            c->stamp[1] = mt_wire_background(c->stamp[0], c->bytes) + (c->steps - 1) * mt_wire_get()->lat;
+            PMPI_Allreduce(MPI_IN_PLACE, &c->stamp[1], 1, MPI_DOUBLE, MPI_MAX, g->comm);
+        }
+        mt_watch_end();
+        if (c->wired) mt_wire_sleep_until(c->stamp[1]);
+        g_dist.comm_s += MPI_Wtime() - t0;
+        mt_trace_async(c->what, c->t_begin, mt_now());
+    }
+    free(c->cnt);
+    memset(c, 0, sizeof *c);
+}
+
+void mt_group_set_nodes(mt_group *g, int ranks_per_node) {
+    g->nnodes = 1;
+    if (!active(g) || ranks_per_node <= 0) return;
+    int wr;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr); /* emulated nodes are of world ranks, as in a2a.c */
+    int me = wr / ranks_per_node;
+    free(g->node_of);
+    g->node_of = mt_xmalloc(sizeof(int) * (size_t)g->size);
+    MPI_Allgather(&me, 1, MPI_INT, g->node_of, 1, MPI_INT, g->comm);
+    for (int r = 0; r < g->size; r++)
+        if (g->node_of[r] != me) g->nnodes = 2; /* the wire asks only whether it spans more than one */
+    if (g->nnodes > 1 && mt_wire_get()->on && !g->has_wire) {
+        MPI_Comm_dup(g->comm, &g->wire);
+        g->has_wire = 1;
+    }
+}
+
+/* a point-to-point message to / from peer crosses the wire */
+static int p2p_wired(const mt_group *g, int peer) {
+    return mt_wire_get()->on && g->has_wire && g->node_of[peer] != g->node_of[g->rank];
 }
 
 void mt_group_range(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) {
@@ -430,6 +608,9 @@ void mt_group_barrier(mt_group *g) {
 void mt_group_split(const mt_group *g, int color, int key, mt_group *sub) {
     MPI_Comm_split(g->comm, color, key, &sub->comm);
     sub->rank = 0;
+    sub->nnodes = 0;
+    sub->node_of = NULL;
+    sub->has_wire = 0;
     sub->size = 1;
     if (sub->comm == MPI_COMM_NULL) return;
     MPI_Comm_rank(sub->comm, &sub->rank);
@@ -438,15 +619,28 @@ void mt_group_split(const mt_group *g, int color, int key, mt_group *sub) {
 
 void mt_group_free(mt_group *g) {
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
+    if (g->has_wire) MPI_Comm_free(&g->wire);
+    g->has_wire = 0;
+    free(g->node_of);
+    g->node_of = NULL;
 }
 
 void mt_group_isend_f32(mt_group *g, const float *x, size_t n, int peer, int tag, mt_request *req) {
+    if (p2p_wired(g, peer)) { /* the stamp first: a double goes eagerly, the send does not block */
+        const int64_t b = (int64_t)(n * sizeof *x);
+        double arrive;
+        mt_wire_stamp(&b, 1, 0, &arrive);
+        MPI_Send(&arrive, 1, MPI_DOUBLE, peer, tag, g->wire);
+    }
     MPI_Isend(x, (int)n, MPI_FLOAT, peer, tag, g->comm, req);
 }
 
 void mt_group_recv_f32(mt_group *g, float *x, size_t n, int peer, int tag) {
-    double t0 = MPI_Wtime();
+    double t0 = MPI_Wtime(), arrive = 0;
+    const int wired = p2p_wired(g, peer);
+    if (wired) MPI_Recv(&arrive, 1, MPI_DOUBLE, peer, tag, g->wire, MPI_STATUS_IGNORE);
     MPI_Recv(x, (int)n, MPI_FLOAT, peer, tag, g->comm, MPI_STATUS_IGNORE);
+    if (wired) mt_wire_sleep_until(arrive);
     g_dist.comm_s += MPI_Wtime() - t0;
 }
 

@@ -26,6 +26,10 @@
 typedef struct {
     MPI_Comm comm;           /* MPI_COMM_NULL when this rank is not in the group */
     int rank, size;
+    int nnodes;              /* emulated nodes it spans (mt_group_set_nodes; 0 = not set) */
+    int *node_of;            /* [size] each member's emulated node (mt_group_set_nodes), or NULL */
+    int has_wire;            /* 1: wire is a duplicate of comm for the arrival stamps of */
+    MPI_Comm wire;           /* point-to-point messages (mt_group_set_nodes, on the wire) */
 } mt_group;
 
 typedef struct {
@@ -85,9 +89,45 @@ int mt_dist_set_layout(mt_dist *d, int pp, int tp, int sp, int ep);
 void mt_group_sum_f32(mt_group *g, float *x, size_t n);
 void mt_group_sum_f64(mt_group *g, double *x, size_t n);
 void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
-/* Gradient reduction: in-place sum of x[n] over g in buckets of bucket_bytes (one
- * MPI_Allreduce per bucket, in buffer order). */
-void mt_group_grad_allreduce(mt_group *g, float *x, size_t n, size_t bucket_bytes);
+/* A gradient bucket's reduction in flight (train/optimizer.c): started by _begin, moved by
+ * the MPI calls made meanwhile (mt_coll_test polls), finished by mt_coll_end. When the wire
+ * is on (parallel/wire.h) and the group spans emulated nodes, the bucket also goes over each
+ * rank's link as a ring would move it (2(S-1)/S of its bytes per rank for the sum, (S-1)/S
+ * for the reduce-scatter and the all-gather, one latency per ring step) as background
+ * traffic (mt_wire_background: in the link time the expert exchanges leave), and it is done
+ * when the last rank's share has arrived: at the end, a MAX all-reduce of the ranks' arrival
+ * times, so the ends must come in the same order on every rank of the group, as the starts
+ * do. */
+typedef struct {
+    MPI_Request req[2];      /* the data */
+    int nreq, wired;
+    double stamp[2];         /* on the wire: the start, the group's latest arrival (at the end) */
+    double bytes;            /* on the wire: this rank's share on its link, and its ring steps */
+    int steps;
+    double t_begin;          /* mt_now() at the start (the trace's span in flight) */
+    const char *what;        /* the trace span's name */
+    int *cnt;                /* counts and displacements (alive until the end, as MPI wants) */
+} mt_coll;
+/* In-place sum of x[n] (n <= 2^30) over g. */
+void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c);
+/* The part [b0, b1) (b1 - b0 <= 2^30) of a buffer x[n] cut in g's ranges (mt_group_range):
+ * summed over g, this rank's share of it written at its place in shard (shard[0] = x[lo]). */
+void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t b0, size_t b1, float *shard,
+                                   mt_coll *c);
+/* ZeRO-1's all-gather of the part [b0, b1) of p[n] cut in g's ranges: every rank's share of
+ * it, in place (the ring's (S-1)/S of the bytes on the wire). */
+void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c);
+/* 1 when done (an empty request is); mt_coll_end waits (its wait added to comm_s). */
+int mt_coll_test(mt_coll *c);
+void mt_coll_end(mt_coll *c, mt_group *g);
+/* Counts the emulated nodes (ranks_per_node consecutive world ranks each) g spans into
+ * g->nnodes and notes each member's (collective over g; 1 when ranks_per_node is 0: real
+ * nodes are never wired). With the wire on, point-to-point messages between members on
+ * different nodes then go over it (mt_group_isend_f32 / mt_group_recv_f32: the sender's
+ * arrival stamp travels ahead as a double on g->wire). */
+void mt_group_set_nodes(mt_group *g, int ranks_per_node);
+/* The most elements one MPI call moves (2^30; MT_MPI_MAX_COUNT lowers it for tests). */
+size_t mt_dist_max_count(void);
 
 /* Distributed optimizer (ZeRO-1) over a group: the flat buffer of n floats is split into
  * g->size contiguous ranges, range r = [n*r/S, n*(r+1)/S). */

@@ -139,7 +139,7 @@ void mt_reshard_scatter(mt_group *g, const mt_tensor *full_t, const float *full,
 }
 
 void mt_reshard_extract(const mt_tensor *full_t, const float *full, const mt_model *part, float *pbuf) {
-    mt_group self = {MPI_COMM_NULL, 0, 1}; /* a group of one: local slice copies only */
+    mt_group self = {.comm = MPI_COMM_NULL, .rank = 0, .size = 1}; /* a group of one: local slice copies only */
     move(&self, full_t, (float *)full, part, pbuf, 0, 0, 0, 0);
 }
 

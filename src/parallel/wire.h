@@ -13,8 +13,10 @@
  * of the machine, so a wire needs all its ranks on one machine (the trainer checks).
  *
  * The wire changes when data arrives, never what arrives: results are bit-identical with and
- * without it. Off by default. Today it carries the expert all-to-all (parallel/a2a.c), the
- * traffic the overlap work is about; other groups' collectives are not delayed. */
+ * without it. Off by default. It carries the expert all-to-all (parallel/a2a.c) and the
+ * gradient buckets and ZeRO-1's parameter all-gather of groups that span nodes (mt_coll in
+ * dist.h) and the pipeline's messages between nodes (mt_group_isend_f32); TP traffic is not
+ * delayed. */
 #ifndef MT_PARALLEL_WIRE_H
 #define MT_PARALLEL_WIRE_H
 
@@ -23,7 +25,11 @@
 typedef struct {
     int on;
     double bw, lat;       /* bytes/s, seconds */
-    double link_free;     /* when this rank's outgoing link is next free */
+    double link_free;     /* when this rank's outgoing link is next free (foreground) */
+    double bg_free;       /* when the last background transfer arrived */
+    double *sent_t, *sent_d; /* foreground sends since bg_free: time, link seconds */
+    int nsent, capsent;
+    int bg_pending;       /* background transfers started and not yet timed: sends are logged */
     double slept;         /* seconds slept waiting for arrivals (reset by the caller) */
 } mt_wire;
 
@@ -44,6 +50,14 @@ void mt_wire_set(double bw, double lat);
 /* Arrival times of messages of bytes[p] (p < n, 0 = none: arrive[p] = 0) that this rank sends
  * now, in the order p = first, first+1, ... (mod n) on its one link. */
 void mt_wire_stamp(const int64_t *bytes, int n, int first, double *arrive);
+/* A background transfer (a gradient or parameter bucket) of `bytes` started at time `start`:
+ * when it has arrived. Background transfers go one after another, in the link time the
+ * foreground messages (mt_wire_stamp: the expert exchanges, latency-bound and on the
+ * critical path) leave them: a NIC's traffic classes, the bulk class yielding. The
+ * foreground messages sent since the transfer could start count as taken link time; call
+ * it when waiting for the transfer, in the order the transfers were started. */
+void mt_wire_background_begin(void); /* a background transfer starts now */
+double mt_wire_background(double start, double bytes);
 /* Sleeps until CLOCK_MONOTONIC time t (returns at once when it has passed). */
 void mt_wire_sleep_until(double t);
 

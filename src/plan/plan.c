@@ -351,11 +351,15 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     double *a2a = mt_xcalloc((size_t)S * 5, sizeof(double));
     double *pdense = a2a + S, *pexp = a2a + 2 * S, *a2a_f = a2a + 3 * S, *a2a_b = a2a + 4 * S;
     double *work = mt_xcalloc((size_t)P * 3, sizeof(double));
+    /* per stage, what its first layer (and the embedding) holds and its forward: their
+     * buckets are the last to be reduced and the first the next forward waits for */
+    double *first_pd = mt_xcalloc((size_t)S * 3, sizeof(double)), *first_pe = first_pd + S, *first_f = first_pd + 2 * S;
     double *moe_on = work + P, *opt = work + 2 * P;
     const double imb = st->imbalance, n = (double)l->mb * st->seq / l->tp;
     const int edp = E > 0 ? l->dp * l->tp / l->ep : l->dp;
     int start = 1;
     for (int s = 0; s < S; s++) {
+        double pfirst[2] = {0, 0}, bfirst = 0; /* the stage's first layer (and the embedding) */
         int u0 = s == 0 ? 0 : start, u1 = start + res->layers[s];
         if (s == S - 1) u1 = nu;
         start += res->layers[s];
@@ -372,6 +376,13 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             pdense[s] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
                                      : u->p_tp / l->tp + u->p_rep;
             pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
+            if (i <= u0 + (s == 0)) {
+                pfirst[0] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
+                                         : u->p_tp / l->tp + u->p_rep;
+                pfirst[1] += E > 0 ? u->p_expert / l->ep : 0;
+                bfirst += ut[i].bwd;
+                first_f[s] += ut[i].fwd;
+            }
             const int is_layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
             const int rc = is_layer ? l->rc : MT_RECOMPUTE_NONE;
             acts[s] += (u->act_tok[rc] + u->act_expert_tok[rc] * imb) * n;
@@ -383,8 +394,10 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             if (u->moe) moe_on[r] = 1;
         }
         /* the last stage also holds the embedding when MTP or a tied head needs it */
-        if (s == S - 1 && P > 1 && (c->num_nextn_predict_layers > 0 || c->tie_word_embeddings))
+        if (s == S - 1 && P > 1 && (c->num_nextn_predict_layers > 0 || c->tie_word_embeddings)) {
             pdense[s] += x->u[0].p_tp / l->tp;
+            pfirst[0] += x->u[0].p_tp / l->tp;
+        }
         /* DP gradient reduction (fp32) of the stage's parameters, once its backwards are done */
         double bw, lat, t = 0;
         if (st->trainer) {
@@ -396,9 +409,24 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                 group_link(cl, gs[k], stride[k], &bw, &lat);
                 double g = 4 * pr[k], ab = cl->ar_bw > 0 ? cl->ar_bw : bw, rb = cl->rs_bw > 0 ? cl->rs_bw : bw;
                 double nb = ceil(g / st->bucket_bytes);
+                double tk = 0;
                 if (gs[k] > 1 && g > 0)
-                    t += st->dist_opt ? ring(g, gs[k], rb, lat) : 2 * ring(g, gs[k], ab, lat) + (nb - 1) * 2 * (gs[k] - 1) * lat;
+                    tk = st->dist_opt ? ring(g, gs[k], rb, lat) : 2 * ring(g, gs[k], ab, lat) + (nb - 1) * 2 * (gs[k] - 1) * lat;
+                if (st->wire_bw > 0 && gs[k] > 1 && g > 0 && (double)gs[k] * stride[k] > cl->per_node) {
+                    /* train --wire: the ring's share of every bucket on the rank's link (dist.c
+                     * mt_coll); with the buckets behind the last backward, what its layers
+                     * above the first do not hide */
+                    const double hops = (st->dist_opt ? 1.0 : 2.0) * (gs[k] - 1);
+                    double wt = hops / gs[k] * g / st->wire_bw + hops * nb * st->wire_lat;
+                    if (!st->blocking) {
+                        const double fin = fmin(1, (4 * pfirst[k] + st->bucket_bytes) / g);
+                        wt = fmax(wt * fin, wt - (bwd[s] - bfirst));
+                    }
+                    tk = fmax(tk, wt);
+                }
+                t += tk;
             }
+            first_pd[s] = pfirst[0], first_pe[s] = pfirst[1];
         } else {
             group_link(cl, l->dp, l->tp, &bw, &lat);
             t += ring(4 * pdense[s], l->dp, bw, lat) * (st->dist_opt ? 1 : 2);
@@ -515,6 +543,22 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             ag += ring(st->elt * pe, edp, st->trainer && cl->ag_bw > 0 ? cl->ag_bw : bw, lat);
         }
         double ex = st->trainer ? ag : fmax(0, ag - fwd[r]); /* the trainer gathers after the update */
+        if (st->trainer && st->dist_opt && st->wire_bw > 0 && V == 1) {
+            /* train --wire: the ring's (S-1)/S of every fp32 bucket on the rank's link; left
+             * in flight (not --overlap off), what the next forward's layers after the first
+             * do not hide */
+            const double pr[2] = {pd, pe}, pf[2] = {first_pd[r], first_pe[r]};
+            const int gs[2] = {l->dp, edp}, stride[2] = {l->tp, l->ep};
+            double wt = 0;
+            for (int k = 0; k < 2; k++) {
+                const double g = 4 * pr[k];
+                if (gs[k] < 2 || g <= 0 || (double)gs[k] * stride[k] <= cl->per_node) continue;
+                double w1 = (gs[k] - 1.0) / gs[k] * g / st->wire_bw + (gs[k] - 1) * ceil(g / st->bucket_bytes) * st->wire_lat;
+                if (!st->blocking) w1 = fmax(w1 * fmin(1, (4 * pf[k] + st->bucket_bytes) / g), w1 - (fwd[r] - first_f[r]));
+                wt += w1;
+            }
+            ex = fmax(ex, wt);
+        }
         opt[r] += ex;
         if (ex > exposed_ag) exposed_ag = ex;
         if (busy > busy_max) { busy_max = busy; busy_rank = r; }
@@ -538,6 +582,8 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         const int paired = overlapped(st, M);
         mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt, paired ? a2a_f : NULL,
                           paired ? a2a_b : NULL};
+        if (st->trainer && st->wire_bw > 0 && P > 1 && 2.0 * l->tp * l->dp > cl->per_node) /* train --wire: fp32 rows */
+            sc.p2p = fmax(sc.p2p, 4 * msg / st->elt / st->wire_bw + st->wire_lat);
         mt_sim_result a, b;
         mt_sim_run(sched, &sc, &a);
         double p2p = sc.p2p;
@@ -560,6 +606,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     free(fwd);
     free(a2a);
     free(work);
+    free(first_pd);
     return simulated;
 }
 

@@ -48,6 +48,10 @@ typedef struct {
     /* trainer: `train --wire`: the expert exchanges between nodes over the emulated link of
      * wire_bw bytes/s and wire_lat s per message (parallel/wire.h); 0: off */
     double wire_bw, wire_lat;
+    /* trainer, on the wire: `--overlap off` (blocking: the gradient buckets' wire time after
+     * the backward) rather than block / pipe (buckets behind the last backward but its first
+     * layer, train/optimizer.c) */
+    int blocking;
     /* trainer != 0: model the moetrain trainer on a CPU cluster (a calibrated file, after
      * mt_cluster_for_device) instead of a Megatron-style GPU job: fp32 weights, gradients
      * and two AdamW moments (no master copy), with dist_opt a gradient shard buffer; the

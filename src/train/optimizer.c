@@ -1,6 +1,7 @@
 /* train/optimizer.c — gradient reduction, norm, clipping and AdamW (see optimizer.h). */
 #include "train/optimizer.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,23 +86,110 @@ void mt_optim_free(mt_optim *op) {
         free(g->t_decay);
         free(g->n_off);
         free(g->n_len);
+        free(op->rt_off[i]);
+        free(op->rt_layer[i]);
     }
+    MT_ASSERT(!op->ag_pending); /* the trainer waits before it frees */
+    free(op->bk);
+    free(op->issue);
     memset(op, 0, sizeof *op);
+}
+
+/* Cuts the regions into buckets of at most bucket_bytes from their ends, and lists each
+ * region's tensors with the layer whose backward makes their gradients final. */
+static void cut_buckets(mt_optim *op, const mt_model *m, size_t bucket_bytes) {
+    size_t be = bucket_bytes / sizeof(float);
+    if (be < 1) be = 1;
+    if (be > mt_dist_max_count()) be = mt_dist_max_count();
+    op->bucket_bytes = bucket_bytes;
+    int n = 0;
+    for (int r = 0; r < MT_OPT_REGIONS; r++) n += (int)((op->reg[r].n + be - 1) / be);
+    op->bk = mt_xcalloc((size_t)n + 1, sizeof *op->bk);
+    op->issue = mt_xmalloc(sizeof(int) * ((size_t)n + 1));
+    op->nbk = 0;
+    for (int r = 0; r < MT_OPT_REGIONS; r++) {
+        const mt_opt_region *g = &op->reg[r];
+        op->first_bk[r] = op->nbk;
+        for (size_t b0 = 0; b0 < g->n; b0 += be)
+            op->bk[op->nbk++] = (mt_grad_bucket){.reg = r, .b0 = b0, .b1 = g->n - b0 < be ? g->n : b0 + be};
+        op->rt_off[r] = mt_xmalloc(sizeof(size_t) * ((size_t)m->ntensors + 1));
+        op->rt_layer[r] = mt_xmalloc(sizeof(int) * ((size_t)m->ntensors + 1));
+        op->nrt[r] = 0;
+        for (int i = 0; i < m->ntensors; i++) {
+            const mt_tensor *t = &m->tensors[i];
+            if (t->offset < g->lo || t->offset >= g->lo + g->n) continue;
+            /* the embedding (and its replica) gets its last gradient after every layer, the
+             * final norm and the head in the forward, before any layer's backward */
+            const int lay = t->layer >= 0 ? t->layer : (t->role == MT_R_EMBED || t->replica) ? -1 : -2;
+            MT_ASSERT(t->layer < (int)sizeof op->layer_done);
+            op->rt_off[r][op->nrt[r]] = t->offset - g->lo;
+            op->rt_layer[r][op->nrt[r]++] = lay;
+        }
+        for (int i = 1; i < op->nrt[r]; i++) MT_ASSERT(op->rt_off[r][i] > op->rt_off[r][i - 1]);
+    }
+    op->first_bk[MT_OPT_REGIONS] = op->nbk;
+}
+
+static int bucket_active(const mt_optim *op, int r) {
+    return op->dist_opt || (op->reg[r].g->size > 1 && op->reg[r].n > 0);
+}
+
+static void start_bucket(mt_optim *op, mt_model *m, int b) {
+    mt_grad_bucket *k = &op->bk[b];
+    mt_opt_region *g = &op->reg[k->reg];
+    if (op->dist_opt) mt_group_reduce_scatter_begin(g->g, m->grads + g->lo, g->n, k->b0, k->b1, g->grange, &k->c);
+    else mt_group_sum_begin(g->g, m->grads + g->lo + k->b0, k->b1 - k->b0, &k->c);
+    op->issue[op->nissued++] = b;
+}
+
+/* Starts, region by region, the buckets whose gradients are final (all = 1: every one left). */
+static void start_ready(mt_optim *op, mt_model *m, int all) {
+    for (int r = 0; r < MT_OPT_REGIONS; r++) {
+        if (!bucket_active(op, r)) continue;
+        int *i = &op->rt_next[r]; /* the highest tensor whose gradient may still change */
+        while (*i >= 0) {
+            const int lay = op->rt_layer[r][*i];
+            if (!all && !(lay >= 0 ? op->layer_done[lay] : lay == -2 && op->any_layer)) break;
+            (*i)--;
+        }
+        /* the region's tensors are packed, so the gradients in [front, n) are final */
+        const size_t front = *i < 0 ? 0 : *i + 1 < op->nrt[r] ? op->rt_off[r][*i + 1] : op->reg[r].n;
+        while (op->next_bk[r] >= op->first_bk[r] && op->bk[op->next_bk[r]].b0 >= front) start_bucket(op, m, op->next_bk[r]--);
+    }
+}
+
+void mt_optim_reduce_start(mt_optim *op, const mt_model *m, size_t bucket_bytes) {
+    if (!op->bk) cut_buckets(op, m, bucket_bytes);
+    MT_ASSERT(op->bucket_bytes == bucket_bytes);
+    op->nissued = 0;
+    op->any_layer = 0;
+    memset(op->layer_done, 0, sizeof op->layer_done);
+    for (int r = 0; r < MT_OPT_REGIONS; r++) {
+        op->next_bk[r] = op->first_bk[r + 1] - 1;
+        op->rt_next[r] = op->nrt[r] - 1;
+    }
+}
+
+void mt_optim_layer_done(mt_optim *op, mt_model *m, int layer) {
+    MT_ASSERT(layer >= 0 && layer < (int)sizeof op->layer_done);
+    op->layer_done[layer] = 1;
+    op->any_layer = 1;
+    start_ready(op, m, 0);
+    for (int i = 0; i < op->nissued; i++) mt_coll_test(&op->bk[op->issue[i]].c); /* moves those in flight */
 }
 
 void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes) {
     const mt_config *cfg = &m->cfg;
     const mt_part *sh = &m->part;
+    if (!op->bk) mt_optim_reduce_start(op, m, bucket_bytes);
     mt_trace_begin("comm.gradients");
     /* the embedding's copies on the first and last stage (tied head, MTP blocks' input) */
     if ((cfg->tie_word_embeddings || cfg->num_nextn_predict_layers > 0) && d->pp_size > 1 && (sh->embed || sh->head))
         mt_group_sum_f32(&d->emb, m->d_embed, (size_t)cfg->vocab_size * cfg->hidden_size);
-    for (int i = 0; i < MT_OPT_REGIONS; i++) {
-        mt_opt_region *g = &op->reg[i];
-        if (op->dist_opt) mt_group_reduce_scatter(g->g, m->grads + g->lo, g->n, g->grange);
-        else mt_group_grad_allreduce(g->g, m->grads + g->lo, g->n, bucket_bytes);
-    }
+    start_ready(op, m, 1);
+    for (int i = 0; i < op->nissued; i++) mt_coll_end(&op->bk[op->issue[i]].c, op->reg[op->bk[op->issue[i]].reg].g);
     mt_trace_end();
+    mt_optim_reduce_start(op, m, bucket_bytes); /* ready for the next step */
 }
 
 double mt_optim_grad_norm(const mt_optim *op, const mt_model *m, mt_dist *d) {
@@ -131,7 +219,16 @@ void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr
                        (float)hp->beta1, (float)hp->beta2, (float)hp->eps, (float)hp->wd, gscale, step);
     }
     mt_trace_end();
-    if (op->dist_opt) {
+    if (op->dist_opt && op->bk) { /* the buckets of the reduction, so the wire sees the same traffic */
+        for (int r = 0; r < MT_OPT_REGIONS; r++) { /* in forward order: each region from its start */
+            mt_opt_region *g = &op->reg[r];
+            op->ag_next[r] = op->first_bk[r];
+            for (int b = op->first_bk[r]; b < op->first_bk[r + 1]; b++)
+                mt_group_allgather_begin(g->g, m->params + g->lo, g->n, op->bk[b].b0, op->bk[b].b1, &op->bk[b].ag);
+        }
+        op->ag_pending = 1;
+        if (!op->defer_params) mt_optim_params_ready(op, INT_MAX);
+    } else if (op->dist_opt) {
         mt_trace_begin("comm.params");
         for (int i = 0; i < MT_OPT_REGIONS; i++) {
             mt_opt_region *g = &op->reg[i];
@@ -139,6 +236,33 @@ void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr
         }
         mt_trace_end();
     }
+}
+
+void mt_optim_params_ready(mt_optim *op, int layer) {
+    if (!op->ag_pending) return;
+    mt_trace_begin("comm.params");
+    int left = 0;
+    for (int r = 0; r < MT_OPT_REGIONS; r++) {
+        /* the end of the last tensor this layer needs: its own, the earlier layers' and the
+         * embedding's (the forward's order is the buffer's) */
+        size_t need = op->reg[r].n;
+        if (layer != INT_MAX) {
+            need = 0;
+            for (int i = 0; i < op->nrt[r]; i++) {
+                const int lay = op->rt_layer[r][i];
+                if (lay == -1 || (lay >= 0 && lay <= layer))
+                    need = i + 1 < op->nrt[r] ? op->rt_off[r][i + 1] : op->reg[r].n;
+            }
+        }
+        int *b = &op->ag_next[r];
+        while (*b < op->first_bk[r + 1] && op->bk[*b].b0 < need) {
+            mt_coll_end(&op->bk[*b].ag, op->reg[r].g);
+            (*b)++;
+        }
+        left |= *b < op->first_bk[r + 1];
+    }
+    op->ag_pending = left;
+    mt_trace_end();
 }
 
 void mt_optim_moments_full(mt_optim *op, float *fm, float *fv) {

@@ -7,7 +7,9 @@
  * routed experts held here over the expert-DP group. Without dist_opt each region is summed
  * in buckets and every rank updates all of it; with dist_opt (ZeRO-1) it is reduce-scattered,
  * each rank keeps the AdamW moments of its shard only and updates that, then the parameters
- * are all-gathered. */
+ * are all-gathered. The reductions go in buckets that can start during the backward and the
+ * all-gather can be left for the next forward (below): the same buckets either way, so the
+ * same bits. */
 #ifndef MT_TRAIN_OPTIMIZER_H
 #define MT_TRAIN_OPTIMIZER_H
 
@@ -32,6 +34,14 @@ typedef struct {
 
 enum { MT_OPT_REGIONS = 3 };      /* TP slices, replicated, routed experts */
 
+/* A gradient bucket: part [b0, b1) of a region, reduced by one collective. */
+typedef struct {
+    int reg;
+    size_t b0, b1;                /* relative to the region's lo */
+    mt_coll c;                    /* its gradients' reduction */
+    mt_coll ag;                   /* ZeRO-1: its parameters' all-gather */
+} mt_grad_bucket;
+
 typedef struct {
     mt_opt_region reg[MT_OPT_REGIONS];
     float *mom_m, *mom_v;         /* without dist_opt: every region's moments, laid out like the parameters */
@@ -39,6 +49,26 @@ typedef struct {
     int tp_dup[MT_OPT_REGIONS];   /* the region is the same on every TP rank (TP without SP) */
     int tp_rank;
     size_t bytes;                 /* this rank's moments */
+    /* the gradient buckets (cut on the first mt_optim_reduce_start / mt_optim_reduce): a
+     * region's buckets run from its end down, as the backward finishes its layers */
+    size_t bucket_bytes;
+    mt_grad_bucket *bk;
+    int nbk;
+    int first_bk[MT_OPT_REGIONS + 1]; /* region r's buckets: bk[first_bk[r] .. first_bk[r+1]) */
+    int *issue;                   /* [nbk] buckets in the order they were started this step */
+    int nissued;
+    int next_bk[MT_OPT_REGIONS];  /* region r's next bucket to start (counting down) */
+    /* readiness: region r's tensors, by offset, and how far down its gradients are final */
+    int nrt[MT_OPT_REGIONS];
+    size_t *rt_off[MT_OPT_REGIONS];  /* tensor start, relative to the region's lo */
+    int *rt_layer[MT_OPT_REGIONS];   /* its layer; -1: at the end only (embedding); -2: after any layer */
+    int rt_next[MT_OPT_REGIONS];     /* the next tensor (counting down) not yet final */
+    unsigned char layer_done[1024];
+    int any_layer;
+    /* ZeRO-1 with defer_params: the parameter all-gather left in flight after the update,
+     * each region's buckets waited for in order (ag_next) as the next forward reaches them */
+    int defer_params, ag_pending;
+    int ag_next[MT_OPT_REGIONS];
 } mt_optim;
 
 /* AdamW's hyper-parameters (the learning rate is given per step). */
@@ -51,16 +81,32 @@ typedef struct {
 void mt_optim_init(mt_optim *op, const mt_model *m, mt_dist *d, int dist_opt);
 void mt_optim_free(mt_optim *op);
 
+/* Gradient buckets while the backward runs (train --overlap block / pipe): _start before the
+ * step's backward; mt_optim_layer_done(layer) after a layer's last backward of the step (every
+ * gradient of its tensors final) starts the buckets that are now final and polls those in
+ * flight. Every rank of a group must start the same buckets in the same order: the same layers
+ * finish in the same order on the ranks of a DP / expert-DP group. */
+void mt_optim_reduce_start(mt_optim *op, const mt_model *m, size_t bucket_bytes);
+void mt_optim_layer_done(mt_optim *op, mt_model *m, int layer);
 /* Sums the gradients of the whole backward (collective): the tied embedding's two copies
  * (first and last pipeline stage), then every region over its group (dist_opt: this rank's
- * shard of the sum only), all-reduces in buckets of bucket_bytes. */
+ * shard of the sum only), in buckets of bucket_bytes, those not started during the backward
+ * started now; returns when all are done. The buckets are the same with or without the
+ * overlap, so are the sums, bit for bit. */
 void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes);
 /* The global gradient norm after mt_optim_reduce (collective over the world): every
  * parameter counted once. */
 double mt_optim_grad_norm(const mt_optim *op, const mt_model *m, mt_dist *d);
 /* One AdamW update at bias-correction step `step` with the gradients scaled by the clip
- * (grad_norm above hp->clip), then (dist_opt) the updated shards all-gathered. */
+ * (grad_norm above hp->clip), then (dist_opt) the updated shards all-gathered: with
+ * defer_params left in flight, in buckets, for the next forward (mt_optim_params_ready). */
 void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr, double grad_norm, int step);
+
+/* defer_params: waits for the parameter buckets that layer `layer` (INT_MAX: every one) and
+ * everything before it in the buffer need (the first layer's call covers the embedding).
+ * Anything that reads the parameters other than the next step's forward calls it with
+ * INT_MAX first. Without a pending all-gather it returns at once. */
+void mt_optim_params_ready(mt_optim *op, int layer);
 
 /* dist_opt: this rank's moments laid out like its parameters (fm, fv of m->nparams), the
  * regions' shards all-gathered over their groups (collective); and back. */

@@ -27,6 +27,9 @@ int mt_pipe_init(mt_pipe *p, const mt_config *c, int pp, int vpp, int m, int ran
                         tag_ub);
     }
     p->maxslot = mt_schedule_slots(&p->sched, rank, p->nslot);
+    for (int ch = 0; ch < vpp; ch++) p->last_bwd[ch] = -1;
+    for (int i = 0; i < p->sched.len[rank]; i++)
+        if (p->sched.act[rank][i].kind == MT_ACT_BWD) p->last_bwd[p->sched.act[rank][i].chunk] = i;
     p->slot = mt_xcalloc((size_t)vpp * p->maxslot, sizeof *p->slot);
     p->slot_mb = mt_xmalloc(sizeof(int) * (size_t)vpp * p->maxslot);
     p->req = mt_xmalloc(sizeof(mt_request) * (size_t)vpp * p->maxslot * 2);
@@ -116,6 +119,12 @@ static void bwd_pass(void *v) {
     mt_model_backward(a->m, a->x, a->in, a->ps, a->B, a->T, a->bal_scale);
 }
 
+/* the gradient hook on the model for action i when it is its chunk's last backward */
+static void grad_hook(const mt_pipe *p, mt_model *m, int i) {
+    const int last = p->grad_ready && p->last_bwd[p->sched.act[p->rank][i].chunk] == i;
+    m->grad_ready = last ? p->grad_ready : NULL;
+}
+
 void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs, const int32_t *targets,
                    const int32_t *pos, int B, int T, const mt_loss *loss, float bal_scale, mt_step_stats *st) {
     const size_t BT = (size_t)B * T;
@@ -150,6 +159,7 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
             /* the forward and the next action, a backward of this stage, as two fibers */
             const mt_action *nb = &act[++i];
             MT_ASSERT(nb->kind == MT_ACT_BWD);
+            grad_hook(p, m, i);
             size_t kb = slot_of(p, nb->chunk, nb->mb);
             const size_t ob = (size_t)nb->mb * BT;
             pass_args fa = {m, x, in, tg, ps, B, T, lm, 0, st};
@@ -158,11 +168,14 @@ void mt_pipe_train(mt_pipe *p, mt_model *m, mt_group *pp, const int32_t *inputs,
             mt_trace_begin("overlap.pair");
             mt_fiber_pair(fwd_pass, &fa, bwd_pass, &ba);
             mt_trace_end();
+            m->grad_ready = NULL;
             if (nb->chunk * p->P + p->rank == 0) p->slot_mb[kb] = -1; /* stage 0: free after its backward */
             break;
         }
         case MT_ACT_BWD:
+            grad_hook(p, m, i);
             mt_model_backward(m, x, in, ps, B, T, bal_scale);
+            m->grad_ready = NULL;
             break;
         default: MT_ASSERT(0);
         }

@@ -31,6 +31,9 @@ typedef struct {
     mt_request *req;           /* [V][max slots][2]: pending sends from the slot (act, grad) */
     int maxslot;
     mt_group *grp;             /* the pipeline group of the last train/eval (its sends) */
+    int last_bwd[256];         /* index in this rank's action list of each chunk's last backward */
+    /* set on the model for those backwards (mt_model.grad_ready, its hook_ctx; NULL: none) */
+    void (*grad_ready)(void *ctx, int layer);
     size_t acts_bytes;         /* activation memory of all slots */
 } mt_pipe;
 

@@ -53,13 +53,14 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
         printf("\n");
         const mt_wire *wi = mt_wire_get();
         if (wi->on)
-            printf("  wire: an emulated link between the %d nodes, %.3g GB/s per rank and direction, %.3g us latency; "
-                   "exchanges %s\n",
-                   t->ep.a2a.nnodes, wi->bw / 1e9, wi->lat * 1e6,
-                   !t->ep.split ? "blocking (--overlap off)"
+            printf("  wire: an emulated link between %d nodes of %d ranks, %.3g GB/s per rank and direction, %.3g us "
+                   "latency, for the expert exchanges, gradient buckets and pipeline messages that cross them; %s\n",
+                   (W + o->ranks_per_node - 1) / o->ranks_per_node, o->ranks_per_node, wi->bw / 1e9, wi->lat * 1e6,
+                   t->overlap == MT_OVERLAP_OFF ? "all blocking (--overlap off)"
                    : t->overlap == MT_OVERLAP_PIPE
-                       ? "in flight while the other micro-batch computes (--overlap pipe)"
-                       : "in flight behind the shared experts (--overlap block)");
+                       ? "exchanges in flight while the other micro-batch computes, buckets during the backward "
+                         "(--overlap pipe)"
+                       : "exchanges in flight behind the shared experts, buckets during the backward (--overlap block)");
         if (o->pp > 1) {
             printf("  layers per virtual stage:");
             for (int st = 0; st < S; st++) printf(" %d", t->bounds[st + 1] - t->bounds[st]);

@@ -68,6 +68,8 @@ typedef void (*eval_fwd)(void *ctx, const int32_t *in, const int32_t *tg, const 
  * ranks. Every rank runs the same number of micro-batches (a rank past the end runs one row
  * whose targets are all ignored), because the expert exchange and the pipeline are
  * collective. sc[0] += CE sum, sc[1] += count. */
+static void grad_ready(void *ctx, int layer);
+static void params_ready(void *ctx, int layer);
 static void eval_windows(const mt_loader *val, int B, int T, int64_t windows, int32_t doc_eot, int rank,
                          int nranks, eval_fwd fwd, void *ctx, double *sc) {
     uint64_t W = mt_loader_windows(val);
@@ -189,7 +191,12 @@ static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config
     return 0;
 }
 
+/* the parameters whole again (ZeRO-1's deferred all-gather done): for anything but the
+ * next step's forward, which waits layer by layer */
+static void sync_params(mt_trainer *t) { mt_optim_params_ready(&t->opt, INT_MAX); }
+
 static void trainer_release(mt_trainer *t) {
+    sync_params(t);
     mt_pipe_free(&t->pipe);
     mt_model_free(&t->m);
     if (t->have_ep) mt_ep_free(&t->ep);
@@ -353,7 +360,7 @@ static int init_config(mt_trainer *t) {
     if (flash && (o->tp < 2 || o->sp))
         return mt_error("train: --flashcomm int8 compresses the tensor-parallel all-reduce: it needs --tp >= 2 "
                         "without --sp");
-    if (o->ep < 2 && (o->a2a || o->ranks_per_node) && root)
+    if (o->ep < 2 && (o->a2a || (o->ranks_per_node && !o->wire)) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
     t->overlap = MT_OVERLAP_BLOCK;
     if (o->overlap && strcmp(o->overlap, "off") == 0) t->overlap = MT_OVERLAP_OFF;
@@ -368,12 +375,17 @@ static int init_config(mt_trainer *t) {
     if (o->wire) {
         double bw, lat;
         if (mt_wire_parse(o->wire, &bw, &lat) != 0) return -1;
-        if (o->ep < 2) return mt_error("train: --wire delays the expert all-to-all between nodes: it needs --ep >= 2");
+        if (o->ranks_per_node < 1)
+            return mt_error("train: --wire delays the traffic between emulated nodes: it needs --ranks-per-node N");
         if (d->local_size != d->size)
             return mt_error("train: --wire emulates nodes on one machine (one clock for every rank): the %d ranks "
                             "run on several machines",
                             d->size);
         mt_wire_set(bw, lat);
+        /* the gradient buckets of a group that spans emulated nodes go over the wire too, and
+         * the pipeline's activations and gradients between stages on different nodes */
+        mt_group *wired[] = {&d->dp, &d->dpt, &d->edp, &d->pp};
+        for (int i = 0; i < 4; i++) mt_group_set_nodes(wired[i], o->ranks_per_node);
     }
     mt_set_threads(o->threads > 0 ? o->threads : mt_get_threads());
     t->nthr = mt_get_threads();
@@ -582,6 +594,12 @@ static int init_model(mt_trainer *t) {
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
                      o->tp, d->sp, o->bf16, t->overlap == MT_OVERLAP_PIPE) != 0)
         return -1;
+    if (t->overlap != MT_OVERLAP_OFF) { /* buckets start as the last micro-batch's backward finishes their layers */
+        t->pipe.grad_ready = grad_ready;
+        t->m.hook_ctx = t;
+        if (o->dist_opt) t->m.params_ready = params_ready;
+        t->opt.defer_params = o->dist_opt;
+    }
     /* the fullest rank's optimizer state, for the report */
     uint64_t ob = t->opt.bytes;
     mt_group_max_u64(&d->all, &ob, 1);
@@ -607,15 +625,20 @@ int mt_trainer_init(mt_trainer **out, const mt_train_opts *o) {
 const mt_train_opts *mt_trainer_opts(const mt_trainer *t) { return &t->o; }
 const mt_config *mt_trainer_config(const mt_trainer *t) { return &t->cfg; }
 const mt_trainer_state *mt_trainer_get_state(const mt_trainer *t) { return &t->st; }
-mt_model *mt_trainer_model(mt_trainer *t) { return &t->m; }
+mt_model *mt_trainer_model(mt_trainer *t) {
+    sync_params(t);
+    return &t->m;
+}
 int mt_trainer_holds_whole(const mt_trainer *t) { return t->whole; }
 
 void mt_trainer_gather_whole(mt_trainer *t, float *full) {
+    sync_params(t);
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
     mt_ckpt_allgather_whole(&l, t->d, full);
 }
 
 void mt_trainer_gather_whole_root(mt_trainer *t, float *full) {
+    sync_params(t);
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
     mt_ckpt_gather_whole(&l, t->d, full);
 }
@@ -623,6 +646,7 @@ void mt_trainer_gather_whole_root(mt_trainer *t, float *full) {
 size_t mt_trainer_whole_floats(const mt_trainer *t) { return t->nfull; }
 
 void mt_trainer_to_rollout(mt_trainer *t, float *full) {
+    sync_params(t);
     /* parked before the copy is filled, so that the two never add up */
     mt_pipe_park(&t->pipe);
     mt_release_pages(t->m.grads, t->m.nparams * sizeof(float)); /* the next step zeroes them anyway */
@@ -631,6 +655,7 @@ void mt_trainer_to_rollout(mt_trainer *t, float *full) {
 }
 
 void mt_trainer_to_rollout_part(mt_trainer *t, mt_model *roll) {
+    sync_params(t);
     mt_pipe_park(&t->pipe);
     mt_release_pages(t->m.grads, t->m.nparams * sizeof(float));
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
@@ -638,6 +663,7 @@ void mt_trainer_to_rollout_part(mt_trainer *t, mt_model *roll) {
 }
 
 int mt_trainer_load_params(mt_trainer *t, const char *ckpt, float *buf) {
+    sync_params(t);
     char dir[4200];
     mt_config c;
     if (mt_ckpt_resolve(ckpt, dir, sizeof dir) != 0 || mt_ckpt_load_config(dir, &c) != 0) return -1;
@@ -653,8 +679,19 @@ int mt_trainer_load_params(mt_trainer *t, const char *ckpt, float *buf) {
 }
 
 void mt_trainer_from_rollout(mt_trainer *t, const float *full) {
+    sync_params(t);
     if (t->whole) return;
     mt_reshard_extract(t->full_t, full, &t->m, t->m.params);
+}
+
+static void grad_ready(void *ctx, int layer) {
+    mt_trainer *t = ctx;
+    mt_optim_layer_done(&t->opt, &t->m, layer);
+}
+
+static void params_ready(void *ctx, int layer) {
+    mt_trainer *t = ctx;
+    mt_optim_params_ready(&t->opt, layer);
 }
 
 int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
@@ -683,6 +720,7 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
     mt_trace_begin("compute.zero_grads");
     mt_model_zero_grads(&t->m);
     mt_trace_end();
+    mt_optim_reduce_start(&t->opt, &t->m, t->bucket_bytes);
     mt_step_stats st;
     memset(&st, 0, sizeof st);
     const float ce_scale = nvalid ? 1.0f / (float)nvalid : 0.0f;
@@ -762,6 +800,7 @@ double mt_trainer_eval(mt_trainer *t, const mt_loader *val, int64_t windows) {
 }
 
 int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
+    sync_params(t);
     const mt_train_opts *o = &t->o;
     mt_dist *d = t->d;
     const int root = d->rank == 0;
