@@ -19,6 +19,7 @@
 
 #include "base/common.h"
 #include "parallel/dist.h"
+#include "parallel/tp.h"
 #include "parallel/watchdog.h"
 #include "parallel/wire.h"
 #include "base/fiber.h"
@@ -432,12 +433,48 @@ static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, con
 }
 
 /* rows of the last stage (items) for input rows x[N,C] */
-static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x) {
-    float *r = stage_fwd(a, &p->st[0], x, p->C);
+/* An INT8 row (a->q8): the ceil(C/128) scales of a row of C values, then its C codes, padded
+ * to whole floats, so that the stages move it as a row of q8_width(C) floats. */
+static int q8_width(int C) { return (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK + (C + 3) / 4; }
+
+static float *q8_pack(mt_a2a *a, const float *x, int N, int C) {
+    const int qc = q8_width(C), nb = (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK;
+    float *o = mt_alloc(sizeof(float) * ((size_t)qc * N + 1));
+    for (int n = 0; n < N; n++) {
+        float *row = o + (size_t)n * qc;
+        int8_t *q = (int8_t *)(row + nb);
+        mt_q8_encode(x + (size_t)n * C, (size_t)C, row, q, &a->bytes.q8_err_sq, &a->bytes.q8_ref_sq);
+        memset(q + C, 0, sizeof(float) * (size_t)(qc - nb) - (size_t)C);
+    }
+    return o;
+}
+
+static void q8_unpack(const float *in, float *out, int N, int C) {
+    const int qc = q8_width(C), nb = (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK;
+    for (int n = 0; n < N; n++) {
+        const float *sc = in + (size_t)n * qc;
+        const int8_t *q = (const int8_t *)(sc + nb);
+        float *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (float)q[c] * sc[c / MT_FLASHCOMM_BLOCK];
+    }
+}
+
+/* x[N, C] -> the last stage's items [nitem, C] (mt_alloc'd); q8: as INT8 rows */
+static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x, int q8) {
+    const int C = q8 ? q8_width(p->C) : p->C;
+    float *packed = q8 ? q8_pack(a, x, p->N, p->C) : NULL;
+    float *r = stage_fwd(a, &p->st[0], q8 ? packed : x, C);
+    mt_free(packed);
     if (p->nst == 2) {
-        float *r2 = stage_fwd(a, &p->st[1], r, p->C);
+        float *r2 = stage_fwd(a, &p->st[1], r, C);
         mt_free(r);
         r = r2;
+    }
+    if (q8) {
+        float *u = mt_alloc(sizeof(float) * ((size_t)p->C * p->nitem + 1));
+        q8_unpack(r, u, p->nitem, p->C);
+        mt_free(r);
+        r = u;
     }
     return r;
 }
@@ -654,7 +691,7 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
     for (int e = 0; e < LE; e++) p->off[e + 1] += p->off[e];
     free(k);
 
-    float *items = move_fwd(a, p, x);
+    float *items = move_fwd(a, p, x, a->q8);
     float *out = mt_alloc(sizeof(float) * (size_t)C * ((size_t)np + 1));
     for (int i = 0; i < p->nitem; i++)
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
@@ -751,7 +788,7 @@ void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float
 void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
                         const float *y) {
     const int C = p->C;
-    float *items = move_fwd(a, p, dout);
+    float *items = move_fwd(a, p, dout, 0);
     for (int i = 0; i < p->nitem; i++) {
         const float *g = items + (size_t)i * C;
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {

@@ -44,6 +44,7 @@ typedef enum { MT_A2A_FLAT = 0, MT_A2A_HIER = 1 } mt_a2a_mode;
 typedef struct {
     int64_t inter, intra, self;       /* all bytes sent: rows + routing metadata + counts */
     int64_t inter_rows, intra_rows;   /* of which token / output rows */
+    double q8_err_sq, q8_ref_sq;      /* INT8 dispatch (q8): squared rounding error and values */
 } mt_a2a_bytes;
 
 /* The EP group and its node layout. */
@@ -57,6 +58,10 @@ typedef struct {
     int *node_start;    /* [nnodes+1] CSR of node_rank */
     int *node_rank;     /* EP ranks of node n, ascending: node_rank[node_start[n]..] */
     mt_a2a_bytes bytes; /* accumulated by every call; reset by the caller */
+    /* FlashComm on the dispatch payload (train --flashcomm-ep int8): the tokens' rows travel
+     * as INT8 with a scale per 128 values (mt_q8_encode), and every expert, local ones too,
+     * computes on the decoded rows; the backward passes the gradient through the rounding */
+    int q8;
 } mt_a2a;
 
 /* Collective over ep. ranks_per_node > 0 emulates nodes of that many consecutive ranks

@@ -24,6 +24,25 @@ static void block_range(size_t nb, int r, int W, size_t *lo, size_t *hi) {
     *lo = nb * (size_t)r / (size_t)W, *hi = nb * (size_t)(r + 1) / (size_t)W;
 }
 
+void mt_q8_encode(const float *x, size_t n, float *sc, int8_t *q, double *err_sq, double *ref_sq) {
+    const size_t B = MT_FLASHCOMM_BLOCK;
+    double err = 0, ref = 0;
+    for (size_t s = 0, b = 0; s < n; s += B, b++) {
+        const size_t e = s + B < n ? s + B : n;
+        float amax = 0;
+        for (size_t i = s; i < e; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        sc[b] = scale;
+        for (size_t i = s; i < e; i++) {
+            const float v = rintf(x[i] * inv);
+            q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            const double d = (double)q[i] * scale - x[i];
+            err += d * d, ref += (double)x[i] * x[i];
+        }
+    }
+    *err_sq += err, *ref_sq += ref;
+}
+
 void mt_tp_allreduce_int8(mt_tp *t, float *x, size_t n) {
     const int W = t->g->size, me = t->g->rank;
     const size_t B = MT_FLASHCOMM_BLOCK, nb = (n + B - 1) / B;
@@ -53,22 +72,7 @@ void mt_tp_allreduce_int8(mt_tp *t, float *x, size_t n) {
     MPI_Reduce_scatter(x, sum, cnt, MPI_FLOAT, MPI_SUM, t->g->comm); /* rank r's blocks summed on rank r */
     size_t lo, hi;
     block_range(nb, me, W, &lo, &hi);
-    const size_t a = lo * B;
-    float *sc = (float *)pk;
-    int8_t *q = (int8_t *)(pk + 4 * (hi - lo));
-    for (size_t b = lo; b < hi; b++) {
-        const size_t s = b * B - a, e = (b + 1) * B < n ? (b + 1) * B - a : n - a;
-        float amax = 0;
-        for (size_t i = s; i < e; i++) amax = fabsf(sum[i]) > amax ? fabsf(sum[i]) : amax;
-        const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-        sc[b - lo] = scale;
-        for (size_t i = s; i < e; i++) {
-            const float v = rintf(sum[i] * inv);
-            q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
-            const double d = (double)q[i] * scale - sum[i];
-            t->st.err_sq += d * d, t->st.ref_sq += (double)sum[i] * sum[i];
-        }
-    }
+    mt_q8_encode(sum, (size_t)cnt[me], (float *)pk, (int8_t *)(pk + 4 * (hi - lo)), &t->st.err_sq, &t->st.ref_sq);
     MPI_Allgatherv(pk, bc[me], MPI_BYTE, all, bc, bd, MPI_BYTE, t->g->comm);
     for (int r = 0; r < W; r++) { /* dequantise every part, this rank's too */
         const float *rs = (const float *)(all + bd[r]);

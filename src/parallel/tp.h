@@ -18,6 +18,10 @@
 #include "model/model.h"
 
 #define MT_FLASHCOMM_BLOCK 128
+/* FlashComm's rounding: x[n] as INT8 codes q[n] with a scale per block of
+ * MT_FLASHCOMM_BLOCK values (sc[b] = max |x| of the block / 127, q = round(x / sc)); adds the
+ * squared rounding error and the squared values to *err_sq and *ref_sq. Decoding is q * sc. */
+void mt_q8_encode(const float *x, size_t n, float *sc, int8_t *q, double *err_sq, double *ref_sq);
 
 typedef struct {
     int64_t bytes;          /* sent by this rank in the TP reductions (a ring's count) */

@@ -48,6 +48,7 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
             printf(", EP %d (%d experts per rank, %s all-to-all over %d node%s)", o->ep, cfg->n_routed_experts / o->ep,
                    t->a2a_mode == MT_A2A_HIER ? "hierarchical" : "flat", t->ep.a2a.nnodes,
                    t->ep.a2a.nnodes > 1 ? "s" : "");
+        if (o->ep > 1 && t->ep.a2a.q8) printf(" (FlashComm: the dispatch's rows as INT8)");
         if (t->overlap == MT_OVERLAP_PIPE)
             printf(", overlapped schedule (the forward of micro-batch i+1 runs with the backward of i)");
         printf("\n");
@@ -97,16 +98,20 @@ static void tp_step_bytes(mt_trainer *t, mt_tp_stats *prev, mt_report_step *s) {
 
 /* The expert all-to-all bytes since the last call, summed over the ranks: inter-node,
  * intra-node, and the inter-node rows a flat and a hierarchical exchange would send. */
-static void a2a_step_bytes(mt_trainer *t, mt_a2a_bytes *prev, int64_t ab[4]) {
+static void a2a_step_bytes(mt_trainer *t, mt_a2a_bytes *prev, int64_t ab[4], double *err) {
     memset(ab, 0, 4 * sizeof *ab);
+    double e[2] = {0, 0};
     if (t->have_ep) {
         ab[0] = t->ep.a2a.bytes.inter - prev->inter;
         ab[1] = t->ep.a2a.bytes.intra - prev->intra;
         ab[2] = t->ep.count.inter_rows[0], ab[3] = t->ep.count.inter_rows[1];
+        e[0] = t->ep.a2a.bytes.q8_err_sq - prev->q8_err_sq, e[1] = t->ep.a2a.bytes.q8_ref_sq - prev->q8_ref_sq;
         *prev = t->ep.a2a.bytes;
         memset(&t->ep.count, 0, sizeof t->ep.count);
     }
     if (t->o.ep > 1) mt_group_sum_i64(&t->d->all, ab, 4);
+    if (t->have_ep && t->ep.a2a.q8) mt_group_sum_f64(&t->d->all, e, 2);
+    *err = e[1] > 0 ? sqrt(e[0] / e[1]) : 0;
 }
 
 int mt_train(const mt_train_opts *opts) {
@@ -170,7 +175,7 @@ int mt_train(const mt_train_opts *opts) {
         s.val_loss = NAN;
         if (t->val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps))
             s.val_loss = mt_trainer_eval(t, t->val, o->eval_windows);
-        a2a_step_bytes(t, &a2a_prev, s.a2a);
+        a2a_step_bytes(t, &a2a_prev, s.a2a, &s.a2a_err);
         /* a write that failed (rank 0) ends the run: its metrics would be lost without a word */
         if (mt_report_step_done(&rp, &s, cfg->hidden_size) != 0) { rc = -1; break; }
         if (o->load_every > 0 && n_moe > 0 && (step % o->load_every == 0 || step == o->steps)) {

@@ -360,6 +360,11 @@ static int init_config(mt_trainer *t) {
     if (flash && (o->tp < 2 || o->sp))
         return mt_error("train: --flashcomm int8 compresses the tensor-parallel all-reduce: it needs --tp >= 2 "
                         "without --sp");
+    const int flash_ep = o->flashcomm_ep && strcmp(o->flashcomm_ep, "int8") == 0;
+    if (o->flashcomm_ep && !flash_ep && strcmp(o->flashcomm_ep, "off") != 0)
+        return mt_error("train: --flashcomm-ep '%s': int8 or off", o->flashcomm_ep);
+    if (flash_ep && o->ep < 2)
+        return mt_error("train: --flashcomm-ep int8 compresses the expert dispatch: it needs --ep >= 2");
     if (o->ep < 2 && (o->a2a || (o->ranks_per_node && !o->wire)) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
     t->overlap = MT_OVERLAP_BLOCK;
@@ -568,6 +573,7 @@ static int init_model(mt_trainer *t) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode,
                         t->overlap != MT_OVERLAP_OFF) != 0) return -1;
         t->have_ep = 1;
+        t->ep.a2a.q8 = o->flashcomm_ep && strcmp(o->flashcomm_ep, "int8") == 0;
     }
     const int rc = mt_model_init_part(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
     mt_expert_map_free(&map); /* the model keeps its own copy */

@@ -53,6 +53,7 @@ typedef struct {
     const char *split;       /* layers per virtual stage ("3,2,2,1"); NULL = even */
     const char *a2a;         /* "hier" (default) or "flat" */
     const char *flashcomm;   /* "int8": the TP all-reduces as FlashComm (parallel/tp.h); NULL or "off": fp32 */
+    const char *flashcomm_ep; /* "int8": the expert dispatch's token rows as INT8 (parallel/a2a.h); NULL or "off" */
     int ranks_per_node;      /* > 0: emulated node size for the hierarchical all-to-all */
     const char *wire;        /* "GBPS[,US]": the emulated inter-node link (parallel/wire.h); NULL: none */
     const char *overlap;     /* "block" (default: the MoE block computes its shared experts while the
