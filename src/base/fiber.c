@@ -32,6 +32,7 @@ static void *stack_of(int i) {
 
 /* AddressSanitizer must be told when the stack changes (else it reports false errors) */
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 static const void *s_bot[3]; /* each context's stack (index: context + 1), the thread's learned */
 static size_t s_size[3];
@@ -81,6 +82,9 @@ void mt_fiber_pair(mt_fiber_fn a, void *aa, mt_fiber_fn b, void *ba) {
 #if defined(__SANITIZE_ADDRESS__)
         s_bot[i + 1] = g.ctx[i].uc_stack.ss_sp;
         s_size[i + 1] = g.ctx[i].uc_stack.ss_size;
+        /* a finished fiber never returns from its last frames: their redzones would stay
+         * poisoned on the reused stack and trip the next pair's frames */
+        __asan_unpoison_memory_region(g.ctx[i].uc_stack.ss_sp, g.ctx[i].uc_stack.ss_size);
 #endif
     }
     switch_to(0, 0);
