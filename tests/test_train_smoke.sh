@@ -5,7 +5,9 @@
 # (on a CPU with AVX512-BF16), a dense FFN that runs in row chunks (1024 tokens), resume,
 # the sandwich norm with TinyInit and the ep-group balance scope,
 # and under mpirun (when there is one) TP2 + SP, EP2 with --dist-opt in windows of 1000
-# elements (MT_MPI_MAX_COUNT) and a checkpoint, and PP2 x VPP2. Each run must finish and say so; the
+# elements (MT_MPI_MAX_COUNT) and a checkpoint, PP2 x VPP2, and EP2 with ZeRO-1 under --overlap
+# pipe over the wire (fibers, gradient buckets, the all-gather in flight, --flashcomm-ep).
+# Each run must finish and say so; the
 # numbers are other tests' business (test_oracle, test_bf16, test_parallel, test_resume).
 # Labelled "sanitize" (tests/CMakeLists.txt): it runs in both passes of make check.
 set -euo pipefail
@@ -78,6 +80,13 @@ if [ ${#MPI[@]} -gt 0 ]; then
     OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 2 --pp 2 --vpp 2 \
         --accum 2 --out "$T/pp" > "$T/pp.log" 2>&1 || { tail -20 "$T/pp.log"; fail "PP2 x VPP2"; }
     ok "PP2 x VPP2 under mpirun"
+    # the overlapped schedule's fibers, gradient buckets during the backward, ZeRO-1's all-gather
+    # left in flight (an evaluation and a checkpoint wait for it), INT8 dispatch rows, the wire
+    OMP_NUM_THREADS=1 run 2 train "${common[@]}" --threads 1 --batch 4 --seq 64 --steps 3 --accum 2 --ep 2 \
+        --dist-opt --overlap pipe --ranks-per-node 1 --wire 0.5,20 --bucket-mb 0.05 --flashcomm-ep int8 \
+        --eval-every 2 --save-every 2 --out "$T/ov" > "$T/ov.log" 2>&1 \
+        || { tail -20 "$T/ov.log"; fail "EP2 + ZeRO-1 --overlap pipe over the wire"; }
+    ok "EP2 + ZeRO-1 --overlap pipe over the wire, 0.05 MiB buckets, --flashcomm-ep int8 under mpirun"
 else
     echo "note: mpirun not found (apt-get install openmpi-bin): the MPI runs were left out"
 fi

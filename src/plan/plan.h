@@ -57,8 +57,9 @@ typedef struct {
      * and two AdamW moments (no master copy), with dist_opt a gradient shard buffer; the
      * activation arena of model.c (mt_acts_bytes_policy) when PP = EP = 1; MPI's
      * measured scratch and per-peer memory and the rank's measured reserve; the DP
-     * reduction after the backward and the parameter all-gather after the optimizer, not
-     * overlapped; the checkpoint at the end (every rank gathers the whole model's parameters
+     * reduction after the backward and the parameter all-gather after the optimizer, their
+     * local copies not overlapped (their wire time under train --wire is, unless blocking);
+     * the checkpoint at the end (every rank gathers the whole model's parameters
      * and moments in memory, train/saveload.c mt_ckpt_save_dist). */
     int trainer;
     int threads;             /* trainer: threads per rank (sizes the arena's per-thread scratch) */
