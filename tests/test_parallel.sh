@@ -95,6 +95,7 @@ check "EP4 over 2 nodes, blocking, accum 2" "$T/s8/metrics.jsonl" "$T/ep4b/metri
     || { paste <(losses "$T/ep4b/metrics.jsonl") <(losses "$T/ep4p/metrics.jsonl"); fail "--overlap pipe changed the losses"; }
 grep -q '"tid":3' "$T/ep4p/trace_rank0.json" && grep -q '"name":"a2a in flight"' "$T/ep4p/trace_rank0.json" \
     || fail "--overlap pipe: the trace has no second fiber's track or no exchange in flight"
+ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
 # early_buckets TRACE: gradient buckets that went out before the reduction (comm.gradients) they end in
 early_buckets() {
     grep -oE '"name":"(comm.gradients|gradient bucket in flight)","ph":"X","pid":[0-9]+,"tid":[0-9]+,"ts":[0-9.]+,"dur":[0-9.]+' "$1" |
@@ -131,7 +132,6 @@ if MT_COMM_THREAD=0.5 run 2 train --config demo "${base[@]}" --steps 1 --out "$T
     fail "MT_COMM_THREAD=0.5 was accepted"; fi
 grep -q "MT_COMM_THREAD=0.5: the progress thread's period" "$T/z1x.log" || { cat "$T/z1x.log"; fail "no clear message for MT_COMM_THREAD=0.5"; }
 ok "MT_COMM_THREAD=300: a progress thread gives the same bits; a bad period is refused"
-ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
 # and with TP: the fibers' TP collectives run in the same order on every TP rank (a fiber
 # hands over only at its row waits), so TP2+SP x EP2 over the wire gives the blocking bits
 run 4 train --config demo "${base[@]}" --accum 2 --tp 2 --sp --ep 2 --overlap off --out "$T/tpeb"

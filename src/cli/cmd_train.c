@@ -91,7 +91,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"tp", MT_ARG_INT, &o.tp, "under mpirun: tensor-parallel size (heads and dense FFN split; DP = ranks / (PP x TP))", NULL},
         {"sp", MT_ARG_BOOL, &o.sp, "sequence parallelism with --tp: norms, residuals and MoE on 1/TP of the tokens", NULL},
         {"ep", MT_ARG_INT, &o.ep, "under mpirun: expert-parallel group size, carved out of the DP ranks (default 1)", NULL},
-        {"flashcomm-ep", MT_ARG_STR, &o.flashcomm_ep, "with --ep: int8 sends the expert dispatch's token rows as INT8 with a scale per 128 values (0.27x the rows' bytes; the experts compute on the rounded rows, the gradient passes through); off (default)", NULL},
+        {"flashcomm-ep", MT_ARG_STR, &o.flashcomm_ep, "with --ep: int8 sends the expert dispatch's token rows as INT8 with a scale per 128 values (0.26x the rows' bytes; the experts compute on the rounded rows, the gradient passes through); off (default)", NULL},
         {"flashcomm", MT_ARG_STR, &o.flashcomm, "with --tp (no --sp): int8 sends each TP all-reduce as a reduce-scatter, INT8 with a scale per 128 values, and an all-gather (0.63x the bytes; rounds the activations and their gradients); off (default)", NULL},
         {"a2a", MT_ARG_STR, &o.a2a, "expert all-to-all: hier (one inter-node copy per node, default) or flat", NULL},
         {"expert-placement", MT_ARG_STR, &o.expert_placement, "experts on the EP ranks: contiguous (default) or shuffled:SEED (a seeded permutation per layer; checkpoints stay logical)", NULL},

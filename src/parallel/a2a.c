@@ -432,13 +432,13 @@ static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, con
     mt_free(ret);
 }
 
-/* rows of the last stage (items) for input rows x[N,C] */
 /* An INT8 row (a->q8): the ceil(C/128) scales of a row of C values, then its C codes, padded
  * to whole floats, so that the stages move it as a row of q8_width(C) floats. */
-static int q8_width(int C) { return (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK + (C + 3) / 4; }
+static int q8_scales(int C) { return (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK; }
+static int q8_width(int C) { return q8_scales(C) + (C + 3) / 4; }
 
 static float *q8_pack(mt_a2a *a, const float *x, int N, int C) {
-    const int qc = q8_width(C), nb = (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK;
+    const int qc = q8_width(C), nb = q8_scales(C);
     float *o = mt_alloc(sizeof(float) * ((size_t)qc * N + 1));
     for (int n = 0; n < N; n++) {
         float *row = o + (size_t)n * qc;
@@ -450,7 +450,7 @@ static float *q8_pack(mt_a2a *a, const float *x, int N, int C) {
 }
 
 static void q8_unpack(const float *in, float *out, int N, int C) {
-    const int qc = q8_width(C), nb = (C + MT_FLASHCOMM_BLOCK - 1) / MT_FLASHCOMM_BLOCK;
+    const int qc = q8_width(C), nb = q8_scales(C);
     for (int n = 0; n < N; n++) {
         const float *sc = in + (size_t)n * qc;
         const int8_t *q = (const int8_t *)(sc + nb);

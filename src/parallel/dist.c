@@ -27,7 +27,7 @@ static void group_split(mt_group *g, int color, int key, const char *name) {
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
     if (g->has_wire) MPI_Comm_free(&g->wire); /* the old group's nodes: set again on the new one */
     g->has_wire = 0;
-    g->nnodes = 0;
+    g->multi_node = 0;
     free(g->node_of);
     g->node_of = NULL;
     MPI_Comm_split(g_dist.world, color, key, &g->comm);
@@ -322,14 +322,21 @@ void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n) { allreduce(g, x, n, si
 
 size_t mt_dist_max_count(void) { return max_count; }
 
-/* on the wire: this rank's share of a ring collective of `bytes` over g on its link */
-static void coll_stamp(mt_group *g, mt_coll *c, double bytes, int steps) {
-    if (!mt_wire_get()->on || g->nnodes < 2) return;
-    mt_wire_background_begin();
-    c->wired = 1;
-    c->stamp[0] = mt_now(); /* timed at the end: the expert traffic sent meanwhile goes first */
-    c->bytes = bytes;
-    c->steps = steps;
+/* A collective just started at t0 (MPI_Wtime): its trace name and, on the wire, this rank's
+ * share of it as a ring moves it, `bytes` on its link in `steps` steps, timed at the end (the
+ * expert traffic sent meanwhile goes first). */
+static void coll_started(mt_group *g, mt_coll *c, const char *what, double bytes, int steps, double t0) {
+    c->started = 1;
+    c->t_begin = mt_now();
+    c->what = what;
+    if (mt_wire_get()->on && g->multi_node) {
+        mt_wire_background_begin();
+        c->wired = 1;
+        c->start = c->t_begin;
+        c->bytes = bytes;
+        c->steps = steps;
+    }
+    g_dist.comm_s += MPI_Wtime() - t0;
 }
 
 void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c) {
@@ -337,50 +344,49 @@ void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c) {
     if (!active(g) || n == 0) return;
     MT_ASSERT(n <= max_count);
     double t0 = MPI_Wtime();
-    MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &c->req[0]);
-    c->nreq = 1;
-    c->t_begin = mt_now();
-    c->what = "gradient bucket in flight";
+    MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
     const int S = g->size;
-    coll_stamp(g, c, 2.0 * (S - 1) / S * (double)n * sizeof(float), 2 * (S - 1));
-    g_dist.comm_s += MPI_Wtime() - t0;
+    coll_started(g, c, "gradient bucket in flight", 2.0 * (S - 1) / S * (double)n * sizeof(float), 2 * (S - 1), t0);
 }
 
-/* each rank's share of the part [b0, b1) of a buffer of n cut in g's ranges: c->cnt[r], and
- * where it starts in the part, c->cnt[size + r] */
-static void part_counts(const mt_group *g, size_t n, size_t b0, size_t b1, mt_coll *c) {
-    c->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
+/* The shard collectives run over windows [w0, w1) of the whole buffer, at most max_count
+ * long so that counts and displacements fit an int whatever n is (the gradient buckets are
+ * windows too). In a window, rank r's part is the window's intersection with its shard; the
+ * shards are contiguous and in rank order, so the parts are too, as MPI's v-collectives want
+ * them. Fills cnt[size] and dis[size] (offsets in the window) and returns where this rank's
+ * part starts in its shard. */
+static size_t window_parts(const mt_group *g, size_t n, size_t w0, size_t w1, int *cnt, int *dis) {
+    size_t mine = 0;
     for (int r = 0; r < g->size; r++) {
         size_t lo, hi;
         mt_group_range(g, n, r, &lo, &hi);
-        lo = lo > b0 ? lo : b0;
-        hi = hi < b1 ? hi : b1;
-        c->cnt[r] = hi > lo ? (int)(hi - lo) : 0;
-        c->cnt[g->size + r] = hi > lo ? (int)(lo - b0) : 0;
+        const size_t a = lo > w0 ? lo : w0, b = hi < w1 ? hi : w1;
+        const int part = a < b; /* the shard overlaps the window */
+        cnt[r] = part ? (int)(b - a) : 0;
+        dis[r] = part ? (int)(a - w0) : 0;
+        if (r == g->rank && part) mine = a - lo;
     }
+    return mine;
 }
+
+/* the window from w0 of a buffer of n: max_count elements or what is left */
+static size_t window_end(size_t n, size_t w0) { return n - w0 < max_count ? n : w0 + max_count; }
 
 void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t b0, size_t b1, float *shard,
                                    mt_coll *c) {
     memset(c, 0, sizeof *c);
     MT_ASSERT(b0 <= b1 && b1 <= n && b1 - b0 <= max_count);
-    size_t mlo, mhi;
-    mt_group_range(g, n, g->rank, &mlo, &mhi);
-    const size_t at = b0 > mlo ? b0 : mlo; /* where this rank's share of the part starts */
-    if (!active(g)) {
-        if (b1 > b0) memcpy(shard + (at - mlo), x + b0, (b1 - b0) * sizeof *x);
+    if (!active(g)) { /* one rank: its shard is the whole buffer */
+        memcpy(shard + b0, x + b0, (b1 - b0) * sizeof *x);
         return;
     }
     if (b1 == b0) return;
     double t0 = MPI_Wtime();
-    part_counts(g, n, b0, b1, c);
-    MPI_Ireduce_scatter(x + b0, shard + (at - mlo), c->cnt, MPI_FLOAT, MPI_SUM, g->comm, &c->req[0]);
-    c->nreq = 1;
-    c->t_begin = mt_now();
-    c->what = "gradient bucket in flight";
+    c->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
+    const size_t mine = window_parts(g, n, b0, b1, c->cnt, c->cnt + g->size);
+    MPI_Ireduce_scatter(x + b0, shard + mine, c->cnt, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
     const int S = g->size;
-    coll_stamp(g, c, (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1);
-    g_dist.comm_s += MPI_Wtime() - t0;
+    coll_started(g, c, "gradient bucket in flight", (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1, t0);
 }
 
 void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c) {
@@ -388,34 +394,29 @@ void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t
     MT_ASSERT(b0 <= b1 && b1 <= n && b1 - b0 <= max_count);
     if (!active(g) || b1 == b0) return;
     double t0 = MPI_Wtime();
-    part_counts(g, n, b0, b1, c);
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + b0, c->cnt, c->cnt + g->size, MPI_FLOAT, g->comm, &c->req[0]);
-    c->nreq = 1;
-    c->t_begin = mt_now();
-    c->what = "parameter bucket in flight";
+    c->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
+    window_parts(g, n, b0, b1, c->cnt, c->cnt + g->size);
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + b0, c->cnt, c->cnt + g->size, MPI_FLOAT, g->comm, &c->req);
     const int S = g->size;
-    coll_stamp(g, c, (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1);
-    g_dist.comm_s += MPI_Wtime() - t0;
+    coll_started(g, c, "parameter bucket in flight", (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1, t0);
 }
 
-int mt_coll_test(mt_coll *c) {
-    if (!c->nreq) return 1;
-    int done = 0;
-    MPI_Testall(c->nreq, c->req, &done, MPI_STATUSES_IGNORE);
-    return done && !c->wired; /* a wired bucket's time is known at its end only */
+void mt_coll_progress(mt_coll *c) {
+    int done;
+    if (c->started) MPI_Test(&c->req, &done, MPI_STATUS_IGNORE);
 }
 
 void mt_coll_end(mt_coll *c, mt_group *g) {
-    if (c->nreq) {
-        double t0 = MPI_Wtime();
-        mt_watch_begin("MPI_Waitall", g->comm);
-        MPI_Waitall(c->nreq, c->req, MPI_STATUSES_IGNORE);
+    if (c->started) {
+        double t0 = MPI_Wtime(), arrive = 0;
+        mt_watch_begin("MPI_Wait", g->comm);
+        MPI_Wait(&c->req, MPI_STATUS_IGNORE);
         if (c->wired) { /* every rank's share arrived: the latest of the group's */
-            c->stamp[1] = mt_wire_background(c->stamp[0], c->bytes) + (c->steps - 1) * mt_wire_get()->lat;
-            PMPI_Allreduce(MPI_IN_PLACE, &c->stamp[1], 1, MPI_DOUBLE, MPI_MAX, g->comm);
+            arrive = mt_wire_background(c->start, c->bytes) + (c->steps - 1) * mt_wire_get()->lat;
+            MPI_Allreduce(MPI_IN_PLACE, &arrive, 1, MPI_DOUBLE, MPI_MAX, g->comm);
         }
         mt_watch_end();
-        if (c->wired) mt_wire_sleep_until(c->stamp[1]);
+        if (c->wired) mt_wire_sleep_until(arrive);
         g_dist.comm_s += MPI_Wtime() - t0;
         mt_trace_async(c->what, c->t_begin, mt_now());
     }
@@ -424,7 +425,7 @@ void mt_coll_end(mt_coll *c, mt_group *g) {
 }
 
 void mt_group_set_nodes(mt_group *g, int ranks_per_node) {
-    g->nnodes = 1;
+    g->multi_node = 0;
     if (!active(g) || ranks_per_node <= 0) return;
     int wr;
     MPI_Comm_rank(MPI_COMM_WORLD, &wr); /* emulated nodes are of world ranks, as in a2a.c */
@@ -432,9 +433,8 @@ void mt_group_set_nodes(mt_group *g, int ranks_per_node) {
     free(g->node_of);
     g->node_of = mt_xmalloc(sizeof(int) * (size_t)g->size);
     MPI_Allgather(&me, 1, MPI_INT, g->node_of, 1, MPI_INT, g->comm);
-    for (int r = 0; r < g->size; r++)
-        if (g->node_of[r] != me) g->nnodes = 2; /* the wire asks only whether it spans more than one */
-    if (g->nnodes > 1 && mt_wire_get()->on && !g->has_wire) {
+    for (int r = 0; r < g->size; r++) g->multi_node |= g->node_of[r] != me;
+    if (g->multi_node && mt_wire_get()->on && !g->has_wire) {
         MPI_Comm_dup(g->comm, &g->wire);
         g->has_wire = 1;
     }
@@ -453,47 +453,12 @@ void mt_group_range(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi) 
     *hi = q * (size_t)(r + 1) + m * (size_t)(r + 1) / S;
 }
 
-/* The shard collectives run over windows [w0, w0 + max_count) of the whole buffer, so that
- * counts and displacements fit an int whatever n is. In a window, rank r's part is the
- * window's intersection with its shard; the shards are contiguous and in rank order, so the
- * parts are too, as MPI's v-collectives want them. Fills cnt[size] and dis[size] (offsets
- * in the window) and returns where this rank's part starts in its shard. */
-static size_t window_parts(const mt_group *g, size_t n, size_t w0, int *cnt, int *dis) {
-    const size_t w1 = n - w0 < max_count ? n : w0 + max_count;
-    size_t mine = 0;
-    for (int r = 0; r < g->size; r++) {
-        size_t lo, hi;
-        mt_group_range(g, n, r, &lo, &hi);
-        const size_t a = lo > w0 ? lo : w0, b = hi < w1 ? hi : w1;
-        const int part = a < b; /* the shard overlaps the window */
-        cnt[r] = part ? (int)(b - a) : 0;
-        dis[r] = part ? (int)(a - w0) : 0;
-        if (r == g->rank && part) mine = a - lo;
-    }
-    return mine;
-}
-
-void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *shard) {
-    if (!active(g)) {
-        memcpy(shard, x, n * sizeof *x);
-        return;
-    }
-    int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
-    double t0 = MPI_Wtime();
-    for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        const size_t mine = window_parts(g, n, w0, cnt, dis);
-        MPI_Reduce_scatter(x + w0, shard + mine, cnt, MPI_FLOAT, MPI_SUM, g->comm);
-    }
-    g_dist.comm_s += MPI_Wtime() - t0;
-    free(cnt);
-}
-
 void mt_group_allgather(mt_group *g, float *p, size_t n) {
     if (!active(g)) return;
     int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        window_parts(g, n, w0, cnt, dis);
+        window_parts(g, n, w0, window_end(n, w0), cnt, dis);
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p + w0, cnt, dis, MPI_FLOAT, g->comm);
     }
     g_dist.comm_s += MPI_Wtime() - t0;
@@ -508,7 +473,7 @@ void mt_group_gather_ranges(mt_group *g, const float *shard, size_t n, float *fu
     int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        const size_t mine = window_parts(g, n, w0, cnt, dis);
+        const size_t mine = window_parts(g, n, w0, window_end(n, w0), cnt, dis);
         MPI_Gatherv(shard + mine, cnt[g->rank], MPI_FLOAT, g->rank == 0 ? full + w0 : NULL, cnt, dis, MPI_FLOAT, 0,
                     g->comm);
     }
@@ -524,7 +489,7 @@ void mt_group_scatter_ranges(mt_group *g, const float *full, size_t n, float *sh
     int *cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2), *dis = cnt + g->size;
     double t0 = MPI_Wtime();
     for (size_t w0 = 0; w0 < n; w0 += max_count) {
-        const size_t mine = window_parts(g, n, w0, cnt, dis);
+        const size_t mine = window_parts(g, n, w0, window_end(n, w0), cnt, dis);
         MPI_Scatterv(g->rank == 0 ? full + w0 : NULL, cnt, dis, MPI_FLOAT, shard + mine, cnt[g->rank], MPI_FLOAT, 0,
                      g->comm);
     }
@@ -608,7 +573,7 @@ void mt_group_barrier(mt_group *g) {
 void mt_group_split(const mt_group *g, int color, int key, mt_group *sub) {
     MPI_Comm_split(g->comm, color, key, &sub->comm);
     sub->rank = 0;
-    sub->nnodes = 0;
+    sub->multi_node = 0;
     sub->node_of = NULL;
     sub->has_wire = 0;
     sub->size = 1;

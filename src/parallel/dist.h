@@ -26,7 +26,7 @@
 typedef struct {
     MPI_Comm comm;           /* MPI_COMM_NULL when this rank is not in the group */
     int rank, size;
-    int nnodes;              /* emulated nodes it spans (mt_group_set_nodes; 0 = not set) */
+    int multi_node;          /* 1: it spans more than one emulated node (mt_group_set_nodes) */
     int *node_of;            /* [size] each member's emulated node (mt_group_set_nodes), or NULL */
     int has_wire;            /* 1: wire is a duplicate of comm for the arrival stamps of */
     MPI_Comm wire;           /* point-to-point messages (mt_group_set_nodes, on the wire) */
@@ -90,7 +90,7 @@ void mt_group_sum_f32(mt_group *g, float *x, size_t n);
 void mt_group_sum_f64(mt_group *g, double *x, size_t n);
 void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
 /* A gradient bucket's reduction in flight (train/optimizer.c): started by _begin, moved by
- * the MPI calls made meanwhile (mt_coll_test polls), finished by mt_coll_end. When the wire
+ * the MPI calls made meanwhile (mt_coll_progress polls), finished by mt_coll_end. When the wire
  * is on (parallel/wire.h) and the group spans emulated nodes, the bucket also goes over each
  * rank's link as a ring would move it (2(S-1)/S of its bytes per rank for the sum, (S-1)/S
  * for the reduce-scatter and the all-gather, one latency per ring step) as background
@@ -99,10 +99,10 @@ void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
  * times, so the ends must come in the same order on every rank of the group, as the starts
  * do. */
 typedef struct {
-    MPI_Request req[2];      /* the data */
-    int nreq, wired;
-    double stamp[2];         /* on the wire: the start, the group's latest arrival (at the end) */
-    double bytes;            /* on the wire: this rank's share on its link, and its ring steps */
+    MPI_Request req;
+    int started, wired;
+    double start;            /* on the wire: when it started, this rank's share on its link, */
+    double bytes;            /* and its ring steps */
     int steps;
     double t_begin;          /* mt_now() at the start (the trace's span in flight) */
     const char *what;        /* the trace span's name */
@@ -117,11 +117,11 @@ void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t
 /* ZeRO-1's all-gather of the part [b0, b1) of p[n] cut in g's ranges: every rank's share of
  * it, in place (the ring's (S-1)/S of the bytes on the wire). */
 void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c);
-/* 1 when done (an empty request is); mt_coll_end waits (its wait added to comm_s). */
-int mt_coll_test(mt_coll *c);
+/* Lets MPI move it (a test); mt_coll_end waits (its wait added to comm_s). */
+void mt_coll_progress(mt_coll *c);
 void mt_coll_end(mt_coll *c, mt_group *g);
-/* Counts the emulated nodes (ranks_per_node consecutive world ranks each) g spans into
- * g->nnodes and notes each member's (collective over g; 1 when ranks_per_node is 0: real
+/* Notes each member's emulated node (ranks_per_node consecutive world ranks each) and whether
+ * g spans more than one (g->multi_node) (collective over g; 1 when ranks_per_node is 0: real
  * nodes are never wired). With the wire on, point-to-point messages between members on
  * different nodes then go over it (mt_group_isend_f32 / mt_group_recv_f32: the sender's
  * arrival stamp travels ahead as a double on g->wire). */
@@ -132,8 +132,6 @@ size_t mt_dist_max_count(void);
 /* Distributed optimizer (ZeRO-1) over a group: the flat buffer of n floats is split into
  * g->size contiguous ranges, range r = [n*r/S, n*(r+1)/S). */
 void mt_group_range(const mt_group *g, size_t n, int r, size_t *lo, size_t *hi);
-/* range[hi-lo] = this rank's range of the sum over g of x[n] (MPI_Reduce_scatter). */
-void mt_group_reduce_scatter(mt_group *g, const float *x, size_t n, float *range);
 /* Every rank's range of p[n] (each rank has updated its own) to every rank, in place. */
 void mt_group_allgather(mt_group *g, float *p, size_t n);
 /* full[n] on the group's rank 0 (unused elsewhere) = the concatenation of every rank's range. */

@@ -81,8 +81,11 @@ static double ring(double bytes, int g, double bw, double lat) {
 }
 
 /* A group of g ranks spaced `stride` apart stays in a node when it spans at most one. */
+/* a group of g ranks `stride` apart spans more than one node */
+static int spans_nodes(const mt_cluster *cl, int g, int stride) { return (double)g * stride > cl->per_node; }
+
 static void group_link(const mt_cluster *cl, int g, int stride, double *bw, double *lat) {
-    int in = (double)g * stride <= cl->per_node;
+    int in = !spans_nodes(cl, g, stride);
     *bw = in ? cl->intra_bw : cl->inter_bw;
     *lat = in ? cl->intra_lat : cl->inter_lat;
 }
@@ -135,6 +138,18 @@ static void wire_a2a(const ctx *x, const mt_layout *l, double n, double *f, doub
     const double bw = x->st->wire_bw, lat = x->st->wire_lat, row = rows * C * 4 / bw;
     const double wf = 3 * lat + 6 * 4 * rows / bw + (1 + imb) * row, wb = 3 * lat + 4 * imb * rows / bw + (1 + imb) * row;
     *f = fmax(*f, wf), *b = fmax(*b, wb);
+}
+
+/* train --wire: g bytes of buckets over a ring of S ranks on the rank's link, each byte
+ * `passes` times (2: a sum, 1: a reduce-scatter or all-gather) at (S-1)/S, a latency per ring
+ * step and bucket (dist.c mt_coll). Unless blocking (--overlap off) the buckets travel
+ * behind `hide` seconds of compute, except those of the `last` bytes, final only when the
+ * backward ends / needed before the forward starts (the first layer's and the embedding's,
+ * rounded up by a bucket). */
+static double wire_buckets(const mt_plan_settings *st, double g, int S, int passes, double last, double hide) {
+    const double hops = (double)passes * (S - 1);
+    const double t = hops / S * g / st->wire_bw + hops * ceil(g / st->bucket_bytes) * st->wire_lat;
+    return st->blocking ? t : fmax(t * fmin(1, (last + st->bucket_bytes) / g), t - hide);
 }
 
 /* the overlapped schedule (plan --overlap pipe, mt_schedule_overlap) pairs passes when a
@@ -373,13 +388,14 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             a2a[s] += ut[i].a2a;
             a2a_f[s] += ut[i].a2a_f;
             a2a_b[s] += ut[i].a2a - ut[i].a2a_f;
-            pdense[s] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
-                                     : u->p_tp / l->tp + u->p_rep;
-            pexp[s] += E > 0 ? u->p_expert / l->ep : 0;
+            const double ud = st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
+                                          : u->p_tp / l->tp + u->p_rep,
+                         ue = E > 0 ? u->p_expert / l->ep : 0;
+            pdense[s] += ud;
+            pexp[s] += ue;
             if (i <= u0 + (s == 0)) {
-                pfirst[0] += st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
-                                         : u->p_tp / l->tp + u->p_rep;
-                pfirst[1] += E > 0 ? u->p_expert / l->ep : 0;
+                pfirst[0] += ud;
+                pfirst[1] += ue;
                 bfirst += ut[i].bwd;
                 first_f[s] += ut[i].fwd;
             }
@@ -412,18 +428,10 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                 double tk = 0;
                 if (gs[k] > 1 && g > 0)
                     tk = st->dist_opt ? ring(g, gs[k], rb, lat) : 2 * ring(g, gs[k], ab, lat) + (nb - 1) * 2 * (gs[k] - 1) * lat;
-                if (st->wire_bw > 0 && gs[k] > 1 && g > 0 && (double)gs[k] * stride[k] > cl->per_node) {
-                    /* train --wire: the ring's share of every bucket on the rank's link (dist.c
-                     * mt_coll); with the buckets behind the last backward, what its layers
-                     * above the first do not hide */
-                    const double hops = (st->dist_opt ? 1.0 : 2.0) * (gs[k] - 1);
-                    double wt = hops / gs[k] * g / st->wire_bw + hops * nb * st->wire_lat;
-                    if (!st->blocking) {
-                        const double fin = fmin(1, (4 * pfirst[k] + st->bucket_bytes) / g);
-                        wt = fmax(wt * fin, wt - (bwd[s] - bfirst));
-                    }
-                    tk = fmax(tk, wt);
-                }
+                /* with the buckets behind the last backward, what its layers above the first
+                 * do not hide */
+                if (st->wire_bw > 0 && gs[k] > 1 && g > 0 && spans_nodes(cl, gs[k], stride[k]))
+                    tk = fmax(tk, wire_buckets(st, g, gs[k], st->dist_opt ? 1 : 2, 4 * pfirst[k], bwd[s] - bfirst));
                 t += tk;
             }
             first_pd[s] = pfirst[0], first_pe[s] = pfirst[1];
@@ -550,13 +558,9 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             const double pr[2] = {pd, pe}, pf[2] = {first_pd[r], first_pe[r]};
             const int gs[2] = {l->dp, edp}, stride[2] = {l->tp, l->ep};
             double wt = 0;
-            for (int k = 0; k < 2; k++) {
-                const double g = 4 * pr[k];
-                if (gs[k] < 2 || g <= 0 || (double)gs[k] * stride[k] <= cl->per_node) continue;
-                double w1 = (gs[k] - 1.0) / gs[k] * g / st->wire_bw + (gs[k] - 1) * ceil(g / st->bucket_bytes) * st->wire_lat;
-                if (!st->blocking) w1 = fmax(w1 * fmin(1, (4 * pf[k] + st->bucket_bytes) / g), w1 - (fwd[r] - first_f[r]));
-                wt += w1;
-            }
+            for (int k = 0; k < 2; k++)
+                if (gs[k] > 1 && pr[k] > 0 && spans_nodes(cl, gs[k], stride[k]))
+                    wt += wire_buckets(st, 4 * pr[k], gs[k], 1, 4 * pf[k], fwd[r] - first_f[r]);
             ex = fmax(ex, wt);
         }
         opt[r] += ex;

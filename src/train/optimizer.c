@@ -175,13 +175,13 @@ void mt_optim_layer_done(mt_optim *op, mt_model *m, int layer) {
     op->layer_done[layer] = 1;
     op->any_layer = 1;
     start_ready(op, m, 0);
-    for (int i = 0; i < op->nissued; i++) mt_coll_test(&op->bk[op->issue[i]].c); /* moves those in flight */
+    for (int i = 0; i < op->nissued; i++) mt_coll_progress(&op->bk[op->issue[i]].c);
 }
 
-void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes) {
+void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d) {
     const mt_config *cfg = &m->cfg;
     const mt_part *sh = &m->part;
-    if (!op->bk) mt_optim_reduce_start(op, m, bucket_bytes);
+    MT_ASSERT(op->bk); /* mt_optim_reduce_start began the step */
     mt_trace_begin("comm.gradients");
     /* the embedding's copies on the first and last stage (tied head, MTP blocks' input) */
     if ((cfg->tie_word_embeddings || cfg->num_nextn_predict_layers > 0) && d->pp_size > 1 && (sh->embed || sh->head))
@@ -189,7 +189,6 @@ void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes)
     start_ready(op, m, 1);
     for (int i = 0; i < op->nissued; i++) mt_coll_end(&op->bk[op->issue[i]].c, op->reg[op->bk[op->issue[i]].reg].g);
     mt_trace_end();
-    mt_optim_reduce_start(op, m, bucket_bytes); /* ready for the next step */
 }
 
 double mt_optim_grad_norm(const mt_optim *op, const mt_model *m, mt_dist *d) {
@@ -219,7 +218,8 @@ void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr
                        (float)hp->beta1, (float)hp->beta2, (float)hp->eps, (float)hp->wd, gscale, step);
     }
     mt_trace_end();
-    if (op->dist_opt && op->bk) { /* the buckets of the reduction, so the wire sees the same traffic */
+    if (op->dist_opt) { /* the buckets of the reduction, so the wire sees the same traffic */
+        MT_ASSERT(op->bk);
         for (int r = 0; r < MT_OPT_REGIONS; r++) { /* in forward order: each region from its start */
             mt_opt_region *g = &op->reg[r];
             op->ag_next[r] = op->first_bk[r];
@@ -228,13 +228,6 @@ void mt_optim_update(mt_optim *op, mt_model *m, const mt_adamw_hp *hp, double lr
         }
         op->ag_pending = 1;
         if (!op->defer_params) mt_optim_params_ready(op, INT_MAX);
-    } else if (op->dist_opt) {
-        mt_trace_begin("comm.params");
-        for (int i = 0; i < MT_OPT_REGIONS; i++) {
-            mt_opt_region *g = &op->reg[i];
-            mt_group_allgather(g->g, m->params + g->lo, g->n);
-        }
-        mt_trace_end();
     }
 }
 

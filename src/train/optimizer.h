@@ -49,8 +49,8 @@ typedef struct {
     int tp_dup[MT_OPT_REGIONS];   /* the region is the same on every TP rank (TP without SP) */
     int tp_rank;
     size_t bytes;                 /* this rank's moments */
-    /* the gradient buckets (cut on the first mt_optim_reduce_start / mt_optim_reduce): a
-     * region's buckets run from its end down, as the backward finishes its layers */
+    /* the gradient buckets (cut by the first mt_optim_reduce_start): a region's buckets run
+     * from its end down, as the backward finishes its layers */
     size_t bucket_bytes;
     mt_grad_bucket *bk;
     int nbk;
@@ -81,8 +81,8 @@ typedef struct {
 void mt_optim_init(mt_optim *op, const mt_model *m, mt_dist *d, int dist_opt);
 void mt_optim_free(mt_optim *op);
 
-/* Gradient buckets while the backward runs (train --overlap block / pipe): _start before the
- * step's backward; mt_optim_layer_done(layer) after a layer's last backward of the step (every
+/* Gradient buckets of bucket_bytes: mt_optim_reduce_start before every step's backward (the
+ * first call cuts them); with train --overlap block / pipe, mt_optim_layer_done(layer) after a layer's last backward of the step (every
  * gradient of its tensors final) starts the buckets that are now final and polls those in
  * flight. Every rank of a group must start the same buckets in the same order: the same layers
  * finish in the same order on the ranks of a DP / expert-DP group. */
@@ -90,10 +90,10 @@ void mt_optim_reduce_start(mt_optim *op, const mt_model *m, size_t bucket_bytes)
 void mt_optim_layer_done(mt_optim *op, mt_model *m, int layer);
 /* Sums the gradients of the whole backward (collective): the tied embedding's two copies
  * (first and last pipeline stage), then every region over its group (dist_opt: this rank's
- * shard of the sum only), in buckets of bucket_bytes, those not started during the backward
+ * shard of the sum only), in the buckets, those not started during the backward
  * started now; returns when all are done. The buckets are the same with or without the
  * overlap, so are the sums, bit for bit. */
-void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d, size_t bucket_bytes);
+void mt_optim_reduce(mt_optim *op, mt_model *m, mt_dist *d);
 /* The global gradient norm after mt_optim_reduce (collective over the world): every
  * parameter counted once. */
 double mt_optim_grad_norm(const mt_optim *op, const mt_model *m, mt_dist *d);

@@ -164,7 +164,7 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
             fprintf(rp->metrics, ",\"a2a_inter_bytes\":%lld,\"a2a_intra_bytes\":%lld,\"a2a_inter_rows_flat\":%lld,"
                     "\"a2a_inter_rows_hier\":%lld", (long long)ab[0], (long long)ab[1], (long long)ab[2],
                     (long long)ab[3]);
-        if (o->ep > 1 && o->flashcomm_ep && strcmp(o->flashcomm_ep, "int8") == 0)
+        if (s->a2a_err >= 0)
             fprintf(rp->metrics, ",\"flashcomm_ep_rel_err\":%.3e", s->a2a_err);
         if (mt_wire_get()->on) /* rank 0's sleep for the emulated link's arrivals during the step */
             fprintf(rp->metrics, ",\"wire_wait_s\":%.4f", mt_wire_get()->slept);

@@ -48,7 +48,7 @@ typedef struct {
     double elapsed, eta;
     double val_loss;              /* NAN when not evaluated */
     int64_t a2a[4];               /* expert all-to-all: inter, intra-node bytes, inter-node rows flat, hier */
-    double a2a_err;               /* --flashcomm-ep: the dispatch rows' RMS rounding error over their RMS */
+    double a2a_err;               /* --flashcomm-ep: the dispatch rows' RMS rounding error over their RMS (-1: off) */
     int64_t tp_bytes[2];          /* TP collectives: bytes sent, and as fp32 collectives (all ranks) */
     double tp_err;                /* FlashComm: RMS rounding error relative to the values' RMS (0: off) */
 } mt_report_step;

@@ -48,7 +48,7 @@ static void print_banner(const mt_trainer *t, const mt_report *rp, int n_moe, si
             printf(", EP %d (%d experts per rank, %s all-to-all over %d node%s)", o->ep, cfg->n_routed_experts / o->ep,
                    t->a2a_mode == MT_A2A_HIER ? "hierarchical" : "flat", t->ep.a2a.nnodes,
                    t->ep.a2a.nnodes > 1 ? "s" : "");
-        if (o->ep > 1 && t->ep.a2a.q8) printf(" (FlashComm: the dispatch's rows as INT8)");
+        if (t->flash_ep) printf(" (FlashComm: the dispatch's rows as INT8)");
         if (t->overlap == MT_OVERLAP_PIPE)
             printf(", overlapped schedule (the forward of micro-batch i+1 runs with the backward of i)");
         printf("\n");
@@ -110,7 +110,9 @@ static void a2a_step_bytes(mt_trainer *t, mt_a2a_bytes *prev, int64_t ab[4], dou
         memset(&t->ep.count, 0, sizeof t->ep.count);
     }
     if (t->o.ep > 1) mt_group_sum_i64(&t->d->all, ab, 4);
-    if (t->have_ep && t->ep.a2a.q8) mt_group_sum_f64(&t->d->all, e, 2);
+    *err = -1;
+    if (!t->flash_ep) return;
+    mt_group_sum_f64(&t->d->all, e, 2);
     *err = e[1] > 0 ? sqrt(e[0] / e[1]) : 0;
 }
 

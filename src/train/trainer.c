@@ -360,10 +360,10 @@ static int init_config(mt_trainer *t) {
     if (flash && (o->tp < 2 || o->sp))
         return mt_error("train: --flashcomm int8 compresses the tensor-parallel all-reduce: it needs --tp >= 2 "
                         "without --sp");
-    const int flash_ep = o->flashcomm_ep && strcmp(o->flashcomm_ep, "int8") == 0;
-    if (o->flashcomm_ep && !flash_ep && strcmp(o->flashcomm_ep, "off") != 0)
+    t->flash_ep = o->flashcomm_ep && strcmp(o->flashcomm_ep, "int8") == 0;
+    if (o->flashcomm_ep && !t->flash_ep && strcmp(o->flashcomm_ep, "off") != 0)
         return mt_error("train: --flashcomm-ep '%s': int8 or off", o->flashcomm_ep);
-    if (flash_ep && o->ep < 2)
+    if (t->flash_ep && o->ep < 2)
         return mt_error("train: --flashcomm-ep int8 compresses the expert dispatch: it needs --ep >= 2");
     if (o->ep < 2 && (o->a2a || (o->ranks_per_node && !o->wire)) && root)
         mt_warn("--a2a and --ranks-per-node shape the expert all-to-all; without --ep > 1 they have no effect");
@@ -573,7 +573,7 @@ static int init_model(mt_trainer *t) {
         if (mt_ep_init(&t->ep, d->ep.comm, o->ranks_per_node, t->a2a_mode,
                         t->overlap != MT_OVERLAP_OFF) != 0) return -1;
         t->have_ep = 1;
-        t->ep.a2a.q8 = o->flashcomm_ep && strcmp(o->flashcomm_ep, "int8") == 0;
+        t->ep.a2a.q8 = t->flash_ep;
     }
     const int rc = mt_model_init_part(&t->m, cfg, &sh, t->have_ep ? &t->ep.ops : NULL, o->tp > 1 ? &t->tp.ops : NULL);
     mt_expert_map_free(&map); /* the model keeps its own copy */
@@ -759,7 +759,7 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
         for (int l = 0; l < L; l++) bal[l] = t->red[1 + l];
         for (int k = 0; k < nm; k++) mce[k] = t->red[1 + L + k];
     }
-    mt_optim_reduce(&t->opt, &t->m, d, t->bucket_bytes);
+    mt_optim_reduce(&t->opt, &t->m, d);
     const double gnorm = mt_optim_grad_norm(&t->opt, &t->m, d);
     double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
     for (int l = 0; l < L; l++) bal_total += bal[l] * bal_scale;

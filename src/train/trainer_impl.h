@@ -25,6 +25,7 @@ struct mt_trainer {
     int nthr;
     mt_a2a_mode a2a_mode;
     enum { MT_OVERLAP_OFF, MT_OVERLAP_BLOCK, MT_OVERLAP_PIPE } overlap; /* train --overlap */
+    int flash_ep;             /* train --flashcomm-ep int8: the dispatch rows as INT8 */
     int *bounds;                  /* layers of virtual stage s: [bounds[s], bounds[s+1]) */
     mt_model m;                   /* this rank's part */
     mt_pipe pipe;
