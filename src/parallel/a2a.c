@@ -74,6 +74,7 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     a->node_id = a->node_of[a->rank];
     a->local = a->local_of[a->rank];
     a->local_size = a->node_start[a->node_id + 1] - a->node_start[a->node_id];
+    for (int n = 0; n < a->nnodes; n++) a->node_peers |= a->node_start[n + 1] - a->node_start[n] > 1;
     MPI_Comm_split(ep, a->node_id, a->rank, &a->node);
     MPI_Comm_set_name(a->node, "ep node (hierarchical all-to-all)");
     int nr;
@@ -327,6 +328,7 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     memset(x, 0, sizeof *x);
     x->np = s->np;
     x->comm = s->comm;
+    x->hand_over = s->comm != a->node || a->node_peers;
     x->type = row_type(C);
     double t0 = MPI_Wtime();
     MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
@@ -356,11 +358,14 @@ static int xfer_test(mt_a2a_xfer *x) {
  * issues the two fibers' collectives in the same order (one communicator serves both, as
  * MPI requires), a wait in place always finds its peers coming, and a rank never waits for a
  * peer busy with its other fiber (a timing-dependent order measured no faster than the
- * shared experts' overlap alone). */
+ * shared experts' overlap alone). The node stage of a hierarchical exchange hands over only
+ * when some node holds several ranks (the same answer on every rank): with one rank a node it
+ * is a copy to itself, and a turn spent there would leave the other fiber's real exchange
+ * without the compute that hides it. */
 static void xfer_finish(mt_a2a_xfer *x) {
     if (!x->nreq) return;
     double t0 = MPI_Wtime();
-    const double ran = mt_fiber_yield(); /* the turn: the other fiber computes while the rows travel */
+    const double ran = x->hand_over ? mt_fiber_yield() : 0; /* the turn: the other fiber computes while the rows travel */
     mt_watch_begin("MPI_Waitall", x->comm); /* so a stuck peer's report names the group */
     MPI_Waitall(x->nreq, x->req, MPI_STATUSES_IGNORE);
     mt_watch_end();

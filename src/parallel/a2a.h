@@ -53,6 +53,7 @@ typedef struct {
     MPI_Comm node;      /* the ranks of this node, ordered by EP rank (owned) */
     int rank, size;     /* in ep */
     int node_id, nnodes, local, local_size;
+    int node_peers;     /* some node holds more than one rank (its node stage moves rows between ranks) */
     int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
     int *local_of;      /* [size] index of each EP rank inside its node */
     int *node_start;    /* [nnodes+1] CSR of node_rank */
@@ -104,6 +105,7 @@ typedef struct {
     MPI_Datatype type;
     MPI_Comm comm;            /* the stage's communicator (named by the watchdog) */
     int nreq, np, wired;
+    int hand_over;            /* the fiber hands the thread over at the wait (see xfer_finish) */
     double *stamp;            /* [2 np]: sent, received (wired only) */
 } mt_a2a_xfer;
 
