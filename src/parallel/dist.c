@@ -406,6 +406,15 @@ void mt_coll_progress(mt_coll *c) {
     if (c->started) MPI_Test(&c->req, &done, MPI_STATUS_IGNORE);
 }
 
+void mt_coll_wait_mpi(mt_coll *c, mt_group *g) {
+    if (!c->started) return;
+    double t0 = MPI_Wtime();
+    mt_watch_begin("MPI_Wait", g->comm);
+    MPI_Wait(&c->req, MPI_STATUS_IGNORE); /* the request becomes MPI_REQUEST_NULL: mt_coll_end's wait returns */
+    mt_watch_end();
+    g_dist.comm_s += MPI_Wtime() - t0;
+}
+
 void mt_coll_end(mt_coll *c, mt_group *g) {
     if (c->started) {
         double t0 = MPI_Wtime(), arrive = 0;

@@ -119,6 +119,9 @@ void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t
 void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c);
 /* Lets MPI move it (a test); mt_coll_end waits (its wait added to comm_s). */
 void mt_coll_progress(mt_coll *c);
+/* Waits until MPI has completed it (which frees MPI's scratch), in place; on the wire its
+ * arrival is still waited for by mt_coll_end. */
+void mt_coll_wait_mpi(mt_coll *c, mt_group *g);
 void mt_coll_end(mt_coll *c, mt_group *g);
 /* Notes each member's emulated node (ranks_per_node consecutive world ranks each) and whether
  * g spans more than one (g->multi_node) (collective over g; 1 when ranks_per_node is 0: real

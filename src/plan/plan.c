@@ -32,6 +32,7 @@
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "plan/sim.h"
+#include "train/optimizer.h" /* MT_OPT_INFLIGHT_BYTES */
 
 const char *const mt_plan_reason_name[MT_PLAN_NREASONS] = {
     "ok", "TP: heads, dense FFN or sequence not divisible, or TP larger than a node",
@@ -506,6 +507,12 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             if (l->dp > 1 || edp > 1)
                 scratch = st->dist_opt ? fmax(cl->rs_scratch, cl->ag_scratch) * gbytes
                                        : cl->ar_scratch * fmin(gbytes, st->bucket_bytes);
+            if (!st->dist_opt && (l->dp > 1 || edp > 1)) {
+                /* the buckets' non-blocking all-reduces in flight: MPI keeps a copy of each
+                 * message (Open MPI's libnbc), at most MT_OPT_INFLIGHT_BYTES (or a bucket) */
+                const double ar = (l->dp > 1 ? 4 * pd : 0) + (edp > 1 ? 4 * pe : 0);
+                scratch += fmin(ar, fmax((double)MT_OPT_INFLIGHT_BYTES, (double)st->bucket_bytes));
+            }
             /* the checkpoint at the end (saveload.c mt_ckpt_save_dist), the step's buffers still
              * allocated. A rank holding the whole model (no TP, PP, EP) writes from its own
              * buffers; with ZeRO-1 world rank 0 first gathers the moments (8 B a parameter).

@@ -134,11 +134,23 @@ static int bucket_active(const mt_optim *op, int r) {
     return op->dist_opt || (op->reg[r].g->size > 1 && op->reg[r].n > 0);
 }
 
+static size_t bucket_bytes(const mt_grad_bucket *k) { return (k->b1 - k->b0) * sizeof(float); }
+
 static void start_bucket(mt_optim *op, mt_model *m, int b) {
     mt_grad_bucket *k = &op->bk[b];
     mt_opt_region *g = &op->reg[k->reg];
     if (op->dist_opt) mt_group_reduce_scatter_begin(g->g, m->grads + g->lo, g->n, k->b0, k->b1, g->grange, &k->c);
-    else mt_group_sum_begin(g->g, m->grads + g->lo + k->b0, k->b1 - k->b0, &k->c);
+    else {
+        /* bound the all-reduces' scratch (inflight_max); every rank completes the same
+         * buckets at the same point */
+        while (op->mpi_done < op->nissued && op->inflight + bucket_bytes(k) > op->inflight_max) {
+            mt_grad_bucket *o = &op->bk[op->issue[op->mpi_done++]];
+            mt_coll_wait_mpi(&o->c, op->reg[o->reg].g);
+            op->inflight -= bucket_bytes(o);
+        }
+        mt_group_sum_begin(g->g, m->grads + g->lo + k->b0, k->b1 - k->b0, &k->c);
+        op->inflight += bucket_bytes(k);
+    }
     op->issue[op->nissued++] = b;
 }
 
@@ -159,9 +171,15 @@ static void start_ready(mt_optim *op, mt_model *m, int all) {
 }
 
 void mt_optim_reduce_start(mt_optim *op, const mt_model *m, size_t bucket_bytes) {
-    if (!op->bk) cut_buckets(op, m, bucket_bytes);
+    if (!op->bk) {
+        cut_buckets(op, m, bucket_bytes);
+        const char *e = getenv("MT_BUCKET_INFLIGHT_MB");
+        const double mb = e ? atof(e) : 0;
+        op->inflight_max = mb > 0 ? (size_t)(mb * 1048576.0) : MT_OPT_INFLIGHT_BYTES;
+    }
     MT_ASSERT(op->bucket_bytes == bucket_bytes);
-    op->nissued = 0;
+    op->nissued = op->mpi_done = 0;
+    op->inflight = 0;
     op->any_layer = 0;
     memset(op->layer_done, 0, sizeof op->layer_done);
     for (int r = 0; r < MT_OPT_REGIONS; r++) {

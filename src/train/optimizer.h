@@ -34,6 +34,13 @@ typedef struct {
 
 enum { MT_OPT_REGIONS = 3 };      /* TP slices, replicated, routed experts */
 
+/* MPI's non-blocking all-reduce keeps scratch of its message's size until it completes
+ * (Open MPI's libnbc: the whole message; half with its ring), so at most this many bytes of
+ * all-reduce buckets (or one bucket, if larger) stay in flight: the oldest complete in MPI
+ * before another starts. The emulated wire's time still counts at the end. The environment
+ * variable MT_BUCKET_INFLIGHT_MB sets another bound (the tests make every bucket wait). */
+#define MT_OPT_INFLIGHT_BYTES ((size_t)64 << 20)
+
 /* A gradient bucket: part [b0, b1) of a region, reduced by one collective. */
 typedef struct {
     int reg;
@@ -57,6 +64,9 @@ typedef struct {
     int first_bk[MT_OPT_REGIONS + 1]; /* region r's buckets: bk[first_bk[r] .. first_bk[r+1]) */
     int *issue;                   /* [nbk] buckets in the order they were started this step */
     int nissued;
+    int mpi_done;                 /* issue[0 .. mpi_done) are complete in MPI (all-reduce only) */
+    size_t inflight;              /* bytes of the all-reduces started and not complete in MPI */
+    size_t inflight_max;          /* MT_OPT_INFLIGHT_BYTES or MT_BUCKET_INFLIGHT_MB */
     int next_bk[MT_OPT_REGIONS];  /* region r's next bucket to start (counting down) */
     /* readiness: region r's tensors, by offset, and how far down its gradients are final */
     int nrt[MT_OPT_REGIONS];
