@@ -74,9 +74,9 @@ LAYOUTS=(
   "dp1-t2-bf16|1|2|--batch 4 --bf16|mb=4,rc=none"
   "dp2-t1-bf16|2|1|--batch 4 --bf16|mb=4,rc=none"
   "ep2-t1-bf16|2|1|--batch 4 --ep 2 --bf16|ep=2,mb=4,rc=none"
-  "ep2-nodes-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap off|ep=2,mb=2,rc=none"
-  "ep2-wire-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap off --wire 0.05,50|ep=2,mb=2,rc=none"
-  "ep2-wire-pipe-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap pipe --wire 0.05,50|ep=2,mb=2,rc=none"
+  "ep2-nodes-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap off|ep=2,mb=2,rc=none,a2a=hier"
+  "ep2-wire-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap off --wire 0.05,50|ep=2,mb=2,rc=none,a2a=hier"
+  "ep2-wire-pipe-t1|2|1|--batch 2 --accum 4 --ep 2 --ranks-per-node 1 --overlap pipe --wire 0.05,50|ep=2,mb=2,rc=none,a2a=hier"
 )
 
 echo "bench_plan_accuracy: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), load $(cut -d' ' -f1-3 /proc/loadavg), scratch $TMP"

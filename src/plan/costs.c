@@ -85,6 +85,7 @@ static void swiglu(double C, double F, int elt, int shared, mt_unit_cost *u) {
     if (!shared) u->p_tp_trainer += 3 * C * F;
     u->p_active += 3 * C * F;
     u->f_gemm += 6 * C * F;
+    if (shared) u->f_shared += 6 * C * F;
     u->act_tok[MT_RECOMPUTE_KEEP_ALL] += 3 * F * elt;  /* gate|up outputs, silu(g)*u */
     u->act_tok[MT_RECOMPUTE_NONE] += 2 * F * elt;      /* silu(g)*u recomputed */
     u->act_tok[MT_RECOMPUTE_SELECTIVE] += shared ? 0 : 2 * F * elt;

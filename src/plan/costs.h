@@ -45,6 +45,7 @@ typedef struct {
                           * them with the tokens, as a sequence-parallel MLA can */
     double f_att;        /* causal attention core (QK^T and PV) at sequence length T */
     double f_expert;     /* routed experts, all k of them */
+    double f_shared;     /* of f_gemm, the shared experts' (the overlapped schedule's pieces) */
     double gemm_width;   /* a typical dense GEMM's FLOPs per row (sizes the efficiency curve) */
     /* forward element-wise memory traffic per token (norms, RoPE, SwiGLU, residuals,
      * permute/unpermute), bytes; dense part and routed part */

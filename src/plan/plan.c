@@ -124,21 +124,28 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
 }
 
 /* train --wire: the MoE layer's exchanges when the EP group spans nodes, each message on
- * this rank's one outgoing link (lat + bytes / bw), an exchange done when both the local
- * copy (*f, *b on entry) and the wire are. The forward sends the dispatch's metadata (about
- * six int32 per row) and its tokens' rows, then its experts' rows back (combine); the
- * backward the output gradients' rows to the experts (gather), then a float per row for
- * the gate and the input gradients' rows back (parallel/ep.c). A rank's own tokens make
- * the mean's rows; what its experts send back is the busiest rank's, imb times that. */
-static void wire_a2a(const ctx *x, const mt_layout *l, double n, double *f, double *b) {
+ * its sender's one outgoing link (lat + bytes / bw). An exchange is done when both its
+ * directions are: the rows bound for the busiest rank's experts (imb times the mean's, sent
+ * on the other ranks' links) and those they send back set its time. The forward sends the
+ * dispatch's counts and metadata (about six int32 per row, waited for in place), its
+ * tokens' rows, then its experts' rows back (combine); the backward the output gradients'
+ * rows to the experts (gather), the input gradients' rows back, then a float per row for
+ * the gate (parallel/ep.c). ctl_f / ctl_b: the small messages' seconds, rows: one
+ * exchange's rows on the wire (plus lat). Returns 0 (all zero) when no wire is crossed. */
+typedef struct { double ctl_f, ctl_b, rows, lat; } wire_x;
+static int wire_a2a(const ctx *x, const mt_layout *l, double n, wire_x *w) {
     const mt_cluster *cl = x->cl;
     const double C = x->c->hidden_size, K = x->c->num_experts_per_tok, imb = x->st->imbalance;
     const int ep = l->ep, local = ep < cl->per_node ? ep : cl->per_node, nn = (ep + local - 1) / local;
-    if (ep <= 1 || nn <= 1) return;
+    memset(w, 0, sizeof *w);
+    if (ep <= 1 || nn <= 1) return 0;
     const double rows = l->a2a == MT_A2A_HIER ? n * remote_nodes(x->c, nn) : n * K * (ep - (double)local) / ep;
-    const double bw = x->st->wire_bw, lat = x->st->wire_lat, row = rows * C * 4 / bw;
-    const double wf = 3 * lat + 6 * 4 * rows / bw + (1 + imb) * row, wb = 3 * lat + 4 * imb * rows / bw + (1 + imb) * row;
-    *f = fmax(*f, wf), *b = fmax(*b, wb);
+    const double bw = x->st->wire_bw, lat = x->st->wire_lat;
+    w->ctl_f = lat + 6 * 4 * rows / bw; /* the counts and the metadata: one stamped message */
+    w->ctl_b = lat + 4 * imb * rows / bw;
+    w->rows = imb * rows * C * 4 / bw;
+    w->lat = lat;
+    return 1;
 }
 
 /* train --wire: g bytes of buckets over a ring of S ranks on the rank's link, each byte
@@ -157,7 +164,17 @@ static double wire_buckets(const mt_plan_settings *st, double g, int S, int pass
  * rank has more than the forwards it runs ahead */
 static int overlapped(const mt_plan_settings *st, int M) { return st->overlap && M > 1; }
 
-typedef struct { double fwd, bwd, comp, tp, a2a, a2a_f; } unit_time; /* comp/tp/a2a: fwd + bwd; a2a_f: fwd's */
+/* comp/tp/a2a: fwd + bwd. A MoE unit's pieces (the overlapped schedule,
+ * plan/sim.h): the forward's compute before the dispatch (pre), the experts', the shared
+ * experts'; the backward's shared experts', experts' before and after the input gradients
+ * leave, and the rest (route and attention); each of the four exchanges' copy (x_copy),
+ * rows on the wire (x_wire, x_lat), the small messages (ctl_f, ctl_b) and full recompute's
+ * exchanges again (b_ra). */
+typedef struct {
+    double fwd, bwd, comp, tp, a2a;
+    double f_pre, f_exp, f_sh, b_sh, b_exp0, b_exp1, b_post;
+    double x_copy, x_wire, x_lat, ctl_f, ctl_b, b_ra;
+} unit_time;
 
 /* Seconds of `flops` FLOPs of GEMM calls of `call` FLOPs each: the training dtype's peak
  * and curve, or (trainer --bf16) the bf16 GEMM's. */
@@ -190,10 +207,17 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     double tm = (u->mem_tok * n + u->mem_expert_tok * n * imb) / (cl->mem_bw * cl->eff_mem);
     double tpc = u->tp_colls * ring(Ntok * c->hidden_size * x->st->elt, l->tp, cl->intra_bw, cl->intra_lat);
     double a2a = u->moe ? 2 * a2a_time(x, l, n) : 0;
-    if (u->moe && l->ep > 1 && cl->ep_layer_s > 0) /* calibrated: the trainer's exchange, half each way */
+    /* calibrated: the trainer's exchange, half each way */
+    if (u->moe && l->ep > 1 && (cl->ep_layer_s > 0 || cl->ep_byte_s > 0))
         a2a = 0.5 * (cl->ep_layer_s + cl->ep_byte_s * n * c->num_experts_per_tok * c->hidden_size * x->st->elt * imb);
     double a2a_b = a2a; /* the backward's exchanges (the forward's: a2a) */
-    if (u->moe && x->st->wire_bw > 0) wire_a2a(x, l, n, &a2a, &a2a_b);
+    const double copy = 0.5 * a2a; /* one exchange's, without the wire */
+    wire_x wx;
+    if (u->moe && x->st->wire_bw > 0 && wire_a2a(x, l, n, &wx)) {
+        a2a = fmax(a2a, wx.ctl_f + 2 * (wx.rows + wx.lat));
+        a2a_b = fmax(a2a_b, wx.ctl_b + 2 * (wx.rows + wx.lat));
+    } else
+        memset(&wx, 0, sizeof wx);
     double cf = tg + ta + te + tm, cb = 2 * (tg + ta + te + tm);
     int layer = u->kind == MT_UNIT_DENSE || u->kind == MT_UNIT_MOE || u->kind == MT_UNIT_MTP;
     double rf = 0, rtp = 0, ra = 0;
@@ -212,7 +236,22 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     t->comp = cf + cb + rf;
     t->tp = 2 * tpc + rtp;
     t->a2a = a2a + a2a_b + ra;
-    t->a2a_f = a2a;
+    /* the pieces: GEMM and memory time split by where they run */
+    const double ts = u->moe ? gemm_time(x, u->f_shared * n, n * u->f_shared / 6) : 0;
+    const double tme = u->mem_expert_tok * n * imb / (cl->mem_bw * cl->eff_mem);
+    t->f_exp = te + tme;
+    t->f_sh = ts;
+    t->f_pre = cf + tpc - t->f_exp - t->f_sh;
+    t->b_sh = 2 * ts;
+    t->b_exp0 = 2 * (te + tme) * 2 / 3; /* data gradients and the down projection's weights */
+    t->b_exp1 = 2 * (te + tme) / 3;     /* gate|up's weight gradient, while the rows travel */
+    t->b_post = cb + tpc + rf + rtp - t->b_sh - t->b_exp0 - t->b_exp1;
+    t->x_copy = copy;
+    t->x_wire = wx.rows;
+    t->x_lat = wx.lat;
+    t->ctl_f = wx.ctl_f;
+    t->ctl_b = wx.ctl_b;
+    t->b_ra = ra; /* full recompute: the forward's exchanges again, in place */
 }
 
 /* Layers per virtual stage. first/last: fixed costs of the first stage (embedding) and of
@@ -332,6 +371,43 @@ static void kv_cache(const ctx *x, mt_plan_result *res) {
     res->kv_dev_unabs = mt_kv_cache_bytes(c, 0, res->kv_layers, B, T, st->elt) / tp;
 }
 
+/* The overlapped schedule's pieces (plan/sim.h) of the units [u0, u1) of a stage, as the
+ * trainer hands over (parallel/a2a.c xfer_finish, model/moe_block.c): the forward at the
+ * dispatch's rows (its counts and metadata waited for in place) and at the combine (after
+ * the shared experts), the backward at the gather (after the shared experts), at the input
+ * gradients (after gate|up's weight gradient) and at the gate gradients. The trainer runs
+ * the head's backward inside the forward (fused with the loss). pf / pb hold 2 / 3 pieces
+ * per unit. */
+static void stage_passes(const ctx *x, const unit_time *ut, int u0, int u1, mt_sim_piece *pf, mt_sim_piece *pb,
+                         mt_sim_pass *f, mt_sim_pass *b) {
+    int n = 0;
+    double c = 0;
+    for (int i = u0; i < u1; i++) {
+        const unit_time *t = &ut[i];
+        if (!x->u[i].moe) {
+            c += t->fwd + (x->st->trainer && x->u[i].kind == MT_UNIT_HEAD ? t->bwd : 0);
+            continue;
+        }
+        pf[n++] = (mt_sim_piece){c + t->f_pre, t->ctl_f, t->x_wire, t->x_lat, t->x_copy, 0};
+        pf[n++] = (mt_sim_piece){t->f_exp, 0, t->x_wire, t->x_lat, t->x_copy, t->f_sh};
+        c = 0;
+    }
+    *f = (mt_sim_pass){pf, n, c, 0};
+    n = 0, c = 0;
+    for (int i = u1 - 1; i >= u0; i--) {
+        const unit_time *t = &ut[i];
+        if (!x->u[i].moe) {
+            c += x->st->trainer && x->u[i].kind == MT_UNIT_HEAD ? 0 : t->bwd;
+            continue;
+        }
+        pb[n++] = (mt_sim_piece){c, 0, t->x_wire, t->x_lat, t->x_copy, t->b_sh};
+        pb[n++] = (mt_sim_piece){t->b_exp0, 0, t->x_wire, t->x_lat, t->x_copy, t->b_exp1};
+        pb[n++] = (mt_sim_piece){0, t->b_ra, t->ctl_b > t->x_lat ? t->ctl_b - t->x_lat : 0, t->x_lat, 0, 0};
+        c = t->b_post;
+    }
+    *b = (mt_sim_pass){pb, n, c, 0};
+}
+
 /* The evaluation; sched may be NULL (made here). bound > 0: skip the simulation when the
  * busiest rank's compute alone reaches it (res->step is then that lower bound). Returns 1
  * if simulated. */
@@ -365,7 +441,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     double *fwd = mt_xcalloc((size_t)S * 6, sizeof(double));
     double *bwd = fwd + S, *sync = fwd + 2 * S, *acts = fwd + 3 * S, *comp = fwd + 4 * S, *tpa = fwd + 5 * S;
     double *a2a = mt_xcalloc((size_t)S * 5, sizeof(double));
-    double *pdense = a2a + S, *pexp = a2a + 2 * S, *a2a_f = a2a + 3 * S, *a2a_b = a2a + 4 * S;
+    double *pdense = a2a + S, *pexp = a2a + 2 * S;
     double *work = mt_xcalloc((size_t)P * 3, sizeof(double));
     /* per stage, what its first layer (and the embedding) holds and its forward: their
      * buckets are the last to be reduced and the first the next forward waits for */
@@ -376,6 +452,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     int start = 1;
     for (int s = 0; s < S; s++) {
         double pfirst[2] = {0, 0}, bfirst = 0; /* the stage's first layer (and the embedding) */
+        double bwire = 0;                      /* the link time of the backward's expert exchanges */
         int u0 = s == 0 ? 0 : start, u1 = start + res->layers[s];
         if (s == S - 1) u1 = nu;
         start += res->layers[s];
@@ -387,8 +464,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             comp[s] += ut[i].comp;
             tpa[s] += ut[i].tp;
             a2a[s] += ut[i].a2a;
-            a2a_f[s] += ut[i].a2a_f;
-            a2a_b[s] += ut[i].a2a - ut[i].a2a_f;
+            bwire += 2 * ut[i].x_wire + ut[i].ctl_b;
             const double ud = st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
                                           : u->p_tp / l->tp + u->p_rep,
                          ue = E > 0 ? u->p_expert / l->ep : 0;
@@ -430,9 +506,10 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                 if (gs[k] > 1 && g > 0)
                     tk = st->dist_opt ? ring(g, gs[k], rb, lat) : 2 * ring(g, gs[k], ab, lat) + (nb - 1) * 2 * (gs[k] - 1) * lat;
                 /* with the buckets behind the last backward, what its layers above the first
-                 * do not hide */
+                 * do not hide: they travel in the link time its expert exchanges leave */
                 if (st->wire_bw > 0 && gs[k] > 1 && g > 0 && spans_nodes(cl, gs[k], stride[k]))
-                    tk = fmax(tk, wire_buckets(st, g, gs[k], st->dist_opt ? 1 : 2, 4 * pfirst[k], bwd[s] - bfirst));
+                    tk = fmax(tk, wire_buckets(st, g, gs[k], st->dist_opt ? 1 : 2, 4 * pfirst[k],
+                                               fmax(0, bwd[s] - bfirst - bwire)));
                 t += tk;
             }
             first_pd[s] = pfirst[0], first_pe[s] = pfirst[1];
@@ -591,8 +668,23 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         double pbw, plat;
         group_link(cl, 2, l->tp * l->dp, &pbw, &plat);
         const int paired = overlapped(st, M);
-        mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt, paired ? a2a_f : NULL,
-                          paired ? a2a_b : NULL};
+        mt_sim_cost sc = {fwd, bwd, P > 1 ? msg / pbw + plat : 0, sync, opt, NULL, NULL};
+        mt_sim_pass *pass = NULL;
+        mt_sim_piece *piece = NULL;
+        if (paired) { /* the two fibers' pieces, per virtual stage */
+            pass = mt_xmalloc(sizeof *pass * 2 * (size_t)S);
+            piece = mt_xmalloc(sizeof *piece * 5 * (size_t)(x->nu + 1));
+            int ufirst = 1, used = 0;
+            for (int s = 0; s < S; s++) {
+                int u0 = s == 0 ? 0 : ufirst, u1 = ufirst + res->layers[s];
+                if (s == S - 1) u1 = x->nu;
+                ufirst += res->layers[s];
+                const int k = u1 - u0;
+                stage_passes(x, ut, u0, u1, piece + used, piece + used + 2 * k, &pass[s], &pass[S + s]);
+                used += 5 * k;
+            }
+            sc.fwd_pass = pass, sc.bwd_pass = pass + S;
+        }
         if (st->trainer && st->wire_bw > 0 && P > 1 && 2.0 * l->tp * l->dp > cl->per_node) /* train --wire: fp32 rows */
             sc.p2p = fmax(sc.p2p, 4 * msg / st->elt / st->wire_bw + st->wire_lat);
         mt_sim_result a, b;
@@ -605,7 +697,9 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         res->bubble = b.bubble;
         res->t_p2p = fmax(0, a.pipe - b.pipe);
         res->t_dp = a.exposed_dp + exposed_ag;
-        if (paired) res->t_a2a = a.exposed_ep; /* what the pairs leave exposed */
+        if (paired) res->t_a2a = a.exposed_ep; /* what the fibers wait for */
+        free(pass);
+        free(piece);
         simulated = 1;
     }
     res->exposed_comm = res->t_tp + res->t_a2a + res->t_p2p + res->t_dp;

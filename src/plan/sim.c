@@ -10,14 +10,60 @@
 
 #include "base/common.h"
 
+/* one fiber's walk through a pass: its next piece and when the rows of the exchange it
+ * started last arrive (< 0: none in flight) */
+typedef struct {
+    const mt_sim_pass *p;
+    int i;
+    double due, copy;
+} walk;
+
+/* the fiber's turn from *now: it waits for its exchange in flight, then runs its next piece
+ * up to the hand-over (or the tail). Waits add to *ex; returns 1 when the pass has ended. */
+static int walk_turn(walk *w, double *now, double *link, double *ex) {
+    if (w->due >= 0) {
+        const double t = w->due > *now + w->copy ? w->due : *now + w->copy;
+        *ex += t - *now;
+        *now = t;
+        w->due = -1;
+    }
+    if (w->i == w->p->n) {
+        *now += w->p->tail + w->p->tail_in;
+        *ex += w->p->tail_in;
+        return 1;
+    }
+    const mt_sim_piece *q = &w->p->p[w->i++];
+    *now += q->c0 + q->in;
+    *ex += q->in;
+    const double s = *link > *now ? *link : *now;
+    *link = s + q->wire;
+    w->due = *link + q->lat;
+    w->copy = q->copy;
+    *now += q->c1;
+    return 0;
+}
+
+/* a forward and the backward after it as two fibers (b NULL: a pass alone), from *now on
+ * the rank's link; returns the exposed exchange time */
+static double run_passes(const mt_sim_pass *a, const mt_sim_pass *b, double *now, double *link) {
+    walk wa = {a, 0, -1, 0}, wb = {b, 0, -1, 0};
+    int da = 0, db = b == NULL;
+    double ex = 0;
+    while (!da || !db) {
+        if (!da) da = walk_turn(&wa, now, link, &ex);
+        if (!db) db = walk_turn(&wb, now, link, &ex);
+    }
+    return ex;
+}
+
 void mt_sim_run(const mt_schedule *s, const mt_sim_cost *c, mt_sim_result *out) {
     const int P = s->pp, V = s->vpp, M = s->m, S = P * V;
     const size_t nmsg = 2 * (size_t)S * M;
     double *arrive = mt_xmalloc(nmsg * sizeof(double));
     for (size_t i = 0; i < nmsg; i++) arrive[i] = -1;
-    double *t = mt_xcalloc((size_t)P * 5, sizeof(double));
+    double *t = mt_xcalloc((size_t)P * 6, sizeof(double));
     double *comm = t + P, *busy = t + 2 * P, *cend = t + 3 * P;  /* comm stream; compute s; last compute end */
-    double *xep = t + 4 * P;                                      /* exposed expert exchanges */
+    double *xep = t + 4 * P, *link = t + 5 * P;                   /* exposed expert exchanges; link free at */
     int *pc = mt_xcalloc((size_t)P * (V + 1), sizeof(int));
     int *bwd_left = pc + P;                                       /* [P*V] backwards still to run */
     for (int i = 0; i < P * V; i++) bwd_left[i] = M;
@@ -38,20 +84,21 @@ void mt_sim_run(const mt_schedule *s, const mt_sim_cost *c, mt_sim_result *out) 
                     if (at < 0) break;                 /* not sent yet: blocked */
                     if (at > now) now = at;
                 } else if (a->kind == MT_ACT_FWD || a->kind == MT_ACT_BWD) {
-                    double d = a->kind == MT_ACT_FWD ? c->fwd[st] : c->bwd[st];
-                    double e = c->fwd_a2a ? (a->kind == MT_ACT_FWD ? c->fwd_a2a[st] : c->bwd_a2a[st]) : 0;
-                    if (a->with_next && c->fwd_a2a) { /* the pair: this forward and the backward after it */
-                        MT_ASSERT(i + 1 < s->len[r] && list[i + 1].kind == MT_ACT_BWD);
-                        const mt_action *b = &list[++i];
-                        const int sb = b->chunk * P + r;
-                        double comp = d - e + c->bwd[sb] - c->bwd_a2a[sb], ex = e + c->bwd_a2a[sb];
-                        d = comp > ex ? comp : ex;
-                        e = d - comp;
-                        a = b; /* what follows is the backward's bookkeeping */
+                    double d = a->kind == MT_ACT_FWD ? c->fwd[st] : c->bwd[st], e = 0;
+                    if (c->fwd_pass) {
+                        const mt_sim_pass *pa = a->kind == MT_ACT_FWD ? &c->fwd_pass[st] : &c->bwd_pass[st], *pb = NULL;
+                        if (a->with_next) { /* the pair: this forward and the backward after it */
+                            MT_ASSERT(i + 1 < s->len[r] && list[i + 1].kind == MT_ACT_BWD);
+                            a = &list[++i]; /* what follows is the backward's bookkeeping */
+                            pb = &c->bwd_pass[a->chunk * P + r];
+                        }
+                        double end = now;
+                        e = run_passes(pa, pb, &end, &link[r]);
+                        d = end - now;
                     }
                     now += d;
                     busy[r] += d;
-                    xep[r] += c->fwd_a2a ? e : 0;
+                    xep[r] += e;
                     cend[r] = now;
                     const int sa = a->chunk * P + r;
                     if (a->kind == MT_ACT_BWD && --bwd_left[sa] == 0 && c->grad_sync)

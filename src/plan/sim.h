@@ -13,16 +13,31 @@
 
 #include "parallel/schedule.h"
 
+/* One piece of a pass under the overlapped schedule (train --overlap pipe): `c0` seconds of
+ * compute and `in` seconds of small exchanges waited for in place, then an expert exchange
+ * starts (its `wire` seconds queue on the rank's one link, its rows arrive `lat` after they
+ * leave it) and `c1` more seconds of the fiber's own compute run (the shared experts) before
+ * it hands the thread to the other fiber. When the fiber runs again it waits for the rows and
+ * for `copy` seconds of MPI copying them (which the wait itself does: it is never hidden). */
+typedef struct { double c0, in, wire, lat, copy, c1; } mt_sim_piece;
+typedef struct {
+    const mt_sim_piece *p;
+    int n;
+    double tail, tail_in; /* after the last piece: compute, and small exchanges in place */
+} mt_sim_pass;
+
 typedef struct {
     const double *fwd, *bwd;   /* [P*V] seconds per micro-batch, by virtual stage */
     double p2p;                /* seconds per activation or gradient message */
     const double *grad_sync;   /* [P*V] seconds of a stage's DP gradient reduction, or NULL */
     const double *opt;         /* [P] seconds of the optimizer step (and what follows), or NULL */
-    /* [P*V] the expert exchanges' part of fwd / bwd, or NULL. A forward flagged with_next
-     * (the overlapped schedule) and the backward after it run together: each one's
-     * exchanges travel while the other computes, and both share the rank's link, so the pair
-     * takes max(compute of both, exchanges of both) */
-    const double *fwd_a2a, *bwd_a2a;
+    /* [P*V] each forward's and backward's pieces, or NULL (then fwd / bwd). A forward
+     * flagged with_next (the overlapped schedule) and the backward after it run as two
+     * fibers, as the trainer runs them: a fiber runs one piece, hands over, and on its next
+     * turn waits for that piece's exchange; both fibers' exchanges queue on the rank's link.
+     * A forward or backward alone runs its pieces in turn, each exchange hidden only by the
+     * piece's own c1 */
+    const mt_sim_pass *fwd_pass, *bwd_pass;
 } mt_sim_cost;
 
 typedef struct {
@@ -31,8 +46,8 @@ typedef struct {
     double bubble;      /* mean over ranks of idle time / pipe, during the pipeline */
     double busy_max;    /* compute seconds of the busiest rank */
     double exposed_dp;  /* max over ranks of the wait for gradient reduction before the optimizer */
-    double exposed_ep;  /* max over ranks of the expert-exchange time not hidden: unpaired
-                         * actions' and what pairs leave (0 without fwd_a2a) */
+    double exposed_ep;  /* max over ranks of the expert-exchange time not hidden: the waits
+                         * of the passes' fibers (0 without fwd_pass) */
 } mt_sim_result;
 
 /* Replays s with the costs c. Aborts (MT_ASSERT) on a schedule that deadlocks. */
