@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Overlap of the expert all-to-all with compute (issue 24): EP2 over two emulated nodes (one
 # rank each, one thread each) on a demo-shaped model twice as wide (hidden 256, 8 experts
-# top-2, 4 micro-batches of 8 x 128 tokens per rank), the inter-node link emulated by --wire.
+# top-2, OV_ACCUM (4) micro-batches of 8 x 128 tokens per rank), the inter-node link
+# emulated by --wire.
 # Variants, run round-robin OV_REPS times each (the median step time counts):
 #   nowire  --overlap off, no wire: the step without link time (the floor)
 #   off     --overlap off over the wire: every exchange blocks
@@ -18,7 +19,8 @@
 # The dense gradients (over DP 2, across the nodes) go over the wire too, in buckets of
 # OV_BUCKET_MB; block and pipe start them during the last backward, off after it.
 # Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6),
-#      OV_BUCKET_MB (1), OV_FLAGS (more train flags for every variant, e.g. --dist-opt),
+#      OV_ACCUM (4: micro-batches per step; the pipe schedule pairs all but one forward and one
+#      backward), OV_BUCKET_MB (1), OV_FLAGS (more train flags for every variant, e.g. --dist-opt),
 #      MT_BENCH_TMP (scratch, kept when given)
 set -u
 MT=${1:?usage: bash bench/bench_overlap.sh path/to/moetrain}
@@ -28,6 +30,7 @@ WIRE=${OV_WIRE:-0.2,50}
 REPS=${OV_REPS:-3}
 STEPS=${OV_STEPS:-6}
 BUCKET=${OV_BUCKET_MB:-1}
+ACCUM=${OV_ACCUM:-4}
 read -r -a EXTRA <<< "${OV_FLAGS:-}"
 TMP=${MT_BENCH_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/bench_overlap.XXXXXX")}
 KEEP=${MT_BENCH_TMP:+1}
@@ -41,13 +44,13 @@ sed -e 's/"hidden_size": 128/"hidden_size": 256/' -e 's/"moe_intermediate_size":
     -e 's/"intermediate_size": 384/"intermediate_size": 768/' "$SRC/configs/demo.json" > "$TMP/ov.json"
 "$MT" data math --out "$TMP/data" --train 20000 --val 200 > /dev/null || exit 1
 echo "bench_overlap: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores; EP2 over 2 emulated nodes, wire $WIRE, buckets $BUCKET MiB ${OV_FLAGS:-}"
-echo "  model: demo x2 wide (hidden 256, 8 experts top-2), 4 x 8 x 128 tokens per rank per step, $STEPS steps, $REPS runs each"
+echo "  model: demo x2 wide (hidden 256, 8 experts top-2), $ACCUM x 8 x 128 tokens per rank per step, $STEPS steps, $REPS runs each"
 
 losses() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
 run() { # name rep flags...
     local n=$1 r=$2
     shift 2
-    "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum 4 \
+    "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum "$ACCUM" \
         --lr 1e-3 --warmup 2 --threads 1 --steps "$STEPS" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
         --bucket-mb "$BUCKET" "${EXTRA[@]}" --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
 }
