@@ -330,6 +330,7 @@ refuse "sums to 3 layers" 2 --pp 2 --split 2,1
 refuse "does not divide the attention heads" 3 --tp 3
 refuse "needs --tp >= 2" 1 --sp
 refuse "it needs --ranks-per-node N" 2 --ep 2 --wire 1,10
+refuse "TP stays inside a node" 2 --tp 2 --ranks-per-node 1 --wire 1,10
 refuse "expected GBPS" 2 --ep 2 --wire fast
 refuse "pipe, block or off" 2 --ep 2 --overlap sometimes
 refuse "it needs --accum >= 2" 2 --ep 2 --overlap pipe

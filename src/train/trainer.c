@@ -386,6 +386,12 @@ static int init_config(mt_trainer *t) {
             return mt_error("train: --wire emulates nodes on one machine (one clock for every rank): the %d ranks "
                             "run on several machines",
                             d->size);
+        /* TP's blocking collectives do not go over the wire: a TP group stays inside a node,
+         * as the planner lays them out */
+        if (o->tp > 1 && o->ranks_per_node % o->tp != 0)
+            return mt_error("train: --wire: TP groups of %d ranks would span the emulated nodes (--ranks-per-node "
+                            "%d); TP stays inside a node: make --ranks-per-node a multiple of --tp",
+                            o->tp, o->ranks_per_node);
         mt_wire_set(bw, lat);
         /* the gradient buckets of a group that spans emulated nodes go over the wire too, and
          * the pipeline's activations and gradients between stages on different nodes */
