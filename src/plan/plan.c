@@ -246,8 +246,11 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     t->b_exp0 = 2 * (te + tme) * 2 / 3; /* data gradients and the down projection's weights */
     t->b_exp1 = 2 * (te + tme) / 3;     /* gate|up's weight gradient, while the rows travel */
     t->b_post = cb + tpc + rf + rtp - t->b_sh - t->b_exp0 - t->b_exp1;
-    t->x_copy = copy;
-    t->x_wire = wx.rows;
+    /* the trainer's exchange on one machine is a copy MPI makes inside the wait (never
+     * hidden) and the wire's rows travel; a cluster's exchange moves on its links while the
+     * devices compute (the link model's seconds, all of them hideable) */
+    t->x_copy = x->st->trainer ? copy : 0;
+    t->x_wire = x->st->trainer ? wx.rows : copy;
     t->x_lat = wx.lat;
     t->ctl_f = wx.ctl_f;
     t->ctl_b = wx.ctl_b;
