@@ -328,7 +328,7 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     memset(x, 0, sizeof *x);
     x->np = s->np;
     x->comm = s->comm;
-    x->hand_over = s->comm != a->node || a->node_peers;
+    x->hand_over = !a->in_place && (s->comm != a->node || a->node_peers);
     x->type = row_type(C);
     double t0 = MPI_Wtime();
     MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
@@ -827,6 +827,10 @@ void mt_a2a_to_source(mt_a2a *a, const mt_a2a_plan *p, float *vs, const float *v
             int r = p->pair_pos[q];
             items[(size_t)i * K + p->slot[r]] = v[r];
         }
+    /* a float per pair: waited for in place, so the backward's turns match the forward's
+     * (two a MoE layer) instead of giving the other fiber a turn for a few bytes */
+    a->in_place = 1;
     move_bwd_c(a, p, vs, items, K);
+    a->in_place = 0;
     mt_free(items);
 }

@@ -54,6 +54,7 @@ typedef struct {
     int rank, size;     /* in ep */
     int node_id, nnodes, local, local_size;
     int node_peers;     /* some node holds more than one rank (its node stage moves rows between ranks) */
+    int in_place;       /* the exchange under way is waited for in place (no fiber hand-over) */
     int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
     int *local_of;      /* [size] index of each EP rank inside its node */
     int *node_start;    /* [nnodes+1] CSR of node_rank */

@@ -377,10 +377,10 @@ static void kv_cache(const ctx *x, mt_plan_result *res) {
 /* The overlapped schedule's pieces (plan/sim.h) of the units [u0, u1) of a stage, as the
  * trainer hands over (parallel/a2a.c xfer_finish, model/moe_block.c): the forward at the
  * dispatch's rows (its counts and metadata waited for in place) and at the combine (after
- * the shared experts), the backward at the gather (after the shared experts), at the input
- * gradients (after gate|up's weight gradient) and at the gate gradients. The trainer runs
- * the head's backward inside the forward (fused with the loss). pf / pb hold 2 / 3 pieces
- * per unit. */
+ * the shared experts), the backward at the gather (after the shared experts) and at the
+ * input gradients (after gate|up's weight gradient); the gate gradients are waited for in
+ * place. The trainer runs the head's backward inside the forward (fused with the loss).
+ * pf / pb hold 2 pieces per unit. */
 static void stage_passes(const ctx *x, const unit_time *ut, int u0, int u1, mt_sim_piece *pf, mt_sim_piece *pb,
                          mt_sim_pass *f, mt_sim_pass *b) {
     int n = 0;
@@ -397,18 +397,18 @@ static void stage_passes(const ctx *x, const unit_time *ut, int u0, int u1, mt_s
     }
     *f = (mt_sim_pass){pf, n, c, 0};
     n = 0, c = 0;
+    double in = 0;
     for (int i = u1 - 1; i >= u0; i--) {
         const unit_time *t = &ut[i];
         if (!x->u[i].moe) {
             c += x->st->trainer && x->u[i].kind == MT_UNIT_HEAD ? 0 : t->bwd;
             continue;
         }
-        pb[n++] = (mt_sim_piece){c, 0, t->x_wire, t->x_lat, t->x_copy, t->b_sh};
+        pb[n++] = (mt_sim_piece){c, in, t->x_wire, t->x_lat, t->x_copy, t->b_sh};
         pb[n++] = (mt_sim_piece){t->b_exp0, 0, t->x_wire, t->x_lat, t->x_copy, t->b_exp1};
-        pb[n++] = (mt_sim_piece){0, t->b_ra, t->ctl_b > t->x_lat ? t->ctl_b - t->x_lat : 0, t->x_lat, 0, 0};
-        c = t->b_post;
+        c = t->b_post, in = t->ctl_b + t->b_ra;
     }
-    *b = (mt_sim_pass){pb, n, c, 0};
+    *b = (mt_sim_pass){pb, n, c, in};
 }
 
 /* The evaluation; sched may be NULL (made here). bound > 0: skip the simulation when the
@@ -676,7 +676,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
         mt_sim_piece *piece = NULL;
         if (paired) { /* the two fibers' pieces, per virtual stage */
             pass = mt_xmalloc(sizeof *pass * 2 * (size_t)S);
-            piece = mt_xmalloc(sizeof *piece * 5 * (size_t)(x->nu + 1));
+            piece = mt_xmalloc(sizeof *piece * 4 * (size_t)(x->nu + 1));
             int ufirst = 1, used = 0;
             for (int s = 0; s < S; s++) {
                 int u0 = s == 0 ? 0 : ufirst, u1 = ufirst + res->layers[s];
@@ -684,7 +684,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
                 ufirst += res->layers[s];
                 const int k = u1 - u0;
                 stage_passes(x, ut, u0, u1, piece + used, piece + used + 2 * k, &pass[s], &pass[S + s]);
-                used += 5 * k;
+                used += 4 * k;
             }
             sc.fwd_pass = pass, sc.bwd_pass = pass + S;
         }
