@@ -133,6 +133,10 @@ if MT_COMM_THREAD=0.5 run 2 train --config demo "${base[@]}" --steps 1 --out "$T
     fail "MT_COMM_THREAD=0.5 was accepted"; fi
 grep -q "MT_COMM_THREAD=0.5: the progress thread's period" "$T/z1x.log" || { cat "$T/z1x.log"; fail "no clear message for MT_COMM_THREAD=0.5"; }
 ok "MT_COMM_THREAD=300: a progress thread gives the same bits; a bad period is refused"
+if MT_BUCKET_INFLIGHT_MB=lots run 2 train --config demo "${base[@]}" --steps 1 --out "$T/z1y" > "$T/z1y.log" 2>&1; then
+    fail "MT_BUCKET_INFLIGHT_MB=lots was accepted"; fi
+grep -q "MT_BUCKET_INFLIGHT_MB=lots: the MiB" "$T/z1y.log" || { cat "$T/z1y.log"; fail "no clear message for MT_BUCKET_INFLIGHT_MB=lots"; }
+ok "MT_BUCKET_INFLIGHT_MB=lots refused"
 # and with TP: the fibers' TP collectives run in the same order on every TP rank (a fiber
 # hands over only at its row waits), so TP2+SP x EP2 over the wire gives the blocking bits
 run 4 train --config demo "${base[@]}" --accum 2 --tp 2 --sp --ep 2 --overlap off --out "$T/tpeb"

@@ -24,12 +24,7 @@ static mt_dist g_dist = {.rank = 0, .size = 1, .local_rank = 0, .local_size = 1,
 
 /* name: what the watchdog and MPI's own messages call the group */
 static void group_split(mt_group *g, int color, int key, const char *name) {
-    if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
-    if (g->has_wire) MPI_Comm_free(&g->wire); /* the old group's nodes: set again on the new one */
-    g->has_wire = 0;
-    g->multi_node = 0;
-    free(g->node_of);
-    g->node_of = NULL;
+    mt_group_free(g); /* the old group's nodes too: set again on the new one */
     MPI_Comm_split(g_dist.world, color, key, &g->comm);
     if (g->comm != MPI_COMM_NULL) MPI_Comm_set_name(g->comm, name);
     if (g->comm == MPI_COMM_NULL) {
@@ -268,13 +263,7 @@ void mt_dist_finalize(void) {
         g_prog.on = 0;
     }
     mt_group *gs[] = {&g_dist.job, &g_dist.all, &g_dist.tp, &g_dist.dpt, &g_dist.dp, &g_dist.ep, &g_dist.edp, &g_dist.pp, &g_dist.emb};
-    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++) {
-        if (gs[i]->comm != MPI_COMM_NULL) MPI_Comm_free(&gs[i]->comm);
-        if (gs[i]->has_wire) MPI_Comm_free(&gs[i]->wire);
-        gs[i]->has_wire = 0;
-        free(gs[i]->node_of);
-        gs[i]->node_of = NULL;
-    }
+    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++) mt_group_free(gs[i]);
     MPI_Comm_free(&g_dist.world);
     MPI_Finalize();
     g_dist.initialized = 0;
@@ -417,16 +406,16 @@ void mt_coll_wait_mpi(mt_coll *c, mt_group *g) {
 
 void mt_coll_end(mt_coll *c, mt_group *g) {
     if (c->started) {
-        double t0 = MPI_Wtime(), arrive = 0;
-        mt_watch_begin("MPI_Wait", g->comm);
-        MPI_Wait(&c->req, MPI_STATUS_IGNORE);
+        mt_coll_wait_mpi(c, g);
         if (c->wired) { /* every rank's share arrived: the latest of the group's */
-            arrive = mt_wire_background(c->start, c->bytes) + (c->steps - 1) * mt_wire_get()->lat;
+            double t0 = MPI_Wtime();
+            double arrive = mt_wire_background(c->start, c->bytes) + (c->steps - 1) * mt_wire_get()->lat;
+            mt_watch_begin("MPI_Allreduce (wire arrival)", g->comm);
             MPI_Allreduce(MPI_IN_PLACE, &arrive, 1, MPI_DOUBLE, MPI_MAX, g->comm);
+            mt_watch_end();
+            mt_wire_sleep_until(arrive);
+            g_dist.comm_s += MPI_Wtime() - t0;
         }
-        mt_watch_end();
-        if (c->wired) mt_wire_sleep_until(arrive);
-        g_dist.comm_s += MPI_Wtime() - t0;
         mt_trace_async(c->what, c->t_begin, mt_now());
     }
     free(c->cnt);
@@ -595,6 +584,7 @@ void mt_group_free(mt_group *g) {
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
     if (g->has_wire) MPI_Comm_free(&g->wire);
     g->has_wire = 0;
+    g->multi_node = 0;
     free(g->node_of);
     g->node_of = NULL;
 }

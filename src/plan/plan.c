@@ -81,10 +81,10 @@ static double ring(double bytes, int g, double bw, double lat) {
     return g <= 1 ? 0 : (g - 1.0) / g * bytes / bw + (g - 1.0) * lat;
 }
 
-/* A group of g ranks spaced `stride` apart stays in a node when it spans at most one. */
 /* a group of g ranks `stride` apart spans more than one node */
 static int spans_nodes(const mt_cluster *cl, int g, int stride) { return (double)g * stride > cl->per_node; }
 
+/* the link a group of g ranks `stride` apart moves on: the node's, unless it spans several */
 static void group_link(const mt_cluster *cl, int g, int stride, double *bw, double *lat) {
     int in = !spans_nodes(cl, g, stride);
     *bw = in ? cl->intra_bw : cl->inter_bw;
@@ -443,7 +443,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
     const int nu = x->nu;
     double *fwd = mt_xcalloc((size_t)S * 6, sizeof(double));
     double *bwd = fwd + S, *sync = fwd + 2 * S, *acts = fwd + 3 * S, *comp = fwd + 4 * S, *tpa = fwd + 5 * S;
-    double *a2a = mt_xcalloc((size_t)S * 5, sizeof(double));
+    double *a2a = mt_xcalloc((size_t)S * 3, sizeof(double));
     double *pdense = a2a + S, *pexp = a2a + 2 * S;
     double *work = mt_xcalloc((size_t)P * 3, sizeof(double));
     /* per stage, what its first layer (and the embedding) holds and its forward: their

@@ -171,12 +171,8 @@ static void start_ready(mt_optim *op, mt_model *m, int all) {
 }
 
 void mt_optim_reduce_start(mt_optim *op, const mt_model *m, size_t bucket_bytes) {
-    if (!op->bk) {
-        cut_buckets(op, m, bucket_bytes);
-        const char *e = getenv("MT_BUCKET_INFLIGHT_MB");
-        const double mb = e ? atof(e) : 0;
-        op->inflight_max = mb > 0 ? (size_t)(mb * 1048576.0) : MT_OPT_INFLIGHT_BYTES;
-    }
+    if (!op->bk) cut_buckets(op, m, bucket_bytes);
+    if (!op->inflight_max) op->inflight_max = MT_OPT_INFLIGHT_BYTES;
     MT_ASSERT(op->bucket_bytes == bucket_bytes);
     op->nissued = op->mpi_done = 0;
     op->inflight = 0;

@@ -66,7 +66,7 @@ typedef struct {
     int nissued;
     int mpi_done;                 /* issue[0 .. mpi_done) are complete in MPI (all-reduce only) */
     size_t inflight;              /* bytes of the all-reduces started and not complete in MPI */
-    size_t inflight_max;          /* MT_OPT_INFLIGHT_BYTES or MT_BUCKET_INFLIGHT_MB */
+    size_t inflight_max;          /* the bound; 0: MT_OPT_INFLIGHT_BYTES (the trainer sets MT_BUCKET_INFLIGHT_MB's) */
     int next_bk[MT_OPT_REGIONS];  /* region r's next bucket to start (counting down) */
     /* readiness: region r's tensors, by offset, and how far down its gradients are final */
     int nrt[MT_OPT_REGIONS];

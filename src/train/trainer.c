@@ -68,8 +68,6 @@ typedef void (*eval_fwd)(void *ctx, const int32_t *in, const int32_t *tg, const 
  * ranks. Every rank runs the same number of micro-batches (a rank past the end runs one row
  * whose targets are all ignored), because the expert exchange and the pipeline are
  * collective. sc[0] += CE sum, sc[1] += count. */
-static void grad_ready(void *ctx, int layer);
-static void params_ready(void *ctx, int layer);
 static void eval_windows(const mt_loader *val, int B, int T, int64_t windows, int32_t doc_eot, int rank,
                          int nranks, eval_fwd fwd, void *ctx, double *sc) {
     uint64_t W = mt_loader_windows(val);
@@ -194,6 +192,18 @@ static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config
 /* the parameters whole again (ZeRO-1's deferred all-gather done): for anything but the
  * next step's forward, which waits layer by layer */
 static void sync_params(mt_trainer *t) { mt_optim_params_ready(&t->opt, INT_MAX); }
+
+/* the model's hooks (hook_ctx: the trainer): a layer's gradients are final / its weights
+ * are about to be read */
+static void grad_ready(void *ctx, int layer) {
+    mt_trainer *t = ctx;
+    mt_optim_layer_done(&t->opt, &t->m, layer);
+}
+
+static void params_ready(void *ctx, int layer) {
+    mt_trainer *t = ctx;
+    mt_optim_params_ready(&t->opt, layer);
+}
 
 static void trainer_release(mt_trainer *t) {
     sync_params(t);
@@ -592,6 +602,14 @@ static int init_model(mt_trainer *t) {
      * one by one (the sharded path) even in one process */
     t->whole = t->m.nparams == t->nfull && o->tp == 1 && o->pp == 1 && o->ep == 1 && !t->m.slot_of;
     mt_optim_init(&t->opt, &t->m, d, o->dist_opt);
+    const char *inflight = getenv("MT_BUCKET_INFLIGHT_MB"); /* train/optimizer.h */
+    if (inflight) {
+        char *end;
+        const double mb = strtod(inflight, &end);
+        if (end == inflight || *end || !(mb > 0 && mb <= 1048576))
+            return mt_error("MT_BUCKET_INFLIGHT_MB=%s: the MiB of gradient all-reduces in flight, > 0", inflight);
+        t->opt.inflight_max = (size_t)(mb * 1048576.0);
+    }
     if (o->resume || o->init) {
         const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
         if (mt_ckpt_load_dist(&l, d, t->ckdir, cfg, o->resume != NULL, o->allow_nonfinite) != 0) return -1;
@@ -694,16 +712,6 @@ void mt_trainer_from_rollout(mt_trainer *t, const float *full) {
     sync_params(t);
     if (t->whole) return;
     mt_reshard_extract(t->full_t, full, &t->m, t->m.params);
-}
-
-static void grad_ready(void *ctx, int layer) {
-    mt_trainer *t = ctx;
-    mt_optim_layer_done(&t->opt, &t->m, layer);
-}
-
-static void params_ready(void *ctx, int layer) {
-    mt_trainer *t = ctx;
-    mt_optim_params_ready(&t->opt, layer);
 }
 
 int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
