@@ -17,7 +17,7 @@ NAME=test_dist
 source "$(dirname "$0")/lib/mpi.sh"
 
 "$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
-common=(--config demo --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --threads 1)
+common=(--config demo --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --threads 1 --peak-gflops 100)
 
 losses() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
 # same steps, every loss within 1e-5 relative

@@ -16,7 +16,8 @@ for np in 2 3 4; do
     ok "the INT8 all-reduce on $np ranks: $(tail -1 "$T/u$np.log"); $(grep -m1 bytes "$T/u$np.log" | sed 's/^ *//')"
 done
 "$MT" data math --out "$T/D" --train 5000 --val 100 >/dev/null
-common=(train --config demo --data "$T/D" --batch 8 --seq 64 --steps 40 --lr 3e-3 --warmup 5 --threads 1 --quiet --tp 2)
+common=(train --config demo --data "$T/D" --batch 8 --seq 64 --steps 40 --lr 3e-3 --warmup 5 --threads 1 --quiet --tp 2
+        --peak-gflops 100)
 run 2 "${common[@]}" --out "$T/off" || fail "TP2 fp32"
 run 2 "${common[@]}" --flashcomm int8 --out "$T/int8" || fail "TP2 --flashcomm int8"
 python3 - "$T/off/metrics.jsonl" "$T/int8/metrics.jsonl" <<'PY' || fail "FlashComm: bytes or loss out of bounds"

@@ -11,7 +11,7 @@ trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; echo "0 passed, 1 failed"; exit 1; }
 
 "$MT" data math --out "$T/data" --train 5000 --val 200 >/dev/null
-common=(--config demo --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --quiet --threads 2)
+common=(--config demo --data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --quiet --threads 2 --peak-gflops 100)
 "$MT" train "${common[@]}" --steps 6 --save-every 3 --keep 5 --out "$T/a"
 [ -f "$T/a/step_00000003/checksums.json" ] || fail "no step-3 checkpoint"
 "$MT" train --resume "$T/a/step_00000003" --data "$T/data" --steps 6 --quiet --threads 2 --out "$T/b"
