@@ -30,7 +30,8 @@ sed 's/"num_hidden_layers": 4/"num_hidden_layers": 10/' "$SRC/configs/demo.json"
 sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$SRC/configs/demo.json" > "$T/tied.json"
 grep -q '"num_hidden_layers": 10' "$T/demo10.json" && grep -q '"tie_word_embeddings": true' "$T/tied.json" \
     || fail "could not derive the test configs from configs/demo.json"
-# --peak-gflops: no GEMM timing at start and end (~0.9 s a run here); MFU is not what these check
+# --peak-gflops: no GEMM timing at each run's start and end, which the other ranks wait for; these check
+# losses and bits, not MFU
 base=(--data "$T/data" --batch 4 --seq 64 --lr 1e-3 --warmup 2 --threads 1 --steps 10 --quiet --eval-every 5 --eval-windows 24
       --peak-gflops 100)
 
