@@ -12,6 +12,7 @@
 #  4. with mpirun: a DP2 run of 2 steps (--save-every 1 --keep 0): both steps' dumps
 #     recomputed, step 2 from OUT/step_00000001; so are TP2+SP and PP2 runs (RL Fusion:
 #     rollout from a whole copy, training split); --dump-grads refused under mpirun
+# The oracle's checks run last, all in one grpo_ref.py --jobs process (torch imported once).
 # Usage: bash tests/test_rl_oracle.sh /path/to/moetrain
 # Env:   MT_SRC (source root; default: this script's ..), MT_TEST_TMP (scratch dir)
 # Exit:  0 pass, 1 fail, 77 skipped (no python3-torch).
@@ -47,7 +48,22 @@ if ! "$MOETRAIN" train --config "$SRC/configs/demo.json" --data math --out pre -
 fi
 
 RL=(--init pre --data math --steps 1 --prompts-per-step 4 --group 8 --max-new 8 --format-penalty 1 --eval-n 0)
-# rl_case NAME [flags]: a 1-step rl run with both dumps, then the oracle on it (fp32)
+# The oracle runs as one grpo_ref.py --jobs process (torch imported once) after every
+# moetrain run: job PREFIX ARGS... adds a check whose results are PREFIX.out/.err/.rc.
+JOBS="$TMP/jobs.txt"; : > "$JOBS"
+job() { printf '%q ' "$@" >> "$JOBS"; echo >> "$JOBS"; }
+job_rc() { if [ -s "$1.rc" ]; then cat "$1.rc"; else echo none; fi; }
+# judged PREFIX: the check ran and passed; else its output is shown
+judged() {
+  [ "$(job_rc "$1")" = 0 ] && return 0
+  [ -s "$1.out" ] && sed 's/^/    /' "$1.out"
+  [ -s "$1.err" ] && sed 's/^/    /' "$1.err"
+  [ "$(job_rc "$1")" = none ] && echo "    (the check did not finish: grpo_ref.py ended early)"
+  return 1
+}
+
+# rl_case NAME [flags]: a 1-step rl run with both dumps; the oracle checks it (fp32)
+CASES=()
 rl_case() {
   local name=$1; shift
   echo "=== rl case $name: $*"
@@ -56,111 +72,86 @@ rl_case() {
     tail -20 "r_$name.log"; fail "$name: moetrain rl failed"; return 1
   fi
   grep '^step 1/1' "r_$name.log" | sed 's/^/    /'
-  if ! "$PY" "$REF" --ckpt pre --dump "r_$name/ro/step_00000001.json" --grads "r_$name/grads.safetensors" \
-       > "r_$name.ref" 2>&1; then
-    sed 's/^/    /' "r_$name.ref"; fail "$name: grpo_ref.py disagrees with moetrain"; return 1
-  fi
-  sed 's/^/    /' "r_$name.ref"
-  ok "$name"
+  job "r_$name.ref" --ckpt pre --dump "r_$name/ro/step_00000001.json" --grads "r_$name/grads.safetensors"
+  CASES+=("$name")
 }
 
 # ---- 2. the cases -------------------------------------------------------------------------
 rl_case token_mean --agg token-mean
+FP64=0
 if [ -f r_token_mean/ro/step_00000001.json ]; then
-  if "$PY" "$REF" --ckpt pre --dump r_token_mean/ro/step_00000001.json --grads r_token_mean/grads.safetensors \
-       --dtype float64 > r_token_mean.ref64 2>&1; then
-    grep -E 'logp_|gradients|^  (pg|balance|grad_norm) ' r_token_mean.ref64 | sed 's/^/    fp64: /'
-    ok "token_mean against the fp64 oracle"
-  else
-    sed 's/^/    /' r_token_mean.ref64; fail "token_mean: the fp64 oracle disagrees"
-  fi
+  FP64=1
+  job r_token_mean.ref64 --ckpt pre --dump r_token_mean/ro/step_00000001.json --grads r_token_mean/grads.safetensors \
+      --dtype float64
 fi
 rl_case seq_mean_topk --agg seq-mean-token-mean --temperature 0.7 --top-k 5 --top-p 0.9
 rl_case sum_norm_drop --agg seq-mean-token-sum-norm --no-scale --drop-uniform
 rl_case greedy --temperature 0 --format-penalty 0.5 --micro-batch 5
 
 # ---- 3. the oracle notices changes --------------------------------------------------------
-# tamper KIND: a copy of the token_mean dump (or gradients) changed one way; must fail
-tamper() {
-  "$PY" - "$1" <<'EOF'
-import json, sys, os
-sys.path.insert(0, os.path.join(os.environ["SRC"], "tests/oracle"))
-kind = sys.argv[1]
-D = json.load(open("r_token_mean/ro/step_00000001.json"))
-grads = "r_token_mean/grads.safetensors"
-C = D["completions"]
-if kind == "logp_behav":
-    C[3]["logp_behav"][1] += 0.05
-elif kind == "pg":
-    D["recorded"]["pg"] += 1e-3
-elif kind == "reward":
-    C[0]["reward"] = 1.0 - C[0]["reward"]
-elif kind == "advantage":
-    C[1]["advantage"] = -C[1]["advantage"] if C[1]["advantage"] else 0.5
-elif kind == "balance":
-    D["recorded"]["balance"] *= 1.001
-elif kind == "grads":
-    import moe_ref
-    G = moe_ref.st_read(grads)
-    name = "model.layers.1.mlp.gate.weight"
-    G[name] = G[name] * 1.001
-    grads = "tampered.safetensors"
-    moe_ref.st_write(grads, G)
-json.dump(D, open("tampered.json", "w"))
-print(grads)
-EOF
-}
+# copies of the token_mean dump (or gradients), each changed one way; each must fail
+KINDS="logp_behav pg reward advantage balance grads"
+TAMPERED=0
 if [ -f r_token_mean/grads.safetensors ]; then
   export SRC
-  for kind in logp_behav pg reward advantage balance grads; do
-    g=$(tamper $kind) || { fail "tamper $kind: could not write the changed dump"; continue; }
-    if "$PY" "$REF" --ckpt pre --dump tampered.json --grads "$g" > "tamper_$kind.ref" 2>&1; then
-      cat "tamper_$kind.ref"; fail "the oracle passed a dump with a changed $kind"
-    else
-      echo "    changed $kind: $(grep -m1 '^FAIL' "tamper_$kind.ref")"
-    fi
-  done
-  ok "the oracle fails changed dumps"
+  if "$PY" - $KINDS > tamper.log 2>&1 <<'PYEOF'
+import json, sys, os
+sys.path.insert(0, os.path.join(os.environ["SRC"], "tests/oracle"))
+for kind in sys.argv[1:]:
+    D = json.load(open("r_token_mean/ro/step_00000001.json"))
+    C = D["completions"]
+    if kind == "logp_behav":
+        C[3]["logp_behav"][1] += 0.05
+    elif kind == "pg":
+        D["recorded"]["pg"] += 1e-3
+    elif kind == "reward":
+        C[0]["reward"] = 1.0 - C[0]["reward"]
+    elif kind == "advantage":
+        C[1]["advantage"] = -C[1]["advantage"] if C[1]["advantage"] else 0.5
+    elif kind == "balance":
+        D["recorded"]["balance"] *= 1.001
+    elif kind == "grads":
+        import moe_ref
+        G = moe_ref.st_read("r_token_mean/grads.safetensors")
+        name = "model.layers.1.mlp.gate.weight"
+        G[name] = G[name] * 1.001
+        moe_ref.st_write("tampered_grads.safetensors", G)
+    json.dump(D, open(f"tampered_{kind}.json", "w"))
+PYEOF
+  then
+    TAMPERED=1
+    for kind in $KINDS; do
+      g=r_token_mean/grads.safetensors; [ $kind = grads ] && g=tampered_grads.safetensors
+      job "tamper_$kind.ref" --ckpt pre --dump "tampered_$kind.json" --grads "$g"
+    done
+  else
+    cat tamper.log; fail "tamper: could not write the changed dumps"
+  fi
 fi
 
 # ---- 4. data parallel (optional) ----------------------------------------------------------
+# DP2: rank 0 writes the gathered rollouts. TP2+SP and PP2 (RL Fusion: the rollout on both
+# ranks from a whole copy, the training split): the dump merges each DP index's records,
+# the trainer's log-probs from the ranks where the head ran (with SP each TP rank holds a
+# part)
 source "$SRC/tests/lib/mpirun.sh"
+LAYOUTS=()
+layout_dir() { if [ -z "$1" ]; then echo r_dp2; else echo "r_$(echo "$1" | tr -d ' -')"; fi; }
 if [ ${#MPI[@]} -eq 0 ]; then
   echo "note: mpirun not found: the DP2 part did not run"
 else
-  echo "=== DP2: 2 steps, rank 0 writes the gathered rollouts"
-  if ! OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MOETRAIN" rl "${RL[@]}" --steps 2 --save-every 1 --keep 0 --out r_dp2 \
-       --dump-rollouts r_dp2/ro > r_dp2.log 2>&1; then
-    tail -20 r_dp2.log; fail "DP2: moetrain rl failed"
-  else
-    for s in 1 2; do
-      ck=pre; [ $s = 2 ] && ck=r_dp2/step_00000001
-      if "$PY" "$REF" --ckpt $ck --dump r_dp2/ro/step_0000000$s.json > r_dp2_$s.ref 2>&1; then
-        grep -E 'logp_behav|^  (pg|grad_norm) ' r_dp2_$s.ref | sed "s/^/    step $s: /"
-        ok "DP2 step $s (from $ck)"
-      else
-        sed 's/^/    /' r_dp2_$s.ref; fail "DP2 step $s: grpo_ref.py disagrees"
-      fi
-    done
-  fi
-  # training split over the ranks (RL Fusion): the dump merges each DP index's records, the
-  # trainer's log-probs from the ranks where the head ran (with SP each TP rank holds a part)
-  for L in "--tp 2 --sp" "--pp 2"; do
-    n=r_$(echo "$L" | tr -d ' -')
-    echo "=== $L: 2 steps, the rollout on both ranks from a whole copy"
+  for L in "" "--tp 2 --sp" "--pp 2"; do
+    n=$(layout_dir "$L")
+    echo "=== ${L:-DP2}: 2 steps on 2 ranks"
     if ! OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MOETRAIN" rl "${RL[@]}" $L --steps 2 --save-every 1 --keep 0 --out $n \
          --dump-rollouts $n/ro > $n.log 2>&1; then
-      tail -20 $n.log; fail "$L: moetrain rl failed"
+      tail -20 $n.log; fail "${L:-DP2}: moetrain rl failed"
       continue
     fi
+    LAYOUTS+=("$L")
     for st in 1 2; do
       ck=pre; [ $st = 2 ] && ck=$n/step_00000001
-      if "$PY" "$REF" --ckpt $ck --dump $n/ro/step_0000000$st.json > ${n}_$st.ref 2>&1; then
-        grep -E 'logp_old|^  (pg|grad_norm) ' ${n}_$st.ref | sed "s/^/    step $st: /"
-        ok "$L step $st (from $ck)"
-      else
-        sed 's/^/    /' ${n}_$st.ref; fail "$L step $st: grpo_ref.py disagrees"
-      fi
+      job ${n}_$st.ref --ckpt $ck --dump $n/ro/step_0000000$st.json
     done
   done
   if OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$MOETRAIN" rl "${RL[@]}" --out r_dp2g --dump-grads g.safetensors \
@@ -172,6 +163,51 @@ else
     ok "--dump-grads refused under mpirun"
   fi
 fi
+
+# ---- the oracle's verdicts ----------------------------------------------------------------
+echo "=== grpo_ref.py: $(wc -l < "$JOBS") checks in one process"
+[ -s "$JOBS" ] && "$PY" "$REF" --jobs "$JOBS" > jobs.log 2>&1
+for name in "${CASES[@]}"; do
+  if judged "r_$name.ref"; then
+    sed 's/^/    /' "r_$name.ref.out"; ok "$name"
+  else
+    fail "$name: grpo_ref.py disagrees with moetrain"
+  fi
+done
+if [ $FP64 = 1 ]; then
+  if judged r_token_mean.ref64; then
+    grep -E 'logp_|gradients|^  (pg|balance|grad_norm) ' r_token_mean.ref64.out | sed 's/^/    fp64: /'
+    ok "token_mean against the fp64 oracle"
+  else
+    fail "token_mean: the fp64 oracle disagrees"
+  fi
+fi
+if [ $TAMPERED = 1 ]; then
+  caught=1
+  for kind in $KINDS; do
+    p=tamper_$kind.ref
+    if [ "$(job_rc $p)" = 0 ]; then
+      cat $p.out; fail "the oracle passed a dump with a changed $kind"; caught=0
+    elif ! grep -q '^FAIL' $p.out 2>/dev/null; then
+      judged $p; fail "the oracle did not judge the dump with a changed $kind"; caught=0
+    else
+      echo "    changed $kind: $(grep -m1 '^FAIL' $p.out)"
+    fi
+  done
+  [ $caught = 1 ] && ok "the oracle fails changed dumps"
+fi
+for L in "${LAYOUTS[@]}"; do
+  n=$(layout_dir "$L")
+  for st in 1 2; do
+    ck=pre; [ $st = 2 ] && ck=$n/step_00000001
+    if judged ${n}_$st.ref; then
+      grep -E 'logp_behav|logp_old|^  (pg|grad_norm) ' ${n}_$st.ref.out | sed "s/^/    step $st: /"
+      ok "${L:-DP2} step $st (from $ck)"
+    else
+      fail "${L:-DP2} step $st: grpo_ref.py disagrees"
+    fi
+  done
+done
 
 cd / || true
 if [ ${#FAILS[@]} -gt 0 ]; then

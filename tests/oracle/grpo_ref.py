@@ -5,6 +5,9 @@ the RL contract (/work/shared/spec/RL.md) and docs/FORMATS.md sections 7-8.
 
 Usage: /usr/bin/python3 tests/oracle/grpo_ref.py --ckpt CKPT --dump step_NNNNNNNN.json
            [--grads grads.safetensors] [--dtype float32|float64] [--threads 2]
+       /usr/bin/python3 tests/oracle/grpo_ref.py --jobs FILE   (many checks in one process, torch
+           imported once: each line of FILE is PREFIX ARGS..., shell-quoted; a check's stdout,
+           stderr and exit status go to PREFIX.out, PREFIX.err and PREFIX.rc)
 
 The model is tests/oracle/moe_ref.py's forward (its own PyTorch implementation of the
 model); nothing is shared with the C code. Each completion becomes one row of its own
@@ -161,11 +164,16 @@ def recompute(c, P0, comps, ls, sm, Nc, Ntok, dt, fail):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="recompute a moetrain rl step from its rollout dump")
     ap.add_argument("--ckpt", help="checkpoint (or run folder) the step started from (default: the dump's)")
-    ap.add_argument("--dump", required=True, help="rollout dump step_NNNNNNNN.json")
+    ap.add_argument("--dump", help="rollout dump step_NNNNNNNN.json (required)")
     ap.add_argument("--grads", help="moetrain rl --dump-grads file of the same step")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--jobs", help="file of checks to run one after the other (see the usage above)")
     a = ap.parse_args(argv)
+    if a.jobs:
+        return moe_ref.run_jobs(a.jobs, a.threads, main, lambda v: "--jobs" in v)
+    if not a.dump:
+        ap.error("--dump is required")
     torch.set_num_threads(a.threads)
     dt = torch.float64 if a.dtype == "float64" else torch.float32
 

@@ -1272,12 +1272,19 @@ def cmd_eval(a):
 
 def cmd_batch(a):
     """Runs the jobs of a.jobs one after the other in this process (torch is imported
-    once, not once per job).  A job that fails, raises or exits leaves its status in
-    PREFIX.rc and the next job runs; a job with no PREFIX.rc did not finish.  A `train`
-    job here runs without the malloc/BLAS re-exec above (fine for tests, not for timing)."""
+    once, not once per job).  A `train` job here runs without the malloc/BLAS re-exec
+    above (fine for tests, not for timing)."""
+    return run_jobs(a.jobs, a.threads, main, lambda argv: argv[:1] == ["batch"])
+
+
+def run_jobs(path, threads, entry, is_batch):
+    """Each line of PATH is PREFIX ARGS..., shell-quoted: entry(ARGS) runs with its stdout,
+    stderr and exit status in PREFIX.out, PREFIX.err and PREFIX.rc.  A job that fails,
+    raises or exits leaves its status and the next job runs; a job with no PREFIX.rc did
+    not finish; is_batch(ARGS) true refuses the job.  Also grpo_ref.py's --jobs."""
     import shlex
     import traceback
-    with open(a.jobs) as f:
+    with open(path) as f:
         jobs = [shlex.split(line) for line in f if line.strip()]
     nfail = 0
     for job in jobs:
@@ -1291,11 +1298,11 @@ def cmd_batch(a):
                 os.dup2(fo.fileno(), 1)
                 os.dup2(fe.fileno(), 2)
                 try:
-                    if argv and argv[0] == "batch":
-                        raise ValueError("batch: a job cannot be a batch")
+                    if is_batch(argv):
+                        raise ValueError("a job cannot be a batch")
                     # every job starts alike, whatever the one before it set
-                    torch.set_num_threads(a.threads)
-                    rc = main(argv)
+                    torch.set_num_threads(threads)
+                    rc = entry(argv)
                 except SystemExit as ex:   # argparse's usage errors
                     rc = ex.code if isinstance(ex.code, int) else 2
                 except Exception:
