@@ -7,8 +7,8 @@
 # Usage: bash bench/bench_rl_control.sh build/moetrain [CKPT DATA [STEPS]]
 #   CKPT: a checkpoint of a pretraining run (RUN/step_NNNNNNNN, resumable), DATA its data:
 #   what `make demo` leaves (demo_out/run/<the step RL started from>, demo_out/data); without
-#   them the demo's pretraining runs first and its step 500 is the start. STEPS: RL steps
-#   (default 30, the demo's).
+#   them the demo's pretraining runs first and its step 500 is the start (51.4% held-out on
+#   the avx2 tier). STEPS: RL steps (default 30, the demo's).
 # Env: BENCH_DIR (default /tmp/bench_rl_control), EVERY (RL held-out evaluation every N
 #   steps, default 5; the control evaluates as many checkpoints).
 set -euo pipefail
@@ -18,7 +18,7 @@ mkdir -p "$W"
 if [ $# -ge 3 ]; then CKPT=$(realpath "$2"); DATA=$(realpath "$3"); else
     DATA=$W/data CKPT=$W/run/step_00000500
     [ -d "$DATA" ] || "$MT" data math --out "$DATA" --seed 1 --train 200000 --val 500 --min-digits 2 --max-digits 2 >/dev/null
-    [ -d "$CKPT" ] || "$MT" train --config demo --data "$DATA" --out "$W/run" --steps 1200 --batch 32 --seq 128 \
+    [ -d "$CKPT" ] || "$MT" train --config demo --data "$DATA" --out "$W/run" --steps 1200 --batch 32 --seq 64 \
         --lr 3e-3 --warmup 50 --wd 0.05 --save-every 500 --keep 0 --quiet >/dev/null
 fi
 [ -d "$CKPT" ] || { echo "bench_rl_control: $CKPT does not exist" >&2; exit 1; }
@@ -26,7 +26,7 @@ CK=$(basename "$CKPT") RUN=$(dirname "$CKPT")
 FROM=$((10#${CK#step_}))
 STEPS=${4:-30} EVERY=${EVERY:-5}
 lscpu | grep -m1 'Model name' || true
-acc() { "$MT" eval --ckpt "$1" --data "$DATA" --seq 128 --problems 500 2>/dev/null | sed -nE 's/^accuracy=([0-9.]+).*/\1/p'; }
+acc() { "$MT" eval --ckpt "$1" --data "$DATA" --seq 64 --windows 1 --problems 500 2>/dev/null | sed -nE 's/^accuracy=([0-9.]+).*/\1/p'; }
 
 # RL: the demo's settings, the held-out accuracy every EVERY steps
 rm -rf "$W/rl"

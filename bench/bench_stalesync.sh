@@ -4,8 +4,9 @@
 # --max-staleness 0, 1, 2, from one pretrained checkpoint, with the held-out accuracy at the
 # end and where each role's time went (the metrics' waits).
 # Usage: bash bench/bench_stalesync.sh build/moetrain [CKPT DATA [STEPS [PROMPTS_PER_STEP]]]
-#   e.g. CKPT DATA = demo_out/run/step_00000350 demo_out (what `make demo` leaves: a model that
-#   half solves its task); without them it pretrains "demo" 300 steps on 1-2 digit sums.
+#   e.g. CKPT DATA = demo_out/run/step_NNNNNNNN demo_out/data (the checkpoint `make demo` started
+#   its RL from: a model that half solves its task); without them it pretrains "demo" 300 steps
+#   on 1-2 digit sums.
 # Env: CONFIGS (default "colocated:0 separate:0 separate:1 separate:2"), EXTRA (more rl flags,
 #   e.g. "--slots 8": a smaller decode batch, a rollout as long as the training step).
 set -euo pipefail

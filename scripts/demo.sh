@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
 # make demo: the math corpus, a few minutes of training of the demo MoE, held-out accuracy;
-# then RL (GRPO) from the run's early checkpoint, which only half solves the task.
+# then RL (GRPO) from the run's checkpoint that comes nearest to half solving the task.
 set -euo pipefail
 MT=${1:-build/moetrain}
 OUT=${2:-demo_out}
 STEPS=${DEMO_STEPS:-1200}
 mkdir -p "$OUT"
 RL_STEPS=${DEMO_RL_STEPS:-30}
-RL_FROM=${DEMO_RL_FROM:-350}
 echo "== 1/4 data: synthetic arithmetic corpus (2-digit additions; 500 held-out problems never seen in training) -> $OUT/data"
 "$MT" data math --out "$OUT/data" --seed 1 --train 200000 --val 500 --min-digits 2 --max-digits 2
 echo "== 2/4 train: configs/demo.json ($("$MT" info --config demo | sed -n 2p | awk '{print $2}') parameters, 8 experts top-2 + 1 shared), $STEPS steps"
 rm -rf "$OUT/run"
-"$MT" train --config demo --data "$OUT/data" --out "$OUT/run" --steps "$STEPS" --batch 32 --seq 128 \
+"$MT" train --config demo --data "$OUT/data" --out "$OUT/run" --steps "$STEPS" --batch 32 --seq 64 \
     --lr 3e-3 --warmup 50 --wd 0.05 --log-every 50 --eval-every 200 --load-every 200 --plot \
-    --save-every "$RL_FROM" --keep 0
+    --save-every 100 --keep 0
 echo "== 3/4 eval: validation loss and exact-match accuracy on 500 held-out problems"
-"$MT" eval --ckpt "$OUT/run" --data "$OUT/data" --seq 128 --problems 500 --show 8
-CK=$(printf 'step_%08d' "$RL_FROM")
-echo "== 4/4 rl: GRPO from $CK (early in training: the model half solves the task), $RL_STEPS steps of 32 prompts x 8 samples"
+"$MT" eval --ckpt "$OUT/run" --data "$OUT/data" --seq 64 --problems 500 --show 8
+# the held-out accuracy of every checkpoint; RL starts from the one nearest 50% (the earliest
+# of equals): where that is depends on the CPU's kernel tier and the seed
+LAST=$(cat "$OUT/run/latest") CK= BEST=
+CURVE=
+for c in "$OUT"/run/step_*; do
+    c=$(basename "$c")
+    a=$("$MT" eval --ckpt "$OUT/run/$c" --data "$OUT/data" --seq 64 --problems 500 --windows 1 2>/dev/null |
+        sed -nE 's/^accuracy=([0-9.]+).*/\1/p')
+    [ -n "$a" ] || { echo "demo: no accuracy for $c" >&2; exit 1; }
+    CURVE="$CURVE $((10#${c#step_})):$(awk -v a="$a" 'BEGIN { printf "%.1f%%", 100 * a }')"
+    d=$(awk -v a="$a" 'BEGIN { d = a - 0.5; print (d < 0 ? -d : d) }')
+    if [ -z "$BEST" ] || awk -v d="$d" -v b="$BEST" 'BEGIN { exit !(d < b) }'; then BEST=$d CK=$c; fi
+done
+echo "held-out accuracy by step:$CURVE"
+# only the RL start and the last checkpoint are kept
+for c in "$OUT"/run/step_*; do
+    case $(basename "$c") in "$CK" | "$LAST") ;; *) rm -rf "$c" ;; esac
+done
+echo "== 4/4 rl: GRPO from $CK (the checkpoint nearest half solving the task), $RL_STEPS steps of 32 prompts x 8 samples"
 rm -rf "$OUT/rl"
 "$MT" rl --init "$OUT/run/$CK" --data "$OUT/data" --out "$OUT/rl" --steps "$RL_STEPS" --group 8 \
     --prompts-per-step 32 --max-new 8 --temperature 0.7 --lr 1e-4 --eval-n 500 --eval-every 10
