@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# RL against a pretraining control (issue 22): from one checkpoint that half solves the demo
-# task, `moetrain rl` for STEPS steps, and, for the same wall time, more pretraining of the
-# same run (`train --resume` of that checkpoint: the run's data and settings). Both curves:
-# held-out greedy accuracy on the same 500 problems against wall seconds, as a table and,
-# with gnuplot, BENCH_DIR/curves.png.
+# RL against a pretraining control (issue 22): from one checkpoint that half solves an
+# arithmetic task, `moetrain rl` for STEPS steps, and, for the same wall time, more
+# pretraining of the same run (`train --resume` of that checkpoint: the run's data and
+# settings). Both curves: held-out greedy accuracy on the same 500 problems against wall
+# seconds, as a table and, with gnuplot, BENCH_DIR/curves.png.
 # Usage: bash bench/bench_rl_control.sh build/moetrain [CKPT DATA [STEPS]]
-#   CKPT: a checkpoint of a pretraining run (RUN/step_NNNNNNNN, resumable), DATA its data:
-#   what `make demo` leaves (demo_out/run/<the step RL started from>, demo_out/data); without
-#   them the demo's pretraining runs first and its step 500 is the start (51.4% held-out on
-#   the avx2 tier). STEPS: RL steps (default 30, the demo's).
+#   CKPT: a checkpoint of a pretraining run (RUN/step_NNNNNNNN, resumable), DATA its data,
+#   e.g. what `make demo` leaves (demo_out/run/<the step RL started from>, demo_out/data).
+#   Without them: the demo's pretraining (1,200 steps, exact corpus), then 300 steps more on
+#   the same problems written with `data math --slip 0.6` (60% of the additions that carry
+#   from the ones digits have that carry forgotten in the text, the prompt files keep the
+#   true answers); its last checkpoint is the start: imitation of that corpus plateaus near
+#   60% held-out, which a verifier's reward can correct and more of the corpus cannot.
+#   STEPS: RL steps (default 30, the demo's).
 # Env: BENCH_DIR (default /tmp/bench_rl_control), EVERY (RL held-out evaluation every N
 #   steps, default 5; the control evaluates as many checkpoints).
 set -euo pipefail
@@ -16,10 +20,14 @@ MT=$(realpath "$1")
 W=${BENCH_DIR:-/tmp/bench_rl_control}
 mkdir -p "$W"
 if [ $# -ge 3 ]; then CKPT=$(realpath "$2"); DATA=$(realpath "$3"); else
-    DATA=$W/data CKPT=$W/run/step_00000500
-    [ -d "$DATA" ] || "$MT" data math --out "$DATA" --seed 1 --train 200000 --val 500 --min-digits 2 --max-digits 2 >/dev/null
-    [ -d "$CKPT" ] || "$MT" train --config demo --data "$DATA" --out "$W/run" --steps 1200 --batch 32 --seq 64 \
-        --lr 3e-3 --warmup 50 --wd 0.05 --save-every 500 --keep 0 --quiet >/dev/null
+    CORPUS=(--seed 1 --train 200000 --val 500 --min-digits 2 --max-digits 2)
+    [ -d "$W/data" ] || "$MT" data math --out "$W/data" "${CORPUS[@]}" >/dev/null
+    [ -d "$W/pre/step_00001200" ] || "$MT" train --config demo --data "$W/data" --out "$W/pre" --steps 1200 \
+        --batch 32 --seq 64 --lr 3e-3 --warmup 50 --wd 0.05 --keep 0 --quiet >/dev/null
+    DATA=$W/slip CKPT=$W/run/step_00000300
+    [ -d "$DATA" ] || "$MT" data math --out "$DATA" "${CORPUS[@]}" --slip 0.6 >/dev/null
+    [ -d "$CKPT" ] || "$MT" train --init "$W/pre/step_00001200" --data "$DATA" --out "$W/run" --steps 300 \
+        --batch 32 --seq 64 --lr 1e-3 --warmup 20 --wd 0.05 --quiet >/dev/null
 fi
 [ -d "$CKPT" ] || { echo "bench_rl_control: $CKPT does not exist" >&2; exit 1; }
 CK=$(basename "$CKPT") RUN=$(dirname "$CKPT")

@@ -3,10 +3,12 @@
 #include "base/common.h"
 #include "data/loader.h"
 #include "data/math.h"
+#include "data/prompts.h"
 #include "data/shard.h"
 #include "data/text.h"
 #include "data/tokenizer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -437,6 +439,59 @@ static void test_math_generate(void) {
     CHECK_ERR(mt_math_generate(&o, d1), "multi_terms");
 }
 
+/* --slip: the training text forgets the ones carry of a share of the additions; the prompt
+ * files (the verifier's answers) and the validation split stay exact. */
+static void test_math_slip(void) {
+    char d1[1024], pa[1100];
+    mt_math_opts o;
+    mt_math_defaults(&o);
+    o.n_train = 4000;
+    o.n_val = 200;
+    o.min_digits = 2;
+    CHECK_OK(mt_math_parse_mix(&o, "add=1,sub=1"));
+    o.slip = 0.6;
+    CHECK_OK(mt_math_generate(&o, tpath(d1, sizeof d1, "slip")));
+    uint32_t *tok;
+    size_t n, cnt;
+    mt_math_problem *pr;
+    snprintf(pa, sizeof pa, "%s/math_train_000000.bin", d1);
+    CHECK_OK(mt_shard_read(pa, &tok, &n));
+    CHECK_OK(mt_math_parse_problems(tok, n, &pr, &cnt));
+    CHECK(cnt == 4000);
+    mt_prompt_set ps;
+    snprintf(pa, sizeof pa, "%s/math_prompts_train.tsv", d1);
+    CHECK_OK(mt_prompts_load(pa, MT_PROMPTS_MATH, &ps)); /* every answer true */
+    CHECK(ps.n == 4000);
+    size_t carries = 0, slipped = 0, subs = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        long long v, x, y;
+        CHECK(strcmp(pr[i].prompt, ps.prompt[i]) == 0);
+        CHECK(mt_math_eval(pr[i].prompt, &v) == 0 && atoll(ps.answer[i]) == v);
+        long long a = atoll(pr[i].answer);
+        if (sscanf(pr[i].prompt, "%lld+%lld=", &x, &y) == 2 && x % 10 + y % 10 >= 10) {
+            carries++;
+            CHECK(a == v || a == v - 10);
+            slipped += a == v - 10;
+        } else {
+            subs += strchr(pr[i].prompt, '-') != NULL;
+            CHECK(a == v); /* no ones carry, or a subtraction: written exactly */
+        }
+    }
+    CHECK(subs > 1500 && carries > 700);
+    CHECK(slipped > carries / 2 && slipped < carries * 7 / 10); /* ~60% */
+    mt_prompts_free(&ps);
+    free(pr);
+    free(tok);
+    snprintf(pa, sizeof pa, "%s/math_val_000000.bin", d1);
+    free(load_problems(pa, 200)); /* checks every validation answer */
+
+    o.slip = 1.5;
+    CHECK_ERR(mt_math_generate(&o, d1), "slip 1.5");
+    o.slip = 0.5;
+    CHECK_OK(mt_math_parse_mix(&o, "sub=1"));
+    CHECK_ERR(mt_math_generate(&o, d1), "has none");
+}
+
 static void test_math_parse(void) {
     const char *docs[] = {"12+34=46", "garbage", "5-9=-4", "1+=2", "3*3=9=9", "7*13=91", "", "2+2=-"};
     uint32_t tok[128];
@@ -563,6 +618,7 @@ int main(void) {
     test_math_mix();
     test_math_parse();
     test_math_generate();
+    test_math_slip();
     test_text();
     test_split_names();
     printf("test_data: all checks passed\n");

@@ -38,6 +38,7 @@ static int data_math(int argc, char **argv) {
         {"max-digits", MT_ARG_INT, &maxd, "most digits of an operand (default 2)", NULL},
         {"mix", MT_ARG_STR, &mix, "operation weights, e.g. add=1,sub=1,mul=0.5,multi=0.5 (default add=1)", NULL},
         {"terms", MT_ARG_INT, &terms, "terms of a multi-step expression (--mix multi=W; default 3)", &terms_given},
+        {"slip", MT_ARG_DBL, &o.slip, "fraction of the training additions whose ones digits carry written with that carry forgotten (a systematic mistake in the training text for RL to correct; the prompt files and validation stay exact; default 0)", NULL},
         {NULL, 0, NULL, NULL, NULL}};
     int rc = mt_args_parse("data math", "--out DIR [flags]\n\nWrites a seeded corpus of arithmetic problems "
                            "(one per document, byte tokens) as math_train_*.bin and math_val_*.bin, "

@@ -24,6 +24,7 @@
 #define MAX_DIGITS 9
 #define MAX_TERMS 16
 #define TEXT_CAP 128
+#define SLIP_KEY 0x736c6970ULL   /* "slip" */
 
 enum { KIND_ADD, KIND_SUB, KIND_MUL, KIND_MULTI, KIND_COUNT };
 static const char *const kind_names[KIND_COUNT] = {"add", "sub", "mul", "multi"};
@@ -212,19 +213,24 @@ static int draw_kind(const mt_math_opts *o, uint64_t key, uint64_t *ctr) {
     return last; /* rounding pushed u past the end */
 }
 
-/* Writes problem (split, index, attempt) as "EXPR=ANSWER" into text; returns its length. */
+/* Writes problem (split, index, attempt) as "EXPR=ANSWER" into text; returns its length.
+ * *ones_carry: 1 for a two-term addition whose ones digits carry, else 0. */
 static size_t draw_problem(const mt_math_opts *o, uint64_t split, uint64_t index, uint64_t attempt,
-                           char text[TEXT_CAP]) {
+                           char text[TEXT_CAP], int *ones_carry) {
     uint64_t key = mt_hash4(o->seed, split, index, attempt), ctr = 0;
     static const char ops[3] = {'+', '-', '*'};
     int kind = draw_kind(o, key, &ctr);
     int terms = kind == KIND_MULTI ? o->multi_terms : 2;
     size_t len = 0;
+    long long ones = 0;
     for (int t = 0; t < terms; t++) {
         if (t > 0)
             text[len++] = kind == KIND_MULTI ? ops[next(key, &ctr) % 3] : ops[kind];
-        len += (size_t)snprintf(text + len, TEXT_CAP - len, "%lld", draw_operand(o, key, &ctr));
+        long long x = draw_operand(o, key, &ctr);
+        ones += x % 10;
+        len += (size_t)snprintf(text + len, TEXT_CAP - len, "%lld", x);
     }
+    *ones_carry = kind == KIND_ADD && ones >= 10;
     text[len] = 0;
     long long v;
     MT_ASSERT(mt_math_eval(text, &v) == 0); /* options were checked against overflow */
@@ -264,6 +270,10 @@ static int check_opts(const mt_math_opts *o, const char *out_dir) {
                         out_dir, terms, o->max_digits);
     if (o->n_train == 0 || o->n_val == 0)
         return mt_error("%s: math needs at least one train and one validation problem", out_dir);
+    if (!(o->slip >= 0 && o->slip <= 1))
+        return mt_error("%s: math slip %g invalid (need a fraction in 0..1)", out_dir, o->slip);
+    if (o->slip > 0 && !(o->w_add > 0))
+        return mt_error("%s: math slip forgets carries of additions, and the mix has none (add=W)", out_dir);
     return 0;
 }
 
@@ -297,6 +307,8 @@ static int write_readme(const mt_math_opts *o, const char *out_dir, const mt_sha
         "digits      %d..%d per operand\n"
         "mix         add=%g,sub=%g,mul=%g,multi=%g\n"
         "multi_terms %d\n"
+        "slip        %g of the training additions whose ones digits carry are written\n"
+        "            with that carry forgotten (the answer 10 too small)\n"
         "\n"
         "Byte tokens (0..255), end of text = 256 before every document. One problem per\n"
         "document, \"EXPR=ANSWER\", e.g. 12+34=46, 57-81=-24, 7*13=91, 3+4*5-2=21 (usual\n"
@@ -304,9 +316,10 @@ static int write_readme(const mt_math_opts *o, const char *out_dir, const mt_sha
         "\n"
         "math_prompts_train.tsv and math_prompts_val.tsv hold the same problems for RL, one\n"
         "per line in shard order: the prompt up to and including '=', a TAB, the answer\n"
-        "(e.g. \"12+34=<TAB>46\"). The model is fed end of text, then the prompt bytes.\n",
+        "(e.g. \"12+34=<TAB>46\"), always the true answer. The model is fed end of text,\n"
+        "then the prompt bytes.\n",
         o->seed, o->n_train, train->ntokens, train->nshards, o->n_val, val->ntokens, val->nshards,
-        o->min_digits, o->max_digits, o->w_add, o->w_sub, o->w_mul, o->w_multi, o->multi_terms);
+        o->min_digits, o->max_digits, o->w_add, o->w_sub, o->w_mul, o->w_multi, o->multi_terms, o->slip);
     MT_ASSERT(len > 0 && (size_t)len < sizeof text);
     size_t plen = strlen(out_dir) + 16;
     char *path = mt_xmalloc(plen);
@@ -357,21 +370,24 @@ int mt_math_generate(const mt_math_opts *o, const char *out_dir) {
         for (uint64_t i = 0; i < count && rc == 0; i++) {
             uint64_t a = 0;
             size_t len = 0;
+            int carry = 0;
             for (; a < MAX_ATTEMPTS; a++) {
-                len = draw_problem(o, is_val ? SPLIT_VAL : SPLIT_TRAIN, i, a, text);
+                len = draw_problem(o, is_val ? SPLIT_VAL : SPLIT_TRAIN, i, a, text, &carry);
                 if (set_insert(&seen, text_hash(text, len), is_val)) break;
             }
             if (a == MAX_ATTEMPTS)
                 rc = mt_error("%s: no %s problem #%" PRIu64 " outside the validation set after %" PRIu64
                               " draws; the problem space (%.0f) is too small for n_val=%" PRIu64,
                               out_dir, is_val ? "new validation" : "training", i, MAX_ATTEMPTS, space, o->n_val);
-            else
-                rc = mt_shard_set_add_bytes(is_val ? &val : &train, text, len);
-            if (rc == 0) {
+            if (rc == 0) { /* the prompt files keep the true answer */
                 const char *eq = strchr(text, '='); /* the only '=': "EXPR=ANSWER" */
                 size_t pl = (size_t)(eq - text) + 1;
                 rc = mt_prompt_writer_add(&pw[pass], text, pl, eq + 1, len - pl);
+                if (rc == 0 && !is_val && carry && o->slip > 0 &&
+                    (double)(mt_hash4(o->seed, SPLIT_TRAIN, i, SLIP_KEY) >> 11) * 0x1p-53 < o->slip)
+                    len = pl + (size_t)snprintf(text + pl, TEXT_CAP - pl, "%lld", atoll(eq + 1) - 10);
             }
+            if (rc == 0) rc = mt_shard_set_add_bytes(is_val ? &val : &train, text, len);
         }
     }
     free(seen.slot);

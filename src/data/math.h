@@ -6,7 +6,10 @@
  * uniform among numbers of that many digits; 1-digit operands include 0). Problem i of a
  * split is drawn from the counter RNG keyed by (seed, split, i, attempt), so a corpus is
  * a pure function of its options. Validation texts are distinct, and no training problem
- * has the exact text of a validation problem. */
+ * has the exact text of a validation problem. With slip > 0 a fraction of the training
+ * additions that carry from the ones digits is written with that carry forgotten
+ * ("47+38=75"): a corpus whose imitation plateaus below the true task, which a verifier's
+ * reward (the prompt files hold the true answers) can correct. */
 #ifndef MT_DATA_MATH_H
 #define MT_DATA_MATH_H
 
@@ -20,6 +23,9 @@ typedef struct {
     int min_digits, max_digits;          /* operand digit counts, default 1..2 (max 9) */
     double w_add, w_sub, w_mul, w_multi; /* mix weights, default 1,0,0,0 */
     int multi_terms;                     /* terms in a multi-step expression, default 3 */
+    double slip;                         /* fraction of training additions whose ones digits carry
+                                            written with that carry forgotten (answer 10 too small);
+                                            default 0. The prompt files and validation stay exact. */
 } mt_math_opts;
 
 void mt_math_defaults(mt_math_opts *o);
