@@ -18,18 +18,15 @@ echo "== 3/4 eval: validation loss and exact-match accuracy on 500 held-out prob
 "$MT" eval --ckpt "$OUT/run" --data "$OUT/data" --seq 64 --problems 500 --show 8
 # the held-out accuracy of every checkpoint; RL starts from the one nearest 50% (the earliest
 # of equals): where that is depends on the CPU's kernel tier and the seed
-LAST=$(cat "$OUT/run/latest") CK= BEST=
-CURVE=
-for c in "$OUT"/run/step_*; do
-    c=$(basename "$c")
-    a=$("$MT" eval --ckpt "$OUT/run/$c" --data "$OUT/data" --seq 64 --problems 500 --windows 1 2>/dev/null |
+LAST=$(cat "$OUT/run/latest")
+ACC=$(for c in "$OUT"/run/step_*; do
+    a=$("$MT" eval --ckpt "$c" --data "$OUT/data" --seq 64 --problems 500 --windows 1 2>/dev/null |
         sed -nE 's/^accuracy=([0-9.]+).*/\1/p')
     [ -n "$a" ] || { echo "demo: no accuracy for $c" >&2; exit 1; }
-    CURVE="$CURVE $((10#${c#step_})):$(awk -v a="$a" 'BEGIN { printf "%.1f%%", 100 * a }')"
-    d=$(awk -v a="$a" 'BEGIN { d = a - 0.5; print (d < 0 ? -d : d) }')
-    if [ -z "$BEST" ] || awk -v d="$d" -v b="$BEST" 'BEGIN { exit !(d < b) }'; then BEST=$d CK=$c; fi
-done
-echo "held-out accuracy by step:$CURVE"
+    echo "$(basename "$c") $a"
+done)
+CK=$(awk '{ d = $2 - 0.5; d = d < 0 ? -d : d; if (NR == 1 || d < best) { best = d; ck = $1 } } END { print ck }' <<<"$ACC")
+echo "held-out accuracy by step:$(awk '{ printf " %d:%.1f%%", substr($1, 6), 100 * $2 }' <<<"$ACC")"
 # only the RL start and the last checkpoint are kept
 for c in "$OUT"/run/step_*; do
     case $(basename "$c") in "$CK" | "$LAST") ;; *) rm -rf "$c" ;; esac

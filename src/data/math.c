@@ -214,9 +214,9 @@ static int draw_kind(const mt_math_opts *o, uint64_t key, uint64_t *ctr) {
 }
 
 /* Writes problem (split, index, attempt) as "EXPR=ANSWER" into text; returns its length.
- * *ones_carry: 1 for a two-term addition whose ones digits carry, else 0. */
+ * *value: ANSWER; *ones_carry: 1 for a two-term addition whose ones digits carry, else 0. */
 static size_t draw_problem(const mt_math_opts *o, uint64_t split, uint64_t index, uint64_t attempt,
-                           char text[TEXT_CAP], int *ones_carry) {
+                           char text[TEXT_CAP], long long *value, int *ones_carry) {
     uint64_t key = mt_hash4(o->seed, split, index, attempt), ctr = 0;
     static const char ops[3] = {'+', '-', '*'};
     int kind = draw_kind(o, key, &ctr);
@@ -235,6 +235,7 @@ static size_t draw_problem(const mt_math_opts *o, uint64_t split, uint64_t index
     long long v;
     MT_ASSERT(mt_math_eval(text, &v) == 0); /* options were checked against overflow */
     len += (size_t)snprintf(text + len, TEXT_CAP - len, "=%lld", v);
+    *value = v;
     MT_ASSERT(len < TEXT_CAP);
     return len;
 }
@@ -371,8 +372,9 @@ int mt_math_generate(const mt_math_opts *o, const char *out_dir) {
             uint64_t a = 0;
             size_t len = 0;
             int carry = 0;
+            long long v = 0;
             for (; a < MAX_ATTEMPTS; a++) {
-                len = draw_problem(o, is_val ? SPLIT_VAL : SPLIT_TRAIN, i, a, text, &carry);
+                len = draw_problem(o, is_val ? SPLIT_VAL : SPLIT_TRAIN, i, a, text, &v, &carry);
                 if (set_insert(&seen, text_hash(text, len), is_val)) break;
             }
             if (a == MAX_ATTEMPTS)
@@ -385,7 +387,7 @@ int mt_math_generate(const mt_math_opts *o, const char *out_dir) {
                 rc = mt_prompt_writer_add(&pw[pass], text, pl, eq + 1, len - pl);
                 if (rc == 0 && !is_val && carry && o->slip > 0 &&
                     (double)(mt_hash4(o->seed, SPLIT_TRAIN, i, SLIP_KEY) >> 11) * 0x1p-53 < o->slip)
-                    len = pl + (size_t)snprintf(text + pl, TEXT_CAP - pl, "%lld", atoll(eq + 1) - 10);
+                    len = pl + (size_t)snprintf(text + pl, TEXT_CAP - pl, "%lld", v - 10);
             }
             if (rc == 0) rc = mt_shard_set_add_bytes(is_val ? &val : &train, text, len);
         }
