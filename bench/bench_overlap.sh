@@ -12,13 +12,19 @@
 # communication share of the step the trainer measured (time in exchanges that nothing
 # hid) on rank 0 and on the busiest rank (summary comm_share_min: the least any rank waited,
 # what the step loses to exchanges; the other rank's excess waits for the busiest one's
-# experts), and the share of the wire's cost it hides: (off - X) / (off - nowire). Every
+# experts), the share of the wire's cost it hides: (off - X) / (off - nowire), and the EP
+# ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
 #
 # Usage: bash bench/bench_overlap.sh path/to/moetrain
 # The dense gradients (over DP 2, across the nodes) go over the wire too, in buckets of
 # OV_BUCKET_MB; block and pipe start them during the last backward, off after it.
-# Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6),
+# Steady state: every variant starts from a checkpoint the script first trains for OV_WARM
+# steps (blocking, no wire): from a fresh init the router sends most tokens to one expert for
+# the first tens of steps (max/mean tokens per expert ~4 at steps 1-5, 1.1-1.3 from step 100),
+# and the EP ranks' imbalance, not communication, then dominates the waits. OV_WARM=0 measures
+# from the init as before.
+# Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6), OV_WARM (150),
 #      OV_ACCUM (4: micro-batches per step; the pipe schedule pairs all but one forward and one
 #      backward), OV_BUCKET_MB (1), OV_FLAGS (more train flags for every variant, e.g. --dist-opt),
 #      MT_BENCH_TMP (scratch, kept when given)
@@ -43,8 +49,16 @@ export OMP_NUM_THREADS=1
 sed -e 's/"hidden_size": 128/"hidden_size": 256/' -e 's/"moe_intermediate_size": 128/"moe_intermediate_size": 256/' \
     -e 's/"intermediate_size": 384/"intermediate_size": 768/' "$SRC/configs/demo.json" > "$TMP/ov.json"
 "$MT" data math --out "$TMP/data" --train 20000 --val 200 > /dev/null || exit 1
+WARM=${OV_WARM:-150}
+INIT=()
+if [ "$WARM" -gt 0 ]; then
+    "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum "$ACCUM" \
+        --lr 1e-3 --warmup 20 --threads 1 --steps "$WARM" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
+        --overlap off --save-every 0 --out "$TMP/warm" > "$TMP/warm.log" 2>&1 || { tail -5 "$TMP/warm.log"; echo "FAIL: warm-up run"; exit 1; }
+    INIT=(--init "$TMP/warm")
+fi
 echo "bench_overlap: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores; EP2 over 2 emulated nodes, wire $WIRE, buckets $BUCKET MiB ${OV_FLAGS:-}"
-echo "  model: demo x2 wide (hidden 256, 8 experts top-2), $ACCUM x 8 x 128 tokens per rank per step, $STEPS steps, $REPS runs each"
+echo "  model: demo x2 wide (hidden 256, 8 experts top-2), $ACCUM x 8 x 128 tokens per rank per step, $STEPS steps, $REPS runs each, from step $WARM"
 
 losses() { grep '"event":"step"' "$1" | sed -E 's/.*"step":([0-9]+),"loss":([^,]+),.*/\1 \2/'; }
 run() { # name rep flags...
@@ -52,7 +66,7 @@ run() { # name rep flags...
     shift 2
     "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum "$ACCUM" \
         --lr 1e-3 --warmup 2 --threads 1 --steps "$STEPS" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
-        --bucket-mb "$BUCKET" "${EXTRA[@]}" --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
+        --bucket-mb "$BUCKET" "${INIT[@]}" "${EXTRA[@]}" --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
 }
 for r in $(seq 1 "$REPS"); do
     run nowire "$r" --overlap off
@@ -73,14 +87,15 @@ summary() { # name key: the median over the runs of the summary's key
 }
 t0=$(summary nowire step_time_s)
 toff=$(summary off step_time_s)
-printf "  %-7s %9s %13s %13s %12s\n" variant "step s" "comm rank 0" "comm busiest" "wire hidden"
+printf "  %-7s %9s %13s %13s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "wire hidden" "ep imb."
 for n in nowire off block pipe; do
     t=$(summary $n step_time_s)
     c=$(summary $n comm_share)
     cm=$(summary $n comm_share_min)
-    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v t0="$t0" -v toff="$toff" 'BEGIN {
+    im=$(summary $n ep_imbalance)
+    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v im="$im" -v t0="$t0" -v toff="$toff" 'BEGIN {
         h = (toff > t0) ? (toff - t) / (toff - t0) : 0
-        printf "  %-7s %9.3f %12.1f%% %12.1f%% %11.0f%%\n", n, t, 100 * c, 100 * cm, (n == "nowire" || n == "off") ? 0 : 100 * h }'
+        printf "  %-7s %9.3f %12.1f%% %12.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, (n == "nowire" || n == "off") ? 0 : 100 * h, im }'
 done
 [ $fail = 0 ] && echo "bench_overlap: losses of every variant identical to the blocking run"
 exit $fail
