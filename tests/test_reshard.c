@@ -8,7 +8,9 @@
  *  - from the experts split over all ranks (the other tensors owned by rank 0) into a whole
  *    copy on every rank, and into EP parts over groups of 2 ranks;
  *  - from TP2 slices (owned by the TP ranks of DP index 0; the experts split over the DP
- *    indices, owned by TP rank 0) into EP parts over all ranks (RL's --rollout-ep switch).
+ *    indices, owned by TP rank 0) into EP parts over all ranks (RL's --rollout-ep switch);
+ *  - from EP parts and from TP2 slices into TP2 parts whose TP rank is another one
+ *    (RL's --rollout-tp switch: slices cut from whole tensors and from other slices).
  * Prints "reshard: N checks passed, M failed"; exit 1 on failure. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +107,14 @@ int main(int argc, char **argv) {
     tp.tp_rank = W >= 2 ? r % 2 : 0, tp.tp_size = W >= 2 ? 2 : 1;
     move_case(d, &c, full_t, nfull, whole, &tp, r < 2, r == 0, r % 2 == 0, &epw,
               W >= 2 ? "TP2 x DP -> EP over all" : "whole -> EP 1");
+    if (W >= 2) { /* into TP2 rollout parts (--rollout-tp 2): the slices cut out of whole
+                   * tensors, and out of other slices with the TP ranks crossed over */
+        mt_part tp2;
+        mt_part_whole(&tp2, &c);
+        tp2.tp_rank = (r + 1) % 2, tp2.tp_size = 2;
+        move_case(d, &c, full_t, nfull, whole, &epw, 0, r == 0, 1, &tp2, "EP over all -> TP2 parts");
+        move_case(d, &c, full_t, nfull, whole, &tp, r < 2, r == 0, r % 2 == 0, &tp2, "TP2 x DP -> TP2 parts, crossed");
+    }
     free(whole);
     free(full_t);
     int64_t s[2] = {g_pass, g_fail};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Moving weights between layouts (parallel/reshard.h): tests/test_reshard (built next to
 # moetrain) on 2 and 4 ranks: EP parts into whole copies and into other EP groupings, TP2
-# slices into EP parts, every element bit for bit.
+# slices into EP parts, EP parts and TP2 slices into TP2 parts, every element bit for bit.
 # (Named test_reshard_mpi: tests/test_reshard.c registers test_reshard, one rank.)
 # Usage: bash tests/test_reshard_mpi.sh path/to/moetrain   (skips with 77 without mpirun)
 set -euo pipefail

@@ -21,6 +21,7 @@
 #     the last bits of w = exp(logp_old - logp_behav) move with the batch shape); so do
 #     training layouts that split the model (EP2, TP2+SP, PP2+ZeRO-1; DP4 x EP2: RL Fusion, a layout
 #     switch to a whole rollout copy every step, or to an EP part of one with --rollout-ep,
+#     or to TP slices with --rollout-tp,
 #     switch_s > 0; logp_old within 1e-5 of logp_behav) and separate deployments
 #     (--rollout-ranks 1 of 2, 2 of 3: the weights sent to the rollout ranks each step).
 # Usage: bash tests/test_rl.sh path/to/moetrain
@@ -208,18 +209,18 @@ EOF
     # RL Fusion: training splits the model, every rank rolls out from a whole copy
     # (4 ranks, DP4 x EP2: ranks 2 and 3 own no tensor, so they send empty blocks), or
     # from its part of an expert-parallel rollout layout (--rollout-ep: DP2 -> EP2, TP2 x DP2
-    # -> EP4, the experts exchanged in every decode step); and separate deployments:
+    # -> EP4, the experts exchanged in every decode step) or of a tensor-parallel one
+    # (--rollout-tp: DP2 -> TP2, TP2+SP x DP2 -> TP2 x DP2 without SP, the heads' partial sums
+    # all-reduced in every decode step); and separate deployments:
     # --rollout-ranks R roll out, the other ranks train. The trainer's log-probs of the
     # sampled tokens within 1e-5 of the rollout's in every pair of layouts
-    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2" "2 --rollout-ranks 1" "3 --rollout-ranks 2" \
-             "2 --rollout-ep 2" "4 --tp 2 --sp --rollout-ep 4"; do
-        np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -')
-        run $np rl "${rlargs[@]}" $L --threads 1 --quiet --out "$T/F$n" > "$T/F$n.log" 2>&1 \
-            || { tail -5 "$T/F$n.log"; fail "rl $L under mpirun -np $np"; }
-        python3 - "$T/S1/metrics.jsonl" "$T/F$n/metrics.jsonl" <<'EOF' || fail "rl $L differs from one process"
+    # run $2 = the one-process run $1 ($3 steps): rewards, tokens, held-out accuracy exactly,
+    # loss within 1e-5, on-policy, a layout switch every step, logp_old within 1e-5 of logp_behav
+    same_run() {
+        python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'EOF'
 import json, sys
 a, b = ([json.loads(l) for l in open(f) if '"event":"step"' in l] for f in sys.argv[1:3])
-bad = len(a) != 3 or len(b) != 3
+bad = len(a) != int(sys.argv[3]) or len(b) != len(a)
 for x, y in zip(a, b):
     print(f"    step {x['step']}: reward {y['reward']:.6f}, tokens {y['completion_tokens']}, loss {x['loss']:+.8f} / "
           f"{y['loss']:+.8f}, grad_norm {x['grad_norm']:.6f} / {y['grad_norm']:.6f}, switch {y['switch_s']:.4f} s, "
@@ -231,21 +232,48 @@ for x, y in zip(a, b):
     bad |= y["ratio_dev"] != 0 or not (y["switch_s"] > 0) or y["logp_old_behav_max"] > 1e-5
 sys.exit(1 if bad else 0)
 EOF
+    }
+    for L in "2 --ep 2" "2 --tp 2 --sp" "2 --pp 2 --dist-opt" "4 --ep 2" "2 --rollout-ranks 1" "3 --rollout-ranks 2" \
+             "2 --rollout-ep 2" "4 --tp 2 --sp --rollout-ep 4" "2 --rollout-tp 2" "4 --tp 2 --sp --rollout-tp 2"; do
+        np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -')
+        run $np rl "${rlargs[@]}" $L --threads 1 --quiet --out "$T/F$n" > "$T/F$n.log" 2>&1 \
+            || { tail -5 "$T/F$n.log"; fail "rl $L under mpirun -np $np"; }
+        same_run "$T/S1" "$T/F$n" 3 || fail "rl $L differs from one process"
         ok "rl $L on $np ranks (weights moved each step) = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
     done
+    # --rollout-tp with MLA and the sandwich norm: the absorbed cache is shared by a rank's
+    # heads, q_b / kv_b rows and o_proj columns split by heads
+    python3 - "$(dirname "$0")/../configs/demo.json" "$T/mla.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for k in ("num_key_value_heads", "head_dim"):
+    c.pop(k)
+c.update({"attention_type": "mla", "q_lora_rank": 64, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+          "qk_rope_head_dim": 16, "v_head_dim": 32, "sandwich_norm": True})
+json.dump(c, open(sys.argv[2], "w"))
+EOF
+    "$MT" train --config "$T/mla.json" --data "$T/D" --batch 16 --seq 64 --steps 40 --lr 3e-3 --warmup 10 --threads 2 \
+        --quiet --out "$T/mrun" > "$T/mpre.log" 2>&1 || { tail -5 "$T/mpre.log"; fail "pretraining the MLA model"; }
+    margs=(--init "$T/mrun" --data "$T/D" --steps 2 --group 4 --prompts-per-step 8 --max-new 6 --eval-n 50 --quiet)
+    "$MT" rl "${margs[@]}" --threads 2 --out "$T/M1" > "$T/M1.log" 2>&1 || { tail -5 "$T/M1.log"; fail "rl, MLA"; }
+    run 2 rl "${margs[@]}" --threads 1 --rollout-tp 2 --out "$T/M2" > "$T/M2.log" 2>&1 \
+        || { tail -5 "$T/M2.log"; fail "rl --rollout-tp 2, MLA"; }
+    same_run "$T/M1" "$T/M2" 2 || fail "rl --rollout-tp 2 with MLA differs from one process"
+    ok "rl --rollout-tp 2 with MLA and the sandwich norm = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
     if run 2 rl "${rlargs[@]}" --rollout-ranks 2 --threads 1 --quiet --out "$T/S4" > "$T/S4.log" 2>&1; then
         fail "--rollout-ranks 2 on 2 ranks accepted"
     fi
     grep -q "leaves no rank to train" "$T/S4.log" || { cat "$T/S4.log"; fail "--rollout-ranks 2 on 2 ranks: no clear error"; }
     ok "--rollout-ranks 2 on 2 ranks refused: $(grep -m1 'no rank to train' "$T/S4.log")"
-    for v in "3|does not divide" "2 --rollout-ranks 1|cannot be given with --rollout-ranks"; do
+    for v in "ep 3|does not divide" "ep 2 --rollout-ranks 1|cannot be given with --rollout-ranks" \
+             "tp 3|does not divide" "tp 2 --rollout-ep 2|cannot be combined" "tp 2 --rollout-ranks 1|cannot be given"; do
         a=${v%%|*} msg=${v#*|}
         # shellcheck disable=SC2086
-        if run 2 rl "${rlargs[@]}" --rollout-ep $a --threads 1 --quiet --out "$T/S5" > "$T/S5.log" 2>&1; then
-            fail "--rollout-ep $a on 2 ranks accepted"
+        if run 2 rl "${rlargs[@]}" --rollout-$a --threads 1 --quiet --out "$T/S5" > "$T/S5.log" 2>&1; then
+            fail "--rollout-$a on 2 ranks accepted"
         fi
-        grep -q "$msg" "$T/S5.log" || { cat "$T/S5.log"; fail "--rollout-ep $a: no clear error"; }
-        ok "--rollout-ep $a on 2 ranks refused: $(grep -m1 "$msg" "$T/S5.log")"
+        grep -q "$msg" "$T/S5.log" || { cat "$T/S5.log"; fail "--rollout-$a: no clear error"; }
+        ok "--rollout-$a on 2 ranks refused: $(grep -m1 "$msg" "$T/S5.log")"
     done
     if run 2 rl "${rlargs[@]}" --prompts-per-step 7 --threads 1 --quiet --out "$T/S3" > "$T/S3.log" 2>&1; then
         fail "DP2 with --prompts-per-step 7 accepted"

@@ -60,6 +60,7 @@ int mt_cmd_rl(int argc, char **argv) {
         {"quiet", MT_ARG_BOOL, &t->quiet, "no progress output", NULL},
         {"rollout-ranks", MT_ARG_INT, &o.rollout_ranks, "under mpirun: separate deployment, the last R ranks only roll out and the others only train (weights sent each step); 0 = every rank does both (default)", NULL},
         {"rollout-ep", MT_ARG_INT, &o.rollout_ep, "under mpirun, co-located: the rollout layout splits the routed experts over groups of N consecutive ranks (expert parallelism, as Pangu's inference layout), the rest of the weights copied on each; the switch sends each rank only its part (default 1: a whole copy per rank)", NULL},
+        {"rollout-tp", MT_ARG_INT, &o.rollout_tp, "under mpirun, co-located: the rollout layout splits the attention heads and the dense FFN over groups of N consecutive ranks (tensor parallelism, no SP; Megatron's column/row split), each group sampling its ranks' prompts together; the switch sends each rank only its slices (default 1: none)", NULL},
         {"max-staleness", MT_ARG_INT, &o.max_staleness, "StaleSync: step n may train on completions sampled by version n-1-S (S steps old; default 0: synchronous); co-located the rollout of step n+S runs after step n-1, separate it overlaps training", NULL},
         {"stale-free", MT_ARG_BOOL, &o.stale_free, "with --rollout-ranks: sample with the newest weights that have arrived (fresher, not reproducible) instead of exactly version n-1-S", NULL},
         {"no-is-weight", MT_ARG_BOOL, &o.no_is_weight, "no truncated importance weight w = min(exp(logp_old - logp_behav), is-cap): w = 1 (the ablation of stale rollouts)", NULL},
@@ -83,7 +84,7 @@ int mt_cmd_rl(int argc, char **argv) {
         static const char *const ok[] = {"--resume", "--steps", "--out", "--threads", "--save-every", "--keep", "--quiet",
                                          "--dump-rollouts", "--dump-grads", "--comm-timeout", "--allow-nonfinite",
                                          "--pp", "--tp", "--sp", "--ep", "--dist-opt", "--a2a", "--ranks-per-node",
-                                         "--rollout-ranks", "--rollout-ep", "--profile"};
+                                         "--rollout-ranks", "--rollout-ep", "--rollout-tp", "--profile"};
         for (int i = 2; i < argc; i++) {
             if (strncmp(argv[i], "--", 2) != 0) continue;
             size_t n = strcspn(argv[i], "=");

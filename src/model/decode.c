@@ -15,6 +15,7 @@
 
 struct mt_decoder {
     int slots, tmax, cap, nthr, L, kvw, vw;
+    int tp, H, G;                 /* TP size; this rank's query and key/value heads (H / tp, G / tp) */
     int mla, absorbed;            /* MLA, and its cache form (decode.h) */
     float *kc, *vc;               /* [L][slots][tmax][kvw], [..][vw] (vc NULL for absorbed MLA) */
     float *cq, *ckv, *kpe, *qa;   /* MLA: [cap, ql], [cap, kvl], [cap, dr], absorbed [cap, H*kvl] q / out */
@@ -23,6 +24,7 @@ struct mt_decoder {
     mt_acts *a;                   /* the FFN / MoE blocks' buffers for cap tokens */
     float *x, *h, *ln, *rstd;     /* [cap, C] residual stream in and after attention, normed input, [cap] */
     float *y;                     /* sandwich norm: [cap, C] a sublayer's output before its norm */
+    float *part;                  /* TP: [cap, C] a row-parallel product's partial sum */
     float *q, *k, *v, *att;       /* [cap, H*D], [cap, kvw] x2, [cap, H*D] */
     float *xo, *lno;              /* [cap, C]: the rows whose logits are wanted, normed */
     float *sc;                    /* [nthr][tmax] attention scores */
@@ -47,13 +49,16 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     if (tmax > c->max_position_embeddings)
         return mt_error("decode: %d positions exceed max_position_embeddings %d", tmax, c->max_position_embeddings),
                NULL;
-    if (m->tp || !m->part.embed || !m->part.head)
-        return mt_error("decode: the model must be whole on this rank but for its experts (no TP or PP)"), NULL;
-    if (m->ep && draft)
-        return mt_error("decode: speculative decoding with the experts split over ranks (EP) is not supported"), NULL;
+    if ((m->tp && m->tp->sp) || !m->part.embed || !m->part.head)
+        return mt_error("decode: the model must be whole on this rank but for its experts and TP slices (no PP, no "
+                        "sequence parallelism)"), NULL;
+    if ((m->ep || m->tp) && draft)
+        return mt_error("decode: speculative decoding with the model split over ranks (EP or TP) is not supported"),
+               NULL;
     if (mt_gemm_bf16_check(bf16) != 0) return NULL;
     mt_decoder *d = mt_xcalloc(1, sizeof *d);
-    const int H = c->num_attention_heads, R = mt_config_rope_dim(c);
+    const int tp = m->tp ? m->tp->size : 1, H = c->num_attention_heads / tp, R = mt_config_rope_dim(c);
+    d->tp = tp, d->H = H, d->G = c->num_key_value_heads / tp;
     const size_t C = (size_t)c->hidden_size;
     d->slots = slots, d->tmax = tmax, d->cap = cap, d->nthr = nthr, d->L = c->num_hidden_layers;
     d->mla = mt_config_is_mla(c);
@@ -62,7 +67,8 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     size_t qw = (size_t)H * c->head_dim, aw = qw, kw, vw;
     /* the cache's widths (model/sizes.h; the planner sizes the cache with the same function) */
     mt_kv_widths(c, d->absorbed, &d->kvw, &d->vw);
-    kw = vw = (size_t)c->num_key_value_heads * c->head_dim;
+    if (!d->absorbed) d->kvw /= tp, d->vw /= tp; /* per head: this rank's heads only (absorbed MLA: shared) */
+    kw = vw = (size_t)d->G * c->head_dim;
     if (d->mla) {
         const int dq = c->qk_nope_head_dim + c->qk_rope_head_dim;
         qw = (size_t)H * dq;
@@ -81,6 +87,7 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     d->h = dalloc(d, row * C);
     d->ln = dalloc(d, row * C);
     d->y = c->sandwich_norm ? dalloc(d, row * C) : NULL;
+    d->part = tp > 1 ? dalloc(d, row * C) : NULL;
     d->rstd = dalloc(d, row);
     d->q = dalloc(d, row * qw);
     d->k = dalloc(d, row * kw);
@@ -107,6 +114,7 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     }
     int ok = mla_ok && d->kc && (d->vc || !d->vw) && d->cos_t && d->sin_t && d->x && d->h && d->ln && d->rstd &&
              d->q && d->k && d->v && d->att && d->xo && d->lno && d->sc && (d->y || !c->sandwich_norm) &&
+             (d->part || tp == 1) &&
              (!draft || (d->h0 && d->cat));
     for (int l = 0; l < d->L && ok; l++)
         if (mt_config_is_moe(c, l)) ok = (d->route[l] = dalloc(d, sizeof(int32_t) * (size_t)cap * c->num_experts_per_tok)) != NULL;
@@ -143,7 +151,7 @@ mt_decoder *mt_decoder_new_draft(const mt_model *m, int slots, int tmax, int cap
 void mt_decoder_free(mt_decoder *d) {
     if (!d) return;
     float *bufs[] = {d->kc, d->vc, d->cos_t, d->sin_t, d->x, d->h, d->ln, d->rstd, d->q, d->k, d->v, d->att,
-                     d->xo, d->lno, d->sc, d->y, d->cq, d->ckv, d->kpe, d->qa, d->h0, d->cat};
+                     d->xo, d->lno, d->sc, d->y, d->cq, d->ckv, d->kpe, d->qa, d->h0, d->cat, d->part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mt_free(bufs[i]);
     for (int l = 0; l < d->L; l++) mt_free(d->route[l]);
     free(d->route);
@@ -162,7 +170,7 @@ size_t mt_decoder_kv_read(const mt_decoder *d) { return d->kv_read; }
  * and v of dv); scores in fp32, as the training forward's online softmax computes them, in
  * one pass over the cached rows. */
 static void attend(mt_decoder *d, const mt_config *c, int l, const int32_t *slot, const int32_t *pos, int n) {
-    const int mla = d->mla, H = c->num_attention_heads, G = mla ? H : c->num_key_value_heads, rep = H / G;
+    const int mla = d->mla, H = d->H, G = mla ? H : d->G, rep = H / G;
     const int Dk = mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
     const int Dv = mla ? c->v_head_dim : c->head_dim;
     const float scale = 1.0f / sqrtf((float)Dk);
@@ -194,13 +202,13 @@ static void attend(mt_decoder *d, const mt_config *c, int l, const int32_t *slot
  * rows of the fed positions written. */
 static void gqa_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_layer_w *w, int l, const int32_t *slot,
                       const int32_t *pos, int n) {
-    const int C = c->hidden_size, H = c->num_attention_heads, D = c->head_dim, kvw = d->kvw;
+    const int C = c->hidden_size, H = d->H, D = c->head_dim, kvw = d->kvw;
     const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
     mt_linear_fwd(a->ws, d->q, d->ln, w->wq, n, C, H * D, 0.0f);
     mt_linear_fwd(a->ws, d->k, d->ln, w->wk, n, C, kvw, 0.0f);
     mt_linear_fwd(a->ws, d->v, d->ln, w->wv, n, C, kvw, 0.0f);
     mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, rope);
-    mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, c->num_key_value_heads, D, rope);
+    mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, d->G, D, rope);
     for (int i = 0; i < n; i++) {
         const size_t at = (((size_t)l * d->slots + slot[i]) * d->tmax + pos[i]) * kvw;
         memcpy(d->kc + at, d->k + (size_t)i * kvw, sizeof(float) * kvw);
@@ -216,7 +224,7 @@ static void gqa_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_la
  * c_t, to which the caller applies W_vb^h. */
 static void attend_absorbed(mt_decoder *d, const mt_config *c, int l, const int32_t *slot, const int32_t *pos,
                             int n) {
-    const int H = c->num_attention_heads, kvl = c->kv_lora_rank, dn = c->qk_nope_head_dim;
+    const int H = d->H, kvl = c->kv_lora_rank, dn = c->qk_nope_head_dim;
     const int dr = c->qk_rope_head_dim, dq = dn + dr;
     const float scale = 1.0f / sqrtf((float)dq);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -248,7 +256,7 @@ static void attend_absorbed(mt_decoder *d, const mt_config *c, int l, const int3
  * the training forward's (model/mla.c). */
 static void mla_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_layer_w *w, int l, const int32_t *slot,
                       const int32_t *pos, int n) {
-    const int C = c->hidden_size, H = c->num_attention_heads, ql = c->q_lora_rank, kvl = c->kv_lora_rank;
+    const int C = c->hidden_size, H = d->H, ql = c->q_lora_rank, kvl = c->kv_lora_rank;
     const int dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, dq = dn + dr, dkv = dn + dv;
     const int rope = c->rope_interleave ? MT_ROPE_INTERLEAVE : 0;
     const float eps = (float)c->rms_norm_eps;
@@ -299,9 +307,9 @@ static void mla_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_la
 /* Decoder layer l (main stack or MTP block) on the n fed tokens' residual stream d->x, in place. */
 static void decode_layer(mt_decoder *d, mt_model *m, int l, const int32_t *slot, const int32_t *pos, int n) {
     const mt_config *c = &m->cfg;
-    const int C = c->hidden_size, H = c->num_attention_heads;
+    const int C = c->hidden_size, H = d->H;
     const int AO = H * (d->mla ? c->v_head_dim : c->head_dim); /* o_proj's input width */
-    const int F = c->intermediate_size, K = c->num_experts_per_tok, sw = c->sandwich_norm;
+    const int F = c->intermediate_size / d->tp, K = c->num_experts_per_tok, sw = c->sandwich_norm;
     const float eps = (float)c->rms_norm_eps;
     mt_acts *a = d->a;
     const mt_layer_w *w = &m->w[l];
@@ -310,7 +318,12 @@ static void decode_layer(mt_decoder *d, mt_model *m, int l, const int32_t *slot,
     else gqa_layer(d, a, c, w, l, slot, pos, n);
     if (sw) { /* h = x + rmsnorm(att Wo^T), the FFN's input normed by pre_mlp_layernorm */
         mt_linear_fwd(a->ws, d->y, d->att, w->wo, n, AO, C, 0.0f);
+        if (d->tp > 1) m->tp->reduce(m->tp->ctx, d->y, d->y, (size_t)n * C); /* the heads' partial sums */
         mt_rmsnorm_fwd(d->h, d->rstd, d->y, w->post_norm, n, C, eps);
+        mt_add(d->h, d->x, (size_t)n * C);
+    } else if (d->tp > 1) {
+        mt_linear_fwd(a->ws, d->h, d->att, w->wo, n, AO, C, 0.0f);
+        m->tp->reduce(m->tp->ctx, d->h, d->h, (size_t)n * C);
         mt_add(d->h, d->x, (size_t)n * C);
     } else {
         mt_linear_fwd_res(a->ws, d->h, d->x, d->att, NULL, w->wo, n, AO, C);
@@ -319,7 +332,14 @@ static void decode_layer(mt_decoder *d, mt_model *m, int l, const int32_t *slot,
     layer_acts *L = &a->L[l];
     float *fout = sw ? d->y : d->x; /* sandwich: the FFN's output, normed into x below */
     const float *fres = sw ? NULL : d->h;
-    if (!mt_config_is_moe(c, l)) {
+    if (!mt_config_is_moe(c, l) && d->tp > 1) { /* this rank's F / tp columns, their partial sums added */
+        mt_ffn_fwd(a, d->part, NULL, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
+        m->tp->reduce(m->tp->ctx, sw ? fout : d->part, d->part, (size_t)n * C);
+        if (!sw) {
+            mt_copy(fout, fres, (size_t)n * C);
+            mt_add(fout, d->part, (size_t)n * C);
+        }
+    } else if (!mt_config_is_moe(c, l)) {
         mt_ffn_fwd(a, fout, fres, L->gu, L->gu16, d->ln, NULL, w->gate, w->down, n, C, F, a->ffn_rows);
     } else {
         mt_moe_block_fwd(m, a, L, w, l, n, 1, d->ln, NULL, fres, fout, 0);

@@ -8,10 +8,13 @@
  * (one token each), so finished sequences can be replaced while others continue
  * (continuous batching). A token attends to the positions 0..pos of its own slot, which
  * the call writes before reading. The layers are those of the training forward
- * (model/model.c), run on the fed tokens only; no tensor or pipeline parallelism. A model
- * whose routed experts are split over an EP group (m->ep) decodes collectively: every rank
- * of the group makes the same calls (each with its own tokens), whose MoE layers exchange
- * rows as in training. */
+ * (model/model.c), run on the fed tokens only; no pipeline parallelism. A model whose
+ * routed experts are split over an EP group (m->ep) decodes collectively: every rank of the
+ * group makes the same calls (each with its own tokens), whose MoE layers exchange rows as
+ * in training. A tensor-parallel model (m->tp, without SP) decodes collectively too: every
+ * rank of the TP group makes the same calls with the same tokens, caches its own heads'
+ * keys and values (absorbed MLA: the shared compressed rows), and the attention output and
+ * dense FFN products are summed over the group (Megatron's row-parallel all-reduce). */
 #ifndef MT_MODEL_DECODE_H
 #define MT_MODEL_DECODE_H
 
@@ -24,8 +27,8 @@ typedef struct mt_decoder mt_decoder;
 
 /* A decoder for m with `slots` sequences of up to tmax positions and up to cap fed tokens
  * per call, whose products run in bf16 (mixed precision, as mt_acts_new's bf16) or fp32 (0);
- * NULL with an error when tmax exceeds max_position_embeddings or the model is split (TP,
- * PP; EP with drafting) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
+ * NULL with an error when tmax exceeds max_position_embeddings or the model is split over
+ * PP or TP with SP (EP or TP with drafting) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
  * and training activations of either precision may share one model. */
 mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16);
 /* The same choosing MLA's cache form (ignored for GQA): absorbed (1, mt_decoder_new's) caches

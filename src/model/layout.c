@@ -434,8 +434,9 @@ int mt_model_init(mt_model *m, const mt_config *cfg) { return mt_model_init_part
 
 int mt_model_init_infer(mt_model *m, const mt_config *cfg) { return init_part(m, cfg, NULL, NULL, NULL, 0); }
 
-int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep) {
-    return init_part(m, cfg, sh, ep, NULL, 0);
+int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
+                             const mt_tp_ops *tp) {
+    return init_part(m, cfg, sh, ep, tp, 0);
 }
 
 void mt_model_free(mt_model *m) {

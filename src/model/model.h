@@ -224,8 +224,9 @@ int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The whole model with parameters only (grads NULL): forward and decode, no backward
  * (RL's rollout copy when training splits the model). */
 int mt_model_init_infer(mt_model *m, const mt_config *cfg);
-/* The same for the part sh (no TP slices; ep as for mt_model_init_part). */
-int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep);
+/* The same for the part sh (ep and tp as for mt_model_init_part). */
+int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
+                             const mt_tp_ops *tp);
 /* The part of the model described by sh (tensor table, offsets and pointers for it only);
  * ep may be NULL when sh->ep_size == 1. */
 int mt_model_init_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,

@@ -148,62 +148,95 @@ void mt_reshard_allgather(mt_group *g, const mt_tensor *full_t, int nfull, const
     mt_reshard_allgather_to(g, full_t, nfull, part, pbuf, own_tp, own_dense, own_expert, full_t, nfull, full);
 }
 
-/* whole tensor fi of a part, from the slice h of it (or the whole) in src */
-static void put(float *dbuf, const mt_tensor *full_t, const mt_tensor *dst_t, const int *where, const int64_t *h,
-                float *src) {
-    mt_tensor f = full_t[h[0]];
-    f.offset = dst_t[where[h[0]]].offset;
-    slice_copy(dbuf, &f, src, h, 1);
+/* The rectangle of the whole tensor a piece with header h covers: first row, first column,
+ * rows, columns (a TP slice's rows or columns; a 1-D tensor is one column). */
+static void rect_of(const int64_t *h, int64_t *r) {
+    r[0] = h[1] == 0 ? h[2] : 0;
+    r[1] = h[1] == 1 ? h[2] : 0;
+    r[2] = h[3], r[3] = h[4];
+}
+
+/* o = the overlap of pieces a and b of the same tensor (headers); its float count */
+static size_t overlap(const int64_t *a, const int64_t *b, int64_t *o) {
+    int64_t ra[4], rb[4];
+    rect_of(a, ra);
+    rect_of(b, rb);
+    for (int k = 0; k < 2; k++) {
+        const int64_t lo = ra[k] > rb[k] ? ra[k] : rb[k];
+        const int64_t hi = ra[k] + ra[k + 2] < rb[k] + rb[k + 2] ? ra[k] + ra[k + 2] : rb[k] + rb[k + 2];
+        o[k] = lo, o[k + 2] = hi > lo ? hi - lo : 0;
+    }
+    return (size_t)(o[2] * o[3]);
+}
+
+/* the rectangle o from src (laid out as rectangle sr) into dst (laid out as dr) */
+static void rect_copy(float *dst, const int64_t *dr, const float *src, const int64_t *sr, const int64_t *o) {
+    for (int64_t i = 0; i < o[2]; i++)
+        memcpy(dst + (size_t)((o[0] + i - dr[0]) * dr[3] + o[1] - dr[1]),
+               src + (size_t)((o[0] + i - sr[0]) * sr[3] + o[1] - sr[1]), sizeof(float) * (size_t)o[3]);
+}
+
+/* the overlap of source piece sh (data src) and destination piece dh (data dst), copied */
+static void piece_copy(float *dst, const int64_t *dh, const float *src, const int64_t *sh) {
+    int64_t o[4], sr[4], dr[4];
+    if (!overlap(sh, dh, o)) return;
+    rect_of(sh, sr);
+    rect_of(dh, dr);
+    rect_copy(dst, dr, src, sr, o);
 }
 
 void mt_reshard_allgather_to(mt_group *g, const mt_tensor *full_t, int nfull, const mt_model *part, const float *pbuf,
                              int own_tp, int own_dense, int own_expert, const mt_tensor *dst_t, int ndst, float *dbuf) {
+    (void)full_t;
     int *idx;
     int64_t *hdr;
     const int n = my_list(part, 1, own_tp, own_dense, own_expert, &idx, &hdr);
     int *where = mt_xmalloc(sizeof(int) * ((size_t)nfull + 1)); /* whole index -> this rank's dst tensor, or -1 */
+    int64_t *dh = mt_xmalloc(sizeof(int64_t) * HDR * ((size_t)ndst + 1)); /* this rank's dst pieces */
     for (int i = 0; i < nfull; i++) where[i] = -1;
     for (int k = 0; k < ndst; k++) {
-        MT_ASSERT(dst_t[k].tp_dim < 0 && dst_t[k].full_index >= 0 && dst_t[k].full_index < nfull);
+        MT_ASSERT(dst_t[k].full_index >= 0 && dst_t[k].full_index < nfull);
         where[dst_t[k].full_index] = k;
+        header(&dst_t[k], dh + (size_t)HDR * k);
     }
-    for (int k = 0; k < n; k++) /* this rank's own tensors: local copies */
-        if (where[hdr[HDR * k]] >= 0) put(dbuf, full_t, dst_t, where, hdr + HDR * k, (float *)pbuf + part->tensors[idx[k]].offset);
+    for (int k = 0; k < n; k++) { /* this rank's own tensors: local copies */
+        const int w = where[hdr[HDR * k]];
+        if (w >= 0) piece_copy(dbuf + dst_t[w].offset, dh + (size_t)HDR * w, pbuf + part->tensors[idx[k]].offset, hdr + HDR * k);
+    }
     const int single = g->size == 1 || g->comm == MPI_COMM_NULL;
     if (single) {
-        free(where);
-        free(idx);
-        free(hdr);
+        free(where), free(dh), free(idx), free(hdr);
         return;
     }
     double t0 = MPI_Wtime();
     const int S = g->size, r = g->rank;
-    /* every rank's list of owned tensors (in the order its blocks pack them) and of the whole
-     * indices its dst holds */
-    int *counts = mt_xmalloc(sizeof(int) * (size_t)S * 4), *displ = counts + S, cnt = n * HDR;
+    /* every rank's list of owned pieces (in the order its blocks pack them) and of the pieces
+     * its dst holds */
+    int *counts = mt_xmalloc(sizeof(int) * (size_t)S * 4), *displ = counts + S, cnt = n * HDR, dcnt = ndst * HDR;
     int *dcounts = counts + 2 * S, *ddispl = counts + 3 * S;
     MPI_Allgather(&cnt, 1, MPI_INT, counts, 1, MPI_INT, g->comm);
-    MPI_Allgather(&ndst, 1, MPI_INT, dcounts, 1, MPI_INT, g->comm);
+    MPI_Allgather(&dcnt, 1, MPI_INT, dcounts, 1, MPI_INT, g->comm);
     int tot = 0, dtot = 0;
     for (int q = 0; q < S; q++) displ[q] = tot, tot += counts[q], ddispl[q] = dtot, dtot += dcounts[q];
-    int64_t *all = mt_xmalloc(sizeof(int64_t) * ((size_t)tot + 1));
+    int64_t *all = mt_xmalloc(sizeof(int64_t) * ((size_t)tot + 1)), *held = mt_xmalloc(sizeof(int64_t) * ((size_t)dtot + 1));
     MPI_Allgatherv(hdr, cnt, MPI_INT64_T, all, counts, displ, MPI_INT64_T, g->comm);
-    int *mine = mt_xmalloc(sizeof(int) * ((size_t)ndst + 1)), *held = mt_xmalloc(sizeof(int) * ((size_t)dtot + 1));
-    for (int k = 0; k < ndst; k++) mine[k] = dst_t[k].full_index;
-    MPI_Allgatherv(mine, ndst, MPI_INT, held, dcounts, ddispl, MPI_INT, g->comm);
-    /* the floats of each round: to rank r + j what its dst holds of this rank's, from rank
-     * r - j what this rank's dst holds of that rank's */
-    unsigned char *want = mt_xcalloc((size_t)nfull + 1, 1);
+    MPI_Allgatherv(dh, dcnt, MPI_INT64_T, held, dcounts, ddispl, MPI_INT64_T, g->comm);
+    /* the floats of each round: to rank r + j the overlaps of this rank's pieces with what its
+     * dst holds, from rank r - j the overlaps of that rank's pieces with this rank's dst */
+    int *peer = mt_xmalloc(sizeof(int) * ((size_t)nfull + 1)); /* whole index -> the peer's dst piece, or -1 */
+    for (int i = 0; i < nfull; i++) peer[i] = -1;
     size_t *sendf = mt_xcalloc((size_t)S * 2, sizeof(size_t)), *recvf = sendf + S, maxr = 0, maxs = 0;
+    int64_t o[4];
     for (int j = 1; j < S; j++) {
         const int dst = (r + j) % S, src = (r - j + S) % S;
-        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 1;
+        const int64_t *ph = held + ddispl[dst];
+        for (int k = 0; k < dcounts[dst] / HDR; k++) peer[ph[HDR * k]] = k;
         for (int k = 0; k < n; k++)
-            if (want[hdr[HDR * k]]) sendf[j] += part->tensors[idx[k]].numel;
-        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 0;
+            if (peer[hdr[HDR * k]] >= 0) sendf[j] += overlap(hdr + HDR * k, ph + (size_t)HDR * peer[hdr[HDR * k]], o);
+        for (int k = 0; k < dcounts[dst] / HDR; k++) peer[ph[HDR * k]] = -1;
         for (int k = 0; k < counts[src] / HDR; k++) {
             const int64_t *h = all + displ[src] + HDR * k;
-            if (where[h[0]] >= 0) recvf[j] += (size_t)(h[3] * h[4]);
+            if (where[h[0]] >= 0) recvf[j] += overlap(h, dh + (size_t)HDR * where[h[0]], o);
         }
         maxr = recvf[j] > maxr ? recvf[j] : maxr;
         maxs = sendf[j] > maxs ? sendf[j] : maxs;
@@ -217,35 +250,45 @@ void mt_reshard_allgather_to(mt_group *g, const mt_tensor *full_t, int nfull, co
     const size_t win = (size_t)1 << 30, nwin = (size_t)mx / win + 1;
     for (int j = 1; j < S; j++) {
         const int dst = (r + j) % S, src = (r - j + S) % S;
-        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 1;
-        for (size_t k = 0, off = 0; k < (size_t)n; k++) {
-            const mt_tensor *t = &part->tensors[idx[k]];
-            if (!want[hdr[HDR * k]]) continue;
-            memcpy(send + off, pbuf + t->offset, t->numel * sizeof(float));
-            off += t->numel;
+        const int64_t *ph = held + ddispl[dst];
+        for (int k = 0; k < dcounts[dst] / HDR; k++) peer[ph[HDR * k]] = k;
+        for (size_t k = 0, off = 0; k < (size_t)n; k++) { /* each overlap packed as a dense rectangle */
+            const int64_t *h = hdr + HDR * k;
+            if (peer[h[0]] < 0) continue;
+            const size_t ne = overlap(h, ph + (size_t)HDR * peer[h[0]], o);
+            if (!ne) continue;
+            int64_t sr[4];
+            rect_of(h, sr);
+            rect_copy(send + off, o, pbuf + part->tensors[idx[k]].offset, sr, o);
+            off += ne;
         }
-        for (int k = 0; k < dcounts[dst]; k++) want[held[ddispl[dst] + k]] = 0;
-        for (size_t w = 0, o = 0; w < nwin; w++, o += win) {
-            const size_t sc = o < sendf[j] ? (sendf[j] - o < win ? sendf[j] - o : win) : 0;
-            const size_t rc = o < recvf[j] ? (recvf[j] - o < win ? recvf[j] - o : win) : 0;
-            MPI_Sendrecv(send + o, (int)sc, MPI_FLOAT, dst, 0, recv + o, (int)rc, MPI_FLOAT, src, 0, g->comm,
+        for (int k = 0; k < dcounts[dst] / HDR; k++) peer[ph[HDR * k]] = -1;
+        for (size_t w = 0, at = 0; w < nwin; w++, at += win) {
+            const size_t sc = at < sendf[j] ? (sendf[j] - at < win ? sendf[j] - at : win) : 0;
+            const size_t rc = at < recvf[j] ? (recvf[j] - at < win ? recvf[j] - at : win) : 0;
+            MPI_Sendrecv(send + at, (int)sc, MPI_FLOAT, dst, 0, recv + at, (int)rc, MPI_FLOAT, src, 0, g->comm,
                          MPI_STATUS_IGNORE);
         }
         size_t off = 0;
         for (int k = 0; k < counts[src] / HDR; k++) {
             const int64_t *h = all + displ[src] + HDR * k;
             if (where[h[0]] < 0) continue;
-            put(dbuf, full_t, dst_t, where, h, recv + off);
-            off += (size_t)(h[3] * h[4]);
+            const int64_t *mh = dh + (size_t)HDR * where[h[0]];
+            const size_t ne = overlap(h, mh, o);
+            if (!ne) continue;
+            int64_t dr[4];
+            rect_of(mh, dr);
+            rect_copy(dbuf + dst_t[where[h[0]]].offset, dr, recv + off, o, o);
+            off += ne;
         }
     }
     mt_dist_get()->comm_s += MPI_Wtime() - t0;
     mt_free(send);
     mt_free(recv);
-    free(want);
+    free(peer);
     free(sendf);
-    free(mine);
     free(held);
+    free(dh);
     free(where);
     free(all);
     free(counts);

@@ -35,9 +35,10 @@ void mt_reshard_extract(const mt_tensor *full_t, const float *full, const mt_mod
  * its own block and one received block besides full. RL's switch to the rollout layout. */
 void mt_reshard_allgather(mt_group *g, const mt_tensor *full_t, int nfull, const mt_model *part, const float *pbuf,
                           int own_tp, int own_dense, int own_expert, float *full);
-/* The same into another layout: dbuf = the tensors of the table dst_t[ndst] (whole tensors,
- * no TP slices; offsets into dbuf), each rank sending every peer only the owned tensors
- * that peer's table holds. RL's switch to an expert-parallel rollout layout. */
+/* The same into another layout: dbuf = the tensors of the table dst_t[ndst] (whole tensors
+ * or TP slices; offsets into dbuf), each rank sending every peer only the overlap of its
+ * owned pieces with the pieces that peer's table holds. RL's switch to an expert- or
+ * tensor-parallel rollout layout. full_t is not read (the pieces carry their shapes). */
 void mt_reshard_allgather_to(mt_group *g, const mt_tensor *full_t, int nfull, const mt_model *part, const float *pbuf,
                              int own_tp, int own_dense, int own_expert, const mt_tensor *dst_t, int ndst, float *dbuf);
 

@@ -16,6 +16,7 @@
 #include "data/prompts.h"
 #include "parallel/dist.h"
 #include "parallel/ep.h"
+#include "parallel/tp.h"
 #include "kernels/blas.h"
 #include "rl/advantage.h"
 #include "rl/dump.h"
@@ -163,13 +164,13 @@ static void merge_records(const double *all, double *out, size_t n, int W, int T
 /* The switch back: the trainer's part from the rollout copy, whose pages are then given
  * back until the next switch. */
 static void back_to_training(mt_trainer *t, mt_model *roll) {
-    if (!roll->ep) mt_trainer_from_rollout(t, roll->params); /* an EP part: the trainer kept its own */
+    if (!roll->ep && !roll->tp) mt_trainer_from_rollout(t, roll->params); /* a part: the trainer kept its own */
     mt_release_pages(roll->params, roll->nparams * sizeof(float));
 }
 
-/* The switch to the rollout copy: a whole one, or (--rollout-ep) this rank's EP part. */
+/* The switch to the rollout copy: a whole one, or (--rollout-ep, --rollout-tp) this rank's part. */
 static void to_rollout(mt_trainer *t, mt_model *roll) {
-    if (roll->ep) mt_trainer_to_rollout_part(t, roll);
+    if (roll->ep || roll->tp) mt_trainer_to_rollout_part(t, roll);
     else mt_trainer_to_rollout(t, roll->params);
 }
 
@@ -250,7 +251,18 @@ int mt_rl(const mt_rl_opts *opt) {
         return mt_error("rl: --rollout-ep %d does not divide the %d ranks", Nr, d->size);
     if (Nr > 1 && o.speculative)
         return mt_error("rl: --speculative drafts on a whole copy: it cannot be given with --rollout-ep");
-    const int split = !sep && (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1 || Nr > 1);
+    const int Nt = o.rollout_tp > 0 ? o.rollout_tp : 1; /* the rollout's TP group */
+    if (o.rollout_tp < 0) return mt_error("rl: --rollout-tp must be >= 1");
+    if (Nt > 1 && sep)
+        return mt_error("rl: --rollout-tp is the co-located rollout's layout: it cannot be given with --rollout-ranks");
+    if (Nt > 1 && Nr > 1) return mt_error("rl: --rollout-tp and --rollout-ep cannot be combined yet: give one of them");
+    if (Nt > 1 && d->size % Nt != 0) return mt_error("rl: --rollout-tp %d does not divide the %d ranks", Nt, d->size);
+    if (Nt > 1 && o.speculative)
+        return mt_error("rl: --speculative drafts on a whole copy: it cannot be given with --rollout-tp");
+    if (Nt > 1 && o.train.ranks_per_node > 0 && o.train.ranks_per_node % Nt != 0)
+        return mt_error("rl: --rollout-tp %d: TP groups would span the emulated nodes (--ranks-per-node %d); make "
+                        "--ranks-per-node a multiple of --rollout-tp", Nt, o.train.ranks_per_node);
+    const int split = !sep && (o.train.pp > 1 || o.train.tp > 1 || o.train.ep > 1 || Nr > 1 || Nt > 1);
     /* co-located: every rank samples its share (from a whole copy when training splits the
      * model); separate: the trainer's ranks sample nothing */
     const int D = d->size;
@@ -337,6 +349,8 @@ int mt_rl(const mt_rl_opts *opt) {
     memset(&roll, 0, sizeof roll);
     mt_ep rep; /* --rollout-ep: the rollout copy's expert exchange, over groups of Nr consecutive ranks */
     MPI_Comm rep_comm = MPI_COMM_NULL;
+    mt_tp rtp; /* --rollout-tp: the rollout copy's TP collectives, over groups of Nt consecutive ranks */
+    mt_group rtg = {.comm = MPI_COMM_NULL};
     if (split && Nr > 1) {
         const mt_config *rc = mt_trainer_config(t);
         if (rc->n_routed_experts == 0 || rc->n_routed_experts % Nr != 0)
@@ -348,7 +362,24 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_part sh;
         mt_part_whole(&sh, rc);
         sh.ep_rank = d->rank % Nr, sh.ep_size = Nr;
-        if (mt_model_init_infer_part(&roll, rc, &sh, &rep.ops) != 0) mt_dist_abort(mt_last_error());
+        if (mt_model_init_infer_part(&roll, rc, &sh, &rep.ops, NULL) != 0) mt_dist_abort(mt_last_error());
+    } else if (split && Nt > 1) {
+        const mt_config *rc = mt_trainer_config(t);
+        const int dense = rc->n_routed_experts > 0 ? rc->first_k_dense_replace : rc->num_hidden_layers;
+        if (rc->num_attention_heads % Nt || rc->num_key_value_heads % Nt || (dense > 0 && rc->intermediate_size % Nt)) {
+            mt_error("rl: --rollout-tp %d does not divide the attention heads (%d), key/value heads (%d) and the dense "
+                     "FFN's intermediate_size (%d)", Nt, rc->num_attention_heads, rc->num_key_value_heads,
+                     rc->intermediate_size);
+            mt_dist_abort(mt_last_error());
+        }
+        MPI_Comm_split(d->all.comm, d->rank / Nt, d->rank, &rtg.comm);
+        MPI_Comm_rank(rtg.comm, &rtg.rank);
+        MPI_Comm_size(rtg.comm, &rtg.size);
+        mt_tp_init(&rtp, &rtg, 0, 0);
+        mt_part sh;
+        mt_part_whole(&sh, rc);
+        sh.tp_rank = rtg.rank, sh.tp_size = Nt;
+        if (mt_model_init_infer_part(&roll, rc, &sh, NULL, &rtp.ops) != 0) mt_dist_abort(mt_last_error());
     } else if (split && mt_model_init_infer(&roll, mt_trainer_config(t)) != 0) {
         mt_dist_abort(mt_last_error());
     }
@@ -407,12 +438,19 @@ int mt_rl(const mt_rl_opts *opt) {
             printf("  StaleSync: step n trains on rollouts of version n-1-%d%s, corrected by the truncated importance "
                    "weight%s\n", o.max_staleness, o.stale_free ? " or newer (the newest the rollout ranks have)" : "",
                    o.no_is_weight ? " -- turned off (--no-is-weight)" : "");
-        if (!ti->quiet && split && Nr == 1)
+        if (!ti->quiet && split && Nr == 1 && Nt == 1)
             printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; every rank rolls out %d prompts from a "
                    "whole copy of the weights (%.1f MiB: the only copy during the rollout, filled point to point each "
                    "step; the trainer's parameters, gradients and activations parked meanwhile)\n",
                    d->pp_size, d->dp_size, d->tp_size, d->sp ? " (SP)" : "", d->ep_size, Pr,
                    (double)roll.nparams * sizeof(float) / 1048576.0);
+        if (!ti->quiet && split && Nt > 1)
+            printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; rollout layout TP %d x DP %d: every TP "
+                   "group rolls out %d prompts from its slices (%.1f MiB a rank: the attention heads and dense FFN split "
+                   "over %d ranks, filled point to point each step; the trainer's gradients and activations parked "
+                   "meanwhile)\n",
+                   d->pp_size, d->dp_size, d->tp_size, d->sp ? " (SP)" : "", d->ep_size, Nt, D / Nt, Pr * Nt,
+                   (double)roll.nparams * sizeof(float) / 1048576.0, Nt);
         if (!ti->quiet && split && Nr > 1)
             printf("  RL Fusion: training layout PP %d x DP %d x TP %d%s, EP %d; rollout layout EP %d x DP %d: every rank "
                    "rolls out %d prompts from its part (%.1f MiB: the experts split over %d ranks, filled point to point "
@@ -445,9 +483,10 @@ int mt_rl(const mt_rl_opts *opt) {
      * rank, exchanged as records of rec_n int32: n, eot, tokens, log-prob bits, routing */
     const int rrows = Pr * G;
     const size_t rec_n = shp.rec_n;
-    mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows, sizeof *rreq) : NULL;
-    mt_completion *rco = split ? mt_xcalloc((size_t)rrows, sizeof *rco) : NULL;
-    int32_t **rptok = split ? mt_xcalloc((size_t)Pr, sizeof *rptok) : NULL;
+    /* --rollout-tp: a TP group samples its ranks' shares together, each rank keeping its own */
+    mt_rollout_req *rreq = split ? mt_xcalloc((size_t)rrows * Nt, sizeof *rreq) : NULL;
+    mt_completion *rco = split ? mt_xcalloc((size_t)rrows * Nt, sizeof *rco) : NULL;
+    int32_t **rptok = split ? mt_xcalloc((size_t)Pr * Nt, sizeof *rptok) : NULL;
     /* unsplit co-located: the requests of the round being sampled (another step's prompts
      * than the trainer's with --max-staleness) */
     mt_rollout_req *rreq2 = mt_xcalloc((size_t)rows, sizeof *rreq2);
@@ -534,16 +573,19 @@ int mt_rl(const mt_rl_opts *opt) {
                     to_rollout(t, &roll);
                     switch_s += mt_now() - t0;
                     mt_trace_end();
-                    mt_rl_share_requests(&po, &ps, &o, n, d->rank, D, rptok, rreq);
+                    mt_rl_share_requests(&po, &ps, &o, n, d->rank / Nt, D / Nt, rptok, rreq);
                     mt_trace_begin("rl.rollout");
-                    if (mt_rollout(&roll, &ro, rreq, rrows, rco, &rn) != 0) { rc = -1; mt_trace_end(); break; }
+                    if (mt_rollout(&roll, &ro, rreq, rrows * Nt, rco, &rn) != 0) { rc = -1; mt_trace_end(); break; }
                     mt_trace_end();
+                    const int own = (d->rank % Nt) * rrows; /* this rank's share of its TP group's */
+                    for (int i = 0; i < rrows * Nt; i++)
+                        if (i < own || i >= own + rrows) mt_completion_free(&rco[i]);
                     const double r0 = (double)mt_peak_rss() / 1048576.0;
                     rss[0] = r0 > rss[0] ? r0 : rss[0];
                     mt_trace_begin("rl.switch");
                     const double t1 = mt_now();
                     back_to_training(t, &roll);
-                    mt_rl_pack_records(&shp, rco, rreq, rrows, mine);
+                    mt_rl_pack_records(&shp, rco + own, rreq + own, rrows, mine);
                     mt_group_allgather_i32(&d->all, mine, rec_n * (size_t)rrows, every);
                     /* this DP index's completions, in the order of its prompts */
                     memcpy(slot, every + rec_n * (size_t)d->dp_rank * (size_t)rows, sizeof(int32_t) * rec_n * (size_t)rows);
@@ -773,7 +815,7 @@ int mt_rl(const mt_rl_opts *opt) {
     else if (mf) rc = mt_file_close(mf, path); /* the summary event */
     for (int j = 0; j < Pl; j++) free(ptok[j]);
     free(ptok), free(pidx), free(req), free(co), free(rew), free(adv), free(uni), free(drop), free(seq), free(po.perm);
-    for (int j = 0; split && j < Pr; j++) free(rptok[j]);
+    for (int j = 0; split && j < Pr * Nt; j++) free(rptok[j]);
     free(rptok), free(rreq), free(rco), free(mine), free(every);
     for (int j = 0; j < Pl; j++) free(rptok2[j]);
     free(rptok2), free(rreq2), free(ring), free(ring_s), free(ring_v), free(ver), free(score), free(vall);
@@ -783,6 +825,10 @@ int mt_rl(const mt_rl_opts *opt) {
     if (rep_comm != MPI_COMM_NULL) {
         mt_ep_free(&rep);
         MPI_Comm_free(&rep_comm);
+    }
+    if (rtg.comm != MPI_COMM_NULL) {
+        mt_tp_free(&rtp);
+        MPI_Comm_free(&rtg.comm);
     }
     mt_free(ref);
     free(seq_of), free(rec), free(rec_all), free(rec_world);

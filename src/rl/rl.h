@@ -6,7 +6,9 @@
  * one optimizer step of the trainer (train/trainer.h) on the GRPO loss (rl/grpo.h). Under
  * mpirun, co-located (default): every rank rolls out P / ranks prompts, from its own
  * weights under data parallelism, from a whole copy filled by a layout switch each step when
- * training splits the model (RL Fusion); the completions then go to the trainer's DP ranks.
+ * training splits the model (RL Fusion), or from its part of an EP or TP rollout layout (a
+ * TP group samples its ranks' prompts together); the completions then go to the trainer's
+ * DP ranks.
  * Separate (rollout_ranks R > 0): the last R ranks only roll out, the others only train;
  * the weights go to the rollout ranks and the completions back each step. With beta >
  * 0 the --init weights stay as the frozen reference (one more copy of the parameters) and a
@@ -46,6 +48,8 @@ typedef struct {
     int rollout_ranks;           /* separate deployment: the last R ranks roll out; 0 = co-located */
     int rollout_ep;              /* co-located: the rollout's routed experts split over groups of this many
                                   * consecutive ranks (a copy of the rest on each); 1 = a whole copy per rank */
+    int rollout_tp;              /* co-located: the rollout's attention heads and dense FFN split over groups of
+                                  * this many consecutive ranks (tensor parallelism, no SP); 1 = none */
     int max_staleness;           /* StaleSync: step n trains on rollouts of version >= n - 1 - s (0: synchronous) */
     int stale_free;              /* separate: sample with the newest version arrived (else exactly n - 1 - s) */
     int no_is_weight;            /* w_t = 1: no truncated importance weight (the ablation) */

@@ -31,7 +31,9 @@ int64_t mt_prompt_order_at(mt_prompt_order *po, int64_t k) {
 double mt_rl_heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int max_new, int slots, int bf16,
                                mt_dist *d) {
     if ((size_t)n > ev->n) n = (int)ev->n;
-    const int r = d->rank, D = d->size, lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
+    /* a TP group decodes the same prompts: the share is the group's, counted once */
+    const int tp = m->tp ? m->tp->size : 1, r = d->rank / tp, D = d->size / tp;
+    const int lo = (int)((int64_t)n * r / D), hi = (int)((int64_t)n * (r + 1) / D);
     mt_rollout_req *req = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *req);
     int32_t **toks = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *toks);
     for (int i = lo; i < hi; i++) {
@@ -45,9 +47,10 @@ double mt_rl_heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int m
     mt_rollout_stats st;
     int64_t c[2] = {0, hi - lo};
     if (mt_rollout(m, &ro, req, hi - lo, out, &st) != 0) mt_dist_abort(mt_last_error());
+    if (tp > 1 && m->tp->rank != 0) c[1] = 0;
     for (int i = lo; i < hi; i++) {
         const mt_completion *co = &out[i - lo];
-        c[0] += mt_math_verdict_tk(ev->tk, co->tokens, co->n, co->stopped_eot, ev->answer[i]) == MT_VERDICT_CORRECT;
+        if (tp == 1 || m->tp->rank == 0) c[0] += mt_math_verdict_tk(ev->tk, co->tokens, co->n, co->stopped_eot, ev->answer[i]) == MT_VERDICT_CORRECT;
         mt_completion_free(&out[i - lo]);
         free(toks[i - lo]);
     }
