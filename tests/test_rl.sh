@@ -21,7 +21,7 @@
 #     the last bits of w = exp(logp_old - logp_behav) move with the batch shape); so do
 #     training layouts that split the model (EP2, TP2+SP, PP2+ZeRO-1; DP4 x EP2: RL Fusion, a layout
 #     switch to a whole rollout copy every step, or to an EP part of one with --rollout-ep,
-#     or to TP slices with --rollout-tp,
+#     or to TP slices with --rollout-tp (also with MLA, and drafting speculatively on EP and TP parts),
 #     switch_s > 0; logp_old within 1e-5 of logp_behav) and separate deployments
 #     (--rollout-ranks 1 of 2, 2 of 3: the weights sent to the rollout ranks each step).
 # Usage: bash tests/test_rl.sh path/to/moetrain
@@ -214,8 +214,8 @@ EOF
     # all-reduced in every decode step); and separate deployments:
     # --rollout-ranks R roll out, the other ranks train. The trainer's log-probs of the
     # sampled tokens within 1e-5 of the rollout's in every pair of layouts
-    # run $2 = the one-process run $1 ($3 steps): rewards, tokens, held-out accuracy exactly,
-    # loss within 1e-5, on-policy, a layout switch every step, logp_old within 1e-5 of logp_behav
+    # run $2 = the one-process run $1 ($3 steps): rewards, tokens, held-out accuracy (and
+    # speculative drafts) exactly, loss within 1e-5, on-policy, a layout switch every step, logp_old within 1e-5 of logp_behav
     same_run() {
         python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" <<'EOF'
 import json, sys
@@ -229,6 +229,7 @@ for x, y in zip(a, b):
     bad |= abs(x["loss"] - y["loss"]) > 1e-5 * abs(x["loss"]) + 1e-6
     bad |= abs(x["grad_norm"] - y["grad_norm"]) > 1e-4 * x["grad_norm"]
     bad |= x.get("heldout_accuracy") != y.get("heldout_accuracy")
+    bad |= x.get("spec_drafted") != y.get("spec_drafted") or x.get("spec_accepted") != y.get("spec_accepted")
     bad |= y["ratio_dev"] != 0 or not (y["switch_s"] > 0) or y["logp_old_behav_max"] > 1e-5
 sys.exit(1 if bad else 0)
 EOF
@@ -253,13 +254,22 @@ c.update({"attention_type": "mla", "q_lora_rank": 64, "kv_lora_rank": 32, "qk_no
 json.dump(c, open(sys.argv[2], "w"))
 EOF
     "$MT" train --config "$T/mla.json" --data "$T/D" --batch 16 --seq 64 --steps 40 --lr 3e-3 --warmup 10 --threads 2 \
-        --quiet --out "$T/mrun" > "$T/mpre.log" 2>&1 || { tail -5 "$T/mpre.log"; fail "pretraining the MLA model"; }
-    margs=(--init "$T/mrun" --data "$T/D" --steps 2 --group 4 --prompts-per-step 8 --max-new 6 --eval-n 50 --quiet)
-    "$MT" rl "${margs[@]}" --threads 2 --out "$T/M1" > "$T/M1.log" 2>&1 || { tail -5 "$T/M1.log"; fail "rl, MLA"; }
-    run 2 rl "${margs[@]}" --threads 1 --rollout-tp 2 --out "$T/M2" > "$T/M2.log" 2>&1 \
-        || { tail -5 "$T/M2.log"; fail "rl --rollout-tp 2, MLA"; }
-    same_run "$T/M1" "$T/M2" 2 || fail "rl --rollout-tp 2 with MLA differs from one process"
+        --quiet --out "$T/tla" > "$T/tpre.log" 2>&1 || { tail -5 "$T/tpre.log"; fail "pretraining the MLA model"; }
+    targs=(--init "$T/tla" --data "$T/D" --steps 2 --group 4 --prompts-per-step 8 --max-new 6 --eval-n 50 --quiet)
+    "$MT" rl "${targs[@]}" --threads 2 --out "$T/T1" > "$T/T1.log" 2>&1 || { tail -5 "$T/T1.log"; fail "rl, MLA"; }
+    run 2 rl "${targs[@]}" --threads 1 --rollout-tp 2 --out "$T/T2" > "$T/T2.log" 2>&1 \
+        || { tail -5 "$T/T2.log"; fail "rl --rollout-tp 2, MLA"; }
+    same_run "$T/T1" "$T/T2" 2 || fail "rl --rollout-tp 2 with MLA differs from one process"
     ok "rl --rollout-tp 2 with MLA and the sandwich norm = one process: rewards, tokens, held-out accuracy; loss within 1e-5"
+    # speculative decoding on the rollout parts: the MTP block drafts on EP parts (a rank
+    # with no sequence left joins the block's exchange) and on TP slices
+    for L in "--rollout-ep 2" "--rollout-tp 2"; do
+        n=S$(echo "$L" | tr -d ' -')
+        run 2 rl --init "$T/mrun" --data "$T/D" --steps 2 --group 4 --prompts-per-step 8 --max-new 6 --eval-n 0 --quiet \
+            --speculative $L --threads 1 --out "$T/$n" > "$T/$n.log" 2>&1 || { tail -5 "$T/$n.log"; fail "rl --speculative $L"; }
+        same_run "$T/M1" "$T/$n" 2 || fail "rl --speculative $L differs from one process"
+        ok "rl --speculative $L on 2 ranks = one process: rewards, tokens, drafts and accepted drafts; loss within 1e-5"
+    done
     if run 2 rl "${rlargs[@]}" --rollout-ranks 2 --threads 1 --quiet --out "$T/S4" > "$T/S4.log" 2>&1; then
         fail "--rollout-ranks 2 on 2 ranks accepted"
     fi

@@ -52,9 +52,6 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     if ((m->tp && m->tp->sp) || !m->part.embed || !m->part.head)
         return mt_error("decode: the model must be whole on this rank but for its experts and TP slices (no PP, no "
                         "sequence parallelism)"), NULL;
-    if ((m->ep || m->tp) && draft)
-        return mt_error("decode: speculative decoding with the model split over ranks (EP or TP) is not supported"),
-               NULL;
     if (mt_gemm_bf16_check(bf16) != 0) return NULL;
     mt_decoder *d = mt_xcalloc(1, sizeof *d);
     const int tp = m->tp ? m->tp->size : 1, H = c->num_attention_heads / tp, R = mt_config_rope_dim(c);
@@ -398,7 +395,15 @@ void mt_decoder_draft(mt_decoder *d, mt_model *m, const int32_t *next, const int
         memcpy(d->xo + (size_t)nr * C, d->h0 + (size_t)i * C, sizeof(float) * C);
         nr++;
     }
-    if (nr == 0) return;
+    if (nr == 0 && !m->ep) return;
+    if (nr == 0) { /* EP: this rank has no sequence left, but the block's MoE exchange is the
+                    * group's: one row in slot 0 (free: a rank with no running sequence takes no
+                    * more requests), its results dropped */
+        d->dslot[0] = 0, d->dpos[0] = 0;
+        memcpy(d->x, m->embed, sizeof(float) * C);
+        memcpy(d->xo, d->h0, sizeof(float) * C);
+        nr = 1;
+    }
     mt_trace_begin("decode.draft");
     mt_acts *a = d->a;
     a->Nl = nr, a->g0 = 0, a->count_load = 0;

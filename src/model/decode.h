@@ -28,7 +28,7 @@ typedef struct mt_decoder mt_decoder;
 /* A decoder for m with `slots` sequences of up to tmax positions and up to cap fed tokens
  * per call, whose products run in bf16 (mixed precision, as mt_acts_new's bf16) or fp32 (0);
  * NULL with an error when tmax exceeds max_position_embeddings or the model is split over
- * PP or TP with SP (EP or TP with drafting) or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
+ * PP or TP with SP or bf16 cannot run here (mt_gemm_bf16_check) or the memory cannot be had. Decoders
  * and training activations of either precision may share one model. */
 mt_decoder *mt_decoder_new(const mt_model *m, int slots, int tmax, int cap, int nthr, int bf16);
 /* The same choosing MLA's cache form (ignored for GQA): absorbed (1, mt_decoder_new's) caches
@@ -60,6 +60,8 @@ void mt_decoder_forward(mt_decoder *d, mt_model *m, const int32_t *tokens, const
  * (slot[i], pos[i]) (the forward's arrays). For the rows[j] (with a next token) the block's
  * logits go to logits[j, V] and its most likely token (lowest id on ties) to draft[j]: the
  * guess of the token after next. */
+/* Collective like the forward: under EP a rank with no row left joins the group's exchange
+ * with one row of its own, whose results are dropped. */
 void mt_decoder_draft(mt_decoder *d, mt_model *m, const int32_t *next, const int32_t *slot, const int32_t *pos,
                       int n, const int32_t *rows, int no, int32_t *draft, float *logits);
 /* The experts each fed token of the last call was routed to in MoE layer l (logical ids,

@@ -249,16 +249,12 @@ int mt_rl(const mt_rl_opts *opt) {
         return mt_error("rl: --rollout-ep is the co-located rollout's layout: it cannot be given with --rollout-ranks");
     if (Nr > 1 && d->size % Nr != 0)
         return mt_error("rl: --rollout-ep %d does not divide the %d ranks", Nr, d->size);
-    if (Nr > 1 && o.speculative)
-        return mt_error("rl: --speculative drafts on a whole copy: it cannot be given with --rollout-ep");
     const int Nt = o.rollout_tp > 0 ? o.rollout_tp : 1; /* the rollout's TP group */
     if (o.rollout_tp < 0) return mt_error("rl: --rollout-tp must be >= 1");
     if (Nt > 1 && sep)
         return mt_error("rl: --rollout-tp is the co-located rollout's layout: it cannot be given with --rollout-ranks");
     if (Nt > 1 && Nr > 1) return mt_error("rl: --rollout-tp and --rollout-ep cannot be combined yet: give one of them");
     if (Nt > 1 && d->size % Nt != 0) return mt_error("rl: --rollout-tp %d does not divide the %d ranks", Nt, d->size);
-    if (Nt > 1 && o.speculative)
-        return mt_error("rl: --speculative drafts on a whole copy: it cannot be given with --rollout-tp");
     if (Nt > 1 && o.train.ranks_per_node > 0 && o.train.ranks_per_node % Nt != 0)
         return mt_error("rl: --rollout-tp %d: TP groups would span the emulated nodes (--ranks-per-node %d); make "
                         "--ranks-per-node a multiple of --rollout-tp", Nt, o.train.ranks_per_node);
@@ -592,7 +588,7 @@ int mt_rl(const mt_rl_opts *opt) {
                     switch_s += mt_now() - t1;
                     mt_trace_end();
                 }
-                spec[0] += rn.drafted, spec[1] += rn.accepted;
+                if (d->rank % Nt == 0) spec[0] += rn.drafted, spec[1] += rn.accepted; /* a TP group's, once */
                 ring_s[n % nring] = rn.seconds;
                 ring_v[n % nring] = step - 1;
             }

@@ -107,8 +107,6 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
     if (o->max_new < 1 || o->slots < 1 || !(o->temperature >= 0) || !(o->top_p > 0 && o->top_p <= 1) ||
         o->top_k < 0)
         bad = mt_error("rollout: need max_new >= 1, slots >= 1, temperature >= 0, 0 < top_p <= 1, top_k >= 0");
-    if (!bad && (ep || m->tp) && o->speculative)
-        bad = mt_error("rollout: speculative decoding with the model split over ranks (EP or TP) is not supported");
     if (!bad && ep && m->tp)
         bad = mt_error("rollout: a rollout layout with both EP and TP is not supported");
     int tmax = 1, maxlen = 0;
@@ -250,7 +248,8 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
         if (m->tp) { /* the TP ranks sample from the same summed logits; were they ever to differ, the
                       * group's forwards would part ways and hang: compare the state, end together */
             uint64_t h = mt_hash4((uint64_t)done, (uint64_t)next_req, 0x7470u, 0);
-            for (int s = 0; s < S; s++) h = mt_hash4(h, (uint64_t)(int64_t)sreq[s], sreq[s] >= 0 ? (uint64_t)spend[s] : 0, 0);
+            for (int s = 0; s < S; s++)
+                h = mt_hash4(h, (uint64_t)(int64_t)sreq[s], sreq[s] >= 0 ? (uint64_t)spend[s] : 0, (uint64_t)sfed[s]);
             double v[2] = {(double)(h & 0xfffff), 0};
             v[1] = v[0] * v[0];
             m->tp->sum_f64(m->tp->ctx, v, 2);

@@ -76,10 +76,10 @@ typedef struct {
  * and TP slices: with the experts split over an EP group (m->ep) the call is collective
  * over the group, each rank with its own requests (n may be 0), and lasts until the group's
  * last sequence ends; the tokens are those of a whole model up to rounding (the experts'
- * products see the group's rows), no speculative decoding. A tensor-parallel model (m->tp)
+ * products see the group's rows). A tensor-parallel model (m->tp)
  * is collective over its TP group, every rank with the same requests and getting the same
  * completions (checked after every forward: a rank whose tokens differ fails them all with
- * an error), no speculative decoding; not both EP and TP. */
+ * an error); not both EP and TP. */
 int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req, int n, mt_completion *out,
                mt_rollout_stats *st);
 
