@@ -12,7 +12,9 @@
 # communication share of the step the trainer measured (time in exchanges that nothing
 # hid) on rank 0 and on the busiest rank (summary comm_share_min: the least any rank waited,
 # what the step loses to exchanges; the other rank's excess waits for the busiest one's
-# experts), the share of the wire's cost it hides: (off - X) / (off - nowire), and the EP
+# experts), the exposed all-to-all from the trace (--profile: the time inside the expert
+# exchanges' spans that the other fiber did not fill, packing and waits in place included,
+# over the step; least over the ranks), the share of the wire's cost it hides: (off - X) / (off - nowire), and the EP
 # ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
 #
@@ -26,8 +28,9 @@
 # from the init as before.
 # Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6), OV_WARM (150),
 #      OV_ACCUM (4: micro-batches per step; the pipe schedule pairs all but one forward and one
-#      backward), OV_BUCKET_MB (1), OV_FLAGS (more train flags for every variant, e.g. --dist-opt),
-#      MT_BENCH_TMP (scratch, kept when given)
+#      backward; the warm-up always runs 4), OV_BUCKET_MB (1), OV_FLAGS (more train flags for
+#      every variant, e.g. --dist-opt), MT_BENCH_TMP (scratch, kept when given; each run's
+#      trace_rank*.json is there)
 set -u
 MT=${1:?usage: bash bench/bench_overlap.sh path/to/moetrain}
 case "$MT" in /*) ;; *) MT="$PWD/$MT" ;; esac
@@ -52,7 +55,7 @@ sed -e 's/"hidden_size": 128/"hidden_size": 256/' -e 's/"moe_intermediate_size":
 WARM=${OV_WARM:-150}
 INIT=()
 if [ "$WARM" -gt 0 ]; then
-    "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum "$ACCUM" \
+    "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum 4 \
         --lr 1e-3 --warmup 20 --threads 1 --steps "$WARM" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
         --overlap off --save-every 0 --out "$TMP/warm" > "$TMP/warm.log" 2>&1 || { tail -5 "$TMP/warm.log"; echo "FAIL: warm-up run"; exit 1; }
     INIT=(--init "$TMP/warm")
@@ -66,7 +69,7 @@ run() { # name rep flags...
     shift 2
     "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum "$ACCUM" \
         --lr 1e-3 --warmup 2 --threads 1 --steps "$STEPS" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
-        --bucket-mb "$BUCKET" "${INIT[@]}" "${EXTRA[@]}" --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
+        --bucket-mb "$BUCKET" "${INIT[@]}" "${EXTRA[@]}" --profile --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
 }
 for r in $(seq 1 "$REPS"); do
     run nowire "$r" --overlap off
@@ -80,22 +83,29 @@ for n in nowire block pipe; do
         || { echo "FAIL: $n: losses differ from the blocking run"; fail=1; }
 done
 median() { sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+summary_of() { grep '"event":"summary"' "$TMP/$1.$2/metrics.jsonl" | sed -E "s/.*\"$3\":([0-9.eE+-]+).*/\1/"; }
 summary() { # name key: the median over the runs of the summary's key
+    for r in $(seq 1 "$REPS"); do summary_of "$1" "$r" "$2"; done | median
+}
+a2a() { # name: the median over the runs of the trace's exposed all-to-all over the step, least over the ranks
     for r in $(seq 1 "$REPS"); do
-        grep '"event":"summary"' "$TMP/$1.$r/metrics.jsonl" | sed -E "s/.*\"$2\":([0-9.eE+-]+).*/\1/"
+        awk -v st="$(summary_of "$1" "$r" step_time_s)" '/"event":"profile"/ {
+            match($0, /"a2a_s":[0-9.eE+-]+/); a = substr($0, RSTART + 8, RLENGTH - 8) / st
+            if (m == "" || a < m) m = a } END { print m }' "$TMP/$1.$r/metrics.jsonl"
     done | median
 }
 t0=$(summary nowire step_time_s)
 toff=$(summary off step_time_s)
-printf "  %-7s %9s %13s %13s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "wire hidden" "ep imb."
+printf "  %-7s %9s %13s %13s %12s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "a2a busiest" "wire hidden" "ep imb."
 for n in nowire off block pipe; do
     t=$(summary $n step_time_s)
     c=$(summary $n comm_share)
     cm=$(summary $n comm_share_min)
     im=$(summary $n ep_imbalance)
-    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v im="$im" -v t0="$t0" -v toff="$toff" 'BEGIN {
+    ea=$(a2a $n)
+    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v ea="$ea" -v im="$im" -v t0="$t0" -v toff="$toff" 'BEGIN {
         h = (toff > t0) ? (toff - t) / (toff - t0) : 0
-        printf "  %-7s %9.3f %12.1f%% %12.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, (n == "nowire" || n == "off") ? 0 : 100 * h, im }'
+        printf "  %-7s %9.3f %12.1f%% %12.1f%% %11.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, 100 * ea, (n == "nowire" || n == "off") ? 0 : 100 * h, im }'
 done
 [ $fail = 0 ] && echo "bench_overlap: losses of every variant identical to the blocking run"
 exit $fail
