@@ -9,7 +9,9 @@
 # Env:   MT_BENCH_TMP  scratch dir (default ${TMPDIR:-/tmp}/bench_small.PID, removed after)
 #        BENCH_SKIP_TORCH=1  run moetrain only
 #        MT_CPU_TIER         avx2 | avx512: moetrain's kernels at that tier, and PyTorch limited to
-#                            the same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)
+#                            the same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA;
+#                            avx2: OpenBLAS's Haswell kernel, as moetrain's, unless
+#                            OPENBLAS_CORETYPE is set)
 #        MT_TRAIN_ARGS       extra flags for moetrain train (e.g. "--recompute selective")
 #        BENCH_PRECISIONS    "fp32 bf16" (default), or one of them; bf16 is skipped on a CPU
 #                            without AVX512-BF16
@@ -109,10 +111,11 @@ run_pt() {
   echo "--- PyTorch (moe_ref.py train $*)" >&2
   if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_$name.txt"); else TV=(); fi
   # with MT_CPU_TIER forcing moetrain's kernels to a lower tier, PyTorch gets the same ISA
-  # (its ATen kernels and oneDNN), as on a CPU of that tier
+  # (its ATen kernels, oneDNN, and the OpenBLAS kernel moetrain also picks at that tier:
+  # moe_ref.py would otherwise choose SkylakeX on any AVX-512 CPU), as on a CPU of that tier
   local isa=()
   case ${MT_CPU_TIER:-} in
-    avx2) isa=(env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2) ;;
+    avx2) isa=(env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}") ;;
     avx512) isa=(env ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE) ;;
   esac
   if ! "${TV[@]}" "${isa[@]}" "$PY" "$REF" train --config "$CFG_FILE" --data "$TMP/data" --steps "$STEPS" --batch $B \
