@@ -359,7 +359,8 @@ static void check_init_errors(void) {
     mt_grpo_batch_free(&g);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    mt_blas_init(argc, argv); /* the OpenBLAS kernel the product runs (moetrain sets it at start-up) */
     mt_set_threads(2);
     mt_config c;
     config(&c);

@@ -400,7 +400,8 @@ static void check_doc_mode(int mla) {
     mt_model_free(&m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    mt_blas_init(argc, argv); /* the OpenBLAS kernel the product runs (moetrain sets it at start-up) */
     mt_set_threads(2);
     check_routing();
     mt_config c;

@@ -80,7 +80,8 @@ static void result_free(result *r) {
     mt_free(r->grads);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    mt_blas_init(argc, argv); /* the OpenBLAS kernel the product runs (moetrain sets it at start-up) */
     mt_config c;
     config(&c);
     mt_model m;

@@ -401,7 +401,8 @@ static void rig_drafts(mt_model *m) {
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    mt_blas_init(argc, argv); /* the OpenBLAS kernel the product runs (moetrain sets it at start-up) */
     mt_set_threads(2);
     mt_config c;
     config(&c);
