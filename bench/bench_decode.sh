@@ -14,6 +14,9 @@
 #        BENCH_MAX_NEW     new tokens per prompt at most (default 32)
 #        BENCH_BATCH       batch of (a) and (c) (default 64)
 #        BENCH_TORCH_BATCH1=1  also run decode_ref.py --batch 1 (slow: ~30 s on 2 cores)
+#        MT_CPU_TIER       avx2 | avx512: moetrain's kernels at that tier, and PyTorch limited to
+#                          the same instruction set (ATen, oneDNN; avx2: OpenBLAS's Haswell kernel,
+#                          as moetrain's, unless OPENBLAS_CORETYPE is set), as bench_small.sh does
 #        BENCH_SKIP_C=1    PyTorch side only (to test this script before `generate --prompts`
 #                          exists); otherwise the script stops if moetrain lacks it
 #
@@ -71,7 +74,7 @@ CPU_MODEL=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 FLAGS=$(grep -m1 '^flags' /proc/cpuinfo)
 has() { case " ${FLAGS#*:} " in *" $1 "*) echo yes ;; *) echo no ;; esac; }
 echo "bench_decode: config $CFG_FILE, $NPROMPTS prompts, max-new $MAXNEW, batch $BATCH, greedy, $THREADS threads, scratch $TMP"
-echo "machine: $(nproc) CPUs, $CPU_MODEL, avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc) CPUs, $CPU_MODEL, avx512f $(has avx512f), avx512_bf16 $(has avx512_bf16), load $(cut -d' ' -f1-3 /proc/loadavg)${MT_CPU_TIER:+, MT_CPU_TIER=$MT_CPU_TIER}"
 
 cd "$SRC" || exit 1
 # ---- checkpoint: one training step of "small" on the math corpus ---------------------------
@@ -114,6 +117,11 @@ run() {
   [ -n "${tps:-}" ] || { echo "bench_decode: $name: no 'decode: T tokens in S seconds = X tokens/s' line in $TMP/$name.out" >&2; return 1; }
   echo "$tok $secs $tps $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')"
 }
+ISA=()
+case ${MT_CPU_TIER:-} in
+  avx2) ISA=(env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}") ;;
+  avx512) ISA=(env ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE) ;;
+esac
 ROWS=()
 if [ "$SKIP_C" != 1 ]; then
   out=$(run c_b$BATCH "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
@@ -125,11 +133,11 @@ if [ "$SKIP_C" != 1 ]; then
 else
   echo "--- moetrain generate skipped (BENCH_SKIP_C=1)" >&2
 fi
-out=$(run pt_b$BATCH "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
+out=$(run pt_b$BATCH "${ISA[@]}" "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
       --batch "$BATCH" --threads "$THREADS") || exit 1
 ROWS+=("pt_b$BATCH PyTorch_batch_$BATCH $out")
 if [ "${BENCH_TORCH_BATCH1:-0}" = 1 ]; then
-  out=$(run pt_b1 "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
+  out=$(run pt_b1 "${ISA[@]}" "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
         --batch 1 --threads "$THREADS") || exit 1
   ROWS+=("pt_b1 PyTorch_batch_1 $out")
 fi
