@@ -15,8 +15,7 @@
 #        BENCH_BATCH       batch of (a) and (c) (default 64)
 #        BENCH_TORCH_BATCH1=1  also run decode_ref.py --batch 1 (slow: ~30 s on 2 cores)
 #        MT_CPU_TIER       avx2 | avx512: moetrain's kernels at that tier, and PyTorch limited to
-#                          the same instruction set (ATen, oneDNN; avx2: OpenBLAS's Haswell kernel,
-#                          as moetrain's, unless OPENBLAS_CORETYPE is set), as bench_small.sh does
+#                          the same instruction set (decode_ref.py imports moe_ref.py, which sets it)
 #        BENCH_SKIP_C=1    PyTorch side only (to test this script before `generate --prompts`
 #                          exists); otherwise the script stops if moetrain lacks it
 #
@@ -117,11 +116,6 @@ run() {
   [ -n "${tps:-}" ] || { echo "bench_decode: $name: no 'decode: T tokens in S seconds = X tokens/s' line in $TMP/$name.out" >&2; return 1; }
   echo "$tok $secs $tps $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')"
 }
-ISA=()
-case ${MT_CPU_TIER:-} in
-  avx2) ISA=(env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}") ;;
-  avx512) ISA=(env ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE) ;;
-esac
 ROWS=()
 if [ "$SKIP_C" != 1 ]; then
   out=$(run c_b$BATCH "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
@@ -133,11 +127,11 @@ if [ "$SKIP_C" != 1 ]; then
 else
   echo "--- moetrain generate skipped (BENCH_SKIP_C=1)" >&2
 fi
-out=$(run pt_b$BATCH "${ISA[@]}" "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
+out=$(run pt_b$BATCH "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
       --batch "$BATCH" --threads "$THREADS") || exit 1
 ROWS+=("pt_b$BATCH PyTorch_batch_$BATCH $out")
 if [ "${BENCH_TORCH_BATCH1:-0}" = 1 ]; then
-  out=$(run pt_b1 "${ISA[@]}" "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
+  out=$(run pt_b1 "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
         --batch 1 --threads "$THREADS") || exit 1
   ROWS+=("pt_b1 PyTorch_batch_1 $out")
 fi

@@ -9,9 +9,8 @@
 # Env:   MT_BENCH_TMP  scratch dir (default ${TMPDIR:-/tmp}/bench_small.PID, removed after)
 #        BENCH_SKIP_TORCH=1  run moetrain only
 #        MT_CPU_TIER         avx2 | avx512: moetrain's kernels at that tier, and PyTorch limited to
-#                            the same instruction set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA;
-#                            avx2: OpenBLAS's Haswell kernel, as moetrain's, unless
-#                            OPENBLAS_CORETYPE is set)
+#                            the same instruction set (moe_ref.py sets ATen's, oneDNN's and, for
+#                            avx2, OpenBLAS's Haswell kernel from it)
 #        MT_TRAIN_ARGS       extra flags for moetrain train (e.g. "--recompute selective")
 #        BENCH_PRECISIONS    "fp32 bf16" (default), or one of them; bf16 is skipped on a CPU
 #                            without AVX512-BF16
@@ -110,15 +109,7 @@ run_pt() {
   local name=$1; shift
   echo "--- PyTorch (moe_ref.py train $*)" >&2
   if [ ${#TIMEV[@]} -gt 0 ]; then TV=("${TIMEV[@]}" "$TMP/time_$name.txt"); else TV=(); fi
-  # with MT_CPU_TIER forcing moetrain's kernels to a lower tier, PyTorch gets the same ISA
-  # (its ATen kernels, oneDNN, and the OpenBLAS kernel moetrain also picks at that tier:
-  # moe_ref.py would otherwise choose SkylakeX on any AVX-512 CPU), as on a CPU of that tier
-  local isa=()
-  case ${MT_CPU_TIER:-} in
-    avx2) isa=(env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}") ;;
-    avx512) isa=(env ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE) ;;
-  esac
-  if ! "${TV[@]}" "${isa[@]}" "$PY" "$REF" train --config "$CFG_FILE" --data "$TMP/data" --steps "$STEPS" --batch $B \
+  if ! "${TV[@]}" "$PY" "$REF" train --config "$CFG_FILE" --data "$TMP/data" --steps "$STEPS" --batch $B \
        --seq $T --threads $THREADS "$@" > "$TMP/$name.log" 2>&1; then
     tail -30 "$TMP/$name.log" >&2; echo "bench_small: moe_ref.py train failed" >&2; return 1
   fi

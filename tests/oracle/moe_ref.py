@@ -72,6 +72,14 @@ def _cpu_has_avx512():
     return False
 
 
+# MT_CPU_TIER (moetrain's kernels forced to a lower tier) limits PyTorch to the same instruction
+# set, as on a CPU of that tier: its ATen kernels, oneDNN, and for avx2 the OpenBLAS kernel
+# moetrain picks there (else SkylakeX below would run AVX-512 products). Explicit settings win.
+_TIER_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell"},
+             "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
+for _k, _v in _TIER_ENV.get(os.environ.get("MT_CPU_TIER", ""), {}).items():
+    os.environ.setdefault(_k, _v)
+
 if "OPENBLAS_CORETYPE" not in os.environ and _cpu_has_avx512():
     # Debian's OpenBLAS may mis-detect AMD EPYC (Zen4) cores and fall back to a
     # generic/Haswell kernel; SkylakeX is the AVX-512 sgemm kernel.
