@@ -14,8 +14,8 @@
 # what the step loses to exchanges; the other rank's excess waits for the busiest one's
 # experts), the exposed all-to-all from the trace (--profile: the time inside the expert
 # exchanges' spans that the other fiber did not fill, packing and waits in place included,
-# over the step; least over the ranks), the share of the wire's cost it hides: (off - X) / (off - nowire), and the EP
-# ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
+# over the step; least over the ranks), the share of the wire's cost it hides:
+# (off - X) / (off - nowire), and the EP ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
 #
 # Usage: bash bench/bench_overlap.sh path/to/moetrain
