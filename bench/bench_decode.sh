@@ -3,8 +3,9 @@
 # (`moetrain generate --prompts FILE --batch S`) against the PyTorch KV-cache decoder of the same
 # model (bench/decode_ref.py), greedy, same checkpoint, same prompts, same threads, in one run:
 #   (a) moetrain generate --batch 64   (b) moetrain generate --batch 1   (c) decode_ref.py --batch 64
-# and a table of tokens/s with the ratios (a)/(c) and (a)/(b), plus how many completions of
-# (a) agree with (c) (and with (b)). The checkpoint is barely trained (one step), so greedy
+#   (d) (a) with MT_DECODE_BLAS=1: the decode's products on OpenBLAS instead of the few-row kernel
+# and a table of tokens/s with the ratios (a)/(c), (a)/(b) and (a)/(d), plus how many completions
+# of (a) agree with (c) (and with (b), (d)). The checkpoint is barely trained (one step), so greedy
 # decoding sits on near-ties and some disagreement is expected: it is reported, not failed.
 #
 # Usage: bench/bench_decode.sh [path/to/moetrain]      (default: build/moetrain of this tree)
@@ -124,6 +125,9 @@ if [ "$SKIP_C" != 1 ]; then
   out=$(run c_b1 "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
         --temperature 0 --batch 1 --threads "$THREADS") || exit 1
   ROWS+=("c_b1 moetrain_batch_1 $out")
+  out=$(MT_DECODE_BLAS=1 run c_blas "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" \
+        --max-new "$MAXNEW" --temperature 0 --batch "$BATCH" --threads "$THREADS") || exit 1
+  ROWS+=("c_blas moetrain_b${BATCH}_OpenBLAS $out")
 else
   echo "--- moetrain generate skipped (BENCH_SKIP_C=1)" >&2
 fi
@@ -159,6 +163,7 @@ def ratio(a, b, what):
 print()
 ratio("c_b" + B, "pt_b" + B, "moetrain batch %s / PyTorch batch %s" % (B, B))
 ratio("c_b" + B, "c_b1", "moetrain batch %s / moetrain batch 1" % B)
+ratio("c_b" + B, "c_blas", "moetrain batch %s / the same on OpenBLAS" % B)
 ratio("pt_b" + B, "pt_b1", "PyTorch batch %s / PyTorch batch 1" % B)
 
 def completions(name):
@@ -198,5 +203,6 @@ def agree(a, b):
 print()
 agree("c_b" + B, "pt_b" + B)
 agree("c_b" + B, "c_b1")
+agree("c_b" + B, "c_blas")
 agree("pt_b" + B, "pt_b1")
 ' "$TMP" "$TMP/prompts.txt" "$BATCH"

@@ -12,6 +12,7 @@
 #include "parallel/launch.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/ops.h"
+#include "kernels/rows.h"
 #include "kernels/tier.h"
 
 char *openblas_get_corename(void);
@@ -187,6 +188,10 @@ void mt_sgemm(mt_ws ws, int transA, int transB, int M, int N, int K, float alpha
     }
     if (K == 0) {
         mt_gemm_scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    if (ws.rows && !transA && transB) {
+        mt_rows_gemm(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     sgemm_parts(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

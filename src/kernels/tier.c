@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/moe.h"
 #include "kernels/ops.h"
+#include "kernels/rows.h"
 #include "kernels/tier_names.h"
 
 #define DECLARE(n) extern __typeof__(n) n##__avx2, n##__avx512, n##__avx512bf16;

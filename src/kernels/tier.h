@@ -1,6 +1,6 @@
 /* kernels/tier.h — which build of the hand-written kernels runs: one binary, every x86-64-v3 CPU.
  *
- * kernels/attention.c, ops.c and moe.c are compiled once per CPU tier (CMakeLists.txt: each
+ * kernels/attention.c, ops.c, moe.c and rows.c are compiled once per CPU tier (CMakeLists.txt: each
  * with its own -march, its public functions renamed by kernels/tier_names.h), and the
  * public names (mt_attention_fwd, mt_rmsnorm_fwd, ...) jump to the tier chosen at start-up:
  *   avx2        x86-64-v3: AVX2 + FMA (Haswell, Zen 1-3 and later)

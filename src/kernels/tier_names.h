@@ -1,6 +1,6 @@
 /* kernels/tier_names.h — the public functions of the kernels compiled once per CPU tier
- * (kernels/tier.h). CMakeLists.txt force-includes this file into attention.c, ops.c and
- * moe.c with MT_TIER_SUFFIX set (__avx2, __avx512, __avx512bf16): each copy then defines
+ * (kernels/tier.h). CMakeLists.txt force-includes this file into attention.c, ops.c, moe.c
+ * and rows.c with MT_TIER_SUFFIX set (__avx2, __avx512, __avx512bf16): each copy then defines
  * mt_x__avx2 and so on, and calls its own tier's functions; kernels/tier.c defines the
  * public mt_x as a jump to the tier in use, from the same list (MT_TIERED). A public
  * function of those files missing here fails the link (three copies of one name). */
@@ -47,6 +47,7 @@
     X(mt_rope_apply_pos) \
     X(mt_rope_store16) \
     X(mt_rope_table) \
+    X(mt_rows_gemm) \
     X(mt_sumsq) \
     X(mt_swiglu_bwd) \
     X(mt_swiglu_fwd) \
@@ -100,6 +101,7 @@
 #define mt_rope_apply_pos MT_TIER_CAT(mt_rope_apply_pos, MT_TIER_SUFFIX)
 #define mt_rope_store16 MT_TIER_CAT(mt_rope_store16, MT_TIER_SUFFIX)
 #define mt_rope_table MT_TIER_CAT(mt_rope_table, MT_TIER_SUFFIX)
+#define mt_rows_gemm MT_TIER_CAT(mt_rows_gemm, MT_TIER_SUFFIX)
 #define mt_sumsq MT_TIER_CAT(mt_sumsq, MT_TIER_SUFFIX)
 #define mt_swiglu_bwd MT_TIER_CAT(mt_swiglu_bwd, MT_TIER_SUFFIX)
 #define mt_swiglu_fwd MT_TIER_CAT(mt_swiglu_fwd, MT_TIER_SUFFIX)

@@ -32,6 +32,8 @@ typedef struct mt_ws {
     void *p;
     size_t cap; /* bytes */
     int bf16;   /* the products' precision: bf16 operands, fp32 sums (1), or fp32 (0) */
+    int rows;   /* fp32 forward products (A B^T) by the few-row kernel (kernels/rows.h), not
+                   OpenBLAS: the decoder's, whose calls have a few rows per weight */
 } mt_ws;
 
 /* a kernel given too small a workspace: a bug of its caller */
