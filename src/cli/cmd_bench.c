@@ -291,6 +291,44 @@ static void kb_head(kb_table *tb) {
     mt_free(x); mt_free(W); mt_free(dx); mt_free(dW); mt_free(scratch); free(tg);
 }
 
+/* the decode's fp32 products (the few-row kernel, ws.rows, kernels/rows.h) against the same
+ * calls on OpenBLAS: one decode step of "small" at batch 64 over the weights of its 7 MoE layers
+ * (every routed expert gets 8 rows; 242 MB of weights, so they come from memory as in a decode)
+ * and the attention projections of 8 layers at 64 rows */
+static void kb_decode(kb_table *tb) {
+    enum { L = 7, LA = 8, S = 64, R = S * KB_K / KB_E };
+    const int C = KB_C, F2 = 2 * KB_FM, E = KB_E;
+    const size_t wgu = (size_t)F2 * C, wd = (size_t)C * KB_FM;
+    double bud = tb->budget;
+    float *Wgu = kb_rand(wgu * E * L, 40, -0.05f, 0.05f), *Wd = kb_rand(wd * E * L, 41, -0.05f, 0.05f);
+    float *x = kb_rand((size_t)S * KB_K * C, 42, -1, 1), *h = kb_rand((size_t)S * KB_K * F2, 43, -1, 1);
+    float *y = kb_rand((size_t)S * KB_K * C, 44, -1, 1), *Wa = kb_rand((size_t)4 * C * C * LA, 45, -0.05f, 0.05f);
+    int32_t off[KB_E + 1];
+    for (int e = 0; e <= E; e++) off[e] = e * R;
+#define KB_DECODE_EXPERTS                                                                                        \
+    for (int l = 0; l < L; l++) {                                                                                \
+        mt_grouped_linear_fwd(tb->kws, h, x, Wgu + wgu * E * l, wgu, off, E, C, F2, 0.0f);                       \
+        mt_grouped_linear_fwd(tb->kws, y, h, Wd + wd * E * l, wd, off, E, KB_FM, C, 0.0f);                       \
+    }
+#define KB_DECODE_ATTN                                                                                           \
+    for (int l = 0; l < 4 * LA; l++) mt_linear_fwd(tb->kws, y, x, Wa + (size_t)C * C * l, S, C, C, 0.0f);
+    kb_row *r = kb_add(tb, "decode_experts", 1, 2.0 * L * E * R * (double)(wgu + wd), "OpenBLAS sgemm", 1,
+                       "%d layers E=%d x %d rows", L, E, R);
+    tb->kws.rows = 1;
+    MT_BEST_TIME(r->t, bud, KB_DECODE_EXPERTS);
+    tb->kws.rows = 0;
+    MT_BEST_TIME(r->t_ref, bud, KB_DECODE_EXPERTS);
+    r = kb_add(tb, "decode_linear", 1, 2.0 * 4 * LA * S * (double)C * C, "OpenBLAS sgemm", 1, "%d x N=%d In=%d O=%d",
+               4 * LA, S, C, C);
+    tb->kws.rows = 1;
+    MT_BEST_TIME(r->t, bud, KB_DECODE_ATTN);
+    tb->kws.rows = 0;
+    MT_BEST_TIME(r->t_ref, bud, KB_DECODE_ATTN);
+#undef KB_DECODE_EXPERTS
+#undef KB_DECODE_ATTN
+    mt_free(Wgu); mt_free(Wd); mt_free(x); mt_free(h); mt_free(y); mt_free(Wa);
+}
+
 /* grouped expert GEMMs against a loop over experts of the dense BLAS product (what a
  * framework without a grouped GEMM does) */
 static void kb_loop_fwd(mt_ws kws, float *out, const float *in, const float *W, size_t ws, const int32_t *off, int E,
@@ -462,6 +500,7 @@ static int bench_kernels(int argc, char **argv) {
     kb_attention_mla(tb);
     kb_head(tb);
     kb_moe(tb);
+    kb_decode(tb);
     kb_adamw(tb, quick ? (size_t)4 << 20 : (size_t)16 << 20);
     printf("%-31s %-26s %9s %8s %-7s %9s %8s %8s  %s\n", "kernel", "shape", "ms", "rate", "unit", "ref ms",
            "ref rate", "speedup", "reference");
