@@ -2,6 +2,7 @@
 #include "rl/rollout.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,7 +152,11 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
     int32_t *spend = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* a running slot's token to feed next */
     int32_t *sdraft = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* and its draft of the one after (-1: none) */
     int32_t *slast = mt_xmalloc(sizeof(int32_t) * (size_t)S); /* the fed token whose next is the last sampled */
-    float *logits = mt_alloc(sizeof(float) * (size_t)R * V), *scratch = mt_alloc(sizeof(float) * 3 * (size_t)V);
+    const int nthr = mt_get_threads();
+    float *logits = mt_alloc(sizeof(float) * (size_t)R * V);
+    float *scratch = mt_alloc(sizeof(float) * 3 * (size_t)V * (size_t)nthr); /* per thread */
+    int32_t *row_tok = mt_xmalloc(sizeof(int32_t) * (size_t)R);
+    double *row_lp = mt_xmalloc(sizeof(double) * (size_t)R);
     for (int s = 0; s < S; s++) sreq[s] = -1, sdraft[s] = -1;
     memset(out, 0, sizeof *out * (size_t)n);
     int next_req = 0, done = 0;
@@ -209,20 +214,31 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
         /* within a slot the fed tokens are consecutive: each one's next is the one after it */
         for (int i = 0; spec && i < nt; i++)
             next[i] = i + 1 < nt && slot[i + 1] == slot[i] && pos[i + 1] == pos[i] + 1 ? tok[i + 1] : -1;
+        /* every wanted row sampled at once (a pass over the vocabulary each), with the draw it gets
+         * if the walk below reaches it: a draft row's is that of its slot's position after the
+         * row before it. The walk keeps only the rows it reaches; the bits do not depend on the
+         * threads. */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr) if (no > 1)
+        for (int row = 0; row < no; row++) {
+            int first = row;
+            while (first > 0 && row_draft[first] && row_slot[first - 1] == row_slot[row]) first--;
+            const int r = sreq[row_slot[row]];
+            const uint64_t key = mt_hash4(o->seed, o->step, req[r].prompt_index, req[r].sample_index);
+            const double u = mt_u01(mt_hash4(key, (uint64_t)(out[r].n + row - first), 0x726f6c6cu, 0));
+            row_tok[row] = mt_sample_token(logits + (size_t)row * V, V, o->temperature, o->top_k, o->top_p, u,
+                                           &row_lp[row], scratch + (size_t)omp_get_thread_num() * 3 * V);
+        }
         for (int j = 0; j < no; j++) {
             if (row_draft[j]) continue; /* verified with its slot's first row */
             const int s = row_slot[j], r = sreq[s];
             mt_completion *co = &out[r];
-            const uint64_t key = mt_hash4(o->seed, o->step, req[r].prompt_index, req[r].sample_index);
             /* one draw: the token the row's logits give; a draft that equals it was right, and the
              * draft's row (which saw it) gives the next token with the next draw */
             int row = j, t = -1, fin = 0;
             for (;;) {
-                const double u = mt_u01(mt_hash4(key, (uint64_t)co->n, 0x726f6c6cu, 0));
-                double lp;
-                t = mt_sample_token(logits + (size_t)row * V, V, o->temperature, o->top_k, o->top_p, u, &lp, scratch);
+                t = row_tok[row];
                 co->tokens[co->n] = t;
-                co->logp[co->n++] = (float)lp;
+                co->logp[co->n++] = (float)row_lp[row];
                 fin = t == o->eot || co->n == o->max_new;
                 if (spec) next[rows[row]] = t, slast[s] = rows[row];
                 const int has_draft = row + 1 < no && row_draft[row + 1] && row_slot[row + 1] == s;
@@ -278,6 +294,7 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
     free(next), free(row_draft), free(sdraft), free(slast);
     mt_free(logits);
     mt_free(scratch);
+    free(row_tok), free(row_lp);
     if (failed) {
         for (int i = 0; i < n; i++) mt_completion_free(&out[i]);
         return -1;
