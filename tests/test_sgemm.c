@@ -17,6 +17,7 @@
 #include "base/common.h"
 #include "kernels/blas.h"
 #include "kernels/ref.h"
+#include "kernels/rows.h"
 #include "kstats.h"
 #include "testutil.h"
 #include "testws.h"
@@ -89,6 +90,9 @@ static void test_rows(int M, int N, int K, float beta) {
     mt_ref_sgemm(0, 1, M, N, K, alpha, A, lda, B, ldb, beta, ref, ldc);
     rows_call(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 2, 0);
     RECORD(S_ROWS, "vs reference", nerr(C, ref, nc));
+    memcpy(D, C0, sizeof(float) * nc); /* mt_sgemm ran the kernel, not OpenBLAS */
+    mt_rows_gemm(M, N, K, alpha, A, lda, B, ldb, beta, D, ldc);
+    CHECK_SAME_F(D, C, nc);
     const int cfg[][2] = {{1, 0}, {3, 0}, {2, 1}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) { /* threads, inside a region */
         memcpy(D, C0, sizeof(float) * nc);

@@ -317,13 +317,13 @@ static void kb_decode(kb_table *tb) {
     tb->kws.rows = 1;
     MT_BEST_TIME(r->t, bud, KB_DECODE_EXPERTS);
     tb->kws.rows = 0;
-    MT_BEST_TIME(r->t_ref, bud, KB_DECODE_EXPERTS);
+    KB_TIME_REF(r, bud, KB_DECODE_EXPERTS);
     r = kb_add(tb, "decode_linear", 1, 2.0 * 4 * LA * S * (double)C * C, "OpenBLAS sgemm", 1, "%d x N=%d In=%d O=%d",
                4 * LA, S, C, C);
     tb->kws.rows = 1;
     MT_BEST_TIME(r->t, bud, KB_DECODE_ATTN);
     tb->kws.rows = 0;
-    MT_BEST_TIME(r->t_ref, bud, KB_DECODE_ATTN);
+    KB_TIME_REF(r, bud, KB_DECODE_ATTN);
 #undef KB_DECODE_EXPERTS
 #undef KB_DECODE_ATTN
     mt_free(Wgu); mt_free(Wd); mt_free(x); mt_free(h); mt_free(y); mt_free(Wa);

@@ -5,6 +5,9 @@
 #include <omp.h>
 #include <stddef.h>
 
+#include "kernels/blas.h"
+#include "kernels/vdot.h"
+
 /* A block is WR rows of B (weights) by XR rows of A: WR*XR accumulators of LANES floats
  * (AVX-512: 16 of 32 registers; AVX2: 8 of 16), each summing the products of lane l at
  * k = l, l + LANES, ... in order. The tail of K is loaded masked (zeros). */
@@ -15,7 +18,7 @@ typedef __m512 vec;
 #define V_LOAD(p) _mm512_loadu_ps(p)
 #define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 typedef __mmask16 tailmask;
-static inline tailmask tail_mask(int left) { return (tailmask)((1u << left) - 1u); }
+#define tail_mask vdot_tail_mask
 #define V_LOAD_TAIL(p, m) _mm512_maskz_loadu_ps(m, p)
 #else
 enum { WR = 4, XR = 2, LANES = 8 };
@@ -24,9 +27,7 @@ typedef __m256 vec;
 #define V_LOAD(p) _mm256_loadu_ps(p)
 #define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 typedef __m256i tailmask;
-static inline tailmask tail_mask(int left) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+#define tail_mask mt_tail_mask256
 #define V_LOAD_TAIL(p, m) _mm256_maskload_ps(p, m)
 #endif
 
@@ -94,7 +95,7 @@ static inline void block(int M, int N, int K, float alpha, const float *A, int l
             for (int j = 0; j < XR; j++) acc[XR * i + j] = V_FMA(x[j], w[i], acc[XR * i + j]);
     }
     if (k < K) {
-        const tailmask tm = tail_mask(K - k);
+        const tailmask tm = tail_mask((size_t)(K - k));
         vec w[WR], x[XR];
         for (int i = 0; i < WR; i++) w[i] = V_LOAD_TAIL(b[i] + k, tm);
         for (int j = 0; j < XR; j++) x[j] = V_LOAD_TAIL(a[j] + k, tm);
@@ -139,14 +140,13 @@ void mt_rows_gemm(int M, int N, int K, float alpha, const float *A, int lda, con
                   float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) C[(size_t)m * ldc + n] = beta == 0.0f ? 0.0f : beta * C[(size_t)m * ldc + n];
+        mt_gemm_scale_c(M, N, beta, C, ldc);
         return;
     }
     const int nob = (N + WR - 1) / WR;
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (nthr > nob) nthr = nob;
-    if ((double)M * N * K < 65536.0) nthr = 1; /* a thread wake-up costs more than the product */
+    if ((double)M * N * K < 65536.0) nthr = 1; /* too small to be worth waking a thread */
     if (nthr <= 1) {
         run(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, nob);
         return;
