@@ -1077,6 +1077,49 @@ static void bench_attention(void) {
     }
 }
 
+/* mt_attention_row (the decoder's attention over its cache) against mt_attention_fwd_dv: for
+ * every query of a row and every head, the same bits as the forward's output, with the keys in
+ * the decoder's layout (blocks of 16 positions, transposed); T crossing the 64-key blocks, the
+ * 16-key groups and the 8/16-lane tails of Dk and Dv, GQA, peaked scores (rescales). */
+static void attention_row_case(int T, int H, int G, int Dk, int Dv, float amp) {
+    const int nthr = 2;
+    const size_t nq = (size_t)T * H, nk = (size_t)T * G;
+    float *q = rnd(nq * Dk, 90 + T, -amp, amp), *k = rnd(nk * Dk, 91 + T, -1, 1), *v = rnd(nk * Dv, 92 + T, -1, 1);
+    const int Dm = Dk > Dv ? Dk : Dv;
+    float *o = falloc(nq * Dv), *l = falloc((size_t)H * T), *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(T, Dm));
+    mt_attention_fwd_dv(o, l, q, k, v, NULL, 1, T, H, G, Dk, Dv, scratch, nthr, 0);
+    const size_t ldkb = (size_t)Dk * 16, nb = (size_t)(T + 15) / 16;
+    float *kb = falloc(nb * ldkb), *out = falloc((size_t)Dv), *rs = falloc(mt_attention_row_scratch_floats(T, Dk, Dv));
+    long bad = 0;
+    for (int g = 0; g < G; g++) {
+        fill_nan(kb, nb * ldkb); /* positions past T never read */
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < Dk; c++) kb[(size_t)t / 16 * ldkb + (size_t)c * 16 + t % 16] = k[((size_t)t * G + g) * Dk + c];
+        for (int h = g * (H / G); h < (g + 1) * (H / G); h++)
+            for (int t = 0; t < T; t++) {
+                mt_attention_row(out, q + ((size_t)t * H + h) * Dk, kb, ldkb, v + (size_t)g * Dv, (size_t)G * Dv, t + 1,
+                                 Dk, Dv, rs);
+                bad += memcmp(out, o + ((size_t)t * H + h) * Dv, sizeof(float) * Dv) != 0;
+            }
+    }
+    snprintf(where, sizeof where, "row attention T=%d H=%d G=%d Dk=%d Dv=%d amp %.0f", T, H, G, Dk, Dv, amp);
+    if (bad) {
+        fprintf(stderr, "CHECK failed: %ld of %zu query rows not the forward's bits [%s]\n", bad, nq, where);
+        failures++;
+    }
+    free(q); free(k); free(v); free(o); free(l); free(scratch); free(kb); free(out); free(rs);
+}
+
+static void test_attention_row(void) {
+    attention_row_case(1, 2, 1, 64, 64, 1.0f);
+    attention_row_case(17, 4, 2, 64, 64, 1.0f);
+    attention_row_case(65, 2, 2, 32, 32, 3.0f);
+    attention_row_case(130, 4, 1, 48, 32, 1.0f);
+    attention_row_case(200, 2, 2, 10, 6, 3.0f);
+    attention_row_case(140, 1, 1, 24, 80, 1.0f);
+    attention_row_case(70, 2, 1, 128, 128, 1.0f);
+}
+
 int main(int argc, char **argv) {
     mt_blas_init(argc, argv);
     if (getenv("MT_BENCH") && atoi(getenv("MT_BENCH")) > 0) {
@@ -1091,6 +1134,7 @@ int main(int argc, char **argv) {
     test_rope();
     test_swiglu();
     test_attention();
+    test_attention_row();
     test_head();
     test_sumsq();
     test_zero();

@@ -278,16 +278,23 @@ static void check_kv_cache(const mt_config *c, const char *name) {
         const double w = !mla ? 2.0 * c->num_key_value_heads * c->head_dim
                          : absorbed ? c->kv_lora_rank + c->qk_rope_head_dim
                                     : (double)c->num_attention_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim);
-        CHECK(one == 4.0 * w * L * tmax && (absorbed || !mla ? r.kv_width : r.kv_width_unabs) == w,
+        /* keys at positions rounded up to 16 (the decoder's blocks) but absorbed MLA's latent rows */
+        int kw, vw;
+        mt_kv_widths(c, absorbed, &kw, &vw);
+        const double kpos = mla && absorbed ? tmax : (tmax + 15) / 16 * 16;
+        CHECK(one == 4.0 * L * (kpos * kw + (double)tmax * vw) && kw + vw == w &&
+                  (absorbed || !mla ? r.kv_width : r.kv_width_unabs) == w,
               "%s: %.0f B a sequence, %.0f values a position and layer", name, one, w);
         if (absorbed) {
-            printf("kv cache, %s: %.0f B a position and layer absorbed, %.0f B unabsorbed (fp32)\n", name,
-                   one / L / tmax, r.kv_model_unabs / 3 / L / tmax);
+            printf("kv cache, %s: %.0f B a position and layer absorbed, %.0f B unabsorbed (fp32; %d positions, "
+                   "keys kept for %d)\n", name, one / L / tmax, r.kv_model_unabs / 3 / L / tmax, tmax, (tmax + 15) / 16 * 16);
         }
         mt_decoder_free(d1);
         mt_decoder_free(d2);
     }
-    if (!mla) printf("kv cache, %s: %.0f B a position and layer (fp32)\n", name, r.kv_model / 3 / L / tmax);
+    if (!mla)
+        printf("kv cache, %s: %.0f B a position and layer (fp32; %d positions, keys kept for %d)\n", name,
+               r.kv_model / 3 / L / tmax, tmax, (tmax + 15) / 16 * 16);
     mt_model_free(&m);
 }
 

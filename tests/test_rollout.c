@@ -1,7 +1,10 @@
 /* tests/test_rollout.c — the rollout engine against the training forward: greedy
  * completions equal those of re-running the whole prefix (mt_model_step) for any slot
  * count; behaviour log-probs equal the log-softmax of the training forward's logits
- * (<= 1e-5); sampled completions do not depend on the slot count or the prefill budget;
+ * (<= 1e-5), and in fp32 with the forward's products on the decoder's kernel (what RL's
+ * trainer runs, mt_acts_fwd_rows) to the bit, as do completions under any slot count,
+ * prefill budget or speculative decoding (a query's bits do not depend on the batch);
+ * sampled completions do not depend on the slot count or the prefill budget;
  * the routing record equals the training forward's routing; the sampling rules
  * (greedy ties, top-k, top-p over the renormalised top-k, the inverse CDF) on crafted
  * logits; bad requests are refused. The same engine checks on an MLA model, whose decoder in
@@ -15,6 +18,7 @@
 #include "base/common.h"
 #include "kernels/blas.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/ops.h"
 #include "model/decode.h"
 #include "model/model.h"
 #include "tinymoe.h"
@@ -39,9 +43,10 @@ static void make_requests(const mt_config *c) {
 }
 
 /* logits of every position of one sequence from the training forward */
-static float *full_logits_prec(mt_model *m, const int32_t *seq, int T, int bf16) {
+static float *full_logits_mode(mt_model *m, const int32_t *seq, int T, int bf16, int rows) {
     const int V = m->cfg.vocab_size;
     mt_acts *a = mt_acts_new(&m->cfg, 1, T, mt_get_threads(), bf16);
+    mt_acts_fwd_rows(a, rows);
     int32_t *tg = mt_xmalloc(sizeof(int32_t) * (size_t)T);
     for (int t = 0; t < T; t++) tg[t] = -1;
     float *lg = mt_alloc(sizeof(float) * (size_t)T * V);
@@ -50,6 +55,9 @@ static float *full_logits_prec(mt_model *m, const int32_t *seq, int T, int bf16)
     free(tg);
     mt_acts_free(a);
     return lg;
+}
+static float *full_logits_prec(mt_model *m, const int32_t *seq, int T, int bf16) {
+    return full_logits_mode(m, seq, T, bf16, 0);
 }
 static float *full_logits(mt_model *m, const int32_t *seq, int T) { return full_logits_prec(m, seq, T, 0); }
 
@@ -60,8 +68,7 @@ static int run(mt_model *m, const mt_rollout_opts *o, mt_completion *out) {
     return rc;
 }
 
-/* the same tokens and stops; log-probs within tol (the batch composition changes the
- * products' rounding: a row's sums do not depend on the other rows only up to rounding) */
+/* the same tokens and stops; log-probs within tol (0: the same bits) */
 static int same_completions(const mt_completion *a, const mt_completion *b, double tol) {
     for (int i = 0; i < NREQ; i++) {
         if (a[i].n != b[i].n || a[i].stopped_eot != b[i].stopped_eot) return 0;
@@ -77,7 +84,8 @@ static void free_all(mt_completion *c) {
 }
 
 /* greedy and sampled rollouts against the training forward */
-static void check_engine(mt_model *m) {
+/* exact: fp32 decoding whose attention is the training forward's arithmetic (not absorbed MLA) */
+static void check_engine(mt_model *m, int exact) {
     const mt_config *c = &m->cfg;
     const int V = c->vocab_size;
     mt_rollout_opts o;
@@ -91,7 +99,7 @@ static void check_engine(mt_model *m) {
     o.slots = 1;
     if (run(m, &o, ref)) return;
     double worst = 0;
-    int nmoe = 0;
+    int nmoe = 0, nbits = 0, ntok = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) nmoe += mt_config_is_moe(c, l);
     for (int i = 0; i < NREQ; i++) {
         const mt_completion *co = &ref[i];
@@ -99,7 +107,7 @@ static void check_engine(mt_model *m) {
         int32_t *seq = mt_xmalloc(sizeof(int32_t) * (size_t)T);
         memcpy(seq, reqs[i].prompt, sizeof(int32_t) * (size_t)reqs[i].len);
         memcpy(seq + reqs[i].len, co->tokens, sizeof(int32_t) * (size_t)co->n);
-        float *lg = full_logits(m, seq, T - 1);
+        float *lg = full_logits(m, seq, T - 1), *lr = full_logits_mode(m, seq, T - 1, 0, 1);
         for (int k = 0; k < co->n; k++) {
             const float *l = lg + (size_t)(reqs[i].len - 1 + k) * V;
             int best = 0;
@@ -111,6 +119,13 @@ static void check_engine(mt_model *m) {
                   co->tokens[k], best);
             double lp = l[co->tokens[k]] - mx - log(s), e = fabs(lp - co->logp[k]);
             worst = e > worst ? e : worst;
+            /* the trainer's log-prob of the token: its forward on the decoder's products */
+            const float *r = lr + (size_t)(reqs[i].len - 1 + k) * V;
+            float rm = r[0];
+            for (int j = 1; j < V; j++) rm = r[j] > rm ? r[j] : rm;
+            const float lt = (float)mt_tempered_logp(r, 1.0, rm, co->tokens[k], mt_tempered_sum(r, V, 1.0, rm, NULL));
+            nbits += memcmp(&lt, &co->logp[k], sizeof lt) == 0;
+            ntok++;
         }
         CHECK(co->stopped_eot == (co->tokens[co->n - 1] == EOT) && (co->stopped_eot || co->n == MAXNEW),
               "request %d: stop rule (n %d, eot %d)", i, co->n, co->stopped_eot);
@@ -136,14 +151,18 @@ static void check_engine(mt_model *m) {
         mt_acts_free(a);
         free(tg);
         mt_free(lg);
+        mt_free(lr);
         free(seq);
     }
-    printf("greedy: completions = full-prefix argmax, worst |logp - training logp| %.2e\n", worst);
+    printf("greedy: completions = full-prefix argmax, worst |logp - training logp| %.2e; %d of %d log-probs the "
+           "bits of the forward on the decoder's products\n", worst, nbits, ntok);
     CHECK(worst <= 1e-5, "behaviour log-probs differ from the training forward's by %.2e", worst);
+    if (exact) CHECK(nbits == ntok, "%d of %d behaviour log-probs differ from the trainer's bits", ntok - nbits, ntok);
+    const double tol = exact ? 0 : 1e-5;
     for (int slots = 2; slots <= 64; slots *= 4) {
         o.slots = slots;
         if (run(m, &o, got)) return;
-        CHECK(same_completions(ref, got, 1e-5), "greedy with %d slots differs from 1 slot", slots);
+        CHECK(same_completions(ref, got, tol), "greedy with %d slots differs from 1 slot", slots);
         free_all(got);
     }
     free_all(ref);
@@ -164,7 +183,7 @@ static void check_engine(mt_model *m) {
     o.slots = 3;
     o.prefill_tokens = 2; /* a prompt at a time */
     if (run(m, &o, got)) return;
-    CHECK(same_completions(ref, got, 1e-5), "sampled rollout depends on the slots / prefill budget");
+    CHECK(same_completions(ref, got, tol), "sampled rollout depends on the slots / prefill budget");
     free_all(got);
     o.seed = 6;
     if (run(m, &o, got)) return;
@@ -223,6 +242,12 @@ static void check_mla_forms(mt_model *m) {
          * sum p c), so within bf16's own error (against fp32: e16), not to its bits */
         CHECK(sqrt(num / den) < (bf ? e16 : 1e-5), "MLA decode (%s, %s) differs from the training forward: %.2e",
               form ? "absorbed" : "unabsorbed", bf ? "bf16" : "fp32", sqrt(num / den));
+        if (!bf && !form) { /* unabsorbed fp32: the bits of the forward on the decoder's products */
+            float *rr = full_logits_mode(m, seq, TS, 0, 1);
+            CHECK(memcmp(rr, lg, sizeof(float) * (size_t)TS * V) == 0,
+                  "MLA decode (unabsorbed, fp32): not the bits of the forward on the decoder's products");
+            mt_free(rr);
+        }
         mt_decoder_free(d);
         mt_free(ref);
     }
@@ -350,7 +375,7 @@ static void check_errors(mt_model *m) {
 /* speculative decoding (MTP drafts): the same completions as plain decoding, greedy and
  * sampled, in fewer forwards when drafts are accepted; min_accept: the acceptance the greedy
  * run must reach */
-static void check_speculative(mt_model *m, const char *what, double min_accept) {
+static void check_speculative(mt_model *m, const char *what, double min_accept, int exact) {
     mt_rollout_opts o;
     mt_rollout_defaults(&o);
     o.max_new = 14;
@@ -369,7 +394,7 @@ static void check_speculative(mt_model *m, const char *what, double min_accept) 
         const double acc = sb.drafted ? (double)sb.accepted / (double)sb.drafted : 0.0;
         printf("%s, %s: %d -> %d forwards, %lld drafts, acceptance %.1f%%\n", what, sampled ? "sampled" : "greedy",
                sa.forwards, sb.forwards, (long long)sb.drafted, 100 * acc);
-        CHECK(same_completions(a, b, 1e-5), "%s, %s: speculative decoding changed the completions", what,
+        CHECK(same_completions(a, b, exact ? 0 : 1e-5), "%s, %s: speculative decoding changed the completions", what,
               sampled ? "sampled" : "greedy");
         CHECK(sb.drafted > 0 && sb.accepted <= sb.drafted, "%s: %lld drafts, %lld accepted", what,
               (long long)sb.drafted, (long long)sb.accepted);
@@ -411,7 +436,7 @@ int main(int argc, char **argv) {
     mt_model_init_weights(&m, 3, 0.4f);
     make_requests(&c);
     check_sampling();
-    check_engine(&m);
+    check_engine(&m, 1);
     check_replay(&m);
     check_errors(&m);
     {
@@ -429,10 +454,10 @@ int main(int argc, char **argv) {
     c.num_nextn_predict_layers = 1;
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 3, 0.4f);
-    check_engine(&m);
-    check_speculative(&m, "MTP, random drafts", 0.0);
+    check_engine(&m, 1);
+    check_speculative(&m, "MTP, random drafts", 0.0, 1);
     rig_drafts(&m);
-    check_speculative(&m, "MTP, right drafts", 0.9);
+    check_speculative(&m, "MTP, right drafts", 0.9, 1);
     mt_model_free(&m);
     c.num_nextn_predict_layers = 0;
     /* the sandwich norm: the decoder's extra norms against the training forward's */
@@ -440,7 +465,7 @@ int main(int argc, char **argv) {
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 3, 0.4f);
     printf("sandwich norm:\n");
-    check_engine(&m);
+    check_engine(&m, 1);
     check_replay(&m);
     mt_model_free(&m);
     c.sandwich_norm = 0;
@@ -457,19 +482,19 @@ int main(int argc, char **argv) {
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 3, 0.4f);
     printf("-- MLA model --\n");
-    check_engine(&m);
+    check_engine(&m, 0);
     check_mla_forms(&m);
     mt_model_free(&m);
     c.sandwich_norm = 1; /* MLA under the sandwich norm */
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 5, 0.4f);
     printf("-- MLA model, sandwich norm --\n");
-    check_engine(&m);
+    check_engine(&m, 0);
     mt_model_free(&m);
     c.num_nextn_predict_layers = 1; /* Pangu's shape: MLA, sandwich norm, MTP drafts */
     MT_ASSERT(mt_model_init(&m, &c) == 0);
     mt_model_init_weights(&m, 5, 0.4f);
-    check_speculative(&m, "MLA + sandwich + MTP", 0.0);
+    check_speculative(&m, "MLA + sandwich + MTP", 0.0, 0);
     mt_model_free(&m);
     c.num_nextn_predict_layers = 0;
     c.sandwich_norm = 0;

@@ -1090,6 +1090,87 @@ void mt_attention_fwd_dv(float *out, float *lse, const float *q, const float *k,
     attn_fwd(out, lse, q, k, v, NULL, NULL, pos, B, T, H, G, Dk, Dv, scratch, nthr, bf16);
 }
 
+/* One query over its P keys with attn_fwd's arithmetic for that query: the same scores (q
+ * scaled by c2, one FMA chain over D from zero), blocks of ATT_BK keys from key 0, in each
+ * the same max, 2^x, running sum (keys in order), rescale and FMA chains of the output, the
+ * same 1 / l. The flash kernel's lanes are queries; here they are keys (scores) and output
+ * columns, whose per-lane operations are the same, so the bits are mt_attention_fwd's for
+ * the last query of a row holding these keys (plain causal or a document starting at key 0). */
+#ifdef __AVX512F__
+#define RW 16
+typedef __m512 rvec;
+#define R_SET1 _mm512_set1_ps
+#define R_ZERO _mm512_setzero_ps
+#define R_LOAD _mm512_loadu_ps
+#define R_STORE _mm512_storeu_ps
+#define R_FMA _mm512_fmadd_ps
+#define R_MUL _mm512_mul_ps
+#define R_SUB _mm512_sub_ps
+#define R_EXP2 mt_exp2_512
+#define R_FIRST _mm512_cvtss_f32
+#define R_MLOAD(p, left) _mm512_maskz_loadu_ps(vdot_tail_mask(left), p)
+#define R_MSTORE(p, left, x) _mm512_mask_storeu_ps(p, vdot_tail_mask(left), x)
+#else
+#define RW 8
+typedef __m256 rvec;
+#define R_SET1 _mm256_set1_ps
+#define R_ZERO _mm256_setzero_ps
+#define R_LOAD _mm256_loadu_ps
+#define R_STORE _mm256_storeu_ps
+#define R_FMA _mm256_fmadd_ps
+#define R_MUL _mm256_mul_ps
+#define R_SUB _mm256_sub_ps
+#define R_EXP2 mt_exp2_256
+#define R_FIRST _mm256_cvtss_f32
+#define R_MLOAD(p, left) _mm256_maskload_ps(p, mt_tail_mask256(left))
+#define R_MSTORE(p, left, x) _mm256_maskstore_ps(p, mt_tail_mask256(left), x)
+#endif
+
+size_t mt_attention_row_scratch_floats(int P, int Dk, int Dv) {
+    return (size_t)(P + ATT_BK - 1) / ATT_BK * ATT_BK + (size_t)Dk + (size_t)Dv;
+}
+
+void mt_attention_row(float *out, const float *q, const float *Kb, size_t ldkb, const float *V, size_t ldv, int P,
+                      int Dk, int Dv, float *scratch) {
+    MT_ASSERT(P >= 1 && Dk > 0 && Dv > 0);
+    float *s = scratch, *qs = s + (size_t)(P + ATT_BK - 1) / ATT_BK * ATT_BK, *o = qs + Dk;
+    const float c2 = LOG2E / sqrtf((float)Dk);
+    for (int c = 0; c < Dk; c++) qs[c] = q[c] * c2;
+    float m = -INFINITY, l = 0.0f;
+    for (int k0 = 0; k0 < P; k0 += ATT_BK) {
+        const int nk = P - k0 < ATT_BK ? P - k0 : ATT_BK, nv = (nk + RW - 1) / RW;
+        rvec acc[ATT_BK / RW];
+        const float *kb[ATT_BK / RW];
+        for (int u = 0; u < nv; u++) {
+            acc[u] = R_ZERO();
+            kb[u] = Kb + (size_t)((k0 + RW * u) / 16) * ldkb + (k0 + RW * u) % 16;
+        }
+        for (int c = 0; c < Dk; c++) {
+            const rvec b = R_SET1(qs[c]);
+            for (int u = 0; u < nv; u++) acc[u] = R_FMA(R_LOAD(kb[u] + (size_t)c * 16), b, acc[u]);
+        }
+        float *sb = s + k0, bm = -INFINITY;
+        for (int u = 0; u < nv; u++) R_STORE(sb + RW * u, acc[u]);
+        for (int j = 0; j < nk; j++) bm = sb[j] > bm ? sb[j] : bm;
+        const float mn = m > bm ? m : bm, ms = mn == -INFINITY ? 0.0f : mn;
+        const float alpha = R_FIRST(R_EXP2(R_SET1(m - ms)));
+        m = mn;
+        for (int u = 0; u < nv; u++) R_STORE(sb + RW * u, R_EXP2(R_SUB(R_LOAD(sb + RW * u), R_SET1(ms))));
+        float sum = 0.0f;
+        for (int j = 0; j < nk; j++) sum += sb[j];
+        l = fmaf(l, alpha, sum);
+        for (int d0 = 0; d0 < Dv; d0 += RW) {
+            const size_t left = (size_t)(Dv - d0);
+            rvec y = k0 == 0 ? R_ZERO() : R_MUL(R_MLOAD(o + d0, left), R_SET1(alpha));
+            for (int j = 0; j < nk; j++) y = R_FMA(R_MLOAD(V + (size_t)(k0 + j) * ldv + d0, left), R_SET1(sb[j]), y);
+            R_MSTORE(o + d0, left, y);
+        }
+    }
+    const float inv = 1.0f / l;
+    for (int d = 0; d < Dv; d++) out[d] = o[d] * inv;
+}
+#undef RW
+
 static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                      const float *v, const uint16_t *k16, const uint16_t *v16, const float *out, const float *lse,
                      const int32_t *pos, int B, int T, int H, int G, int Dk, int Dv, float *scratch, int nthr,

@@ -410,6 +410,13 @@ double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x,
         for (int i = 0; i < nr; i++) {
             float *l = L + (size_t)i * ldl;
             int tgt = targets[n0 + i];
+            /* an objective's logp from the raw logits, as the rollout computes it, rounded to
+             * float as logp_old and logp_behav are kept (on-policy the ratio is then exactly 1) */
+            double lp = 0;
+            if (obj && tgt >= 0) {
+                const float mx = head_row_max(l, V);
+                lp = (float)mt_tempered_logp(l, obj->tau, mx, tgt, mt_tempered_sum(l, V, obj->tau, mx, NULL));
+            }
             /* an objective's temperature: the row scaled in place, its gradient by inv_tau */
             if (obj && obj->inv_tau != 1.0)
                 for (int j = 0; j < V; j++) l[j] *= (float)obj->inv_tau;
@@ -417,7 +424,7 @@ double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x,
             float lse = m + logf(head_row_exp(NULL, l, V, m, 1.0f));
             rowloss[i] = tgt >= 0 ? lse - l[tgt] : 0.0f;
             float gs = grad_scale;
-            if (obj && tgt >= 0) gs = (float)(-obj->fn(obj->ctx, obj->base + n0 + i, (double)(l[tgt] - lse)) * obj->inv_tau);
+            if (obj && tgt >= 0) gs = (float)(-obj->fn(obj->ctx, obj->base + n0 + i, lp) * obj->inv_tau);
             if (dx) {
                 if (tgt < 0) memset(l, 0, sizeof(float) * V);
                 else {

@@ -14,6 +14,7 @@
 #ifndef MT_KERNELS_OPS_H
 #define MT_KERNELS_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,13 +112,32 @@ size_t mt_head_ws_bytes(int N, int C, int V, int bf16, int train, int nthr);
  * logp = log softmax(logits * inv_tau)[target] and returns dL/dlogp (the head then writes
  * dL/dlogits = dL/dlogp * inv_tau * (onehot - softmax)); it may record logp by row. Called
  * from several threads at once, once per row; row = base + the row's index. With an
- * objective the return value is the sum of -logp and grad_scale is unused. */
+ * objective the return value is the sum of -logp and grad_scale is unused; logp is
+ * mt_tempered_logp of the row's logits at temperature tau, the rollout's formula. */
 typedef struct mt_head_obj {
-    double inv_tau;
+    double inv_tau, tau; /* 1 / tau for the gradient; tau for logp */
     double (*fn)(void *ctx, int64_t row, double logp);
     void *ctx;
     int64_t base;
 } mt_head_obj;
+
+/* sum_j exp((l_j - mx) / t) over V fp32 logits in double, terms added in order (mx: their
+ * max), and e[j] = (float) of each term when e != NULL; with it, the log-probability of tok
+ * under softmax(l / t). One definition for the rollout's behaviour log-probs
+ * (mt_sample_token) and the RL trainer's (mt_head_ce with an objective): the same logits give
+ * the same bits. */
+static inline double mt_tempered_sum(const float *l, int V, double t, float mx, float *e) {
+    double sum = 0;
+    for (int j = 0; j < V; j++) {
+        const double x = exp((double)(l[j] - mx) / t);
+        sum += x;
+        if (e) e[j] = (float)x;
+    }
+    return sum;
+}
+static inline double mt_tempered_logp(const float *l, double t, float mx, int tok, double sum) {
+    return (double)(l[tok] - mx) / t - log(sum);
+}
 double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x, const float *W,
                   const int32_t *targets, int N, int C, int V, float grad_scale, const mt_head_obj *obj, float *scratch);
 

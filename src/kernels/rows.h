@@ -12,10 +12,10 @@
  * only, never on M, N, the blocking or the threads. Threads split N when called outside a
  * parallel region; inside one, the calling thread does it all.
  *
- * Only the decoder runs it (kernels/ws.h: ws.rows; MT_DECODE_BLAS=1 turns it off, to compare);
- * training keeps OpenBLAS, so a model's training forward and its decode agree to rounding, not
- * to the bit. Compiled per CPU tier (kernels/tier.h): AVX-512 sums 16 lanes, AVX2 8, so the
- * tiers differ in the last bits. */
+ * The decoder runs it (kernels/ws.h: ws.rows; MT_DECODE_BLAS=1 turns it off, to compare), and
+ * so does RL's trainer in its forwards (model.h: mt_acts_fwd_rows), so that the two compute the
+ * same log-probs to the bit; pretraining keeps OpenBLAS. Compiled per CPU tier
+ * (kernels/tier.h): AVX-512 sums 16 lanes, AVX2 8, so the tiers differ in the last bits. */
 #ifndef MT_KERNELS_ROWS_H
 #define MT_KERNELS_ROWS_H
 

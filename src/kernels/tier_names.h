@@ -19,6 +19,8 @@
     X(mt_attention_fwd) \
     X(mt_attention_fwd_dv) \
     X(mt_attention_fwd_kv16) \
+    X(mt_attention_row) \
+    X(mt_attention_row_scratch_floats) \
     X(mt_attention_scratch_floats) \
     X(mt_attention_set_diag_skip) \
     X(mt_copy) \
@@ -73,6 +75,8 @@
 #define mt_attention_fwd MT_TIER_CAT(mt_attention_fwd, MT_TIER_SUFFIX)
 #define mt_attention_fwd_dv MT_TIER_CAT(mt_attention_fwd_dv, MT_TIER_SUFFIX)
 #define mt_attention_fwd_kv16 MT_TIER_CAT(mt_attention_fwd_kv16, MT_TIER_SUFFIX)
+#define mt_attention_row MT_TIER_CAT(mt_attention_row, MT_TIER_SUFFIX)
+#define mt_attention_row_scratch_floats MT_TIER_CAT(mt_attention_row_scratch_floats, MT_TIER_SUFFIX)
 #define mt_attention_scratch_floats MT_TIER_CAT(mt_attention_scratch_floats, MT_TIER_SUFFIX)
 #define mt_attention_set_diag_skip MT_TIER_CAT(mt_attention_set_diag_skip, MT_TIER_SUFFIX)
 #define mt_copy MT_TIER_CAT(mt_copy, MT_TIER_SUFFIX)

@@ -430,6 +430,7 @@ mt_acts *mt_acts_new(const mt_config *c, int B, int T, int nthr, int bf16) {
 
 size_t mt_acts_arena_bytes(const mt_acts *a) { return a->arena_bytes; }
 int mt_acts_bf16(const mt_acts *a) { return a->bf16; }
+void mt_acts_fwd_rows(mt_acts *a, int on) { a->ws.rows = on && !a->bf16; }
 
 void mt_acts_park(mt_acts *a) {
     mt_release_pages(a->arena, a->arena_bytes);

@@ -8,6 +8,7 @@
 
 #include "base/common.h"
 #include "base/trace.h"
+#include "kernels/attention.h"
 #include "kernels/blas.h"
 #include "kernels/ops.h"
 #include "kernels/vdot.h"
@@ -15,9 +16,11 @@
 
 struct mt_decoder {
     int slots, tmax, cap, nthr, L, kvw, vw;
+    int kt;                       /* key positions per slot in kc (mt_kv_key_positions: tmax rounded up to 16) */
     int tp, H, G;                 /* TP size; this rank's query and key/value heads (H / tp, G / tp) */
     int mla, absorbed;            /* MLA, and its cache form (decode.h) */
-    float *kc, *vc;               /* [L][slots][tmax][kvw], [..][vw] (vc NULL for absorbed MLA) */
+    float *kc, *vc;               /* [L][slots][kt][kvw], [..][tmax][vw] (vc NULL for absorbed MLA); kc blocked as
+                                   * mt_attention_row reads it (kv_put), absorbed MLA's plain rows */
     float *cq, *ckv, *kpe, *qa;   /* MLA: [cap, ql], [cap, kvl], [cap, dr], absorbed [cap, H*kvl] q / out */
     size_t kv_read;               /* bytes of cache rows the attention read */
     float *cos_t, *sin_t;         /* RoPE tables for tmax positions */
@@ -27,7 +30,8 @@ struct mt_decoder {
     float *part;                  /* TP: [cap, C] a row-parallel product's partial sum */
     float *q, *k, *v, *att;       /* [cap, H*D], [cap, kvw] x2, [cap, H*D] */
     float *xo, *lno;              /* [cap, C]: the rows whose logits are wanted, normed */
-    float *sc;                    /* [nthr][tmax] attention scores */
+    float *sc;                    /* [nthr][scw] attention scratch */
+    size_t scw;
     int32_t **route;              /* [L] routing record of the last call (MoE layers) */
     /* MTP drafting (mt_decoder_new_draft): the cache holds layer L too (MTP block 1) */
     int draft;
@@ -75,7 +79,8 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     }
     d->draft = draft;
     const size_t pos_rows = (size_t)(d->L + draft) * slots * tmax; /* drafting: MTP block 1's cache after the stack's */
-    d->kc = dalloc(d, pos_rows * d->kvw * sizeof(float));
+    d->kt = (int)mt_kv_key_positions(c, absorbed, tmax); /* the planner sizes the cache with it too */
+    d->kc = dalloc(d, pos_rows / tmax * d->kt * d->kvw * sizeof(float));
     d->vc = d->vw ? dalloc(d, pos_rows * d->vw * sizeof(float)) : NULL;
     d->cos_t = dalloc(d, sizeof(float) * (size_t)tmax * (R / 2));
     d->sin_t = dalloc(d, sizeof(float) * (size_t)tmax * (R / 2));
@@ -100,7 +105,10 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     }
     d->xo = dalloc(d, row * C);
     d->lno = dalloc(d, row * C);
-    d->sc = dalloc(d, sizeof(float) * (size_t)nthr * tmax);
+    const int Dk = d->mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
+    const int Dv = d->mla ? c->v_head_dim : c->head_dim;
+    d->scw = d->absorbed ? (size_t)tmax : mt_attention_row_scratch_floats(tmax, Dk, Dv);
+    d->sc = dalloc(d, sizeof(float) * (size_t)nthr * d->scw);
     d->route = mt_xcalloc((size_t)d->L, sizeof(int32_t *));
     if (draft) {
         d->h0 = dalloc(d, row * C);
@@ -165,34 +173,30 @@ int mt_decoder_cap(const mt_decoder *d) { return d->cap; }
 const int32_t *mt_decoder_routing(const mt_decoder *d, int l) { return d->route[l]; }
 size_t mt_decoder_kv_read(const mt_decoder *d) { return d->kv_read; }
 
+/* Position t's key row k (kvw floats) and value row v (vw) into layer l's cache of the slot:
+ * keys in blocks of 16 positions, each block transposed (mt_attention_row's layout), values as rows. */
+static void kv_put(mt_decoder *d, int l, int slot, int t, const float *k, const float *v) {
+    const size_t ls = (size_t)l * d->slots + slot;
+    float *kb = d->kc + (ls * d->kt + (size_t)t / 16 * 16) * d->kvw + t % 16;
+    for (int e = 0; e < d->kvw; e++) kb[(size_t)e * 16] = k[e];
+    memcpy(d->vc + (ls * d->tmax + t) * d->vw, v, sizeof(float) * d->vw);
+}
+
 /* att[i] = softmax(q_i K^T / sqrt(Dk)) V over positions 0..pos[i] of the token's slot, per
  * head (GQA: head h reads key/value head h / (H/G); unabsorbed MLA: G = H, q/k of dn + dr
- * and v of dv); scores in fp32, as the training forward's online softmax computes them, in
- * one pass over the cached rows. */
+ * and v of dv), by mt_attention_row: the training forward's bits for that query. */
 static void attend(mt_decoder *d, const mt_config *c, int l, const int32_t *slot, const int32_t *pos, int n) {
     const int mla = d->mla, H = d->H, G = mla ? H : d->G, rep = H / G;
     const int Dk = mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
     const int Dv = mla ? c->v_head_dim : c->head_dim;
-    const float scale = 1.0f / sqrtf((float)Dk);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int ih = 0; ih < n * H; ih++) {
-        const int i = ih / H, hh = ih % H, g = hh / rep, P = pos[i] + 1;
-        const float *q = d->q + ((size_t)i * H + hh) * Dk;
-        const size_t r0 = ((size_t)l * d->slots + slot[i]) * d->tmax;
-        const float *K = d->kc + r0 * d->kvw + (size_t)g * Dk, *V = d->vc + r0 * d->vw + (size_t)g * Dv;
-        float *s = d->sc + (size_t)omp_get_thread_num() * d->tmax, mx = -INFINITY;
-        for (int t = 0; t < P; t++) {
-            s[t] = mt_dotf(q, K + (size_t)t * d->kvw, (size_t)Dk) * scale;
-            mx = s[t] > mx ? s[t] : mx;
-        }
-        float sum = 0.0f;
-        for (int t = 0; t < P; t++) sum += s[t] = expf(s[t] - mx);
-        float *o = d->att + ((size_t)i * H + hh) * Dv;
-        memset(o, 0, sizeof(float) * (size_t)Dv);
-        for (int t = 0; t < P; t++) {
-            const float p = s[t] / sum, *vr = V + (size_t)t * d->vw;
-            for (int j = 0; j < Dv; j++) o[j] += p * vr[j];
-        }
+        const int i = ih / H, hh = ih % H, g = hh / rep;
+        const size_t ls = (size_t)l * d->slots + slot[i];
+        const float *Kb = d->kc + ls * d->kt * d->kvw + (size_t)g * Dk * 16;
+        const float *V = d->vc + ls * d->tmax * d->vw + (size_t)g * Dv;
+        mt_attention_row(d->att + ((size_t)i * H + hh) * Dv, d->q + ((size_t)i * H + hh) * Dk, Kb, (size_t)d->kvw * 16,
+                         V, (size_t)d->vw, pos[i] + 1, Dk, Dv, d->sc + (size_t)omp_get_thread_num() * d->scw);
     }
     /* the cache the loops above read: G heads' k and v rows per visible position */
     for (int i = 0; i < n; i++) d->kv_read += (size_t)(pos[i] + 1) * (size_t)G * (Dk + Dv) * sizeof(float);
@@ -209,11 +213,7 @@ static void gqa_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_la
     mt_linear_fwd(a->ws, d->v, d->ln, w->wv, n, C, kvw, 0.0f);
     mt_rope_apply_pos(d->q, d->cos_t, d->sin_t, pos, n, d->tmax, H, D, rope);
     mt_rope_apply_pos(d->k, d->cos_t, d->sin_t, pos, n, d->tmax, d->G, D, rope);
-    for (int i = 0; i < n; i++) {
-        const size_t at = (((size_t)l * d->slots + slot[i]) * d->tmax + pos[i]) * kvw;
-        memcpy(d->kc + at, d->k + (size_t)i * kvw, sizeof(float) * kvw);
-        memcpy(d->vc + at, d->v + (size_t)i * kvw, sizeof(float) * kvw);
-    }
+    for (int i = 0; i < n; i++) kv_put(d, l, slot[i], pos[i], d->k + (size_t)i * kvw, d->v + (size_t)i * kvw);
     attend(d, c, l, slot, pos, n);
 }
 
@@ -233,7 +233,7 @@ static void attend_absorbed(mt_decoder *d, const mt_config *c, int l, const int3
         float *qa = d->qa + ((size_t)i * H + hh) * kvl;
         const float *qpe = d->q + ((size_t)i * H + hh) * dq + dn;
         const float *K = d->kc + ((size_t)l * d->slots + slot[i]) * d->tmax * d->kvw;
-        float *s = d->sc + (size_t)omp_get_thread_num() * d->tmax, mx = -INFINITY;
+        float *s = d->sc + (size_t)omp_get_thread_num() * d->scw, mx = -INFINITY;
         for (int t = 0; t < P; t++) {
             const float *r = K + (size_t)t * d->kvw;
             s[t] = (mt_dotf(qa, r, (size_t)kvl) + mt_dotf(qpe, r + kvl, (size_t)dr)) * scale;
@@ -292,14 +292,14 @@ static void mla_layer(mt_decoder *d, mt_acts *a, const mt_config *c, const mt_la
     /* unabsorbed: the training forward's per-head k = [k_nope_h | k_pe] and v, cached */
     mt_linear_fwd(a->ws, d->v, d->ckv, w->wkvb, n, kvl, H * dkv, 0.0f);
     for (int i = 0; i < n; i++) {
-        const size_t r = ((size_t)l * d->slots + slot[i]) * d->tmax + pos[i];
-        float *k = d->kc + r * d->kvw, *v = d->vc + r * d->vw;
+        float *k = d->k, *v = d->att; /* one position's rows, assembled (att is written after) */
         for (int h = 0; h < H; h++) {
             const float *kv = d->v + ((size_t)i * H + h) * dkv;
             memcpy(k + (size_t)h * dq, kv, sizeof(float) * dn);
             memcpy(k + (size_t)h * dq + dn, d->kpe + (size_t)i * dr, sizeof(float) * dr);
             memcpy(v + (size_t)h * dv, kv + dn, sizeof(float) * dv);
         }
+        kv_put(d, l, slot[i], pos[i], k, v);
     }
     attend(d, c, l, slot, pos, n);
 }

@@ -281,6 +281,9 @@ mt_acts *mt_acts_new_chunk(const mt_config *cfg, int lo, int hi, int first, int 
 /* Gives the arena's and the workspace's pages back to the system between steps (RL's
  * rollout runs meanwhile); they are found again, zeroed, at the next touch. */
 void mt_acts_park(mt_acts *a);
+/* fp32: the forwards' A B^T products on the few-row kernel (kernels/rows.h), as the decoder
+ * runs them, so a forward's logits are the decoder's bits; the backward keeps OpenBLAS. */
+void mt_acts_fwd_rows(mt_acts *a, int on);
 /* Bytes of the arena a was given (what mt_acts_bytes_chunk said for it at creation). */
 size_t mt_acts_arena_bytes(const mt_acts *a);
 /* Rows of the residual stream a chunk holds for a micro-batch of n tokens (n / tp with sp). */

@@ -3,6 +3,8 @@
  * activation arena's sizes by part live in acts.c: they run its carving code dry.) */
 #include "model/sizes.h"
 
+#include <math.h>
+
 mt_attn_params mt_attn_param_counts(const mt_config *c) {
     const double C = c->hidden_size, H = c->num_attention_heads;
     mt_attn_params p = {0, 0, 0};
@@ -40,8 +42,12 @@ void mt_kv_widths(const mt_config *c, int absorbed, int *kw, int *vw) {
     *vw = absorbed ? 0 : H * c->v_head_dim;
 }
 
+double mt_kv_key_positions(const mt_config *c, int absorbed, double positions) {
+    return mt_config_is_mla(c) && absorbed ? positions : ceil(positions / 16) * 16;
+}
+
 double mt_kv_cache_bytes(const mt_config *c, int absorbed, int layers, double seqs, double positions, int elt) {
     int kw, vw;
     mt_kv_widths(c, absorbed, &kw, &vw);
-    return (double)layers * seqs * positions * ((double)kw + vw) * elt;
+    return (double)layers * seqs * (mt_kv_key_positions(c, absorbed, positions) * kw + positions * vw) * elt;
 }

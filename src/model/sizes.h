@@ -78,6 +78,10 @@ double mt_attn_core_flops(const mt_config *cfg, int T);
  * values, unabsorbed the per-head k (dn + dr) and v (dv) of the training forward. absorbed is
  * ignored for GQA. */
 void mt_kv_widths(const mt_config *cfg, int absorbed, int *kw, int *vw);
+/* Key positions the cache holds for `positions`: rounded up to 16, the blocks in which the
+ * decoder keeps keys transposed for its attention (kernels/attention.h, mt_attention_row),
+ * except absorbed MLA's latent rows, kept as rows. */
+double mt_kv_key_positions(const mt_config *cfg, int absorbed, double positions);
 /* Bytes of the KV cache of `layers` layers for `seqs` sequences of `positions` positions,
  * elt bytes a value (the rollout engine: 4) and every head's k and v (or the latent) held. */
 double mt_kv_cache_bytes(const mt_config *cfg, int absorbed, int layers, double seqs, double positions, int elt);

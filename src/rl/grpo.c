@@ -108,7 +108,8 @@ int mt_grpo_batch_init(mt_grpo_batch *g, const mt_grpo_loss *L, const mt_grpo_se
             g->aggw[at] = (float)w;
         }
     }
-    g->obj = (mt_head_obj){L->temperature > 0 ? 1.0 / L->temperature : 1.0, grpo_fn, g, 0};
+    const double tau = L->temperature > 0 ? L->temperature : 1.0;
+    g->obj = (mt_head_obj){1.0 / tau, tau, grpo_fn, g, 0};
     return 0;
 }
 

@@ -332,6 +332,7 @@ int mt_rl(const mt_rl_opts *opt) {
     to->accum = (rows + B - 1) / B;
     to->seq = (int)longest + o.max_new - 1;
     to->eval_every = 0;
+    to->rows_fwd = 1; /* the trainer's log-probs with the decoder's products: logp_old = logp_behav on-policy */
     mt_trainer *t = NULL;
     if (mt_trainer_init(&t, to) != 0) {
         mt_reward_free(&reward), mt_prompts_free(&ps), mt_prompts_free(&ev);

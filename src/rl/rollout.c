@@ -9,6 +9,7 @@
 #include "base/common.h"
 #include "base/trace.h"
 #include "kernels/blas.h"
+#include "kernels/ops.h"
 #include "model/decode.h"
 
 void mt_rollout_defaults(mt_rollout_opts *o) {
@@ -45,13 +46,7 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
     const float mx = l[best];
     /* every tempered weight once: the normaliser, the inverse CDF and the kept mass read them */
     float *e = scratch;
-    double sum = 0;
-    for (int j = 0; j < V; j++) { /* the normaliser from the double values: logp keeps its precision */
-        const double x = exp((double)(l[j] - mx) / t);
-        sum += x;
-        e[j] = (float)x;
-    }
-    const double lse = log(sum);
+    const double sum = mt_tempered_sum(l, V, t, mx, e); /* the normaliser in double: logp keeps its precision */
     int tok = best;
     if (tau > 0) {
         const int k = top_k > 0 && top_k < V ? top_k : V;
@@ -93,7 +88,7 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
                 if (target < (acc += e[cd[i].id])) { tok = cd[i].id; break; }
         }
     }
-    *logp = (double)(l[tok] - mx) / t - lse;
+    *logp = mt_tempered_logp(l, t, mx, tok, sum);
     return tok;
 }
 

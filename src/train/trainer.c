@@ -624,6 +624,9 @@ static int init_model(mt_trainer *t) {
     if (mt_pipe_init(&t->pipe, cfg, o->pp, o->vpp, o->accum, d->pp_rank, t->bounds, o->batch, o->seq, t->nthr, policy,
                      o->tp, d->sp, o->bf16, t->overlap == MT_OVERLAP_PIPE) != 0)
         return -1;
+    if (o->rows_fwd)
+        for (int i = 0; i < t->pipe.V * t->pipe.maxslot; i++)
+            if (t->pipe.slot[i]) mt_acts_fwd_rows(t->pipe.slot[i], 1);
     if (t->overlap != MT_OVERLAP_OFF) { /* buckets start as the last micro-batch's backward finishes their layers */
         t->pipe.grad_ready = grad_ready;
         t->m.hook_ctx = t;

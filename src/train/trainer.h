@@ -50,6 +50,8 @@ typedef struct {
     int pp, vpp, ep, tp;     /* pipeline stages, chunks per stage, expert-parallel size, tensor-parallel size */
     int sp;                  /* sequence parallelism (with tp > 1) */
     int bf16;                /* mixed precision: GEMM operands rounded to bf16, fp32 sums and master weights */
+    int rows_fwd;            /* fp32: the forward's products on the decoder's few-row kernel (kernels/rows.h), so
+                              * the forward's log-probs are the rollout's bits (RL); the backward keeps OpenBLAS */
     const char *split;       /* layers per virtual stage ("3,2,2,1"); NULL = even */
     const char *a2a;         /* "hier" (default) or "flat" */
     const char *flashcomm;   /* "int8": the TP all-reduces as FlashComm (parallel/tp.h); NULL or "off": fp32 */
