@@ -5,7 +5,10 @@
 #   (a) moetrain generate --batch 64   (b) moetrain generate --batch 1   (c) decode_ref.py --batch 64
 #   (d) (a) with MT_DECODE_BLAS=1: the decode's products on OpenBLAS instead of the few-row kernel
 # and a table of tokens/s with the ratios (a)/(c), (a)/(b) and (a)/(d), plus how many completions
-# of (a) agree with (c) (and with (b), (d)). The checkpoint is barely trained (one step), so greedy
+# of (a) agree with (c) (and with (b), (d)). (a), (d) and (c) run BENCH_REPEAT rounds, alternated
+# (a d c a d c ...): the table shows each side's best round (least seconds), the ratios are of
+# those, and each round's own (a)/(c) and (a)/(d) ratios are listed with their median, so one
+# busy minute on a shared machine moves one round, not the result. The checkpoint is barely trained (one step), so greedy
 # decoding sits on near-ties and some disagreement is expected: it is reported, not failed.
 #
 # Usage: bench/bench_decode.sh [path/to/moetrain]      (default: build/moetrain of this tree)
@@ -14,6 +17,7 @@
 #        BENCH_PROMPTS     number of prompts (default 64)
 #        BENCH_MAX_NEW     new tokens per prompt at most (default 32)
 #        BENCH_BATCH       batch of (a) and (c) (default 64)
+#        BENCH_REPEAT      rounds of (a), (d), (c) (default 3)
 #        BENCH_TORCH_BATCH1=1  also run decode_ref.py --batch 1 (slow: ~30 s on 2 cores)
 #        MT_CPU_TIER       avx2 | avx512: moetrain's kernels at that tier, and PyTorch limited to
 #                          the same instruction set (decode_ref.py imports moe_ref.py, which sets it)
@@ -33,6 +37,7 @@ THREADS=${BENCH_THREADS:-2}
 NPROMPTS=${BENCH_PROMPTS:-64}
 MAXNEW=${BENCH_MAX_NEW:-32}
 BATCH=${BENCH_BATCH:-64}
+REPEAT=${BENCH_REPEAT:-3}
 SKIP_C=${BENCH_SKIP_C:-0}
 [ -x "$MOETRAIN" ] || { echo "bench_decode: $MOETRAIN is not an executable"; exit 1; }
 "$PY" -c 'import torch' >/dev/null 2>&1 || { echo "bench_decode: $PY has no torch (apt install python3-torch)"; exit 1; }
@@ -118,22 +123,28 @@ run() {
   echo "$tok $secs $tps $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')"
 }
 ROWS=()
+# round r of (a), (d), (c); round 1's outputs are c_bB, c_blas, pt_bB (the agreement reads them)
+for r in $(seq 1 "$REPEAT"); do
+  sfx=$([ "$r" = 1 ] || echo ".r$r")
+  if [ "$SKIP_C" != 1 ]; then
+    out=$(run c_b$BATCH$sfx "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
+          --temperature 0 --batch "$BATCH" --threads "$THREADS") || exit 1
+    ROWS+=("c_b$BATCH$sfx moetrain_batch_$BATCH $out")
+    out=$(MT_DECODE_BLAS=1 run c_blas$sfx "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" \
+          --max-new "$MAXNEW" --temperature 0 --batch "$BATCH" --threads "$THREADS") || exit 1
+    ROWS+=("c_blas$sfx moetrain_b${BATCH}_OpenBLAS $out")
+  elif [ "$r" = 1 ]; then
+    echo "--- moetrain generate skipped (BENCH_SKIP_C=1)" >&2
+  fi
+  out=$(run pt_b$BATCH$sfx "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
+        --batch "$BATCH" --threads "$THREADS") || exit 1
+  ROWS+=("pt_b$BATCH$sfx PyTorch_batch_$BATCH $out")
+done
 if [ "$SKIP_C" != 1 ]; then
-  out=$(run c_b$BATCH "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
-        --temperature 0 --batch "$BATCH" --threads "$THREADS") || exit 1
-  ROWS+=("c_b$BATCH moetrain_batch_$BATCH $out")
   out=$(run c_b1 "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
         --temperature 0 --batch 1 --threads "$THREADS") || exit 1
   ROWS+=("c_b1 moetrain_batch_1 $out")
-  out=$(MT_DECODE_BLAS=1 run c_blas "$MOETRAIN" generate --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" \
-        --max-new "$MAXNEW" --temperature 0 --batch "$BATCH" --threads "$THREADS") || exit 1
-  ROWS+=("c_blas moetrain_b${BATCH}_OpenBLAS $out")
-else
-  echo "--- moetrain generate skipped (BENCH_SKIP_C=1)" >&2
 fi
-out=$(run pt_b$BATCH "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
-      --batch "$BATCH" --threads "$THREADS") || exit 1
-ROWS+=("pt_b$BATCH PyTorch_batch_$BATCH $out")
 if [ "${BENCH_TORCH_BATCH1:-0}" = 1 ]; then
   out=$(run pt_b1 "$PY" "$REF" --ckpt "$TMP/run" --prompts "$TMP/prompts.txt" --max-new "$MAXNEW" \
         --batch 1 --threads "$THREADS") || exit 1
@@ -145,26 +156,37 @@ printf '%s\n' "${ROWS[@]}" | "$PY" -c '
 import sys
 tmp, prompts_file, B = sys.argv[1], sys.argv[2], sys.argv[3]
 prompts = [l.rstrip(b"\n") for l in open(prompts_file, "rb") if l.strip()]
-rows = {}
-order = []
+rows, rounds, order = {}, {}, []
 for line in sys.stdin:
     f = line.split()
-    rows[f[0]] = dict(label=f[1].replace("_", " "), tok=int(f[2]), secs=float(f[3]), tps=float(f[4]), wall=float(f[5]))
-    order.append(f[0])
+    r = dict(label=f[1].replace("_", " "), tok=int(f[2]), secs=float(f[3]), tps=float(f[4]), wall=float(f[5]))
+    key = f[0].split(".r")[0]  # round 1 is the plain name, round k the name + ".rk"
+    rounds.setdefault(key, []).append(r)
+    if key not in order:
+        order.append(key)
+for k in order:  # the best round of each side
+    rows[k] = min(rounds[k], key=lambda r: r["secs"])
 print()
-print("%-22s %8s %9s %11s %11s" % ("", "tokens", "seconds", "tokens/s", "wall s *"))
+print("%-22s %8s %9s %11s %11s %7s" % ("", "tokens", "seconds", "tokens/s", "wall s *", "rounds"))
 for k in order:
     r = rows[k]
-    print("%-22s %8d %9.3f %11.1f %11.2f" % (r["label"], r["tok"], r["secs"], r["tps"], r["wall"]))
-print("* wall s: the whole command, loading included")
+    print("%-22s %8d %9.3f %11.1f %11.2f %7d" % (r["label"], r["tok"], r["secs"], r["tps"], r["wall"], len(rounds[k])))
+print("* wall s: the whole command, loading included; seconds: the best of the rounds")
 def ratio(a, b, what):
     if a in rows and b in rows:
         print("%-44s %7.2fx" % (what, rows[a]["tps"] / rows[b]["tps"]))
+def per_round(a, b, what):
+    if a in rounds and b in rounds and len(rounds[a]) > 1 and len(rounds[a]) == len(rounds[b]):
+        q = [x["tps"] / y["tps"] for x, y in zip(rounds[a], rounds[b])]
+        m = sorted(q)[len(q) // 2] if len(q) % 2 else sum(sorted(q)[len(q) // 2 - 1:len(q) // 2 + 1]) / 2
+        print("%-44s %s, median %.2fx" % (what + ", by round:", ", ".join("%.2fx" % x for x in q), m))
 print()
 ratio("c_b" + B, "pt_b" + B, "moetrain batch %s / PyTorch batch %s" % (B, B))
 ratio("c_b" + B, "c_b1", "moetrain batch %s / moetrain batch 1" % B)
 ratio("c_b" + B, "c_blas", "moetrain batch %s / the same on OpenBLAS" % B)
 ratio("pt_b" + B, "pt_b1", "PyTorch batch %s / PyTorch batch 1" % B)
+per_round("c_b" + B, "pt_b" + B, "moetrain / PyTorch batch %s" % B)
+per_round("c_b" + B, "c_blas", "moetrain / OpenBLAS batch %s" % B)
 
 def completions(name):
     """prompt -> completion; a line that does not start with a known prompt and a tab
