@@ -6,7 +6,8 @@
 # seconds, as a table and, with gnuplot, BENCH_DIR/curves.png.
 # Usage: bash bench/bench_rl_control.sh build/moetrain [CKPT DATA [STEPS]]
 #   CKPT: a checkpoint of a pretraining run (RUN/step_NNNNNNNN, resumable), DATA its data,
-#   e.g. what `make demo` leaves (demo_out/run/<the step RL started from>, demo_out/data).
+#   e.g. what `make demo` leaves before its RL stage (demo_out/slip_run/step_00000150,
+#   demo_out/slip).
 #   Without them: the demo's pretraining (1,200 steps, exact corpus), then 300 steps more on
 #   the same problems written with `data math --slip 0.6` (60% of the additions that carry
 #   from the ones digits have that carry forgotten in the text, the prompt files keep the
