@@ -159,6 +159,18 @@ static void check_engine(mt_model *m, int exact) {
     CHECK(worst <= 1e-5, "behaviour log-probs differ from the training forward's by %.2e", worst);
     if (exact) CHECK(nbits == ntok, "%d of %d behaviour log-probs differ from the trainer's bits", ntok - nbits, ntok);
     const double tol = exact ? 0 : 1e-5;
+    /* without log-probs: the same tokens, logp 0 */
+    o.no_logp = 1;
+    if (run(m, &o, got)) return;
+    int same_tok = 1, zero = 1;
+    for (int i = 0; i < NREQ; i++) {
+        same_tok &= got[i].n == ref[i].n && memcmp(got[i].tokens, ref[i].tokens, sizeof(int32_t) * (size_t)ref[i].n) == 0;
+        for (int k = 0; k < got[i].n; k++) zero &= got[i].logp[k] == 0.0f;
+    }
+    CHECK(same_tok && zero, "greedy without log-probs: tokens %s, log-probs %s", same_tok ? "same" : "differ",
+          zero ? "0" : "not 0");
+    free_all(got);
+    o.no_logp = 0;
     for (int slots = 2; slots <= 64; slots *= 4) {
         o.slots = slots;
         if (run(m, &o, got)) return;

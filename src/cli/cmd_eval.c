@@ -41,6 +41,7 @@ static int math_accuracy(mt_model *m, const mt_math_problem *probs, size_t n, in
     mt_rollout_defaults(&o);
     o.temperature = 0;
     o.max_new = max_new;
+    o.no_logp = 1; /* only the answers are scored */
     mt_completion *out = mt_xcalloc(nr + 1, sizeof *out);
     mt_rollout_stats st;
     if (mt_rollout(m, &o, req, (int)nr, out, &st) != 0) {
@@ -279,6 +280,7 @@ int mt_cmd_generate(int argc, char **argv) {
     mt_rollout_defaults(&o);
     o.temperature = temp, o.top_k = top_k, o.top_p = top_p, o.seed = seed, o.slots = batch, o.speculative = spec;
     o.eot = stop_eot ? tk.eot : -1;
+    o.no_logp = 1; /* generate prints the text only */
     /* without --max-new given, a long prompt still gets what fits */
     int longest = 0;
     for (int i = 0; i < np; i++) longest = req[i].len > longest ? req[i].len : longest;

@@ -44,6 +44,7 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
     int best = 0;
     for (int j = 1; j < V; j++) best = l[j] > l[best] ? j : best; /* the lowest id on ties */
     const float mx = l[best];
+    if (!logp && tau <= 0) return best;
     /* every tempered weight once: the normaliser, the inverse CDF and the kept mass read them */
     float *e = scratch;
     const double sum = mt_tempered_sum(l, V, t, mx, e); /* the normaliser in double: logp keeps its precision */
@@ -88,7 +89,7 @@ int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, 
                 if (target < (acc += e[cd[i].id])) { tok = cd[i].id; break; }
         }
     }
-    *logp = mt_tempered_logp(l, t, mx, tok, sum);
+    if (logp) *logp = mt_tempered_logp(l, t, mx, tok, sum);
     return tok;
 }
 
@@ -220,8 +221,9 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
             const int r = sreq[row_slot[row]];
             const uint64_t key = mt_hash4(o->seed, o->step, req[r].prompt_index, req[r].sample_index);
             const double u = mt_u01(mt_hash4(key, (uint64_t)(out[r].n + row - first), 0x726f6c6cu, 0));
+            row_lp[row] = 0;
             row_tok[row] = mt_sample_token(logits + (size_t)row * V, V, o->temperature, o->top_k, o->top_p, u,
-                                           &row_lp[row], scratch + (size_t)omp_get_thread_num() * 3 * V);
+                                           o->no_logp ? NULL : &row_lp[row], scratch + (size_t)omp_get_thread_num() * 3 * V);
         }
         for (int j = 0; j < no; j++) {
             if (row_draft[j]) continue; /* verified with its slot's first row */

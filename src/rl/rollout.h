@@ -37,6 +37,8 @@ typedef struct {
     int bf16;                /* the decoder's products in bf16 (mixed precision, as train --bf16), else fp32 */
     int speculative;         /* the model's MTP block drafts the token after next, verified in the next
                               * forward (the same draws, so the same tokens up to rounding) */
+    int no_logp;             /* no behaviour log-probs (completions' logp 0): greedy decoding then skips the
+                              * pass over the vocabulary that computes them (generate, held-out accuracy) */
     void (*poll)(void *ctx); /* called after every forward (e.g. to serve a DistQueue); NULL: none */
     void *poll_ctx;
 } mt_rollout_opts;
@@ -84,7 +86,8 @@ int mt_rollout(mt_model *m, const mt_rollout_opts *o, const mt_rollout_req *req,
                mt_rollout_stats *st);
 
 /* One sampling decision on logits l[V] (the draw u in [0, 1)); *logp gets the behaviour
- * log-prob of the returned token. scratch: 3V floats. Exposed for tests. */
+ * log-prob of the returned token (logp NULL with tau 0: the argmax alone, no normaliser).
+ * scratch: 3V floats. Exposed for tests. */
 int mt_sample_token(const float *l, int V, double tau, int top_k, double top_p, double u, double *logp,
                     float *scratch);
 

@@ -43,6 +43,7 @@ double mt_rl_heldout_accuracy(mt_model *m, const mt_prompt_set *ev, int n, int m
     mt_rollout_opts ro;
     mt_rollout_defaults(&ro);
     ro.temperature = 0, ro.max_new = max_new, ro.slots = slots, ro.bf16 = bf16, ro.eot = ev->tk->eot;
+    ro.no_logp = 1; /* only the answers are scored */
     mt_completion *out = mt_xcalloc((size_t)(hi - lo) + 1, sizeof *out);
     mt_rollout_stats st;
     int64_t c[2] = {0, hi - lo};
