@@ -1089,10 +1089,10 @@ static void attention_row_case(int T, int H, int G, int Dk, int Dv, float amp) {
     float *o = falloc(nq * Dv), *l = falloc((size_t)H * T), *scratch = falloc((size_t)nthr * mt_attention_scratch_floats(T, Dm));
     mt_attention_fwd_dv(o, l, q, k, v, NULL, 1, T, H, G, Dk, Dv, scratch, nthr, 0);
     const size_t ldkb = (size_t)Dk * 16, nb = (size_t)(T + 15) / 16;
-    float *kb = falloc(nb * ldkb), *out = falloc((size_t)Dv), *rs = falloc(mt_attention_row_scratch_floats(T, Dk, Dv));
+    float *kb = falloc(nb * ldkb), *out = falloc((size_t)Dv), *rs = falloc(mt_attention_row_scratch_floats(Dk, Dv));
     long bad = 0;
     for (int g = 0; g < G; g++) {
-        fill_nan(kb, nb * ldkb); /* positions past T never read */
+        fill_nan(kb, nb * ldkb); /* positions past T: read with their block, never used */
         for (int t = 0; t < T; t++)
             for (int c = 0; c < Dk; c++) kb[(size_t)t / 16 * ldkb + (size_t)c * 16 + t % 16] = k[((size_t)t * G + g) * Dk + c];
         for (int h = g * (H / G); h < (g + 1) * (H / G); h++)

@@ -1126,14 +1126,12 @@ typedef __m256 rvec;
 #define R_MSTORE(p, left, x) _mm256_maskstore_ps(p, mt_tail_mask256(left), x)
 #endif
 
-size_t mt_attention_row_scratch_floats(int P, int Dk, int Dv) {
-    return (size_t)(P + ATT_BK - 1) / ATT_BK * ATT_BK + (size_t)Dk + (size_t)Dv;
-}
+size_t mt_attention_row_scratch_floats(int Dk, int Dv) { return ATT_BK + (size_t)Dk + (size_t)Dv; }
 
 void mt_attention_row(float *out, const float *q, const float *Kb, size_t ldkb, const float *V, size_t ldv, int P,
                       int Dk, int Dv, float *scratch) {
     MT_ASSERT(P >= 1 && Dk > 0 && Dv > 0);
-    float *s = scratch, *qs = s + (size_t)(P + ATT_BK - 1) / ATT_BK * ATT_BK, *o = qs + Dk;
+    float *sb = scratch, *qs = sb + ATT_BK, *o = qs + Dk; /* one block's scores, q scaled, the output sums */
     const float c2 = LOG2E / sqrtf((float)Dk);
     for (int c = 0; c < Dk; c++) qs[c] = q[c] * c2;
     float m = -INFINITY, l = 0.0f;
@@ -1149,7 +1147,7 @@ void mt_attention_row(float *out, const float *q, const float *Kb, size_t ldkb, 
             const rvec b = R_SET1(qs[c]);
             for (int u = 0; u < nv; u++) acc[u] = R_FMA(R_LOAD(kb[u] + (size_t)c * 16), b, acc[u]);
         }
-        float *sb = s + k0, bm = -INFINITY;
+        float bm = -INFINITY;
         for (int u = 0; u < nv; u++) R_STORE(sb + RW * u, acc[u]);
         for (int j = 0; j < nk; j++) bm = sb[j] > bm ? sb[j] : bm;
         const float mn = m > bm ? m : bm, ms = mn == -INFINITY ? 0.0f : mn;

@@ -84,9 +84,11 @@ void mt_attention_bwd_dv(float *dq, float *dk, float *dv, const float *dout, con
 /* Decoding: one query (its Dk values at q) over its P keys, with mt_attention_fwd's arithmetic
  * for that query, so the output is the training forward's bits for the last query of a row
  * holding these keys (from position 0). Keys are stored in blocks of 16 positions, each block
- * transposed: key t's element c at Kb[(t / 16) * ldkb + c * 16 + t % 16]; value t's row at
- * V + t * ldv. out: Dv floats. scratch: mt_attention_row_scratch_floats(P, Dk, Dv) floats. */
-size_t mt_attention_row_scratch_floats(int P, int Dk, int Dv);
+ * transposed: key t's element c at Kb[(t / 16) * ldkb + c * 16 + t % 16], and the last block
+ * is read whole (storage for ceil(P / 16) blocks; its positions past P may hold anything,
+ * they are never used); value t's row at V + t * ldv. out: Dv floats. scratch:
+ * mt_attention_row_scratch_floats(Dk, Dv) floats. */
+size_t mt_attention_row_scratch_floats(int Dk, int Dv);
 void mt_attention_row(float *out, const float *q, const float *Kb, size_t ldkb, const float *V, size_t ldv, int P,
                       int Dk, int Dv, float *scratch);
 

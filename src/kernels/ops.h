@@ -109,11 +109,11 @@ size_t mt_head_scratch_floats(int V);
 size_t mt_head_packed_bytes(int N, int C, int V, int bf16, int train);
 size_t mt_head_ws_bytes(int N, int C, int V, int bf16, int train, int nthr);
 /* A per-token objective in place of cross-entropy (RL): for a row with a target, fn gets
- * logp = log softmax(logits * inv_tau)[target] and returns dL/dlogp (the head then writes
- * dL/dlogits = dL/dlogp * inv_tau * (onehot - softmax)); it may record logp by row. Called
- * from several threads at once, once per row; row = base + the row's index. With an
- * objective the return value is the sum of -logp and grad_scale is unused; logp is
- * mt_tempered_logp of the row's logits at temperature tau, the rollout's formula. */
+ * logp = log softmax(logits / tau)[target] (mt_tempered_logp, the rollout's formula, rounded
+ * to float) and returns dL/dlogp (the head then writes dL/dlogits = dL/dlogp * inv_tau *
+ * (onehot - softmax)); it may record logp by row. Called from several threads at once, once
+ * per row; row = base + the row's index. With an objective the return value is the sum of
+ * -logp as the head's float log-softmax gives it (for reports) and grad_scale is unused. */
 typedef struct mt_head_obj {
     double inv_tau, tau; /* 1 / tau for the gradient; tau for logp */
     double (*fn)(void *ctx, int64_t row, double logp);

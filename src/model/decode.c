@@ -19,8 +19,9 @@ struct mt_decoder {
     int kt;                       /* key positions per slot in kc (mt_kv_key_positions: tmax rounded up to 16) */
     int tp, H, G;                 /* TP size; this rank's query and key/value heads (H / tp, G / tp) */
     int mla, absorbed;            /* MLA, and its cache form (decode.h) */
-    float *kc, *vc;               /* [L][slots][kt][kvw], [..][tmax][vw] (vc NULL for absorbed MLA); kc blocked as
-                                   * mt_attention_row reads it (kv_put), absorbed MLA's plain rows */
+    float *kc, *vc;               /* per cached layer (L, + 1 drafting) and slot: kc [kt/16][kvw][16] (blocks of 16
+                                   * positions transposed, as mt_attention_row reads them; kv_put) or, absorbed
+                                   * MLA, [tmax][kvw] rows; vc [tmax][vw] (NULL for absorbed MLA) */
     float *cq, *ckv, *kpe, *qa;   /* MLA: [cap, ql], [cap, kvl], [cap, dr], absorbed [cap, H*kvl] q / out */
     size_t kv_read;               /* bytes of cache rows the attention read */
     float *cos_t, *sin_t;         /* RoPE tables for tmax positions */
@@ -107,7 +108,7 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
     d->lno = dalloc(d, row * C);
     const int Dk = d->mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
     const int Dv = d->mla ? c->v_head_dim : c->head_dim;
-    d->scw = d->absorbed ? (size_t)tmax : mt_attention_row_scratch_floats(tmax, Dk, Dv);
+    d->scw = d->absorbed ? (size_t)tmax : mt_attention_row_scratch_floats(Dk, Dv);
     d->sc = dalloc(d, sizeof(float) * (size_t)nthr * d->scw);
     d->route = mt_xcalloc((size_t)d->L, sizeof(int32_t *));
     if (draft) {

@@ -11,9 +11,10 @@
  * probability reaches p). The uniform draw of a token is a pure function of (seed, step,
  * prompt index, sample index, completion position), not of the slot a request is served
  * in or when. The same settings give the same bits for any thread count; another slot
- * count changes the batch the products see, which moves the logits by rounding only
- * (log-probs within 1e-5), so a token can change only where a draw falls within that of a
- * boundary between two tokens. Every completion token
+ * count changes the batch the products see: in fp32 (GQA or unabsorbed MLA) nothing moves, a
+ * row's numbers do not depend on its batch; absorbed MLA and bf16 move the logits by rounding
+ * only (log-probs within 1e-5), so a token can change only where a draw falls within that of
+ * a boundary between two tokens. Every completion token
  * records its behaviour log-prob: log softmax(logits / tau) of the token, untruncated
  * (tau = 0: tau = 1). */
 #ifndef MT_RL_ROLLOUT_H
