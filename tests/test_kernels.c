@@ -1118,6 +1118,7 @@ static void test_attention_row(void) {
     attention_row_case(200, 2, 2, 10, 6, 3.0f);
     attention_row_case(140, 1, 1, 24, 80, 1.0f);
     attention_row_case(70, 2, 1, 128, 128, 1.0f);
+    attention_row_case(90, 2, 1, 40, 40, 1.0f); /* Dk, Dv: full vectors, then a partial one */
 }
 
 int main(int argc, char **argv) {

@@ -3,7 +3,8 @@
  * count; behaviour log-probs equal the log-softmax of the training forward's logits
  * (<= 1e-5), and in fp32 with the forward's products on the decoder's kernel (what RL's
  * trainer runs, mt_acts_fwd_rows) to the bit, as do completions under any slot count,
- * prefill budget or speculative decoding (a query's bits do not depend on the batch);
+ * prefill budget or speculative decoding (a query's bits do not depend on the batch), and a
+ * 150-position sequence decoded a token at a time (past the attention's 64-key blocks);
  * sampled completions do not depend on the slot count or the prefill budget;
  * the routing record equals the training forward's routing; the sampling rules
  * (greedy ties, top-k, top-p over the renormalised top-k, the inverse CDF) on crafted
@@ -384,6 +385,41 @@ static void check_errors(mt_model *m) {
     CHECK(mt_rollout(m, &o, &r, 1, out, &st) != 0, "an empty prompt was accepted");
 }
 
+/* A sequence past several 64-key blocks (the attention's online-softmax blocks) and 16-position
+ * cache blocks: prefilled in one call, then decoded a token at a time in slot 1 of 3, the
+ * decoder's logits are the bits of the forward on the decoder's products (fp32, GQA). */
+static void check_long_decode(const mt_config *base) {
+    enum { TS = 150, PRE = 21 };
+    mt_config c = *base;
+    c.max_position_embeddings = 160;
+    mt_model m;
+    MT_ASSERT(mt_model_init(&m, &c) == 0);
+    mt_model_init_weights(&m, 7, 0.4f);
+    const int V = c.vocab_size;
+    int32_t seq[TS], slot[PRE], pos[PRE], rows[PRE];
+    for (int t = 0; t < TS; t++) seq[t] = (int32_t)(mt_hash4(63, (uint64_t)t, 0, 0) % (uint64_t)V);
+    float *lg = mt_alloc(sizeof(float) * (size_t)TS * V), *ref = full_logits_mode(&m, seq, TS, 0, 1);
+    mt_decoder *d = mt_decoder_new(&m, 3, TS, TS, mt_get_threads(), 0);
+    CHECK(d != NULL, "decoder: %s", mt_last_error());
+    if (d) {
+        for (int t = 0; t < PRE; t++) slot[t] = 1, pos[t] = t, rows[t] = t;
+        mt_decoder_forward(d, &m, seq, slot, pos, PRE, rows, PRE, lg);
+        for (int t = PRE; t < TS; t++) {
+            int32_t s1 = 1, p1 = t, r0 = 0;
+            mt_decoder_forward(d, &m, seq + t, &s1, &p1, 1, &r0, 1, lg + (size_t)t * V);
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < (size_t)TS * V; i++) bad += memcmp(&lg[i], &ref[i], sizeof(float)) != 0;
+        printf("long decode: %d positions, %zu of %zu logits differ from the forward on the decoder's products\n", TS,
+               bad, (size_t)TS * V);
+        CHECK(bad == 0, "long decode: %zu logits differ", bad);
+        mt_decoder_free(d);
+    }
+    mt_free(lg);
+    mt_free(ref);
+    mt_model_free(&m);
+}
+
 /* speculative decoding (MTP drafts): the same completions as plain decoding, greedy and
  * sampled, in fewer forwards when drafts are accepted; min_accept: the acceptance the greedy
  * run must reach */
@@ -451,6 +487,7 @@ int main(int argc, char **argv) {
     check_engine(&m, 1);
     check_replay(&m);
     check_errors(&m);
+    check_long_decode(&c);
     {
         mt_completion out[NREQ];
         mt_rollout_stats st;
