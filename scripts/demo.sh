@@ -15,7 +15,7 @@ echo "== 1/5 data: synthetic arithmetic corpus (2-digit additions; 500 held-out 
 echo "== 2/5 train: configs/demo.json ($("$MT" info --config demo | sed -n 2p | awk '{print $2}') parameters, 8 experts top-2 + 1 shared), $STEPS steps"
 rm -rf "$OUT/run"
 "$MT" train --config demo --data "$OUT/data" --out "$OUT/run" --steps "$STEPS" --batch 32 --seq 64 \
-    --lr 3e-3 --warmup 50 --wd 0.05 --log-every 50 --eval-every 200 --load-every 200 --plot --save-every 400
+    --lr 3e-3 --warmup 50 --wd 0.05 --clip 2 --log-every 50 --eval-every 200 --load-every 200 --plot --save-every 400
 echo "== 3/5 eval: validation loss and exact-match accuracy on 500 held-out problems"
 "$MT" eval --ckpt "$OUT/run" --data "$OUT/data" --seq 64 --problems 500 --show 8
 # A corpus that imitation cannot get right: the same problems, 60% of the additions that
