@@ -8,7 +8,8 @@
 #   CKPT: a checkpoint of a pretraining run (RUN/step_NNNNNNNN, resumable), DATA its data,
 #   e.g. what `make demo` leaves before its RL stage (demo_out/slip_run/step_00000150,
 #   demo_out/slip).
-#   Without them: the demo's pretraining (1,200 steps, exact corpus), then 300 steps more on
+#   Without them: the demo's pretraining (1,200 steps, exact corpus; clip 1, as the demo had it
+#   when the figures in docs/PERFORMANCE.md were taken), then 300 steps more on
 #   the same problems written with `data math --slip 0.6` (60% of the additions that carry
 #   from the ones digits have that carry forgotten in the text, the prompt files keep the
 #   true answers); its last checkpoint is the start: imitation of that corpus plateaus near
