@@ -68,6 +68,7 @@
 #include "kernels/blas.h"
 #include "kernels/vdot.h"
 #include "kernels/vexp.h"
+#include "kernels/vecw.h"
 
 #include <immintrin.h>
 #ifdef __AVX512F__
@@ -1096,36 +1097,6 @@ void mt_attention_fwd_dv(float *out, float *lse, const float *q, const float *k,
  * same 1 / l. The flash kernel's lanes are queries; here they are keys (scores) and output
  * columns, whose per-lane operations are the same, so the bits are mt_attention_fwd's for
  * the last query of a row holding these keys (plain causal or a document starting at key 0). */
-#ifdef __AVX512F__
-#define RW 16
-typedef __m512 rvec;
-#define R_SET1 _mm512_set1_ps
-#define R_ZERO _mm512_setzero_ps
-#define R_LOAD _mm512_loadu_ps
-#define R_STORE _mm512_storeu_ps
-#define R_FMA _mm512_fmadd_ps
-#define R_MUL _mm512_mul_ps
-#define R_SUB _mm512_sub_ps
-#define R_EXP2 mt_exp2_512
-#define R_FIRST _mm512_cvtss_f32
-#define R_MLOAD(p, left) _mm512_maskz_loadu_ps(vdot_tail_mask(left), p)
-#define R_MSTORE(p, left, x) _mm512_mask_storeu_ps(p, vdot_tail_mask(left), x)
-#else
-#define RW 8
-typedef __m256 rvec;
-#define R_SET1 _mm256_set1_ps
-#define R_ZERO _mm256_setzero_ps
-#define R_LOAD _mm256_loadu_ps
-#define R_STORE _mm256_storeu_ps
-#define R_FMA _mm256_fmadd_ps
-#define R_MUL _mm256_mul_ps
-#define R_SUB _mm256_sub_ps
-#define R_EXP2 mt_exp2_256
-#define R_FIRST _mm256_cvtss_f32
-#define R_MLOAD(p, left) _mm256_maskload_ps(p, mt_tail_mask256(left))
-#define R_MSTORE(p, left, x) _mm256_maskstore_ps(p, mt_tail_mask256(left), x)
-#endif
-
 size_t mt_attention_row_scratch_floats(int Dk, int Dv) { return ATT_BK + (size_t)Dk + (size_t)Dv; }
 
 void mt_attention_row(float *out, const float *q, const float *Kb, size_t ldkb, const float *V, size_t ldv, int P,
@@ -1136,38 +1107,38 @@ void mt_attention_row(float *out, const float *q, const float *Kb, size_t ldkb, 
     for (int c = 0; c < Dk; c++) qs[c] = q[c] * c2;
     float m = -INFINITY, l = 0.0f;
     for (int k0 = 0; k0 < P; k0 += ATT_BK) {
-        const int nk = P - k0 < ATT_BK ? P - k0 : ATT_BK, nv = (nk + RW - 1) / RW;
-        rvec acc[ATT_BK / RW];
-        const float *kb[ATT_BK / RW];
+        const int nk = P - k0 < ATT_BK ? P - k0 : ATT_BK, nv = (nk + MT_VW - 1) / MT_VW;
+        mt_vf acc[ATT_BK / MT_VW];
+        const float *kb[ATT_BK / MT_VW];
         for (int u = 0; u < nv; u++) {
-            acc[u] = R_ZERO();
-            kb[u] = Kb + (size_t)((k0 + RW * u) / 16) * ldkb + (k0 + RW * u) % 16;
+            acc[u] = mt_vf_zero();
+            kb[u] = Kb + (size_t)((k0 + MT_VW * u) / 16) * ldkb + (k0 + MT_VW * u) % 16;
         }
         for (int c = 0; c < Dk; c++) {
-            const rvec b = R_SET1(qs[c]);
-            for (int u = 0; u < nv; u++) acc[u] = R_FMA(R_LOAD(kb[u] + (size_t)c * 16), b, acc[u]);
+            const mt_vf b = mt_vf_set1(qs[c]);
+            for (int u = 0; u < nv; u++) acc[u] = mt_vf_fma(mt_vf_load(kb[u] + (size_t)c * 16), b, acc[u]);
         }
         float bm = -INFINITY;
-        for (int u = 0; u < nv; u++) R_STORE(sb + RW * u, acc[u]);
+        for (int u = 0; u < nv; u++) mt_vf_store(sb + MT_VW * u, acc[u]);
         for (int j = 0; j < nk; j++) bm = sb[j] > bm ? sb[j] : bm;
         const float mn = m > bm ? m : bm, ms = mn == -INFINITY ? 0.0f : mn;
-        const float alpha = R_FIRST(R_EXP2(R_SET1(m - ms)));
+        const float alpha = mt_vf_first(mt_vf_exp2(mt_vf_set1(m - ms)));
         m = mn;
-        for (int u = 0; u < nv; u++) R_STORE(sb + RW * u, R_EXP2(R_SUB(R_LOAD(sb + RW * u), R_SET1(ms))));
+        for (int u = 0; u < nv; u++) mt_vf_store(sb + MT_VW * u, mt_vf_exp2(mt_vf_sub(mt_vf_load(sb + MT_VW * u), mt_vf_set1(ms))));
         float sum = 0.0f;
         for (int j = 0; j < nk; j++) sum += sb[j];
         l = fmaf(l, alpha, sum);
-        for (int d0 = 0; d0 < Dv; d0 += RW) {
-            const size_t left = (size_t)(Dv - d0);
-            rvec y = k0 == 0 ? R_ZERO() : R_MUL(R_MLOAD(o + d0, left), R_SET1(alpha));
-            for (int j = 0; j < nk; j++) y = R_FMA(R_MLOAD(V + (size_t)(k0 + j) * ldv + d0, left), R_SET1(sb[j]), y);
-            R_MSTORE(o + d0, left, y);
+        for (int d0 = 0; d0 < Dv; d0 += MT_VW) {
+            const mt_vmask tm = mt_vf_tail((size_t)(Dv - d0));
+            mt_vf y = k0 == 0 ? mt_vf_zero() : mt_vf_mul(mt_vf_load_tail(o + d0, tm), mt_vf_set1(alpha));
+            for (int j = 0; j < nk; j++)
+                y = mt_vf_fma(mt_vf_load_tail(V + (size_t)(k0 + j) * ldv + d0, tm), mt_vf_set1(sb[j]), y);
+            mt_vf_store_tail(o + d0, tm, y);
         }
     }
     const float inv = 1.0f / l;
     for (int d = 0; d < Dv; d++) out[d] = o[d] * inv;
 }
-#undef RW
 
 static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                      const float *v, const uint16_t *k16, const uint16_t *v16, const float *out, const float *lse,

@@ -410,17 +410,18 @@ double mt_head_ce(mt_ws ws, float *dx, float *dW, float *logits, const float *x,
         for (int i = 0; i < nr; i++) {
             float *l = L + (size_t)i * ldl;
             int tgt = targets[n0 + i];
+            float m = head_row_max(l, V);
             /* an objective's logp from the raw logits, as the rollout computes it, rounded to
              * float as logp_old and logp_behav are kept (on-policy the ratio is then exactly 1) */
             double lp = 0;
-            if (obj && tgt >= 0) {
-                const float mx = head_row_max(l, V);
-                lp = (float)mt_tempered_logp(l, obj->tau, mx, tgt, mt_tempered_sum(l, V, obj->tau, mx, NULL));
+            if (obj && tgt >= 0) lp = (float)mt_tempered_logp(l, obj->tau, m, tgt, mt_tempered_sum(l, V, obj->tau, m, NULL));
+            /* an objective's temperature: the row scaled in place, its gradient by inv_tau; the
+             * scaled max is m scaled (x -> x s rounded is monotone for s > 0) */
+            if (obj && obj->inv_tau != 1.0) {
+                const float s = (float)obj->inv_tau;
+                for (int j = 0; j < V; j++) l[j] *= s;
+                m *= s;
             }
-            /* an objective's temperature: the row scaled in place, its gradient by inv_tau */
-            if (obj && obj->inv_tau != 1.0)
-                for (int j = 0; j < V; j++) l[j] *= (float)obj->inv_tau;
-            float m = head_row_max(l, V);
             float lse = m + logf(head_row_exp(NULL, l, V, m, 1.0f));
             rowloss[i] = tgt >= 0 ? lse - l[tgt] : 0.0f;
             float gs = grad_scale;

@@ -6,35 +6,21 @@
 #include <stddef.h>
 
 #include "kernels/blas.h"
-#include "kernels/vdot.h"
+#include "kernels/vecw.h"
 
 /* A block is WR rows of B (weights) by XR rows of A: WR*XR accumulators of LANES floats
  * (AVX-512: 16 of 32 registers; AVX2: 8 of 16), each summing the products of lane l at
  * k = l, l + LANES, ... in order. The tail of K is loaded masked (zeros). */
 #ifdef __AVX512F__
-enum { WR = 4, XR = 4, LANES = 16 };
-typedef __m512 vec;
-#define V_ZERO _mm512_setzero_ps()
-#define V_LOAD(p) _mm512_loadu_ps(p)
-#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-typedef __mmask16 tailmask;
-#define tail_mask vdot_tail_mask
-#define V_LOAD_TAIL(p, m) _mm512_maskz_loadu_ps(m, p)
+enum { WR = 4, XR = 4, LANES = MT_VW };
 #else
-enum { WR = 4, XR = 2, LANES = 8 };
-typedef __m256 vec;
-#define V_ZERO _mm256_setzero_ps()
-#define V_LOAD(p) _mm256_loadu_ps(p)
-#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-typedef __m256i tailmask;
-#define tail_mask mt_tail_mask256
-#define V_LOAD_TAIL(p, m) _mm256_maskload_ps(p, m)
+enum { WR = 4, XR = 2, LANES = MT_VW };
 #endif
 
 /* The lane sums of the WR*XR accumulators v[XR i + j] (weight row i, A row j) in one vector,
  * by a fixed tree of adds: the sum of v[XR i + j] ends in lane 4j + i, so lanes 4j .. 4j+3
  * are the outputs of A row j for weight rows 0..3. */
-static inline vec reduce_block(const vec *v) {
+static inline mt_vf reduce_block(const mt_vf *v) {
 #ifdef __AVX512F__
     __m512 c[8], e[4], g[2];
     for (int p = 0; p < 8; p++) /* halves: lanes 0-7 from v[2p], 8-15 from v[2p+1] */
@@ -72,35 +58,35 @@ static inline void block(int M, int N, int K, float alpha, const float *A, int l
     for (int i = 0; i < WR; i++) b[i] = B + (size_t)(o + i < N ? o + i : N - 1) * ldb;
     const float *p[WR];
     for (int i = 0; i < WR; i++) p[i] = B + (size_t)(pf >= 0 && pf + i < N ? pf + i : o) * ldb;
-    vec acc[WR * XR];
+    mt_vf acc[WR * XR];
 #pragma GCC unroll 16
-    for (int t = 0; t < WR * XR; t++) acc[t] = V_ZERO;
+    for (int t = 0; t < WR * XR; t++) acc[t] = mt_vf_zero();
     int k = 0;
     for (; k + LANES <= K; k += LANES) {
-        vec w[WR], x[XR];
+        mt_vf w[WR], x[XR];
         if (pf >= 0) {
 #pragma GCC unroll 4
             for (int i = 0; i < WR; i++) _mm_prefetch((const char *)(p[i] + k), _MM_HINT_T0);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < WR; i++) {
-            w[i] = V_LOAD(b[i] + k);
+            w[i] = mt_vf_load(b[i] + k);
             __asm__("" : "+x"(w[i])); /* one load each: GCC would fold it into every FMA */
         }
 #pragma GCC unroll 4
-        for (int j = 0; j < XR; j++) x[j] = V_LOAD(a[j] + k);
+        for (int j = 0; j < XR; j++) x[j] = mt_vf_load(a[j] + k);
 #pragma GCC unroll 4
         for (int i = 0; i < WR; i++)
 #pragma GCC unroll 4
-            for (int j = 0; j < XR; j++) acc[XR * i + j] = V_FMA(x[j], w[i], acc[XR * i + j]);
+            for (int j = 0; j < XR; j++) acc[XR * i + j] = mt_vf_fma(x[j], w[i], acc[XR * i + j]);
     }
     if (k < K) {
-        const tailmask tm = tail_mask((size_t)(K - k));
-        vec w[WR], x[XR];
-        for (int i = 0; i < WR; i++) w[i] = V_LOAD_TAIL(b[i] + k, tm);
-        for (int j = 0; j < XR; j++) x[j] = V_LOAD_TAIL(a[j] + k, tm);
+        const mt_vmask tm = mt_vf_tail((size_t)(K - k));
+        mt_vf w[WR], x[XR];
+        for (int i = 0; i < WR; i++) w[i] = mt_vf_load_tail(b[i] + k, tm);
+        for (int j = 0; j < XR; j++) x[j] = mt_vf_load_tail(a[j] + k, tm);
         for (int i = 0; i < WR; i++)
-            for (int j = 0; j < XR; j++) acc[XR * i + j] = V_FMA(x[j], w[i], acc[XR * i + j]);
+            for (int j = 0; j < XR; j++) acc[XR * i + j] = mt_vf_fma(x[j], w[i], acc[XR * i + j]);
     }
     float r[LANES];
     _Static_assert(WR == 4 && XR * WR == LANES, "reduce_block's layout: lanes 4j + i");

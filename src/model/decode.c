@@ -129,7 +129,7 @@ static mt_decoder *create(const mt_model *m, int slots, int tmax, int cap, int n
         mt_acts_ws_reserve(d->a, c, cap);     /* the kernels' workspace (the forward grows it if it must) */
         /* a few rows per weight: no packing (kernels/rows.h); MT_DECODE_BLAS=1 runs OpenBLAS, to compare */
         const char *blas = getenv("MT_DECODE_BLAS");
-        d->a->ws.rows = !bf16 && !(blas && *blas && strcmp(blas, "0") != 0);
+        mt_acts_fwd_rows(d->a, !(blas && *blas && strcmp(blas, "0") != 0));
         d->bytes += mt_acts_arena_bytes(d->a) + d->a->ws.cap;
     }
     if (!ok) {
