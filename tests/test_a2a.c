@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/moe.h"
 #include "parallel/a2a.h"
 #include "parallel/wire.h"
 #include "testutil.h"
@@ -262,6 +263,24 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
     }
     CHECK(bo == 0 && bx == 0, "combine / dispatch_bwd vs tree reference: %d / %d values differ", bo, bx);
     CHECK(maxrel < 1e-6, "combine vs plain slot-order sum: max err / sum|terms| %.3g", maxrel);
+    {   /* the same sums from every expert row on this rank, in the exchange's order (kernels/moe.h:
+         * RL's rollout copy summing as its trainer's layout): the combine's bits */
+        int32_t owner[E], *srow = ialloc((size_t)N * K + 1);
+        for (int e = 0; e < E; e++) owner[e] = e / LE;
+        float *yr = falloc((size_t)N * K * C + 1), *ol = falloc((size_t)N * C + 1);
+        for (int i = 0; i < N * K; i++) {
+            srow[i] = N * K - 1 - i; /* rows in another order than the pairs */
+            for (int c = 0; c < C; c++) yr[(size_t)srow[i] * C + c] = yval(me, i / K, i % K, c);
+        }
+        memset(ol, 0, sizeof(float) * (size_t)N * C);
+        const mt_moe_sum_order so = {.ranks = P, .nodes = a->nnodes, .owner = owner, .node_of = a->node_of};
+        mt_moe_unpermute_ordered(ol, yr, g.w + (size_t)g.noff[me] * K, srow, g.sel + (size_t)g.noff[me] * K, N, K,
+                                 C, &so);
+        int bl = 0;
+        for (size_t i = 0; i < (size_t)N * C; i++) bl += ol[i] != out[0][i];
+        CHECK(bl == 0, "ordered local unpermute vs the combine: %d values differ", bl);
+        free(srow), free(yr), free(ol);
+    }
     free(tw), free(ty);
     /* bytes */
     if (me == 0) {

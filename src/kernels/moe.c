@@ -132,6 +132,42 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
     }
 }
 
+void mt_moe_unpermute_ordered(float *out, const float *ye, const float *w, const int32_t *slot_row,
+                              const int32_t *sel, int N, int K, int C, const mt_moe_sum_order *o) {
+#pragma omp parallel
+    {
+        float *p = mt_alloc(sizeof(float) * 3 * (size_t)C), *acc = p + C, *tot = acc + C;
+#pragma omp for schedule(static)
+        for (int t = 0; t < N; t++) {
+            int ntot = 0;
+            for (int n = 0; n < o->nodes; n++) {
+                int nacc = 0;
+                for (int r = 0; r < o->ranks; r++) {
+                    if (o->node_of[r] != n) continue;
+                    int np = 0;
+                    for (int j = 0; j < K; j++) {
+                        const size_t i = (size_t)t * K + j;
+                        if (o->owner[sel[i]] != r) continue;
+                        mt_moe_wrow(p, ye + (size_t)slot_row[i] * C, w[i], C, np++ == 0);
+                    }
+                    if (np == 0) continue;
+                    if (nacc++ == 0) memcpy(acc, p, sizeof(float) * C);
+                    else
+                        for (int c = 0; c < C; c++) acc[c] += p[c];
+                }
+                if (nacc == 0) continue;
+                if (ntot++ == 0) memcpy(tot, acc, sizeof(float) * C);
+                else
+                    for (int c = 0; c < C; c++) tot[c] += acc[c];
+            }
+            float *y = out + (size_t)t * C;
+            if (ntot > 0)
+                for (int c = 0; c < C; c++) y[c] += tot[c];
+        }
+        mt_free(p);
+    }
+}
+
 enum { TILE_OUT = 64, TILE_ROWS = 256 };
 
 /* Tiles: large ones amortise the packing of the operand every tile packs again (the expert's

@@ -35,6 +35,29 @@ void mt_moe_permute_bwd(float *dx, const float *dxe, const int32_t *slot_row, in
 void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t *slot_row, int N,
                       int K, int C, int accumulate);
 
+/* o[C] = w * y (first) or o += w * y: one term of an expert combine's weighted sum. The
+ * expert exchange (parallel/a2a.c) and the ordered unpermute below both sum with it, so the
+ * two round alike. */
+static inline void mt_moe_wrow(float *o, const float *y, float w, int C, int first) {
+    if (first)
+        for (int c = 0; c < C; c++) o[c] = w * y[c];
+    else
+        for (int c = 0; c < C; c++) o[c] += w * y[c];
+}
+
+/* The order an expert-parallel combine sums a token's rows in (parallel/a2a.h): the pairs
+ * on one EP rank in slot order, then the ranks of a node in ascending order, then the nodes
+ * in ascending order (numbered by their lowest rank), each sum from a copy of its first term. */
+typedef struct {
+    int ranks, nodes;
+    const int32_t *owner;   /* [E] the EP rank of each expert (by the sel of the combine) */
+    const int *node_of;     /* [ranks] */
+} mt_moe_sum_order;
+/* out[N,C] += the combine of mt_moe_unpermute summed in order o (sel[N*K] the pairs'
+ * experts): the bits an expert-parallel layout's combine gives, from experts all local. */
+void mt_moe_unpermute_ordered(float *out, const float *ye, const float *w, const int32_t *slot_row,
+                              const int32_t *sel, int N, int K, int C, const mt_moe_sum_order *o);
+
 /* Grouped linear over experts: for every expert e, rows off[e]..off[e+1] of in[R,In] times
  * W_e^T where W_e = W + e*wstride is [O,In] (row-major): out[R,O] = beta*out + in W_e^T.
  * One parallel job: tiles of rows of every expert, dynamically scheduled, so the work is

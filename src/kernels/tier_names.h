@@ -41,6 +41,7 @@
     X(mt_moe_permute_bwd) \
     X(mt_moe_permute_ws_bytes) \
     X(mt_moe_unpermute) \
+    X(mt_moe_unpermute_ordered) \
     X(mt_rmsnorm_bwd) \
     X(mt_rmsnorm_fwd) \
     X(mt_rmsnorm_fwd16) \
@@ -97,6 +98,7 @@
 #define mt_moe_permute_bwd MT_TIER_CAT(mt_moe_permute_bwd, MT_TIER_SUFFIX)
 #define mt_moe_permute_ws_bytes MT_TIER_CAT(mt_moe_permute_ws_bytes, MT_TIER_SUFFIX)
 #define mt_moe_unpermute MT_TIER_CAT(mt_moe_unpermute, MT_TIER_SUFFIX)
+#define mt_moe_unpermute_ordered MT_TIER_CAT(mt_moe_unpermute_ordered, MT_TIER_SUFFIX)
 #define mt_rmsnorm_bwd MT_TIER_CAT(mt_rmsnorm_bwd, MT_TIER_SUFFIX)
 #define mt_rmsnorm_fwd MT_TIER_CAT(mt_rmsnorm_fwd, MT_TIER_SUFFIX)
 #define mt_rmsnorm_fwd16 MT_TIER_CAT(mt_rmsnorm_fwd16, MT_TIER_SUFFIX)

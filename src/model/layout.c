@@ -439,8 +439,36 @@ int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *s
     return init_part(m, cfg, sh, ep, tp, 0);
 }
 
+void mt_sum_order_init(mt_sum_order *o, const mt_model *src) {
+    MT_ASSERT(src->ep);
+    const int P = src->ep->size, E = src->cfg.n_routed_experts, LE = E / P, L = mt_config_layers(&src->cfg);
+    o->ranks = P;
+    o->owner = mt_xmalloc(sizeof(int32_t) * ((size_t)L * E + 1));
+    o->node_of = mt_xmalloc(sizeof(int) * (size_t)P);
+    for (size_t i = 0; i < (size_t)L * E; i++)
+        o->owner[i] = (src->slot_of ? src->slot_of[i] : (int32_t)(i % (size_t)E)) / LE;
+    o->nodes = 0;
+    for (int r = 0; r < P; r++) {
+        o->node_of[r] = src->ep->node_of ? src->ep->node_of[r] : 0;
+        if (o->node_of[r] + 1 > o->nodes) o->nodes = o->node_of[r] + 1;
+    }
+}
+
+void mt_sum_order_free(mt_sum_order *o) {
+    free(o->owner);
+    free(o->node_of);
+    memset(o, 0, sizeof *o);
+}
+
+void mt_model_sum_like(mt_model *m, const mt_model *src) {
+    MT_ASSERT(!m->ep && src->cfg.n_routed_experts == m->cfg.n_routed_experts);
+    mt_sum_order_free(&m->sum_order);
+    mt_sum_order_init(&m->sum_order, src);
+}
+
 void mt_model_free(mt_model *m) {
     free(m->slot_of);
+    mt_sum_order_free(&m->sum_order);
     mt_free(m->params);
     mt_free(m->grads);
     free(m->tensors);

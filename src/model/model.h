@@ -162,6 +162,8 @@ typedef struct mt_ep_ops {
     void (*dispatch_bwd)(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate);
     /* vs[N*K] (slot order of the source tokens) = v[R] of the rows */
     void (*to_source)(void *ctx, mt_ep_batch *b, float *vs, const float *v);
+    const int *node_of;    /* [size] the node of each rank, in the combine's summation order
+                            * (parallel/a2a.h); NULL: one node */
     int (*test)(void *ctx, mt_ep_batch *b);
     void (*wait)(void *ctx, mt_ep_batch *b);
     void (*release)(void *ctx, mt_ep_batch *b);
@@ -178,6 +180,15 @@ typedef struct mt_ep_ops {
  * Not with a per-row fed length (RL). */
 enum mt_aux_scope { MT_AUX_SEQUENCE = 0, MT_AUX_EP_GROUP = 1 };
 
+/* The order an expert-parallel layout's combine sums a token's weighted expert rows in
+ * (parallel/a2a.h): by EP rank, then node. A model whose experts are all local sums in it
+ * when ranks > 0 (mt_model_sum_like), so that its forward has that layout's bits. */
+typedef struct {
+    int ranks, nodes;
+    int32_t *owner;                 /* [L*E] the EP rank of each logical expert of each layer */
+    int *node_of;                   /* [ranks] */
+} mt_sum_order;
+
 typedef struct {
     mt_config cfg;
     mt_part part;
@@ -185,6 +196,7 @@ typedef struct {
     const mt_tp_ops *tp;            /* NULL: no tensor parallelism */
     int aux_scope;                  /* enum mt_aux_scope, MT_AUX_SEQUENCE after init */
     int32_t *slot_of;               /* [L*E] the expert placement (mt_expert_map); NULL: contiguous */
+    mt_sum_order sum_order;         /* experts all local: the combine's summation order (ranks 0: slot order) */
     size_t n_tp;                    /* floats of the TP-sliced part (0 without TP) */
     size_t n_dense;                 /* floats before the expert part (== nparams without EP) */
     int ntensors;
@@ -224,6 +236,13 @@ int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The whole model with parameters only (grads NULL): forward and decode, no backward
  * (RL's rollout copy when training splits the model). */
 int mt_model_init_infer(mt_model *m, const mt_config *cfg);
+/* The order src's expert exchange sums in (src->ep set; its placement and nodes). */
+void mt_sum_order_init(mt_sum_order *o, const mt_model *src);
+void mt_sum_order_free(mt_sum_order *o);
+/* m, whose experts are all local, sums each token's expert rows as src's exchange does, so
+ * that m's forward has src's bits: RL's rollout copy and its trainer in different layouts.
+ * m->sum_order may also be set directly (the model frees it). */
+void mt_model_sum_like(mt_model *m, const mt_model *src);
 /* The same for the part sh (ep and tp as for mt_model_init_part). */
 int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *sh, const mt_ep_ops *ep,
                              const mt_tp_ops *tp);

@@ -160,9 +160,15 @@ static void route_fractions(const mt_model *m, const mt_acts *a, layer_acts *L, 
  * batch by local_attach before the dispatch. */
 typedef mt_local_plan local_plan;
 
-static void local_attach(mt_acts *a, layer_acts *L) {
+static void local_attach(const mt_model *m, mt_acts *a, layer_acts *L, int l) {
     local_plan *lp = &L->local;
     memset(lp, 0, sizeof *lp);
+    const mt_sum_order *o = &m->sum_order;
+    if (o->ranks > 0) {
+        lp->esel = L->sel;
+        lp->order = (mt_moe_sum_order){.ranks = o->ranks, .nodes = o->nodes, .node_of = o->node_of,
+                                       .owner = o->owner + (size_t)l * m->cfg.n_routed_experts};
+    }
     lp->off = L->eoff;
     lp->slot_row = L->slot_row;
     lp->perm_tok = L->perm_tok;
@@ -232,7 +238,11 @@ static int local_test(void *ctx, mt_ep_batch *b) {
 static void local_wait(void *ctx, mt_ep_batch *b) {
     (void)ctx;
     local_plan *lp = b->plan;
-    if (lp->pending == 1) mt_moe_unpermute(lp->dst, lp->src, lp->wsel, lp->slot_row, lp->N, lp->K, lp->C, 1);
+    if (lp->pending == 1 && lp->order.ranks > 0)
+        mt_moe_unpermute_ordered(lp->dst, lp->src, lp->wsel, lp->slot_row, lp->esel, lp->N, lp->K, lp->C,
+                                 &lp->order);
+    else if (lp->pending == 1)
+        mt_moe_unpermute(lp->dst, lp->src, lp->wsel, lp->slot_row, lp->N, lp->K, lp->C, 1);
     else if (lp->pending == 2) mt_moe_permute_bwd(lp->dst, lp->src, lp->slot_row, lp->N, lp->K, lp->C, lp->accumulate);
     lp->pending = 0;
 }
@@ -353,7 +363,7 @@ static void moe_fwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     if (a->count_load) /* training tokens only, not evaluation */
         for (int i = 0; i < N * K; i++) a->load[(size_t)l * E + L->sel[i]]++;
     route_fractions(m, a, L, B, T);
-    if (!m->ep) local_attach(a, L);
+    if (!m->ep) local_attach(m, a, L, l);
     /* the exchange addresses experts by placement slot */
     const int32_t *sel = L->sel;
     if (m->slot_of) {

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/common.h"
+#include "kernels/moe.h"
 #include "parallel/dist.h"
 #include "parallel/tp.h"
 #include "parallel/watchdog.h"
@@ -717,11 +718,7 @@ static float *combine_items(const mt_a2a_plan *p, const float *y, const float *w
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
             int r = p->pair_pos[q];
             const float *yr = y + (size_t)r * C;
-            float wq = wr ? wr[r] : 1.0f;
-            if (q == p->item_p[i])
-                for (int c = 0; c < C; c++) o[c] = wq * yr[c];
-            else
-                for (int c = 0; c < C; c++) o[c] += wq * yr[c];
+            mt_moe_wrow(o, yr, wr ? wr[r] : 1.0f, C, q == p->item_p[i]);
         }
     }
     return part;

@@ -209,7 +209,8 @@ int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode, int 
     e->ops = (mt_ep_ops){.ctx = e, .rank = e->a2a.rank, .size = e->a2a.size, .dispatch = ep_dispatch,
                          .combine = ep_combine, .gather = ep_gather, .redispatch = ep_redispatch,
                          .dispatch_bwd = ep_dispatch_bwd, .to_source = ep_to_source, .test = ep_test,
-                         .wait = ep_wait, .release = ep_release, .sum_f64 = ep_sum_f64};
+                         .wait = ep_wait, .release = ep_release, .sum_f64 = ep_sum_f64,
+                         .node_of = e->a2a.node_of};
     return 0;
 }
 

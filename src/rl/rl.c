@@ -381,12 +381,17 @@ int mt_rl(const mt_rl_opts *opt) {
         mt_dist_abort(mt_last_error());
     }
     mt_model *rm = split ? &roll : m;
+    /* the copy whose experts are all local sums a token's expert rows as the other layout's
+     * exchange does: the rollout's log-probs then have the trainer's bits */
+    if (split && m->ep && !rm->ep) mt_model_sum_like(rm, m);
+    else if (split && rm->ep && !m->ep) mt_model_sum_like(m, rm);
     /* separate: the trainer's rank 0 tells the rollout ranks where the run starts, then the
      * weights and the completions flow through the link (rl/share.h) */
     const int start = mt_trainer_get_state(t)->step;
     if (sep && d->rank == 0) {
         const uint64_t plan[4] = {(uint64_t)start, (uint64_t)ti->steps, ti->seed, (uint64_t)ti->bf16};
         mt_group_send_bytes(&d->job, plan, sizeof plan, rollout_lead, MT_RL_TAG_PLAN);
+        mt_rl_send_sum_order(d, m, rollout_lead);
     }
     mt_rl_link *link = sep ? mt_rl_link_init(t, d, &o, rollout_lead) : NULL;
     mt_grpo_loss L;

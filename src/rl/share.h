@@ -66,6 +66,10 @@ enum { MT_RL_FIELD_RECORD = 0, MT_RL_FIELD_SCORE, MT_RL_NFIELDS };
  * before it, and its wait for room in the queue since its previous completion */
 enum { MT_RL_SCORE_REWARD = 0, MT_RL_SCORE_ROLLOUT_S, MT_RL_SCORE_WAIT_WEIGHTS, MT_RL_SCORE_WAIT_ROOM, MT_RL_NSCORE };
 enum { MT_RL_TAG_PLAN = 11, MT_RL_TAG_WEIGHTS, MT_RL_TAG_ACC, MT_RL_TAG_WHDR };
+/* Separate deployment: the trainer's rank 0 sends the order its expert exchange sums in
+ * (none without EP) after the plan, and the rollout ranks' copy sums in it (mt_sum_order):
+ * the rollout's log-probs then have the trainer's bits. */
+void mt_rl_send_sum_order(mt_dist *d, const mt_model *m, int rollout_lead);
 /* How many versions the trainer sends, and whether it asks for version v's accuracy. */
 int mt_rl_versions_sent(int start, int steps, int eval_on);
 int mt_rl_version_evaluated(const mt_rl_opts *o, int v, int start, int steps, int eval_on);
