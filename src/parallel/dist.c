@@ -41,6 +41,13 @@ static void group_split(mt_group *g, int color, int key, const char *name) {
  * paths on small models. */
 static size_t max_count = (size_t)1 << 30;
 
+/* Gradient sums and reduce-scatters when every rank shares one machine: Open MPI's
+ * non-blocking ones (libnbc) ran 2.3-2.7x slower here than the blocking ones, and a copy
+ * through shared memory is CPU work that polling between compute pieces cannot hide. So
+ * they are deferred and run blocking at their end (mt_coll_end), unless MT_COMM_THREAD moves
+ * them in the background or MT_COLL_NONBLOCKING=1 asks for the non-blocking ones. */
+static int g_coll_defer;
+
 /* MT_COMM_THREAD=US: a thread that enters MPI every US microseconds (an MPI_Iprobe on a
  * communicator of its own, which runs the library's progress engine), so that non-blocking
  * exchanges move while the main thread computes: Open MPI has no progress thread of its
@@ -110,6 +117,8 @@ int mt_dist_init(int *argc, char ***argv) {
     /* the runtime pins OpenMP thread i to the i-th allowed CPU: right for one process per
      * node, wrong for several sharing the same CPUs (all their thread 0s on one core) */
     if (g_dist.local_size > 1 && !getenv("MT_PIN")) setenv("MT_PIN", "0", 1);
+    const char *nb = getenv("MT_COLL_NONBLOCKING");
+    g_coll_defer = g_dist.local_size == g_dist.size && period == 0 && !(nb && *nb && strcmp(nb, "0") != 0);
     const char *mc = getenv("MT_MPI_MAX_COUNT");
     if (mc && *mc) {
         char *end;
@@ -333,7 +342,8 @@ void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c) {
     if (!active(g) || n == 0) return;
     MT_ASSERT(n <= max_count);
     double t0 = MPI_Wtime();
-    MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
+    if (g_coll_defer) c->defer = 1, c->x = x, c->n = n, c->comm = g->comm;
+    else MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
     const int S = g->size;
     coll_started(g, c, "gradient bucket in flight", 2.0 * (S - 1) / S * (double)n * sizeof(float), 2 * (S - 1), t0);
 }
@@ -373,7 +383,8 @@ void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t
     double t0 = MPI_Wtime();
     c->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
     const size_t mine = window_parts(g, n, b0, b1, c->cnt, c->cnt + g->size);
-    MPI_Ireduce_scatter(x + b0, shard + mine, c->cnt, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
+    if (g_coll_defer) c->defer = 2, c->x = (float *)(x + b0), c->shard = shard + mine, c->comm = g->comm;
+    else MPI_Ireduce_scatter(x + b0, shard + mine, c->cnt, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
     const int S = g->size;
     coll_started(g, c, "gradient bucket in flight", (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1, t0);
 }
@@ -392,11 +403,11 @@ void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t
 
 void mt_coll_progress(mt_coll *c) {
     int done;
-    if (c->started) MPI_Test(&c->req, &done, MPI_STATUS_IGNORE);
+    if (c->started && !c->defer) MPI_Test(&c->req, &done, MPI_STATUS_IGNORE);
 }
 
 void mt_coll_wait_mpi(mt_coll *c, mt_group *g) {
-    if (!c->started) return;
+    if (!c->started || c->defer) return; /* a deferred one holds nothing of MPI's yet */
     double t0 = MPI_Wtime();
     mt_watch_begin("MPI_Wait", g->comm);
     MPI_Wait(&c->req, MPI_STATUS_IGNORE); /* the request becomes MPI_REQUEST_NULL: mt_coll_end's wait returns */
@@ -406,6 +417,14 @@ void mt_coll_wait_mpi(mt_coll *c, mt_group *g) {
 
 void mt_coll_end(mt_coll *c, mt_group *g) {
     if (c->started) {
+        if (c->defer) { /* the ends come in the same order on every rank, as blocking calls must */
+            double t0 = MPI_Wtime();
+            mt_watch_begin(c->defer == 1 ? "MPI_Allreduce" : "MPI_Reduce_scatter", c->comm);
+            if (c->defer == 1) MPI_Allreduce(MPI_IN_PLACE, c->x, (int)c->n, MPI_FLOAT, MPI_SUM, c->comm);
+            else MPI_Reduce_scatter(c->x, c->shard, c->cnt, MPI_FLOAT, MPI_SUM, c->comm);
+            mt_watch_end();
+            g_dist.comm_s += MPI_Wtime() - t0;
+        }
         mt_coll_wait_mpi(c, g);
         if (c->wired) { /* every rank's share arrived: the latest of the group's */
             double t0 = MPI_Wtime();
@@ -416,7 +435,8 @@ void mt_coll_end(mt_coll *c, mt_group *g) {
             mt_wire_sleep_until(arrive);
             g_dist.comm_s += MPI_Wtime() - t0;
         }
-        mt_trace_async(c->what, c->t_begin, mt_now());
+        if (!c->defer || c->wired) /* on the wire it travels from the start; deferred, it did not */
+            mt_trace_async(c->what, c->t_begin, mt_now());
     }
     free(c->cnt);
     memset(c, 0, sizeof *c);

@@ -107,6 +107,11 @@ typedef struct {
     double t_begin;          /* mt_now() at the start (the trace's span in flight) */
     const char *what;        /* the trace span's name */
     int *cnt;                /* counts and displacements (alive until the end, as MPI wants) */
+    int defer;               /* all ranks on one machine: 1 sum, 2 reduce-scatter, run blocking at
+                              * the end (dist.c); x, n, shard and comm are its arguments */
+    float *x, *shard;
+    size_t n;
+    MPI_Comm comm;
 } mt_coll;
 /* In-place sum of x[n] (n <= 2^30) over g. */
 void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c);
@@ -117,6 +122,9 @@ void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t
 /* ZeRO-1's all-gather of the part [b0, b1) of p[n] cut in g's ranges: every rank's share of
  * it, in place (the ring's (S-1)/S of the bytes on the wire). */
 void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c);
+/* When every rank shares one machine (and neither MT_COMM_THREAD nor MT_COLL_NONBLOCKING=1
+ * is set) the sum and the reduce-scatter are deferred: begin notes them, mt_coll_end runs the
+ * blocking collective (Open MPI's non-blocking ones were 2.3-2.7x slower here). */
 /* Lets MPI move it (a test); mt_coll_end waits (its wait added to comm_s). */
 void mt_coll_progress(mt_coll *c);
 /* Waits until MPI has completed it (which frees MPI's scratch), in place; on the wire its
