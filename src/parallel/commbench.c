@@ -85,10 +85,11 @@ void mt_bench_host_hashes(mt_dist *d, uint64_t *all) {
     MPI_Allgather(&h, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, d->world);
 }
 
-void mt_bench_collective(mt_group *grp, int which, size_t bytes, int reps, double *secs, double *scratch) {
+void mt_bench_collective(mt_group *grp, int which, size_t bytes, int slices, int reps, double *secs, double *scratch) {
     MPI_Comm comm = grp->comm;
     const size_t n = bytes / sizeof(float), g = (size_t)grp->size;
-    float *x = mt_alloc(n * sizeof(float)), *shard = mt_alloc((n / g + 1) * sizeof(float));
+    MT_ASSERT(slices >= 1);
+    float *buf = mt_alloc(n * (size_t)slices * sizeof(float)), *shard = mt_alloc((n / g + 1) * sizeof(float));
     int *cnt = mt_xmalloc(sizeof(int) * g * 2), *dis = cnt + g;
     for (size_t r = 0; r < g; r++) {
         size_t lo = n * r / g, hi = n * (r + 1) / g;
@@ -97,6 +98,7 @@ void mt_bench_collective(mt_group *grp, int which, size_t bytes, int reps, doubl
     }
     double best = INFINITY, extra = 0;
     for (int i = 0; i < reps + 1; i++) {
+        float *x = buf + n * (size_t)(i % slices);
         double rss = mt_proc_status_kb("VmRSS:");
         int hwm_ok = mt_reset_peak_rss() == 0;
         MPI_Barrier(comm);
@@ -114,7 +116,7 @@ void mt_bench_collective(mt_group *grp, int which, size_t bytes, int reps, doubl
     MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, comm);
     *secs = v[0];
     *scratch = v[1] / (double)bytes;
-    mt_free(x);
+    mt_free(buf);
     mt_free(shard);
     free(cnt);
 }

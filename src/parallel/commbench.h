@@ -28,9 +28,11 @@ void mt_bench_host_hashes(mt_dist *d, uint64_t *all);
 
 /* One collective as the trainer calls it, over g on a message of `bytes`: time of the
  * slowest rank (best of reps after a warm-up) and its temporary memory per byte of message
- * (VmHWM over VmRSS before the call, max over ranks). */
+ * (VmHWM over VmRSS before the call, max over ranks). Each call takes the next of `slices`
+ * consecutive messages, so that with enough of them none is in the caches, as the trainer's
+ * gradient buckets are not. */
 enum { MT_COLL_ALLREDUCE = 0, MT_COLL_REDUCE_SCATTER, MT_COLL_ALLGATHER, MT_COLL_N };
-void mt_bench_collective(mt_group *g, int which, size_t bytes, int reps, double *secs, double *scratch);
+void mt_bench_collective(mt_group *g, int which, size_t bytes, int slices, int reps, double *secs, double *scratch);
 
 /* The trainer's expert exchange of one MoE layer (parallel/ep.c: dispatch and combine forward;
  * gather, dispatch backward and the routing weights' return backward) over g, the slowest

@@ -348,6 +348,10 @@ int mt_calibrate(const char *path, int quick) {
      * per other rank of the node (RssShmem before and after all the MPI traffic: private
      * heap growth would mix in the allocator's slack) */
     const size_t coll_bytes = quick ? (size_t)64 << 20 : (size_t)256 << 20, ar_bytes = (size_t)25 << 20;
+    /* twice the last-level cache (sysconf's figure; 400 MiB at least, 1 GiB at most; --quick 4) */
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    int ar_slices = (int)((2.0 * (llc > 0 ? (double)llc : 0) + (double)ar_bytes - 1) / (double)ar_bytes);
+    ar_slices = quick ? 4 : ar_slices < 16 ? 16 : ar_slices > 40 ? 40 : ar_slices;
     /* on the first g = 2, 4, ... and all ranks at once (the others wait without spinning):
      * with more ranks than cores the collectives share them, as the trainer's ranks do */
     enum { NG = 8 };
@@ -362,11 +366,13 @@ int mt_calibrate(const char *path, int quick) {
         for (int i = 0; i < ngs; i++) {
             mt_group sub;
             mt_group_split(&d->all, d->rank < gs[i], d->rank, &sub);
-            /* the all-reduce on the trainer's default bucket (25 MiB), the others on the message */
+            /* the all-reduce on the trainer's default bucket (25 MiB), each call on another of
+             * ar_slices (a gradient buffer larger than the caches), the others on the message */
             if (d->rank < gs[i]) {
                 for (int k = 0; k < MT_COLL_N; k++)
                     mt_bench_collective(&sub, k, k == MT_COLL_ALLREDUCE ? ar_bytes : coll_bytes,
-                                        k == MT_COLL_ALLREDUCE ? 6 : quick ? 3 : 4, &coll_s[i][k], &coll_scr[i][k]);
+                                        k == MT_COLL_ALLREDUCE ? ar_slices : 1, k == MT_COLL_ALLREDUCE ? 6 : quick ? 3 : 4,
+                                        &coll_s[i][k], &coll_scr[i][k]);
                 mt_bench_ep_exchange(&sub, quick, &ep_s[i][0], &ep_s[i][1]);
             }
             mt_group_free(&sub);

@@ -199,10 +199,11 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     double ta = x->st->gemm_bf16 && cl->eff_att_bf16 > 0 ? u->f_att * n / (cl->gemm_bf16_peak * cl->eff_att_bf16)
                                                           : u->f_att * n / (peak * cl->eff_att);
     double te = 0;
+    /* the busiest rank's extra rows sit on its hot experts, not in uniformly larger calls:
+     * each call's efficiency is the mean expert's (its rows: n K ep / E) */
+    const double erows = n * c->num_experts_per_tok * l->ep / c->n_routed_experts;
     if (u->moe) {
-        double rows = n * c->num_experts_per_tok * imb * l->ep / c->n_routed_experts;
-        double call = rows * 2.0 * c->hidden_size * c->moe_intermediate_size;
-        te = gemm_time(x, u->f_expert * n * imb, call);
+        te = gemm_time(x, u->f_expert * n * imb, erows * 2.0 * c->hidden_size * c->moe_intermediate_size);
     }
     double tm = (u->mem_tok * n + u->mem_expert_tok * n * imb) / (cl->mem_bw * cl->eff_mem);
     double tpc = u->tp_colls * ring(Ntok * c->hidden_size * x->st->elt, l->tp, cl->intra_bw, cl->intra_lat);
@@ -227,8 +228,7 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
         /* and the output projection and the experts' gate|up GEMMs */
         rf = 0.25 * tm + gemm_time(x, u->f_rc_gemm * n, n * u->gemm_width);
         if (u->moe) {
-            double rows = n * c->num_experts_per_tok * imb * l->ep / c->n_routed_experts;
-            rf += gemm_time(x, u->f_rc_expert * n * imb, rows * 4.0 * c->hidden_size * c->moe_intermediate_size);
+            rf += gemm_time(x, u->f_rc_expert * n * imb, erows * 4.0 * c->hidden_size * c->moe_intermediate_size);
         }
     }
     t->fwd = cf + tpc + a2a;
