@@ -17,6 +17,9 @@
 # over the step; least over the ranks), the share of the wire's cost it hides:
 # (off - X) / (off - nowire), and the EP ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
+# With OV_BALANCE=N > 0 (default 1) two more variants place the experts anew from the load
+# every N steps (train --expert-balance N, train/balance.h): nowire-bal (as nowire) and
+# pipe-bal (as pipe); top-2 routing makes their losses the others' bits too.
 #
 # Usage: bash bench/bench_overlap.sh path/to/moetrain
 # The dense gradients (over DP 2, across the nodes) go over the wire too, in buckets of
@@ -40,6 +43,9 @@ REPS=${OV_REPS:-3}
 STEPS=${OV_STEPS:-6}
 BUCKET=${OV_BUCKET_MB:-1}
 ACCUM=${OV_ACCUM:-4}
+BAL=${OV_BALANCE:-1}
+VARIANTS=(nowire off block pipe)
+[ "$BAL" -gt 0 ] && VARIANTS+=(nowire-bal pipe-bal)
 read -r -a EXTRA <<< "${OV_FLAGS:-}"
 TMP=${MT_BENCH_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/bench_overlap.XXXXXX")}
 KEEP=${MT_BENCH_TMP:+1}
@@ -76,9 +82,14 @@ for r in $(seq 1 "$REPS"); do
     run off "$r" --overlap off --wire "$WIRE"
     run block "$r" --overlap block --wire "$WIRE"
     run pipe "$r" --overlap pipe --wire "$WIRE"
+    if [ "$BAL" -gt 0 ]; then
+        run nowire-bal "$r" --overlap off --expert-balance "$BAL"
+        run pipe-bal "$r" --overlap pipe --wire "$WIRE" --expert-balance "$BAL"
+    fi
 done
 fail=0
-for n in nowire block pipe; do
+for n in "${VARIANTS[@]}"; do
+    [ "$n" = off ] && continue
     [ "$(losses "$TMP/off.1/metrics.jsonl")" = "$(losses "$TMP/$n.1/metrics.jsonl")" ] \
         || { echo "FAIL: $n: losses differ from the blocking run"; fail=1; }
 done
@@ -96,8 +107,8 @@ a2a() { # name: the median over the runs of the trace's exposed all-to-all over 
 }
 t0=$(summary nowire step_time_s)
 toff=$(summary off step_time_s)
-printf "  %-7s %9s %13s %13s %12s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "a2a busiest" "wire hidden" "ep imb."
-for n in nowire off block pipe; do
+printf "  %-10s %9s %13s %13s %12s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "a2a busiest" "wire hidden" "ep imb."
+for n in "${VARIANTS[@]}"; do
     t=$(summary $n step_time_s)
     c=$(summary $n comm_share)
     cm=$(summary $n comm_share_min)
@@ -105,7 +116,7 @@ for n in nowire off block pipe; do
     ea=$(a2a $n)
     awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v ea="$ea" -v im="$im" -v t0="$t0" -v toff="$toff" 'BEGIN {
         h = (toff > t0) ? (toff - t) / (toff - t0) : 0
-        printf "  %-7s %9.3f %12.1f%% %12.1f%% %11.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, 100 * ea, (n == "nowire" || n == "off") ? 0 : 100 * h, im }'
+        printf "  %-10s %9.3f %12.1f%% %12.1f%% %11.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, 100 * ea, (n ~ /^nowire/ || n == "off") ? 0 : 100 * h, im }'
 done
 [ $fail = 0 ] && echo "bench_overlap: losses of every variant identical to the blocking run"
 exit $fail

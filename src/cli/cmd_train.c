@@ -73,6 +73,7 @@ int mt_cmd_train(int argc, char **argv) {
         {"keep", MT_ARG_INT, &o.keep, "checkpoints kept: the one just saved and the newest before it, 0 = all (default 2; later steps in the folder are never removed)", &o.set_keep},
         {"max-bad-steps", MT_ARG_INT, &o.max_bad, "stop after this many non-finite steps in a row (default 5)", &o.set_max_bad},
         {"load-every", MT_ARG_INT, &o.load_every, "steps between expert-load reports, 0 = off", &o.set_load_every},
+        {"expert-balance", MT_ARG_INT, &o.expert_balance, "with --ep: every N steps place each MoE layer's experts on the EP ranks anew from the tokens they were routed over those steps, moving the experts (weights and AdamW moments) that change rank; 0 = off (default)", &o.set_expert_balance},
         {"metrics", MT_ARG_STR, &o.metrics, "metrics JSONL path (default OUT/metrics.jsonl)", NULL},
         {"peak-gflops", MT_ARG_DBL, &o.peak_gflops, "MFU denominator (default: the GEMM measured at start-up, again when a step beats it and at the end; the highest counts)", NULL},
         {"profile", MT_ARG_BOOL, &o.profile, "print a per-step time breakdown and write OUT/trace_rank<R>.json (Perfetto)", &o.set_profile},

@@ -439,6 +439,19 @@ int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *s
     return init_part(m, cfg, sh, ep, tp, 0);
 }
 
+void mt_model_set_placement(mt_model *m, const int32_t *slot_of) {
+    const mt_config *c = &m->cfg;
+    const size_t n = (size_t)mt_config_layers(c) * c->n_routed_experts;
+    if (!m->slot_of) m->slot_of = mt_xmalloc(sizeof(int32_t) * (n + 1));
+    memcpy(m->slot_of, slot_of, sizeof(int32_t) * n);
+    m->part.slot_of = m->slot_of;
+    size_t np = 0, ntp = 0, nd = 0;
+    const int nt = mt_model_layout_part(c, &m->part, m->tensors, &np, &ntp, &nd);
+    MT_ASSERT(nt == m->ntensors && np == m->nparams && ntp == m->n_tp && nd == m->n_dense);
+    bind(m, m->params, m->w, &m->embed, &m->norm, &m->head);
+    if (m->grads) bind(m, m->grads, m->g, &m->d_embed, &m->d_norm, &m->d_head);
+}
+
 void mt_sum_order_init(mt_sum_order *o, const mt_model *src) {
     MT_ASSERT(src->ep);
     const int P = src->ep->size, E = src->cfg.n_routed_experts, LE = E / P, L = mt_config_layers(&src->cfg);

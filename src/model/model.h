@@ -236,6 +236,9 @@ int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The whole model with parameters only (grads NULL): forward and decode, no backward
  * (RL's rollout copy when training splits the model). */
 int mt_model_init_infer(mt_model *m, const mt_config *cfg);
+/* Sets m's expert placement to slot_of[L*E] (mt_expert_map's) and lays its tensor table
+ * and views out for it; the caller has moved the experts' values (train/balance.h). */
+void mt_model_set_placement(mt_model *m, const int32_t *slot_of);
 /* The order src's expert exchange sums in (src->ep set; its placement and nodes). */
 void mt_sum_order_init(mt_sum_order *o, const mt_model *src);
 void mt_sum_order_free(mt_sum_order *o);

@@ -72,6 +72,8 @@ int mt_report_step_done(mt_report *rp, const mt_report_step *s, int hidden_size)
 int mt_report_skip(mt_report *rp, const mt_step_result *r, int bad);
 /* The expert-load line and event of a step (load: mt_trainer_expert_load). */
 int mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const int64_t *load);
+/* --expert-balance's re-placement at step: a line and an "expert_balance" event (rank 0) */
+int mt_report_balance(mt_report *rp, int step, const mt_balance_stats *bs);
 /* --profile: every rank's mean breakdown per step into the metrics (collective). */
 int mt_report_profile_summary(mt_report *rp);
 

@@ -8,6 +8,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +223,7 @@ char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, 
     cJSON_AddNumberToObject(r, "keep", o->keep);
     cJSON_AddNumberToObject(r, "max_bad_steps", o->max_bad);
     cJSON_AddNumberToObject(r, "load_every", o->load_every);
+    cJSON_AddNumberToObject(r, "expert_balance", o->expert_balance);
     cJSON_AddBoolToObject(r, "profile", o->profile);
     cJSON_AddBoolToObject(r, "plot", o->plot);
     if (o->metrics) cJSON_AddStringToObject(r, "metrics", o->metrics);
@@ -371,6 +373,7 @@ static int read_state(const char *dir, const char *path, const cJSON *r, mt_trai
         {"keep", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_keep, &o->keep, NULL},
         {"max_bad_steps", F_INT, 0, 1, IMAX, "1 .. 2147483647", &o->set_max_bad, &o->max_bad, NULL},
         {"load_every", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_load_every, &o->load_every, NULL},
+        {"expert_balance", F_INT, 0, 0, IMAX, "0 .. 2147483647", &o->set_expert_balance, &o->expert_balance, NULL},
         {"profile", F_BOOL, 0, 0, 1, "", &o->set_profile, &o->profile, NULL},
         {"plot", F_BOOL, 0, 0, 1, "", &o->set_plot, &o->plot, NULL},
     };
@@ -401,6 +404,70 @@ int mt_train_state_from_json(const char *dir, const char *txt, size_t len, mt_tr
     if (!r) return -1;
     const int rc = cJSON_IsObject(r) ? read_state(dir, path, r, o, s, dp)
                                      : mt_error("%s: top level is not a JSON object", path);
+    cJSON_Delete(r);
+    return rc;
+}
+
+char *mt_train_state_add_placement(char *json, const int32_t *slots, const int64_t *load, size_t n) {
+    cJSON *r = cJSON_Parse(json);
+    MT_ASSERT(r); /* our own text */
+    cJSON *a = cJSON_AddArrayToObject(r, "expert_slots"), *b = cJSON_AddArrayToObject(r, "expert_load_window");
+    for (size_t i = 0; i < n; i++) {
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(slots[i]));
+        cJSON_AddItemToArray(b, cJSON_CreateNumber((double)load[i]));
+    }
+    char *out = cJSON_Print(r);
+    cJSON_Delete(r);
+    free(json);
+    return out;
+}
+
+/* a[n] of non-negative integers (the counts below 2^53, exact in a double) into i32 or i64 */
+static int int_array(const char *path, const cJSON *r, const char *key, size_t n, int32_t *i32, int64_t *i64) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(r, key);
+    if (!cJSON_IsArray(a) || (size_t)cJSON_GetArraySize(a) != n)
+        return mt_error("%s: key %s: not an array of %zu numbers (the model's MoE layers x experts)", path, key, n);
+    size_t i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, a) {
+        const double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+        if (!(x >= 0 && x == floor(x) && x <= (i32 ? (double)INT32_MAX : 9007199254740992.0)))
+            return mt_error("%s: key %s: element %zu is not a non-negative integer", path, key, i);
+        if (i32) i32[i] = (int32_t)x;
+        else i64[i] = (int64_t)x;
+        i++;
+    }
+    return 0;
+}
+
+int mt_train_state_get_placement(const char *dir, const char *txt, size_t len, int E, size_t n, int32_t **slots,
+                                 int64_t **load) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    *slots = NULL, *load = NULL;
+    cJSON *r = mt_json_parse(path, txt, len);
+    if (!r) return -1;
+    int rc = 0;
+    if (cJSON_GetObjectItemCaseSensitive(r, "expert_slots")) {
+        *slots = mt_xmalloc(sizeof(int32_t) * (n + 1));
+        *load = mt_xcalloc(n + 1, sizeof(int64_t));
+        rc = int_array(path, r, "expert_slots", n, *slots, NULL);
+        if (rc == 0) rc = int_array(path, r, "expert_load_window", n, NULL, *load);
+        for (size_t l = 0; rc == 0 && E > 0 && l < n / (size_t)E; l++) { /* each layer a permutation */
+            unsigned char *seen = mt_xcalloc((size_t)E, 1);
+            for (int e = 0; e < E && rc == 0; e++) {
+                const int32_t s = (*slots)[l * (size_t)E + e];
+                if (s >= E || seen[s]++)
+                    rc = mt_error("%s: key expert_slots: layer %zu's slots are not a permutation of 0 .. %d", path, l,
+                                  E - 1);
+            }
+            free(seen);
+        }
+        if (rc != 0) {
+            free(*slots), free(*load);
+            *slots = NULL, *load = NULL;
+        }
+    }
     cJSON_Delete(r);
     return rc;
 }

@@ -53,6 +53,15 @@ char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, 
 int mt_train_state_from_json(const char *dir, const char *txt, size_t len, mt_train_opts *o, mt_trainer_state *s,
                              int dp);
 
+/* --expert-balance's state in trainer_state.json: the placement slots[L*E] (mt_expert_map's
+ * slot_of) and the window's load[L*E] counted since the last re-placement. _add returns a
+ * new string with both added to json (freed); _get reads them (both NULL when the file has
+ * none; -1 with an error naming the file and key when malformed: not n values, or a layer's
+ * slots not a permutation of 0 .. E-1). */
+char *mt_train_state_add_placement(char *json, const int32_t *slots, const int64_t *load, size_t n);
+int mt_train_state_get_placement(const char *dir, const char *txt, size_t len, int E, size_t n, int32_t **slots,
+                                 int64_t **load);
+
 /* After saving checkpoint `saved` (a step_NNNNNNNN name in run folder out): keeps it and the
  * newest keep - 1 checkpoints of earlier steps, removes the earlier others. */
 void mt_ckpt_prune(const char *out, int keep, const char *saved);

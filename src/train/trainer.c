@@ -15,6 +15,7 @@
 #include "kernels/attention.h"
 #include "kernels/blas.h"
 #include "kernels/ops.h"
+#include "train/balance.h"
 #include "train/checkpoint.h"
 #include "parallel/reshard.h"
 #include "parallel/wire.h"
@@ -189,6 +190,8 @@ static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config
     return 0;
 }
 
+static void pull_load(mt_trainer *t);
+
 /* the parameters whole again (ZeRO-1's deferred all-gather done): for anything but the
  * next step's forward, which waits layer by layer */
 static void sync_params(mt_trainer *t) { mt_optim_params_ready(&t->opt, INT_MAX); }
@@ -218,6 +221,9 @@ static void trainer_release(mt_trainer *t) {
     mt_tokenizer_free(&t->tok);
     free(t->bounds);
     free(t->red);
+    free(t->rep_load);
+    free(t->bal_load);
+    free(t->resume_slots);
     free(t);
 }
 
@@ -267,8 +273,13 @@ static int check_opts(const mt_train_opts *o, const mt_config *cfg) {
         return mt_error("train: --eot %d is not a token id of the model (vocab_size %d)", o->eot, cfg->vocab_size);
     if (o->log_every < 1) return mt_error("train: --log-every must be at least 1");
     if (mt_gemm_bf16_check(o->bf16) != 0) return -1; /* --bf16 on a CPU without AVX512-BF16 */
-    if (o->save_every < 0 || o->eval_every < 0 || o->load_every < 0 || o->keep < 0)
-        return mt_error("train: --save-every, --eval-every, --load-every and --keep must be >= 0");
+    if (o->save_every < 0 || o->eval_every < 0 || o->load_every < 0 || o->keep < 0 || o->expert_balance < 0)
+        return mt_error("train: --save-every, --eval-every, --load-every, --expert-balance and --keep must be >= 0");
+    if (o->expert_balance > 0 && o->ep <= 1)
+        return mt_error("train: --expert-balance places experts on the EP ranks: it needs --ep > 1");
+    if (o->expert_balance > 0 && o->dist_opt)
+        return mt_error("train: --expert-balance cannot be combined with --dist-opt yet (ZeRO-1 shards the moments "
+                        "by position, across the experts' slots)");
     if (o->seq > cfg->max_position_embeddings)
         return mt_error("train: --seq %d exceeds max_position_embeddings %d of the config", o->seq,
                         cfg->max_position_embeddings);
@@ -432,6 +443,11 @@ static int init_config(mt_trainer *t) {
         size_t stlen;
         if (mt_ckpt_load_state(ckdir, &st, &stlen) != 0) return -1;
         int rc = mt_train_state_from_json(ckdir, st, stlen, o, &t->st, d->dp_size);
+        /* --expert-balance's placement and window: the run goes on from them */
+        if (rc == 0)
+            rc = mt_train_state_get_placement(ckdir, st, stlen, t->cfg.n_routed_experts,
+                                              (size_t)mt_config_layers(&t->cfg) * t->cfg.n_routed_experts,
+                                              &t->resume_slots, &t->bal_load);
         free(st);
         if (rc != 0) return -1;
     } else if (o->init) {
@@ -449,6 +465,11 @@ static int init_config(mt_trainer *t) {
     if (check_ranks_agree(d, o, &t->cfg, ckdir) != 0) return -1;
     if (mt_model_check(&t->cfg, t->cfg_path) != 0) return -1; /* before anything is sized per layer */
     if (init_tokenizer(t) != 0) return -1;
+    /* a resumed run's --expert-balance, under a layout without EP: nothing to place */
+    if (o->resume && !o->set_expert_balance && o->expert_balance > 0 && o->ep <= 1) {
+        if (root) mt_warn("--expert-balance %d of the resumed run is off: this layout has no --ep", o->expert_balance);
+        o->expert_balance = 0;
+    }
     if (check_opts(o, &t->cfg) != 0) return -1;
     if (o->warmup < 0) o->warmup = o->steps / 10 < 100 ? o->steps / 10 : 100;
     if (t->st.step >= o->steps)
@@ -577,7 +598,9 @@ static int init_model(mt_trainer *t) {
      * resumes any other */
     mt_expert_map map;
     memset(&map, 0, sizeof map);
-    if (o->expert_placement && cfg->n_routed_experts > 0) {
+    if (t->resume_slots && cfg->n_routed_experts > 0) { /* where --expert-balance left them */
+        sh.slot_of = t->resume_slots;
+    } else if (o->expert_placement && cfg->n_routed_experts > 0) {
         if (mt_expert_map_parse(&map, cfg, o->expert_placement) != 0) return -1;
         if (strcmp(o->expert_placement, "contiguous") != 0) sh.slot_of = map.slot_of;
     }
@@ -639,6 +662,13 @@ static int init_model(mt_trainer *t) {
     t->opt_bytes = (size_t)ob;
     t->bucket_bytes = (size_t)(o->bucket_mb * 1048576.0);
     t->red = mt_xmalloc(sizeof(double) * (size_t)(1 + mt_config_layers(cfg) + cfg->num_nextn_predict_layers));
+    const size_t nle = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
+    t->rep_load = mt_xcalloc(nle + 1, sizeof(int64_t));
+    if (o->expert_balance > 0 && !t->bal_load) t->bal_load = mt_xcalloc(nle + 1, sizeof(int64_t));
+    if (o->expert_balance == 0) { /* turned off on resume: no window */
+        free(t->bal_load);
+        t->bal_load = NULL;
+    }
     return 0;
 }
 
@@ -832,6 +862,15 @@ int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
     snprintf(dir, sizeof dir, "%s/%s", o->out, name);
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
     char *state = root ? mt_train_state_to_json(o, &t->st, d->dp_size) : NULL;
+    if (t->bal_load) { /* --expert-balance: the placement and the window so far (all of it: pulled) */
+        pull_load(t);
+        const mt_config *cfg = &t->cfg;
+        const size_t n = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
+        int32_t *slots = mt_xmalloc(sizeof(int32_t) * (n + 1));
+        for (size_t i = 0; i < n; i++) slots[i] = t->m.slot_of ? t->m.slot_of[i] : (int32_t)(i % (size_t)cfg->n_routed_experts);
+        if (root) state = mt_train_state_add_placement(state, slots, t->bal_load, n);
+        free(slots);
+    }
     int rc = mt_ckpt_save_dist(&l, d, dir, state, &t->tok);
     free(state);
     if (root && rc == 0) rc = mt_ckpt_set_latest(o->out, name);
@@ -841,15 +880,68 @@ int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
     return 0;
 }
 
-void mt_trainer_expert_load(mt_trainer *t, int64_t *load) {
+/* the expert load counted since the last pull, over the global batch, added to the report's
+ * and the balance's counts (collective over all ranks) */
+static void pull_load(mt_trainer *t) {
     const mt_config *cfg = &t->cfg;
     const size_t n = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
-    memset(load, 0, sizeof(int64_t) * n);
+    int64_t *load = mt_xcalloc(n + 1, sizeof(int64_t));
     /* without SP the TP ranks route the same tokens */
     if (t->d->sp || t->d->tp_rank == 0) mt_pipe_load(&t->pipe, cfg, load);
     /* the global batch's load: each layer counted by the stage that holds it, over DP */
     mt_group_sum_i64(&t->d->all, load, n);
     mt_pipe_reset_load(&t->pipe);
+    for (size_t i = 0; i < n; i++) {
+        t->rep_load[i] += load[i];
+        if (t->bal_load) t->bal_load[i] += load[i];
+    }
+    free(load);
+}
+
+void mt_trainer_expert_load(mt_trainer *t, int64_t *load) {
+    const size_t n = (size_t)mt_config_layers(&t->cfg) * t->cfg.n_routed_experts;
+    pull_load(t);
+    memcpy(load, t->rep_load, sizeof(int64_t) * n);
+    memset(t->rep_load, 0, sizeof(int64_t) * n);
+}
+
+void mt_trainer_balance(mt_trainer *t, mt_balance_stats *bs) {
+    const mt_config *cfg = &t->cfg;
+    const int E = cfg->n_routed_experts, L = mt_config_layers(cfg), P = t->o.ep;
+    const size_t n = (size_t)L * E;
+    MT_ASSERT(t->bal_load && P > 1);
+    pull_load(t);
+    int32_t *cur = mt_xmalloc(sizeof(int32_t) * (n + 1)), *nxt = mt_xmalloc(sizeof(int32_t) * (n + 1));
+    for (size_t i = 0; i < n; i++) cur[i] = t->m.slot_of ? t->m.slot_of[i] : (int32_t)(i % (size_t)E);
+    memcpy(nxt, cur, sizeof(int32_t) * n);
+    double b0 = 0, b1 = 0, mean = 0;
+    memset(bs, 0, sizeof *bs);
+    unsigned char changed[256] = {0};
+    for (int l = 0; l < L; l++) {
+        if (!mt_config_is_moe(cfg, l)) continue;
+        double x0, x1, mn;
+        const size_t o = (size_t)l * E;
+        const int mv = mt_balance_layer(t->bal_load + o, cur + o, E, P, nxt + o, &x0, &x1, &mn);
+        bs->moved += mv;
+        changed[l] = mv > 0;
+        b0 += x0, b1 += x1, mean += mn;
+    }
+    bs->busy_before = mean > 0 ? b0 / mean : 1.0;
+    bs->busy_after = mean > 0 ? b1 / mean : 1.0;
+    if (bs->moved > 0) {
+        /* the gradients are zeroed before the next step: the weights and moments move */
+        float *const arr[3] = {t->m.params, t->opt.mom_m, t->opt.mom_v};
+        mt_trace_begin("comm.expert_balance");
+        for (int l = 0; l < L; l++)
+            if (changed[l] && t->m.part.layer[l])
+                mt_balance_move(&t->m, arr, 3, t->d->ep.comm, t->d->ep_rank, P, l, cur + (size_t)l * E,
+                                nxt + (size_t)l * E);
+        mt_trace_end();
+        mt_model_set_placement(&t->m, nxt);
+    }
+    memset(t->bal_load, 0, sizeof(int64_t) * n);
+    free(cur);
+    free(nxt);
 }
 
 double mt_trainer_ep_imbalance(mt_trainer *t) {

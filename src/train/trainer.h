@@ -63,13 +63,14 @@ typedef struct {
     uint64_t args_hash;      /* hash of the command-line flags (ranks must agree) */
     int external_batches;    /* the caller makes every batch (RL): no token shards are read */
     const char *expert_placement; /* "contiguous" (default) or "shuffled:SEED" (mt_expert_map) */
+    int expert_balance;      /* > 0: steps between expert re-placements from the load (train/balance.h) */
     const char *aux_scope;   /* balance loss scope: "sequence" (default) or "ep-group" (enum mt_aux_scope) */
     const char *init_scheme; /* "default" (every matrix N(0, std^2)) or "tiny" (TinyInit: the embedding's std 0.5) */
     /* given on the command line: with --resume these override the checkpoint's settings */
     int set_lr, set_batch, set_seq, set_accum, set_warmup, set_wd, set_clip;
     int set_steps, set_seed, set_min_lr, set_beta1, set_beta2, set_doc_mode, set_eot, set_bf16;
     int set_log_every, set_eval_every, set_eval_windows, set_save_every, set_keep, set_max_bad, set_load_every;
-    int set_profile, set_plot;
+    int set_profile, set_plot, set_expert_balance;
     /* where a resume keeps the strings it restores (--metrics, --recompute, --expert-placement,
      * --aux-scope, --init-scheme) */
     char resumed_metrics[4096], resumed_recompute[32], resumed_placement[64], resumed_aux_scope[16];
@@ -184,6 +185,15 @@ int mt_trainer_save(mt_trainer *t, char *dir, size_t cap);
 void mt_trainer_expert_load(mt_trainer *t, int64_t *load);
 /* The experts' load imbalance over the EP ranks (1 without EP). */
 double mt_trainer_ep_imbalance(mt_trainer *t);
+/* --expert-balance: places every MoE layer's experts anew from the window's load and moves
+ * those that change rank (train/balance.h); collective over all ranks. moved: experts moved;
+ * busy_before / after: over the MoE layers, the sum of the busiest EP rank's tokens in the
+ * window over the sum of the ranks' mean, under the old and the new placement. */
+typedef struct {
+    int moved;
+    double busy_before, busy_after;
+} mt_balance_stats;
+void mt_trainer_balance(mt_trainer *t, mt_balance_stats *bs);
 
 /* Learning rate at step s (1-based) of total: linear warmup then cosine to min_ratio*lr. */
 double mt_lr_at(int s, int total, int warmup, double lr, double min_ratio);

@@ -42,6 +42,9 @@ struct mt_trainer {
     mt_loader *train, *val;       /* val: NULL without a val split or --eval-every */
     mt_tokenizer tok;             /* the data's (or the checkpoint's): copied into checkpoints */
     double *red;                  /* the loss terms' reduction [1 + layers] */
+    int64_t *rep_load;            /* [L*E] expert load pulled and not yet reported (--load-every) */
+    int64_t *bal_load;            /* [L*E] the --expert-balance window's load (NULL: off) */
+    int32_t *resume_slots;        /* [L*E] a resumed run's placement (its trainer_state.json), or NULL */
 };
 
 #endif
