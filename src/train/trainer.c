@@ -277,9 +277,6 @@ static int check_opts(const mt_train_opts *o, const mt_config *cfg) {
         return mt_error("train: --save-every, --eval-every, --load-every, --expert-balance and --keep must be >= 0");
     if (o->expert_balance > 0 && o->ep <= 1)
         return mt_error("train: --expert-balance places experts on the EP ranks: it needs --ep > 1");
-    if (o->expert_balance > 0 && o->dist_opt)
-        return mt_error("train: --expert-balance cannot be combined with --dist-opt yet (ZeRO-1 shards the moments "
-                        "by position, across the experts' slots)");
     if (o->seq > cfg->max_position_embeddings)
         return mt_error("train: --seq %d exceeds max_position_embeddings %d of the config", o->seq,
                         cfg->max_position_embeddings);
@@ -929,13 +926,27 @@ void mt_trainer_balance(mt_trainer *t, mt_balance_stats *bs) {
     bs->busy_before = mean > 0 ? b0 / mean : 1.0;
     bs->busy_after = mean > 0 ? b1 / mean : 1.0;
     if (bs->moved > 0) {
-        /* the gradients are zeroed before the next step: the weights and moments move */
-        float *const arr[3] = {t->m.params, t->opt.mom_m, t->opt.mom_v};
+        /* the gradients are zeroed before the next step: the weights and moments move. ZeRO-1
+         * shards the moments by position, across the experts' slots: they are made whole
+         * for the move (all-gathered, twice the moments' memory meanwhile) and sharded again */
         mt_trace_begin("comm.expert_balance");
+        sync_params(t);
+        float *fm = NULL, *fv = NULL;
+        if (t->o.dist_opt) {
+            fm = mt_alloc(sizeof(float) * (t->m.nparams + 1));
+            fv = mt_alloc(sizeof(float) * (t->m.nparams + 1));
+            mt_optim_moments_full(&t->opt, fm, fv);
+        }
+        float *const arr[3] = {t->m.params, fm ? fm : t->opt.mom_m, fv ? fv : t->opt.mom_v};
         for (int l = 0; l < L; l++)
             if (changed[l] && t->m.part.layer[l])
                 mt_balance_move(&t->m, arr, 3, t->d->ep.comm, t->d->ep_rank, P, l, cur + (size_t)l * E,
                                 nxt + (size_t)l * E);
+        if (fm) {
+            mt_optim_moments_take(&t->opt, fm, fv);
+            mt_free(fm);
+            mt_free(fv);
+        }
         mt_trace_end();
         mt_model_set_placement(&t->m, nxt);
     }
