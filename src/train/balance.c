@@ -92,11 +92,15 @@ void mt_balance_move(const mt_model *m, float *const *arr, int narr, MPI_Comm co
         if (from == rank) scnt[to]++, nsend++;
         if (to == rank) rcnt[from]++, nrecv++;
     }
-    MT_ASSERT(per * (size_t)(nsend > nrecv ? nsend : nrecv) < (size_t)1 << 31);
+    /* counted in experts: one MPI type of an expert's floats (a large model's would overflow
+     * an int count of floats) */
+    MT_ASSERT(per < (size_t)1 << 31);
+    MPI_Datatype xt;
+    MPI_Type_contiguous((int)per, MPI_FLOAT, &xt);
+    MPI_Type_commit(&xt);
     for (int p = 0, s = 0, r = 0; p < P; p++) {
         sdis[p] = s, rdis[p] = r;
-        s += scnt[p] *= (int)per;
-        r += rcnt[p] *= (int)per;
+        s += scnt[p], r += rcnt[p];
     }
     float *sb = mt_alloc(sizeof(float) * (per * (size_t)nsend + 1)), *rb = mt_alloc(sizeof(float) * (per * (size_t)nrecv + 1));
     /* packed by destination rank, then expert id (the receiver unpacks in the same order) */
@@ -104,26 +108,27 @@ void mt_balance_move(const mt_model *m, float *const *arr, int narr, MPI_Comm co
     for (int e = 0; e < E; e++) {
         const int from = cur[e] / LE, to = nxt[e] / LE;
         if (from != rank || to == rank) continue;
-        float *o = sb + sdis[to] + at[to];
+        float *o = sb + ((size_t)sdis[to] + (size_t)at[to]) * per;
         const size_t k = (size_t)(cur[e] - rank * LE);
         for (int a = 0; a < narr; a++, o += gu + dn) {
             memcpy(o, arr[a] + ogu + k * gu, sizeof(float) * gu);
             memcpy(o + gu, arr[a] + odn + k * dn, sizeof(float) * dn);
         }
-        at[to] += (int)per;
+        at[to]++;
     }
-    MPI_Alltoallv(sb, scnt, sdis, MPI_FLOAT, rb, rcnt, rdis, MPI_FLOAT, comm);
+    MPI_Alltoallv(sb, scnt, sdis, xt, rb, rcnt, rdis, xt, comm);
+    MPI_Type_free(&xt);
     memset(at, 0, sizeof(int) * (size_t)P);
     for (int e = 0; e < E; e++) {
         const int from = cur[e] / LE, to = nxt[e] / LE;
         if (to != rank || from == rank) continue;
-        const float *i = rb + rdis[from] + at[from];
+        const float *i = rb + ((size_t)rdis[from] + (size_t)at[from]) * per;
         const size_t k = (size_t)(nxt[e] - rank * LE);
         for (int a = 0; a < narr; a++, i += gu + dn) {
             memcpy(arr[a] + ogu + k * gu, i, sizeof(float) * gu);
             memcpy(arr[a] + odn + k * dn, i + gu, sizeof(float) * dn);
         }
-        at[from] += (int)per;
+        at[from]++;
     }
     free(at);
     mt_free(sb);
