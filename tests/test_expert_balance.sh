@@ -5,7 +5,8 @@
 # the placement: a balanced run must write the checkpoint (weights and moments) of the same
 # run without it, bit for bit; a wrong move shows there. Checked under EP2 (2 ranks), DP2 x
 # EP2, EP4 and DP2 x EP2 with ZeRO-1 (its moments made whole for the move) and the pipe
-# schedule, whose parameter all-gather is still in flight after the update (4 ranks); a resume from a checkpoint taken inside a window continues bit for
+# schedule, whose parameter all-gather is still in flight after the update (4 ranks), and EP2
+# over two emulated nodes on the wire (the moved experts take their link time); a resume from a checkpoint taken inside a window continues bit for
 # bit (the placement and the window's load are in trainer_state.json); the flag's misuse is
 # refused. Usage: bash tests/test_expert_balance.sh path/to/moetrain (77 without mpirun)
 set -euo pipefail
@@ -22,8 +23,9 @@ same_ckpt() { # two run folders: the final checkpoint's weights and moments iden
 # moved SUM of experts moved and the first event's busiest-rank ratios, from a run's metrics
 events() { grep '"event":"expert_balance"' "$1/metrics.jsonl" || true; }
 
-for L in "2 --ep 2" "4 --ep 2" "4 --ep 4" "4 --ep 2 --dist-opt --overlap pipe --accum 2"; do
-    np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -')
+for L in "2 --ep 2" "4 --ep 2" "4 --ep 4" "4 --ep 2 --dist-opt --overlap pipe --accum 2" \
+         "2 --ep 2 --ranks-per-node 1 --wire 0.05,50"; do
+    np=${L%% *}; L=${L#* }; n=$np$(echo "$L" | tr -d ' -.,')
     run "$np" train "${base[@]}" $L --out "$T/off$n" > "$T/off$n.log" 2>&1 || { tail -3 "$T/off$n.log"; fail "$L without"; }
     run "$np" train "${base[@]}" $L --expert-balance 2 --out "$T/on$n" > "$T/on$n.log" 2>&1 \
         || { tail -3 "$T/on$n.log"; fail "$L --expert-balance 2"; }

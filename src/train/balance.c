@@ -6,6 +6,7 @@
 
 #include "base/common.h"
 #include "model/config.h"
+#include "parallel/wire.h"
 
 static const int64_t *g_load; /* the layer being sorted (qsort has no context argument) */
 
@@ -77,8 +78,8 @@ int mt_balance_layer(const int64_t *load, const int32_t *cur, int E, int P, int3
     return moved;
 }
 
-void mt_balance_move(const mt_model *m, float *const *arr, int narr, MPI_Comm comm, int rank, int P, int l,
-                     const int32_t *cur, const int32_t *nxt) {
+double mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, int narr, MPI_Comm comm, int rank,
+                       int P, const int *node_of, int l, const int32_t *cur, const int32_t *nxt) {
     const mt_config *c = &m->cfg;
     const int E = c->n_routed_experts, LE = E / P;
     const size_t gu = (size_t)2 * c->moe_intermediate_size * c->hidden_size, dn = (size_t)c->hidden_size * c->moe_intermediate_size;
@@ -111,13 +112,29 @@ void mt_balance_move(const mt_model *m, float *const *arr, int narr, MPI_Comm co
         float *o = sb + ((size_t)sdis[to] + (size_t)at[to]) * per;
         const size_t k = (size_t)(cur[e] - rank * LE);
         for (int a = 0; a < narr; a++, o += gu + dn) {
-            memcpy(o, arr[a] + ogu + k * gu, sizeof(float) * gu);
-            memcpy(o + gu, arr[a] + odn + k * dn, sizeof(float) * dn);
+            memcpy(o, arr[a] + (ogu - lo[a]) + k * gu, sizeof(float) * gu);
+            memcpy(o + gu, arr[a] + (odn - lo[a]) + k * dn, sizeof(float) * dn);
         }
         at[to]++;
     }
     MPI_Alltoallv(sb, scnt, sdis, xt, rb, rcnt, rdis, xt, comm);
     MPI_Type_free(&xt);
+    mt_wire *w = mt_wire_get();
+    double sent = 0;
+    for (int p = 0; p < P; p++) sent += (double)scnt[p] * (double)per * sizeof(float);
+    if (w->on && node_of) { /* the experts bound for other nodes on this rank's link */
+        int64_t *bytes = mt_xcalloc((size_t)P, sizeof(int64_t));
+        double *arrive = mt_xcalloc((size_t)P * 2, sizeof(double)), *when = arrive + P;
+        for (int p = 0; p < P; p++)
+            if (node_of[p] != node_of[rank]) bytes[p] = (int64_t)scnt[p] * (int64_t)per * (int64_t)sizeof(float);
+        mt_wire_stamp(bytes, P, (rank + 1) % P, arrive);
+        MPI_Alltoall(arrive, 1, MPI_DOUBLE, when, 1, MPI_DOUBLE, comm);
+        double last = 0;
+        for (int p = 0; p < P; p++) last = when[p] > last ? when[p] : last;
+        mt_wire_sleep_until(last);
+        free(bytes);
+        free(arrive);
+    }
     memset(at, 0, sizeof(int) * (size_t)P);
     for (int e = 0; e < E; e++) {
         const int from = cur[e] / LE, to = nxt[e] / LE;
@@ -125,8 +142,8 @@ void mt_balance_move(const mt_model *m, float *const *arr, int narr, MPI_Comm co
         const float *i = rb + ((size_t)rdis[from] + (size_t)at[from]) * per;
         const size_t k = (size_t)(nxt[e] - rank * LE);
         for (int a = 0; a < narr; a++, i += gu + dn) {
-            memcpy(arr[a] + ogu + k * gu, i, sizeof(float) * gu);
-            memcpy(arr[a] + odn + k * dn, i + gu, sizeof(float) * dn);
+            memcpy(arr[a] + (ogu - lo[a]) + k * gu, i, sizeof(float) * gu);
+            memcpy(arr[a] + (odn - lo[a]) + k * dn, i + gu, sizeof(float) * dn);
         }
         at[from]++;
     }
@@ -134,4 +151,5 @@ void mt_balance_move(const mt_model *m, float *const *arr, int narr, MPI_Comm co
     mt_free(sb);
     mt_free(rb);
     free(scnt);
+    return sent;
 }

@@ -283,6 +283,21 @@ void mt_optim_moments_full(mt_optim *op, float *fm, float *fv) {
     }
 }
 
+void mt_optim_region_full(mt_optim *op, int r, float *fm, float *fv) {
+    mt_opt_region *g = &op->reg[r];
+    if (g->n == 0) return;
+    memcpy(fm + (g->olo - g->lo), g->m, g->on * sizeof(float));
+    memcpy(fv + (g->olo - g->lo), g->v, g->on * sizeof(float));
+    mt_group_allgather(g->g, fm, g->n);
+    mt_group_allgather(g->g, fv, g->n);
+}
+
+void mt_optim_region_take(mt_optim *op, int r, const float *fm, const float *fv) {
+    mt_opt_region *g = &op->reg[r];
+    memcpy(g->m, fm + (g->olo - g->lo), g->on * sizeof(float));
+    memcpy(g->v, fv + (g->olo - g->lo), g->on * sizeof(float));
+}
+
 void mt_optim_moments_take(mt_optim *op, const float *fm, const float *fv) {
     for (int i = 0; i < MT_OPT_REGIONS; i++) {
         mt_opt_region *g = &op->reg[i];

@@ -122,5 +122,8 @@ void mt_optim_params_ready(mt_optim *op, int layer);
  * regions' shards all-gathered over their groups (collective); and back. */
 void mt_optim_moments_full(mt_optim *op, float *fm, float *fv);
 void mt_optim_moments_take(mt_optim *op, const float *fm, const float *fv);
+/* The same for region r alone, into fm, fv of reg[r].n floats (fm[0]: the region's start). */
+void mt_optim_region_full(mt_optim *op, int r, float *fm, float *fv);
+void mt_optim_region_take(mt_optim *op, int r, const float *fm, const float *fv);
 
 #endif

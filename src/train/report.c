@@ -232,9 +232,9 @@ int mt_report_expert_load(mt_report *rp, int step, const mt_config *cfg, const i
 int mt_report_balance(mt_report *rp, int step, const mt_balance_stats *bs) {
     if (rp->d->rank != 0) return 0;
     if (!rp->o->quiet)
-        printf("  experts placed anew: %d moved; over the last %d steps the busiest EP rank's tokens were %.3fx the "
-               "mean, %.3fx with the new placement\n",
-               bs->moved, rp->o->expert_balance, bs->busy_before, bs->busy_after);
+        printf("  experts placed anew: %d moved; since the last placement the busiest EP rank's tokens were %.3fx "
+               "the mean, %.3fx with the new placement\n",
+               bs->moved, bs->busy_before, bs->busy_after);
     fprintf(rp->metrics, "{\"event\":\"expert_balance\",\"step\":%d,\"moved\":%d,\"busy_before\":%.4f,"
             "\"busy_after\":%.4f}\n", step, bs->moved, bs->busy_before, bs->busy_after);
     return files_check(rp) != 0 || (!rp->o->quiet && mt_file_check(stdout, "stdout") != 0) ? -1 : 0;

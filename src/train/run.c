@@ -171,6 +171,12 @@ int mt_train(const mt_train_opts *opts) {
                 break;
             }
         }
+        /* after a finite step, inside its time (the move is communication), before its
+         * checkpoint (which keeps the new placement) */
+        mt_balance_stats bs;
+        const int balanced = o->expert_balance > 0 && n_moe > 0 && step % o->expert_balance == 0 && step != o->steps &&
+                             bad == 0;
+        if (balanced) mt_trainer_balance(t, &bs);
         mt_trace_end(); /* step */
         mt_report_time(&rp, &s, t0, c0, d->comm_s);
         tp_step_bytes(t, &tp_prev, &s); /* the step's, not the evaluation's */
@@ -184,12 +190,7 @@ int mt_train(const mt_train_opts *opts) {
             mt_trainer_expert_load(t, load);
             if (mt_report_expert_load(&rp, step, cfg, load) != 0) { rc = -1; break; }
         }
-        /* after a finite step, before its checkpoint (which keeps the new placement) */
-        if (o->expert_balance > 0 && n_moe > 0 && step % o->expert_balance == 0 && step != o->steps && bad == 0) {
-            mt_balance_stats bs;
-            mt_trainer_balance(t, &bs);
-            if (mt_report_balance(&rp, step, &bs) != 0) { rc = -1; break; }
-        }
+        if (balanced && mt_report_balance(&rp, step, &bs) != 0) { rc = -1; break; }
         /* a checkpoint is written only after a finite step: it must be one to go back to */
         if (o->save_every > 0 && step % o->save_every == 0 && step != o->steps && bad == 0) {
             mt_rss_mark(&rp.rss);

@@ -426,7 +426,7 @@ char *mt_train_state_add_placement(char *json, const int32_t *slots, const int64
 static int int_array(const char *path, const cJSON *r, const char *key, size_t n, int32_t *i32, int64_t *i64) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(r, key);
     if (!cJSON_IsArray(a) || (size_t)cJSON_GetArraySize(a) != n)
-        return mt_error("%s: key %s: not an array of %zu numbers (the model's MoE layers x experts)", path, key, n);
+        return mt_error("%s: key %s: not an array of %zu numbers (the model's layers x routed experts)", path, key, n);
     size_t i = 0;
     const cJSON *v;
     cJSON_ArrayForEach(v, a) {
@@ -445,6 +445,7 @@ int mt_train_state_get_placement(const char *dir, const char *txt, size_t len, i
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     *slots = NULL, *load = NULL;
+    if (E <= 0 || E > 4096 || n > (size_t)256 * 4096) return 0; /* the model's check refuses such a config */
     cJSON *r = mt_json_parse(path, txt, len);
     if (!r) return -1;
     int rc = 0;

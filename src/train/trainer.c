@@ -595,6 +595,10 @@ static int init_model(mt_trainer *t) {
      * resumes any other */
     mt_expert_map map;
     memset(&map, 0, sizeof map);
+    if (t->resume_slots && o->ep <= 1) { /* one rank holds every expert: nothing to keep */
+        free(t->resume_slots);
+        t->resume_slots = NULL;
+    }
     if (t->resume_slots && cfg->n_routed_experts > 0) { /* where --expert-balance left them */
         sh.slot_of = t->resume_slots;
     } else if (o->expert_placement && cfg->n_routed_experts > 0) {
@@ -927,28 +931,34 @@ void mt_trainer_balance(mt_trainer *t, mt_balance_stats *bs) {
     bs->busy_after = mean > 0 ? b1 / mean : 1.0;
     if (bs->moved > 0) {
         /* the gradients are zeroed before the next step: the weights and moments move. ZeRO-1
-         * shards the moments by position, across the experts' slots: they are made whole
-         * for the move (all-gathered, twice the moments' memory meanwhile) and sharded again */
+         * shards the moments by position, across the experts' slots: the routed experts'
+         * region is made whole for the move (all-gathered: the region's moments once more,
+         * unsharded, meanwhile) and sharded again */
+        const double t0 = mt_now(), c0 = t->d->comm_s;
         mt_trace_begin("comm.expert_balance");
         sync_params(t);
+        const int xr = MT_OPT_REGIONS - 1; /* the routed experts' region: [n_dense, nparams) */
+        MT_ASSERT(t->opt.reg[xr].lo == t->m.n_dense && t->opt.reg[xr].n == t->m.nparams - t->m.n_dense);
         float *fm = NULL, *fv = NULL;
         if (t->o.dist_opt) {
-            fm = mt_alloc(sizeof(float) * (t->m.nparams + 1));
-            fv = mt_alloc(sizeof(float) * (t->m.nparams + 1));
-            mt_optim_moments_full(&t->opt, fm, fv);
+            fm = mt_alloc(sizeof(float) * (t->opt.reg[xr].n + 1));
+            fv = mt_alloc(sizeof(float) * (t->opt.reg[xr].n + 1));
+            mt_optim_region_full(&t->opt, xr, fm, fv);
         }
         float *const arr[3] = {t->m.params, fm ? fm : t->opt.mom_m, fv ? fv : t->opt.mom_v};
+        const size_t lo[3] = {0, fm ? t->m.n_dense : 0, fm ? t->m.n_dense : 0};
         for (int l = 0; l < L; l++)
             if (changed[l] && t->m.part.layer[l])
-                mt_balance_move(&t->m, arr, 3, t->d->ep.comm, t->d->ep_rank, P, l, cur + (size_t)l * E,
-                                nxt + (size_t)l * E);
+                mt_balance_move(&t->m, arr, lo, 3, t->d->ep.comm, t->d->ep_rank, P, t->ep.a2a.node_of, l,
+                                cur + (size_t)l * E, nxt + (size_t)l * E);
         if (fm) {
-            mt_optim_moments_take(&t->opt, fm, fv);
+            mt_optim_region_take(&t->opt, xr, fm, fv);
             mt_free(fm);
             mt_free(fv);
         }
         mt_trace_end();
         mt_model_set_placement(&t->m, nxt);
+        t->d->comm_s = c0 + (mt_now() - t0); /* all of it, once (the all-gathers count themselves) */
     }
     memset(t->bal_load, 0, sizeof(int64_t) * n);
     free(cur);
