@@ -273,7 +273,7 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
             for (int c = 0; c < C; c++) yr[(size_t)srow[i] * C + c] = yval(me, i / K, i % K, c);
         }
         memset(ol, 0, sizeof(float) * (size_t)N * C);
-        const mt_moe_sum_order so = {.ranks = P, .nodes = a->nnodes, .owner = owner, .node_of = a->node_of};
+        const mt_moe_sum_order so = {.owner = owner, .node_of = a->node_of};
         mt_moe_unpermute_ordered(ol, yr, g.w + (size_t)g.noff[me] * K, srow, g.sel + (size_t)g.noff[me] * K, N, K,
                                  C, &so);
         int bl = 0;

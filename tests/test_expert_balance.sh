@@ -20,7 +20,7 @@ same_ckpt() { # two run folders: the final checkpoint's weights and moments iden
     cmp -s "$1/step_00000008/model.safetensors" "$2/step_00000008/model.safetensors" &&
         cmp -s "$1/step_00000008/optimizer.safetensors" "$2/step_00000008/optimizer.safetensors"
 }
-# moved SUM of experts moved and the first event's busiest-rank ratios, from a run's metrics
+# events RUN: the run's expert_balance events (metrics.jsonl)
 events() { grep '"event":"expert_balance"' "$1/metrics.jsonl" || true; }
 
 for L in "2 --ep 2" "4 --ep 2" "4 --ep 4" "4 --ep 2 --dist-opt --overlap pipe --accum 2" \

@@ -134,34 +134,45 @@ void mt_moe_unpermute(float *out, const float *ye, const float *w, const int32_t
 
 void mt_moe_unpermute_ordered(float *out, const float *ye, const float *w, const int32_t *slot_row,
                               const int32_t *sel, int N, int K, int C, const mt_moe_sum_order *o) {
+    MT_ASSERT(K <= 512); /* the model's limit (mt_model_check) */
 #pragma omp parallel
     {
         float *p = mt_alloc(sizeof(float) * 3 * (size_t)C), *acc = p + C, *tot = acc + C;
 #pragma omp for schedule(static)
         for (int t = 0; t < N; t++) {
-            int ntot = 0;
-            for (int n = 0; n < o->nodes; n++) {
-                int nacc = 0;
-                for (int r = 0; r < o->ranks; r++) {
-                    if (o->node_of[r] != n) continue;
-                    int np = 0;
-                    for (int j = 0; j < K; j++) {
-                        const size_t i = (size_t)t * K + j;
-                        if (o->owner[sel[i]] != r) continue;
-                        mt_moe_wrow(p, ye + (size_t)slot_row[i] * C, w[i], C, np++ == 0);
-                    }
-                    if (np == 0) continue;
-                    if (nacc++ == 0) memcpy(acc, p, sizeof(float) * C);
-                    else
-                        for (int c = 0; c < C; c++) acc[c] += p[c];
+            /* the token's pairs by (node, rank, slot): insertion sort of K keys */
+            const int32_t *st = sel + (size_t)t * K;
+            int ord[512], rk[512], nd[512];
+            for (int j = 0; j < K; j++) {
+                rk[j] = o->owner[st[j]], nd[j] = o->node_of[rk[j]];
+                int q = j;
+                for (; q > 0; q--) {
+                    const int a = ord[q - 1];
+                    if (nd[a] < nd[j] || (nd[a] == nd[j] && rk[a] <= rk[j])) break;
+                    ord[q] = a;
                 }
-                if (nacc == 0) continue;
-                if (ntot++ == 0) memcpy(tot, acc, sizeof(float) * C);
-                else
+                ord[q] = j;
+            }
+            /* runs of a rank summed into its partial, runs of a node into its sum, the nodes into
+             * tot; a run's first sum is written in place (a copy of a first term is exact) */
+            for (int q = 0; q < K;) {
+                const int n = nd[ord[q]];
+                float *a = q == 0 ? tot : acc;
+                for (int first_rank = 1; q < K && nd[ord[q]] == n; first_rank = 0) {
+                    const int r = rk[ord[q]];
+                    float *part = first_rank ? a : p;
+                    for (int first = 1; q < K && rk[ord[q]] == r; q++, first = 0) {
+                        const size_t i = (size_t)t * K + ord[q];
+                        mt_moe_wrow(part, ye + (size_t)slot_row[i] * C, w[i], C, first);
+                    }
+                    if (!first_rank)
+                        for (int c = 0; c < C; c++) a[c] += p[c];
+                }
+                if (a != tot)
                     for (int c = 0; c < C; c++) tot[c] += acc[c];
             }
             float *y = out + (size_t)t * C;
-            if (ntot > 0)
+            if (K > 0)
                 for (int c = 0; c < C; c++) y[c] += tot[c];
         }
         mt_free(p);

@@ -49,12 +49,12 @@ static inline void mt_moe_wrow(float *o, const float *y, float w, int C, int fir
  * on one EP rank in slot order, then the ranks of a node in ascending order, then the nodes
  * in ascending order (numbered by their lowest rank), each sum from a copy of its first term. */
 typedef struct {
-    int ranks, nodes;
     const int32_t *owner;   /* [E] the EP rank of each expert (by the sel of the combine) */
     const int *node_of;     /* [ranks] */
 } mt_moe_sum_order;
 /* out[N,C] += the combine of mt_moe_unpermute summed in order o (sel[N*K] the pairs'
- * experts): the bits an expert-parallel layout's combine gives, from experts all local. */
+ * experts, K <= 512): the bits an expert-parallel layout's combine gives, from experts all
+ * local. */
 void mt_moe_unpermute_ordered(float *out, const float *ye, const float *w, const int32_t *slot_row,
                               const int32_t *sel, int N, int K, int C, const mt_moe_sum_order *o);
 

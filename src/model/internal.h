@@ -24,8 +24,8 @@ typedef struct {
     const float *src;
     int accumulate;
     mt_ws ws;                     /* the permute's histograms (the dispatch's kernel workspace) */
-    const int32_t *esel;          /* [N*K] the logical experts, for the sum order */
-    mt_moe_sum_order order;       /* ranks > 0: the combine sums in this layout's order */
+    const int32_t *esel;          /* [N*K] the logical experts: set when the combine sums in */
+    mt_moe_sum_order order;       /* this layout's order (mt_model.sum_order) */
 } mt_local_plan;
 
 /* What the backward of a layer needs from its forward (named, so a memory policy can later

@@ -439,6 +439,11 @@ int mt_model_init_infer_part(mt_model *m, const mt_config *cfg, const mt_part *s
     return init_part(m, cfg, sh, ep, tp, 0);
 }
 
+void mt_model_slots(const mt_model *m, int32_t *slot) {
+    const size_t n = (size_t)mt_config_layers(&m->cfg) * m->cfg.n_routed_experts, E = (size_t)m->cfg.n_routed_experts;
+    for (size_t i = 0; i < n; i++) slot[i] = m->slot_of ? m->slot_of[i] : (int32_t)(i % E);
+}
+
 void mt_model_set_placement(mt_model *m, const int32_t *slot_of) {
     const mt_config *c = &m->cfg;
     const size_t n = (size_t)mt_config_layers(c) * c->n_routed_experts;
@@ -458,13 +463,9 @@ void mt_sum_order_init(mt_sum_order *o, const mt_model *src) {
     o->ranks = P;
     o->owner = mt_xmalloc(sizeof(int32_t) * ((size_t)L * E + 1));
     o->node_of = mt_xmalloc(sizeof(int) * (size_t)P);
-    for (size_t i = 0; i < (size_t)L * E; i++)
-        o->owner[i] = (src->slot_of ? src->slot_of[i] : (int32_t)(i % (size_t)E)) / LE;
-    o->nodes = 0;
-    for (int r = 0; r < P; r++) {
-        o->node_of[r] = src->ep->node_of ? src->ep->node_of[r] : 0;
-        if (o->node_of[r] + 1 > o->nodes) o->nodes = o->node_of[r] + 1;
-    }
+    mt_model_slots(src, o->owner);
+    for (size_t i = 0; i < (size_t)L * E; i++) o->owner[i] /= LE;
+    for (int r = 0; r < P; r++) o->node_of[r] = src->ep->node_of ? src->ep->node_of[r] : 0;
 }
 
 void mt_sum_order_free(mt_sum_order *o) {

@@ -148,6 +148,8 @@ typedef struct mt_ep_ops {
     void *ctx;
     int rank, size;        /* in the expert-parallel group */
     int bf16_rows;         /* moves rows as bf16 when given them (x16, xr16): the local exchange */
+    const int *node_of;    /* [size] the node of each rank, in the combine's summation order
+                            * (parallel/a2a.h); NULL: one node */
     /* x[N,C] (or x16), sel[N*K] physical slots, w[N*K] -> b's rows */
     void (*dispatch)(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16, const int32_t *sel,
                      const float *w, int N, int K, int C, int E);
@@ -162,8 +164,6 @@ typedef struct mt_ep_ops {
     void (*dispatch_bwd)(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate);
     /* vs[N*K] (slot order of the source tokens) = v[R] of the rows */
     void (*to_source)(void *ctx, mt_ep_batch *b, float *vs, const float *v);
-    const int *node_of;    /* [size] the node of each rank, in the combine's summation order
-                            * (parallel/a2a.h); NULL: one node */
     int (*test)(void *ctx, mt_ep_batch *b);
     void (*wait)(void *ctx, mt_ep_batch *b);
     void (*release)(void *ctx, mt_ep_batch *b);
@@ -184,7 +184,7 @@ enum mt_aux_scope { MT_AUX_SEQUENCE = 0, MT_AUX_EP_GROUP = 1 };
  * (parallel/a2a.h): by EP rank, then node. A model whose experts are all local sums in it
  * when ranks > 0 (mt_model_sum_like), so that its forward has that layout's bits. */
 typedef struct {
-    int ranks, nodes;
+    int ranks;                      /* 0: none */
     int32_t *owner;                 /* [L*E] the EP rank of each logical expert of each layer */
     int *node_of;                   /* [ranks] */
 } mt_sum_order;
@@ -236,6 +236,8 @@ int mt_model_init(mt_model *m, const mt_config *cfg);
 /* The whole model with parameters only (grads NULL): forward and decode, no backward
  * (RL's rollout copy when training splits the model). */
 int mt_model_init_infer(mt_model *m, const mt_config *cfg);
+/* slot[L*E] = m's expert placement (mt_expert_map's slot_of; the identity when contiguous) */
+void mt_model_slots(const mt_model *m, int32_t *slot);
 /* Sets m's expert placement to slot_of[L*E] (mt_expert_map's) and lays its tensor table
  * and views out for it; the caller has moved the experts' values (train/balance.h). */
 void mt_model_set_placement(mt_model *m, const int32_t *slot_of);

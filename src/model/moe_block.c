@@ -166,8 +166,7 @@ static void local_attach(const mt_model *m, mt_acts *a, layer_acts *L, int l) {
     const mt_sum_order *o = &m->sum_order;
     if (o->ranks > 0) {
         lp->esel = L->sel;
-        lp->order = (mt_moe_sum_order){.ranks = o->ranks, .nodes = o->nodes, .node_of = o->node_of,
-                                       .owner = o->owner + (size_t)l * m->cfg.n_routed_experts};
+        lp->order = (mt_moe_sum_order){.node_of = o->node_of, .owner = o->owner + (size_t)l * m->cfg.n_routed_experts};
     }
     lp->off = L->eoff;
     lp->slot_row = L->slot_row;
@@ -238,7 +237,7 @@ static int local_test(void *ctx, mt_ep_batch *b) {
 static void local_wait(void *ctx, mt_ep_batch *b) {
     (void)ctx;
     local_plan *lp = b->plan;
-    if (lp->pending == 1 && lp->order.ranks > 0)
+    if (lp->pending == 1 && lp->esel)
         mt_moe_unpermute_ordered(lp->dst, lp->src, lp->wsel, lp->slot_row, lp->esel, lp->N, lp->K, lp->C,
                                  &lp->order);
     else if (lp->pending == 1)

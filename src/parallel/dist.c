@@ -342,7 +342,7 @@ void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c) {
     if (!active(g) || n == 0) return;
     MT_ASSERT(n <= max_count);
     double t0 = MPI_Wtime();
-    if (g_coll_defer) c->defer = 1, c->x = x, c->n = n, c->comm = g->comm;
+    if (g_coll_defer) c->defer = 1, c->x = x, c->n = n;
     else MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
     const int S = g->size;
     coll_started(g, c, "gradient bucket in flight", 2.0 * (S - 1) / S * (double)n * sizeof(float), 2 * (S - 1), t0);
@@ -383,7 +383,7 @@ void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t
     double t0 = MPI_Wtime();
     c->cnt = mt_xmalloc(sizeof(int) * (size_t)g->size * 2);
     const size_t mine = window_parts(g, n, b0, b1, c->cnt, c->cnt + g->size);
-    if (g_coll_defer) c->defer = 2, c->x = (float *)(x + b0), c->shard = shard + mine, c->comm = g->comm;
+    if (g_coll_defer) c->defer = 2, c->x = (float *)(x + b0), c->shard = shard + mine;
     else MPI_Ireduce_scatter(x + b0, shard + mine, c->cnt, MPI_FLOAT, MPI_SUM, g->comm, &c->req);
     const int S = g->size;
     coll_started(g, c, "gradient bucket in flight", (double)(S - 1) / S * (double)(b1 - b0) * sizeof(float), S - 1, t0);
@@ -419,9 +419,9 @@ void mt_coll_end(mt_coll *c, mt_group *g) {
     if (c->started) {
         if (c->defer) { /* the ends come in the same order on every rank, as blocking calls must */
             double t0 = MPI_Wtime();
-            mt_watch_begin(c->defer == 1 ? "MPI_Allreduce" : "MPI_Reduce_scatter", c->comm);
-            if (c->defer == 1) MPI_Allreduce(MPI_IN_PLACE, c->x, (int)c->n, MPI_FLOAT, MPI_SUM, c->comm);
-            else MPI_Reduce_scatter(c->x, c->shard, c->cnt, MPI_FLOAT, MPI_SUM, c->comm);
+            mt_watch_begin(c->defer == 1 ? "MPI_Allreduce" : "MPI_Reduce_scatter", g->comm);
+            if (c->defer == 1) MPI_Allreduce(MPI_IN_PLACE, c->x, (int)c->n, MPI_FLOAT, MPI_SUM, g->comm);
+            else MPI_Reduce_scatter(c->x, c->shard, c->cnt, MPI_FLOAT, MPI_SUM, g->comm);
             mt_watch_end();
             g_dist.comm_s += MPI_Wtime() - t0;
         }

@@ -90,7 +90,10 @@ void mt_group_sum_f32(mt_group *g, float *x, size_t n);
 void mt_group_sum_f64(mt_group *g, double *x, size_t n);
 void mt_group_sum_i64(mt_group *g, int64_t *x, size_t n);
 /* A gradient bucket's reduction in flight (train/optimizer.c): started by _begin, moved by
- * the MPI calls made meanwhile (mt_coll_progress polls), finished by mt_coll_end. When the wire
+ * the MPI calls made meanwhile (mt_coll_progress polls), finished by mt_coll_end. When every
+ * rank shares one machine (and neither MT_COMM_THREAD nor MT_COLL_NONBLOCKING=1 is set) the
+ * sum and the reduce-scatter are deferred instead: _begin notes them and mt_coll_end runs the
+ * blocking collective (Open MPI's non-blocking ones were 2.3-2.7x slower here). When the wire
  * is on (parallel/wire.h) and the group spans emulated nodes, the bucket also goes over each
  * rank's link as a ring would move it (2(S-1)/S of its bytes per rank for the sum, (S-1)/S
  * for the reduce-scatter and the all-gather, one latency per ring step) as background
@@ -107,11 +110,9 @@ typedef struct {
     double t_begin;          /* mt_now() at the start (the trace's span in flight) */
     const char *what;        /* the trace span's name */
     int *cnt;                /* counts and displacements (alive until the end, as MPI wants) */
-    int defer;               /* all ranks on one machine: 1 sum, 2 reduce-scatter, run blocking at
-                              * the end (dist.c); x, n, shard and comm are its arguments */
-    float *x, *shard;
+    int defer;               /* 1 sum, 2 reduce-scatter noted, to run blocking at the end (below); */
+    float *x, *shard;        /* x[n] (and shard) are its arguments */
     size_t n;
-    MPI_Comm comm;
 } mt_coll;
 /* In-place sum of x[n] (n <= 2^30) over g. */
 void mt_group_sum_begin(mt_group *g, float *x, size_t n, mt_coll *c);
@@ -122,9 +123,6 @@ void mt_group_reduce_scatter_begin(mt_group *g, const float *x, size_t n, size_t
 /* ZeRO-1's all-gather of the part [b0, b1) of p[n] cut in g's ranges: every rank's share of
  * it, in place (the ring's (S-1)/S of the bytes on the wire). */
 void mt_group_allgather_begin(mt_group *g, float *p, size_t n, size_t b0, size_t b1, mt_coll *c);
-/* When every rank shares one machine (and neither MT_COMM_THREAD nor MT_COLL_NONBLOCKING=1
- * is set) the sum and the reduce-scatter are deferred: begin notes them, mt_coll_end runs the
- * blocking collective (Open MPI's non-blocking ones were 2.3-2.7x slower here). */
 /* Lets MPI move it (a test); mt_coll_end waits (its wait added to comm_s). */
 void mt_coll_progress(mt_coll *c);
 /* Waits until MPI has completed it (which frees MPI's scratch), in place; on the wire its

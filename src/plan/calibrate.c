@@ -41,9 +41,6 @@ typedef struct {
     double copy_gbs, adamw_gbs;      /* bytes read + written */
 } cal_meas;
 
-/* each timing's budget is scaled by this: the one-rank figures are measured in rounds */
-static double cal_bud_scale = 1.0;
-
 /* a = the better of a and b, figure by figure (every figure is a rate; -1 = not measured
  * stays -1, as every round skips the same) */
 static void cal_meas_best(cal_meas *a, const cal_meas *b) {
@@ -76,12 +73,14 @@ static void time_grid(double *rate, int nm, double bud, const float *x, const fl
     mt_ws_free(&ws);
 }
 
-/* reserve: the resident bytes that are not the measurement's own buffers, read while they
+/* scale (here and in cal_attention, cal_memory): the share of each timing's budget, 1 / the
+ * rounds the one-rank figures are measured in.
+ * reserve: the resident bytes that are not the measurement's own buffers, read while they
  * are live (binary, libraries, BLAS / OpenMP per-thread buffers, MPI, allocator slack).
  * bf16: the grid again with every GEMM in bf16 mode (train --bf16's kernel; the CPU has
  * AVX512-BF16), after the reserve was read (the fp32 trainer's) */
-static void cal_gemm(cal_meas *m, int quick, double *reserve, int bf16) {
-    const double bud = (quick ? 0.03 : 0.25) * cal_bud_scale;
+static void cal_gemm(cal_meas *m, int quick, double scale, double *reserve, int bf16) {
+    const double bud = (quick ? 0.03 : 0.25) * scale;
     const int nm = quick ? CAL_NM - 1 : CAL_NM; /* --quick: no M = 4096 */
     size_t in_max = 0, w_max = 0, out_max = 0;
     for (int j = 0; j < CAL_NNK; j++) {
@@ -108,8 +107,8 @@ static double cal_att_flops(int T) { /* causal forward of CAL_TOK tokens, as the
 }
 
 /* bf16: also in bf16 mode (train --bf16: attention's products on bf16 pairs) */
-static void cal_attention(cal_meas *m, int quick, int bf16) {
-    const double bud = (quick ? 0.05 : 0.4) * cal_bud_scale;
+static void cal_attention(cal_meas *m, int quick, double scale, int bf16) {
+    const double bud = (quick ? 0.05 : 0.4) * scale;
     const int nthr = mt_get_threads();
     for (int i = 0; i < CAL_NT; i++) {
         m->att_f[i] = m->att_b[i] = m->att_f16[i] = m->att_b16[i] = -1;
@@ -137,8 +136,8 @@ static void cal_attention(cal_meas *m, int quick, int bf16) {
     }
 }
 
-static void cal_memory(cal_meas *m, int quick) {
-    const double bud = (quick ? 0.1 : 0.5) * cal_bud_scale;
+static void cal_memory(cal_meas *m, int quick, double scale) {
+    const double bud = (quick ? 0.1 : 0.5) * scale;
     const size_t n = quick ? (size_t)4 << 20 : (size_t)16 << 20; /* 16 MB / 64 MB of floats */
     float *a = cal_fill(n, 20), *b = cal_fill(n, 21), *g = cal_fill(n, 22), *v = cal_fill(n, 23);
     double t;
@@ -317,31 +316,29 @@ int mt_calibrate(const char *path, int quick) {
     const int rounds = quick ? 1 : 3;
     cal_meas solo[MT_CLUSTER_THREADS_MAX];
     double solo_res[MT_CLUSTER_THREADS_MAX];
-    cal_bud_scale = 1.0 / rounds;
     for (int k = 0; k < rounds; k++)
         for (int i = 0; i < nsolo; i++) {
             if (root) {
                 mt_set_threads(solo_t[i]);
                 cal_meas r;
                 memset(&r, 0, sizeof r);
-                cal_gemm(&r, quick, k == 0 ? &solo_res[i] : NULL, bf16);
-                cal_attention(&r, 1, bf16); /* T = 512 only */
-                cal_memory(&r, quick);
+                cal_gemm(&r, quick, 1.0 / rounds, k == 0 ? &solo_res[i] : NULL, bf16);
+                cal_attention(&r, 1, 1.0 / rounds, bf16); /* T = 512 only */
+                cal_memory(&r, quick, 1.0 / rounds);
                 if (k == 0) solo[i] = r;
                 else cal_meas_best(&solo[i], &r);
             }
             if (mpi) mt_bench_quiet_barrier(d);
         }
-    cal_bud_scale = 1.0;
     mt_set_threads(cal_threads);
 
     /* 2. every rank at once with the calibration's threads (the top-level figures) */
     cal_meas m;
     memset(&m, 0, sizeof m);
     if (mpi) mt_dist_barrier(d);
-    cal_gemm(&m, quick, NULL, bf16);
-    cal_attention(&m, quick, bf16);
-    cal_memory(&m, quick);
+    cal_gemm(&m, quick, 1.0, NULL, bf16);
+    cal_attention(&m, quick, 1.0, bf16);
+    cal_memory(&m, quick, 1.0);
     /* the slowest rank's figures (-1 = skipped stays -1: every rank skips the same) */
     if (mpi) mt_group_min_f64(&d->all, (double *)&m, sizeof m / sizeof(double));
 

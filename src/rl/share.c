@@ -171,7 +171,7 @@ void mt_rl_send_sum_order(mt_dist *d, const mt_model *m, int rollout_lead) {
     mt_sum_order o = {0};
     if (m->ep) mt_sum_order_init(&o, m);
     const int n = mt_config_layers(&m->cfg) * m->cfg.n_routed_experts;
-    const int hdr[3] = {o.ranks, o.nodes, n};
+    const int hdr[2] = {o.ranks, n};
     mt_group_send_bytes(&d->job, hdr, sizeof hdr, rollout_lead, MT_RL_TAG_PLAN);
     if (o.ranks > 0) {
         mt_group_send_bytes(&d->job, o.node_of, sizeof(int) * (size_t)o.ranks, rollout_lead, MT_RL_TAG_PLAN);
@@ -182,22 +182,22 @@ void mt_rl_send_sum_order(mt_dist *d, const mt_model *m, int rollout_lead) {
 
 /* the rollout ranks' side of mt_rl_send_sum_order, into the copy m */
 static void recv_sum_order(mt_dist *d, mt_model *m) {
-    int hdr[3] = {0, 0, 0};
+    int hdr[2] = {0, 0};
     if (d->rank == 0) mt_group_recv_bytes(&d->job, hdr, sizeof hdr, 0, MT_RL_TAG_PLAN);
-    mt_group_bcast_i32(&d->all, hdr, 3);
+    mt_group_bcast_i32(&d->all, hdr, 2);
     if (hdr[0] == 0) return;
-    if (hdr[2] != mt_config_layers(&m->cfg) * m->cfg.n_routed_experts)
+    if (hdr[1] != mt_config_layers(&m->cfg) * m->cfg.n_routed_experts)
         mt_dist_abort("rl: the trainer's expert layout does not match the rollout model");
     mt_sum_order *o = &m->sum_order;
-    o->ranks = hdr[0], o->nodes = hdr[1];
+    o->ranks = hdr[0];
     o->node_of = mt_xmalloc(sizeof(int) * (size_t)o->ranks);
-    o->owner = mt_xmalloc(sizeof(int32_t) * ((size_t)hdr[2] + 1));
+    o->owner = mt_xmalloc(sizeof(int32_t) * ((size_t)hdr[1] + 1));
     if (d->rank == 0) {
         mt_group_recv_bytes(&d->job, o->node_of, sizeof(int) * (size_t)o->ranks, 0, MT_RL_TAG_PLAN);
-        mt_group_recv_bytes(&d->job, o->owner, sizeof(int32_t) * (size_t)hdr[2], 0, MT_RL_TAG_PLAN);
+        mt_group_recv_bytes(&d->job, o->owner, sizeof(int32_t) * (size_t)hdr[1], 0, MT_RL_TAG_PLAN);
     }
     mt_group_bcast_i32(&d->all, o->node_of, (size_t)o->ranks);
-    mt_group_bcast_i32(&d->all, (int *)o->owner, (size_t)hdr[2]);
+    mt_group_bcast_i32(&d->all, (int *)o->owner, (size_t)hdr[1]);
 }
 
 /* The rollout ranks' side: round n (the prompts of training step n) is sampled with version

@@ -8,12 +8,15 @@
 #include "model/config.h"
 #include "parallel/wire.h"
 
-static const int64_t *g_load; /* the layer being sorted (qsort has no context argument) */
+typedef struct {
+    int64_t load;
+    int e;
+} expert_load;
 
 static int heavier_first(const void *a, const void *b) {
-    const int x = *(const int *)a, y = *(const int *)b;
-    if (g_load[x] != g_load[y]) return g_load[x] > g_load[y] ? -1 : 1;
-    return x - y;
+    const expert_load *x = a, *y = b;
+    if (x->load != y->load) return x->load > y->load ? -1 : 1;
+    return x->e - y->e;
 }
 
 /* the busiest rank's tokens under placement slot[E] */
@@ -35,15 +38,15 @@ int mt_balance_layer(const int64_t *load, const int32_t *cur, int E, int P, int3
     *busy0 = *busy1 = busiest(load, cur, E, P);
     memcpy(nxt, cur, sizeof(int32_t) * (size_t)E);
     if (P == 1 || total == 0) return 0;
-    int *order = mt_xmalloc(sizeof(int) * (size_t)E), *owner = mt_xmalloc(sizeof(int) * (size_t)E);
+    expert_load *order = mt_xmalloc(sizeof *order * (size_t)E);
+    int *owner = mt_xmalloc(sizeof(int) * (size_t)E);
     int64_t tok[MT_BALANCE_MAX_RANKS] = {0};
     int room[MT_BALANCE_MAX_RANKS];
     for (int p = 0; p < P; p++) room[p] = LE;
-    for (int e = 0; e < E; e++) order[e] = e;
-    g_load = load;
-    qsort(order, (size_t)E, sizeof(int), heavier_first);
+    for (int e = 0; e < E; e++) order[e] = (expert_load){load[e], e};
+    qsort(order, (size_t)E, sizeof *order, heavier_first);
     for (int i = 0; i < E; i++) {
-        const int e = order[i], home = cur[e] / LE;
+        const int e = order[i].e, home = cur[e] / LE;
         int best = -1;
         for (int p = 0; p < P; p++) {
             if (!room[p]) continue;
@@ -78,7 +81,7 @@ int mt_balance_layer(const int64_t *load, const int32_t *cur, int E, int P, int3
     return moved;
 }
 
-double mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, int narr, MPI_Comm comm, int rank,
+void mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, int narr, MPI_Comm comm, int rank,
                        int P, const int *node_of, int l, const int32_t *cur, const int32_t *nxt) {
     const mt_config *c = &m->cfg;
     const int E = c->n_routed_experts, LE = E / P;
@@ -119,10 +122,7 @@ double mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, i
     }
     MPI_Alltoallv(sb, scnt, sdis, xt, rb, rcnt, rdis, xt, comm);
     MPI_Type_free(&xt);
-    mt_wire *w = mt_wire_get();
-    double sent = 0;
-    for (int p = 0; p < P; p++) sent += (double)scnt[p] * (double)per * sizeof(float);
-    if (w->on && node_of) { /* the experts bound for other nodes on this rank's link */
+    if (mt_wire_get()->on && node_of) { /* the experts bound for other nodes on this rank's link */
         int64_t *bytes = mt_xcalloc((size_t)P, sizeof(int64_t));
         double *arrive = mt_xcalloc((size_t)P * 2, sizeof(double)), *when = arrive + P;
         for (int p = 0; p < P; p++)
@@ -151,5 +151,4 @@ double mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, i
     mt_free(sb);
     mt_free(rb);
     free(scnt);
-    return sent;
 }

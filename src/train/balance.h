@@ -32,9 +32,9 @@ int mt_balance_layer(const int64_t *load, const int32_t *cur, int E, int P, int3
  * is parameter lo[a]: the weights, the moments): an expert leaving this rank is sent to its
  * new one, an arriving one written into its new slot; the experts that stay do not move.
  * node_of[P] (NULL: one node): on the emulated wire (parallel/wire.h) the experts sent to
- * another node take their link time, and the move ends when the last has arrived. Returns
- * the bytes this rank sent. Collective over the EP group. */
-double mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, int narr, MPI_Comm comm, int rank,
-                       int P, const int *node_of, int l, const int32_t *cur, const int32_t *nxt);
+ * another node take their link time, and the move ends when the last has arrived.
+ * Collective over the EP group. */
+void mt_balance_move(const mt_model *m, float *const *arr, const size_t *lo, int narr, MPI_Comm comm, int rank,
+                     int P, const int *node_of, int l, const int32_t *cur, const int32_t *nxt);
 
 #endif

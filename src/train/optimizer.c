@@ -272,17 +272,6 @@ void mt_optim_params_ready(mt_optim *op, int layer) {
     mt_trace_end();
 }
 
-void mt_optim_moments_full(mt_optim *op, float *fm, float *fv) {
-    for (int i = 0; i < MT_OPT_REGIONS; i++) {
-        mt_opt_region *g = &op->reg[i];
-        if (g->n == 0) continue;
-        memcpy(fm + g->olo, g->m, g->on * sizeof(float));
-        memcpy(fv + g->olo, g->v, g->on * sizeof(float));
-        mt_group_allgather(g->g, fm + g->lo, g->n);
-        mt_group_allgather(g->g, fv + g->lo, g->n);
-    }
-}
-
 void mt_optim_region_full(mt_optim *op, int r, float *fm, float *fv) {
     mt_opt_region *g = &op->reg[r];
     if (g->n == 0) return;
@@ -298,10 +287,10 @@ void mt_optim_region_take(mt_optim *op, int r, const float *fm, const float *fv)
     memcpy(g->v, fv + (g->olo - g->lo), g->on * sizeof(float));
 }
 
+void mt_optim_moments_full(mt_optim *op, float *fm, float *fv) {
+    for (int r = 0; r < MT_OPT_REGIONS; r++) mt_optim_region_full(op, r, fm + op->reg[r].lo, fv + op->reg[r].lo);
+}
+
 void mt_optim_moments_take(mt_optim *op, const float *fm, const float *fv) {
-    for (int i = 0; i < MT_OPT_REGIONS; i++) {
-        mt_opt_region *g = &op->reg[i];
-        memcpy(g->m, fm + g->olo, g->on * sizeof(float));
-        memcpy(g->v, fv + g->olo, g->on * sizeof(float));
-    }
+    for (int r = 0; r < MT_OPT_REGIONS; r++) mt_optim_region_take(op, r, fm + op->reg[r].lo, fv + op->reg[r].lo);
 }

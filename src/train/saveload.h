@@ -43,8 +43,10 @@ void mt_ckpt_allgather_part(const mt_ckpt_layout *l, mt_dist *d, const mt_model 
 void mt_ckpt_gather_whole(const mt_ckpt_layout *l, mt_dist *d, float *full);
 
 /* trainer_state.json of a run at state s with options o over dp data-parallel ranks
- * (malloc'd string). */
-char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, int dp);
+ * (malloc'd string); with --expert-balance's placement slots[n] and window load[n] (slots
+ * NULL: none). */
+char *mt_train_state_to_json(const mt_train_opts *o, const mt_trainer_state *s, int dp, const int32_t *slots,
+                             const int64_t *load, size_t n);
 /* Restores s (step, opt_step, samples) and the options not given on the command line from
  * the trainer_state.json text (len bytes) of checkpoint dir; the global batch (batch x
  * accum x DP) is kept under any DP unless --accum is given. Strict JSON, and every field
@@ -54,11 +56,9 @@ int mt_train_state_from_json(const char *dir, const char *txt, size_t len, mt_tr
                              int dp);
 
 /* --expert-balance's state in trainer_state.json: the placement slots[L*E] (mt_expert_map's
- * slot_of) and the window's load[L*E] counted since the last re-placement. _add returns a
- * new string with both added to json (freed); _get reads them (both NULL when the file has
- * none; -1 with an error naming the file and key when malformed: not n values, or a layer's
- * slots not a permutation of 0 .. E-1). */
-char *mt_train_state_add_placement(char *json, const int32_t *slots, const int64_t *load, size_t n);
+ * slot_of) and the window's load[L*E] counted since the last re-placement (both NULL when the
+ * file has none; -1 with an error naming the file and key when malformed: not n values, or a
+ * layer's slots not a permutation of 0 .. E-1). E > 0, within the model's limits. */
 int mt_train_state_get_placement(const char *dir, const char *txt, size_t len, int E, size_t n, int32_t **slots,
                                  int64_t **load);
 

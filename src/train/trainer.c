@@ -192,6 +192,16 @@ static int check_ranks_agree(mt_dist *d, const mt_train_opts *o, const mt_config
 
 static void pull_load(mt_trainer *t);
 
+/* L x E: a placement's or a load table's length */
+static size_t nle_of(const mt_config *c) { return (size_t)mt_config_layers(c) * c->n_routed_experts; }
+
+/* a copy of the model's expert placement (mt_model_slots) */
+static int32_t *placement(const mt_trainer *t) {
+    int32_t *s = mt_xmalloc(sizeof(int32_t) * (nle_of(&t->cfg) + 1));
+    mt_model_slots(&t->m, s);
+    return s;
+}
+
 /* the parameters whole again (ZeRO-1's deferred all-gather done): for anything but the
  * next step's forward, which waits layer by layer */
 static void sync_params(mt_trainer *t) { mt_optim_params_ready(&t->opt, INT_MAX); }
@@ -426,6 +436,8 @@ static int init_config(mt_trainer *t) {
     if ((o->resume || o->init) && (o->init_std > 0 || o->init_scheme) && root)
         mt_warn("--init-std and --init-scheme have no effect with --%s: the weights come from the checkpoint",
                 o->resume ? "resume" : "init");
+    char *st = NULL; /* a resumed run's trainer_state.json */
+    size_t stlen = 0;
     if (o->resume) {
         if (mt_ckpt_resolve(o->resume, ckdir, ckcap) != 0) return -1;
         if (o->config && root)
@@ -436,17 +448,11 @@ static int init_config(mt_trainer *t) {
         }
         if (root && mt_ckpt_verify(ckdir, 1) != 0) return -1; /* rank 0 reads the big files */
         if (mt_ckpt_load_config(ckdir, &t->cfg) != 0) return -1;
-        char *st;
-        size_t stlen;
         if (mt_ckpt_load_state(ckdir, &st, &stlen) != 0) return -1;
-        int rc = mt_train_state_from_json(ckdir, st, stlen, o, &t->st, d->dp_size);
-        /* --expert-balance's placement and window: the run goes on from them */
-        if (rc == 0)
-            rc = mt_train_state_get_placement(ckdir, st, stlen, t->cfg.n_routed_experts,
-                                              (size_t)mt_config_layers(&t->cfg) * t->cfg.n_routed_experts,
-                                              &t->resume_slots, &t->bal_load);
-        free(st);
-        if (rc != 0) return -1;
+        if (mt_train_state_from_json(ckdir, st, stlen, o, &t->st, d->dp_size) != 0) {
+            free(st);
+            return -1;
+        }
     } else if (o->init) {
         if (mt_ckpt_resolve(o->init, ckdir, ckcap) != 0) return -1;
         if (root && mt_ckpt_verify(ckdir, 0) != 0) return -1;
@@ -459,8 +465,19 @@ static int init_config(mt_trainer *t) {
     t->start_step = t->st.step;
     if (o->resume || o->init) snprintf(t->cfg_path, sizeof t->cfg_path, "%s/config.json", ckdir);
     else snprintf(t->cfg_path, sizeof t->cfg_path, "%s", o->config);
-    if (check_ranks_agree(d, o, &t->cfg, ckdir) != 0) return -1;
-    if (mt_model_check(&t->cfg, t->cfg_path) != 0) return -1; /* before anything is sized per layer */
+    /* mt_model_check before anything is sized per layer */
+    if (check_ranks_agree(d, o, &t->cfg, ckdir) != 0 || mt_model_check(&t->cfg, t->cfg_path) != 0) {
+        free(st);
+        return -1;
+    }
+    if (st) { /* --expert-balance's placement and window: the run goes on from them */
+        const int E = t->cfg.n_routed_experts;
+        const int rc = E > 0 ? mt_train_state_get_placement(ckdir, st, stlen, E, nle_of(&t->cfg), &t->resume_slots,
+                                                            &t->bal_load)
+                             : 0;
+        free(st);
+        if (rc != 0) return -1;
+    }
     if (init_tokenizer(t) != 0) return -1;
     /* a resumed run's --expert-balance, under a layout without EP: nothing to place */
     if (o->resume && !o->set_expert_balance && o->expert_balance > 0 && o->ep <= 1) {
@@ -663,7 +680,7 @@ static int init_model(mt_trainer *t) {
     t->opt_bytes = (size_t)ob;
     t->bucket_bytes = (size_t)(o->bucket_mb * 1048576.0);
     t->red = mt_xmalloc(sizeof(double) * (size_t)(1 + mt_config_layers(cfg) + cfg->num_nextn_predict_layers));
-    const size_t nle = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
+    const size_t nle = nle_of(cfg);
     t->rep_load = mt_xcalloc(nle + 1, sizeof(int64_t));
     if (o->expert_balance > 0 && !t->bal_load) t->bal_load = mt_xcalloc(nle + 1, sizeof(int64_t));
     if (o->expert_balance == 0) { /* turned off on resume: no window */
@@ -862,16 +879,11 @@ int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
     snprintf(name, sizeof name, "step_%08d", t->st.step);
     snprintf(dir, sizeof dir, "%s/%s", o->out, name);
     const mt_ckpt_layout l = {&t->m, &t->opt, t->full_t, t->nfull_t, t->nfull, t->whole};
-    char *state = root ? mt_train_state_to_json(o, &t->st, d->dp_size) : NULL;
-    if (t->bal_load) { /* --expert-balance: the placement and the window so far (all of it: pulled) */
-        pull_load(t);
-        const mt_config *cfg = &t->cfg;
-        const size_t n = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
-        int32_t *slots = mt_xmalloc(sizeof(int32_t) * (n + 1));
-        for (size_t i = 0; i < n; i++) slots[i] = t->m.slot_of ? t->m.slot_of[i] : (int32_t)(i % (size_t)cfg->n_routed_experts);
-        if (root) state = mt_train_state_add_placement(state, slots, t->bal_load, n);
-        free(slots);
-    }
+    /* --expert-balance: the placement and the window so far (all of it: pulled) */
+    int32_t *slots = t->bal_load ? placement(t) : NULL;
+    if (t->bal_load) pull_load(t);
+    char *state = root ? mt_train_state_to_json(o, &t->st, d->dp_size, slots, t->bal_load, nle_of(&t->cfg)) : NULL;
+    free(slots);
     int rc = mt_ckpt_save_dist(&l, d, dir, state, &t->tok);
     free(state);
     if (root && rc == 0) rc = mt_ckpt_set_latest(o->out, name);
@@ -885,7 +897,7 @@ int mt_trainer_save(mt_trainer *t, char *saved, size_t cap) {
  * and the balance's counts (collective over all ranks) */
 static void pull_load(mt_trainer *t) {
     const mt_config *cfg = &t->cfg;
-    const size_t n = (size_t)mt_config_layers(cfg) * cfg->n_routed_experts;
+    const size_t n = nle_of(cfg);
     int64_t *load = mt_xcalloc(n + 1, sizeof(int64_t));
     /* without SP the TP ranks route the same tokens */
     if (t->d->sp || t->d->tp_rank == 0) mt_pipe_load(&t->pipe, cfg, load);
@@ -900,7 +912,7 @@ static void pull_load(mt_trainer *t) {
 }
 
 void mt_trainer_expert_load(mt_trainer *t, int64_t *load) {
-    const size_t n = (size_t)mt_config_layers(&t->cfg) * t->cfg.n_routed_experts;
+    const size_t n = nle_of(&t->cfg);
     pull_load(t);
     memcpy(load, t->rep_load, sizeof(int64_t) * n);
     memset(t->rep_load, 0, sizeof(int64_t) * n);
@@ -912,9 +924,7 @@ void mt_trainer_balance(mt_trainer *t, mt_balance_stats *bs) {
     const size_t n = (size_t)L * E;
     MT_ASSERT(t->bal_load && P > 1);
     pull_load(t);
-    int32_t *cur = mt_xmalloc(sizeof(int32_t) * (n + 1)), *nxt = mt_xmalloc(sizeof(int32_t) * (n + 1));
-    for (size_t i = 0; i < n; i++) cur[i] = t->m.slot_of ? t->m.slot_of[i] : (int32_t)(i % (size_t)E);
-    memcpy(nxt, cur, sizeof(int32_t) * n);
+    int32_t *cur = placement(t), *nxt = placement(t);
     double b0 = 0, b1 = 0, mean = 0;
     memset(bs, 0, sizeof *bs);
     unsigned char changed[256] = {0};
