@@ -164,6 +164,22 @@ static void run_case(mt_a2a *a, int K, int routing, uint64_t seed) {
         for (int q = 0; q < p->R; q++) v[q] = (float)(p->src[q] * 100000 + p->tok[q] * 16 + p->slot[q]) - 0.5f;
         vs[m] = falloc((size_t)N * K);
         mt_a2a_to_source(a, p, vs[m], v);
+        {   /* the trainer's backward: dispatch_bwd and to_source in one exchange, over the
+             * wire in the hierarchical mode: [dx | vs] per token, the same bits as the two */
+            mt_wire_set(m ? 2e8 : 0, m ? 50e-6 : 0);
+            mt_a2a_req rq = {0};
+            float *dv = falloc((size_t)N * (C + K));
+            mt_a2a_dispatch_bwd_begin(a, p, &rq, y, v);
+            mt_a2a_combine_end(a, &rq, dv);
+            int bd = 0;
+            for (int t = 0; t < N; t++) {
+                bd += memcmp(dv + (size_t)t * (C + K), dx[m] + (size_t)t * C, sizeof(float) * C) != 0;
+                bd += memcmp(dv + (size_t)t * (C + K) + C, vs[m] + (size_t)t * K, sizeof(float) * K) != 0;
+            }
+            CHECK(bd == 0, "dispatch_bwd with values: %d token rows differ from dispatch_bwd + to_source, mode %d", bd, m);
+            mt_wire_set(0, 0);
+            free(dv);
+        }
         free(v);
         {   /* split phase, a combine and a gather in flight at once (the hierarchical mode over an
              * emulated 0.2 GB/s link): the same bits as the blocking calls */

@@ -927,9 +927,10 @@ static void test_trainer_mode(void) {
 }
 
 /* plan --wire (train --wire): an EP group spanning nodes sends each MoE layer's exchanges
- * over the emulated link, lat + bytes / bw a message: the forward three messages (metadata,
- * rows, combined rows), the backward three (rows, rows, a float per row), each exchange of
- * rows as long as the busiest rank's side, the imbalance times the mean's rows. On a link slow
+ * over the emulated link, lat + bytes / bw a message: the forward two (rows with their
+ * routing metadata, combined rows), the backward two (rows, rows with the gate gradients
+ * beside them), the extra bytes (six int32 and K floats a row) spread over the four, each
+ * exchange of rows as long as the busiest rank's side, the imbalance times the mean's rows. On a link slow
  * enough to dominate, the blocking step's exchange time is exactly that; inside one node the
  * wire is not used; the overlapped schedule hides part of it. The DP gradients (DP 2 across
  * the two nodes) go over it too: after the backward with --overlap off, mostly behind the
@@ -960,7 +961,7 @@ static void test_trainer_wire(void) {
     const int moe = c.num_hidden_layers - c.first_k_dense_replace, M = 2; /* 8 seqs / (2 ranks x mb 2) */
     /* a rank's own rows go out at the mean's count, its experts' rows back at the busiest's */
     const double rows = 2.0 * 256 * c.num_experts_per_tok / 2, bw = 2e6, lat = 1e-3, imb = 1.25;
-    const double want = M * moe * (6 * lat + (24 + 4 * imb) * rows / bw + 4 * imb * rows * c.hidden_size * 4 / bw);
+    const double want = M * moe * (4 * lat + 4 * imb * rows * (c.hidden_size * 4 + 6 + c.num_experts_per_tok) / bw);
     CHECK(r[1].t_a2a < 0.01 * want && r[3].t_a2a > 2 * r[1].t_a2a, "the wires add: %g, %g, %g s", r[1].t_a2a,
           r[3].t_a2a, r[2].t_a2a);
     CHECK(fabs(r[2].t_a2a - want) < 1e-9 * want &&

@@ -23,6 +23,8 @@ typedef struct {
     float *dst;
     const float *src;
     int accumulate;
+    float *vs;                    /* dispatch_bwd: the values' destination and source */
+    const float *v;
     mt_ws ws;                     /* the permute's histograms (the dispatch's kernel workspace) */
     const int32_t *esel;          /* [N*K] the logical experts: set when the combine sums in */
     mt_moe_sum_order order;       /* this layout's order (mt_model.sum_order) */

@@ -160,10 +160,10 @@ typedef struct mt_ep_ops {
     /* b->xe again from x / x16 along the same routing, for an exchange that does not keep the
      * dispatched rows until the backward (the local one: its rows live in shared scratch) */
     void (*redispatch)(void *ctx, mt_ep_batch *b, const float *x, const uint16_t *x16);
-    /* at the wait: dx[N,C] (+= when accumulate) per token the sum over its rows of dxe[R,C] */
-    void (*dispatch_bwd)(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate);
-    /* vs[N*K] (slot order of the source tokens) = v[R] of the rows */
-    void (*to_source)(void *ctx, mt_ep_batch *b, float *vs, const float *v);
+    /* at the wait: dx[N,C] (+= when accumulate) per token the sum over its rows of dxe[R,C],
+     * and vs[N*K] (slot order of the source tokens) = v[R] of the rows: one exchange */
+    void (*dispatch_bwd)(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate, float *vs,
+                         const float *v);
     int (*test)(void *ctx, mt_ep_batch *b);
     void (*wait)(void *ctx, mt_ep_batch *b);
     void (*release)(void *ctx, mt_ep_batch *b);

@@ -217,16 +217,11 @@ static void local_redispatch(void *ctx, mt_ep_batch *b, const float *x, const ui
     mt_moe_gather_x(lp->xe, lp->xe16, x, x16, lp->perm_tok, lp->N * lp->K, lp->C);
 }
 
-static void local_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate) {
+static void local_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate, float *vs,
+                               const float *v) {
     (void)ctx;
     local_plan *lp = b->plan;
-    lp->pending = 2, lp->dst = dx, lp->src = dxe, lp->accumulate = accumulate;
-}
-
-static void local_to_source(void *ctx, mt_ep_batch *b, float *vs, const float *v) {
-    (void)ctx;
-    const local_plan *lp = b->plan;
-    for (int i = 0; i < lp->N * lp->K; i++) vs[i] = v[lp->slot_row[i]];
+    lp->pending = 2, lp->dst = dx, lp->src = dxe, lp->accumulate = accumulate, lp->vs = vs, lp->v = v;
 }
 
 static int local_test(void *ctx, mt_ep_batch *b) {
@@ -242,7 +237,10 @@ static void local_wait(void *ctx, mt_ep_batch *b) {
                                  &lp->order);
     else if (lp->pending == 1)
         mt_moe_unpermute(lp->dst, lp->src, lp->wsel, lp->slot_row, lp->N, lp->K, lp->C, 1);
-    else if (lp->pending == 2) mt_moe_permute_bwd(lp->dst, lp->src, lp->slot_row, lp->N, lp->K, lp->C, lp->accumulate);
+    else if (lp->pending == 2) {
+        mt_moe_permute_bwd(lp->dst, lp->src, lp->slot_row, lp->N, lp->K, lp->C, lp->accumulate);
+        for (int i = 0; i < lp->N * lp->K; i++) lp->vs[i] = lp->v[lp->slot_row[i]];
+    }
     lp->pending = 0;
 }
 
@@ -254,7 +252,7 @@ static void local_release(void *ctx, mt_ep_batch *b) {
 static const mt_ep_ops local_ops = {.ctx = NULL, .rank = 0, .size = 1, .bf16_rows = 1, .dispatch = local_dispatch,
                                     .combine = local_combine, .gather = local_gather,
                                     .redispatch = local_redispatch, .dispatch_bwd = local_dispatch_bwd,
-                                    .to_source = local_to_source, .test = local_test, .wait = local_wait,
+                                    .test = local_test, .wait = local_wait,
                                     .release = local_release};
 
 static const mt_ep_ops *xchg_of(const mt_model *m) { return m->ep ? m->ep : &local_ops; }
@@ -513,8 +511,8 @@ static void route_bwd(const mt_config *c, mt_acts *a, layer_acts *L, const mt_la
  * y = sum_j w_j E_j(x): the unweighted output-gradient rows travel to the experts (gather),
  * go through the down projection's data gradient, da' = dout W_d; then dw_j = da'_r . a_r
  * (so the expert outputs need not be kept), da = w_j da', and dW_d += dout^T (w a). The
- * input-gradient rows travel back (dispatch_bwd) and so do the routing-weight gradients
- * (to_source). The shared experts run while the gather is pending. */
+ * input-gradient rows travel back (dispatch_bwd) with the routing-weight gradients beside
+ * them, in one exchange. The shared experts run while the gather is pending. */
 static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer_w *w, mt_layer_w *dw, int T,
                     const float *ln, const uint16_t *ln16, const float *dout, float *dln, float bal_coef) {
     const mt_config *c = &m->cfg;
@@ -564,12 +562,10 @@ static void moe_bwd(const mt_model *m, mt_acts *a, layer_acts *L, const mt_layer
     mt_grouped_linear_bwd_data_x(a->ws, ws.ye, dgu, dgu16, w->egate, (size_t)2 * Fm * C, off, LE, C, 2 * Fm, 0.0f);
     /* the input gradients travel back while the gate|up weight gradient (2/3 of the experts'
      * weight-gradient FLOPs, needing neither) is computed */
-    xo->dispatch_bwd(xo->ctx, b, dln, ws.ye, Fs > 0);
+    xo->dispatch_bwd(xo->ctx, b, dln, ws.ye, Fs > 0, a->dw, ws.dwr);
     mt_grouped_linear_bwd_weight_x(a->ws, dw->egate, (size_t)2 * Fm * C, dgu, dgu16, b->xe, b->xe16, off, LE, C, 2 * Fm);
     mt_trace_end();
     mt_trace_begin("moe.route");
-    xo->wait(xo->ctx, b);
-    xo->to_source(xo->ctx, b, a->dw, ws.dwr);
     xo->wait(xo->ctx, b);
     xo->release(xo->ctx, b);
     route_bwd(c, a, L, w, dw, ln, ln16, dln, N, T, bal_coef, m->aux_scope == MT_AUX_EP_GROUP);

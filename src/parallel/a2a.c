@@ -94,15 +94,6 @@ void mt_a2a_free(mt_a2a *a) {
     a->node = MPI_COMM_NULL;
 }
 
-/* Collective agreement on failure: returns -1 on every rank when bad is set on any. */
-static int agree(mt_a2a *a, int bad) {
-    int any = bad != 0; /* bad may be mt_error()'s -1 */
-    MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, a->ep);
-    if (!any) return 0;
-    if (!bad) mt_error("a2a: another rank of the EP group failed");
-    return -1;
-}
-
 static void account(mt_a2a *a, int peer_ep, int64_t bytes, int rows) {
     if (peer_ep == a->rank) a->bytes.self += bytes;
     else if (a->node_of[peer_ep] != a->node_id) {
@@ -180,10 +171,28 @@ static double latest(const double *t, int n) {
     return m;
 }
 
-/* Sets up s from l, exchanges counts (checked) and metadata. On success *rmeta holds the
- * received metadata (*nrmeta ints, peer blocks in order). Collective over a->ep. */
-static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *peer_ep, const itemlist *l,
-                       int32_t **rmeta, int *nrmeta) {
+/* The dispatch's stages send one message per peer that carries everything: a header
+ * (items, metadata ints, the sender's failure flag, its wire arrival stamp), the items'
+ * metadata and their rows. The receiver learns the sizes from the message (MPI_Mprobe), so
+ * no count or metadata exchange is waited for in place before the rows can move: in the
+ * overlapped schedule the whole stage travels behind the other fiber's compute. */
+enum { HDR_INTS = 6 }; /* items, metadata ints, bad, unused, stamp (a double in two ints) */
+
+/* this exchange's tag: every rank runs the same stages in the same order, so the counters
+ * agree, and two fibers' messages between the same ranks never match each other's */
+static int stage_tag(mt_a2a *a) {
+    a->seq = (a->seq + 1) % 30000;
+    return 1 + a->seq;
+}
+
+/* Sets up s from l, sends each peer its items (metadata and rows in[sidx, C]) and receives
+ * theirs: *rmeta (*nrmeta ints) and *rrows [s->nrecv, C], peer blocks in order (mt_alloc'd
+ * rows). bad: this rank failed before (it sends no items, only the flag). Returns -1
+ * (mt_error) when this rank or a peer failed or a message does not parse. Every rank of
+ * comm calls it; no collective agreement (one waited for in place would hold the rank
+ * that is ahead until its peers finish their other fiber's turn). */
+static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *peer_ep, const itemlist *l,
+                          int bad, const float *in, int C, int32_t **rmeta, int *nrmeta, float **rrows) {
     int np;
     MPI_Comm_size(comm, &np);
     s->comm = comm;
@@ -193,81 +202,125 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
     s->sdis = s->scnt + np;
     s->rcnt = s->scnt + 2 * np;
     s->rdis = s->scnt + 3 * np;
-    int *c2 = mt_xcalloc((size_t)np * 6, sizeof(int)); /* send [rows, meta] pairs, recv pairs, meta displs */
-    int *r2 = c2 + 2 * np, *smc = c2 + 4 * np, *smd = c2 + 5 * np;
-    for (int i = 0; i < l->n; i++) {
-        c2[2 * l->peer[i]]++;
-        int len = (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
-        c2[2 * l->peer[i] + 1] += len;
+    const int nl = bad ? 0 : l->n;
+    int *smc = mt_xcalloc((size_t)np * 2, sizeof(int)), *smd = smc + np; /* metadata ints per peer, offsets */
+    for (int i = 0; i < nl; i++) {
+        s->scnt[l->peer[i]]++;
+        smc[l->peer[i]] += (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
     }
-    s->nsend = l->n;
-    for (int p = 0, off = 0, moff = 0; p < np; p++) {
-        s->scnt[p] = c2[2 * p];
+    s->nsend = nl;
+    const int64_t rowb = (int64_t)sizeof(float) * C;
+    int64_t *mb = mt_xmalloc(sizeof(int64_t) * 3 * (size_t)np), *moff = mb + np, *wb = mb + 2 * np;
+    int64_t tot = 0;
+    for (int p = 0, off = 0, mo = 0; p < np; p++) {
         s->sdis[p] = off;
-        smc[p] = c2[2 * p + 1];
-        smd[p] = moff;
+        smd[p] = mo;
         off += s->scnt[p];
-        moff += smc[p];
+        mo += smc[p];
+        mb[p] = (int64_t)sizeof(int32_t) * (HDR_INTS + smc[p]) + rowb * s->scnt[p];
+        moff[p] = tot;
+        tot += mb[p];
+        if (mb[p] > INT_MAX && !bad) bad = mt_error("a2a: a message of %lld bytes exceeds the int range", (long long)mb[p]);
+        wb[p] = a->node_of[stage_peer(s, p)] != a->node_id ? mb[p] : 0;
     }
-    /* pack: stable by peer */
-    s->sidx = mt_xmalloc(sizeof(int32_t) * ((size_t)l->n + 1));
-    int32_t *smeta = mt_xmalloc(sizeof(int32_t) * ((size_t)l->nm + 1));
+    double *stamp = mt_xcalloc((size_t)np, sizeof(double));
+    const int wired = stage_wired(a, comm);
+    if (wired) mt_wire_stamp(wb, np, (a->rank + 1) % np, stamp);
+    /* messages, peer after peer: header, metadata, rows (rows stable by peer, as pushed) */
+    char *sbuf = mt_alloc((size_t)tot + 1);
+    s->sidx = mt_xmalloc(sizeof(int32_t) * ((size_t)nl + 1));
     int *fill = mt_xcalloc((size_t)np * 2, sizeof(int)), *mfill = fill + np;
-    for (int i = 0; i < l->n; i++) {
-        int p = l->peer[i], len = (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
-        s->sidx[s->sdis[p] + fill[p]++] = l->sidx[i];
-        memcpy(smeta + smd[p] + mfill[p], l->meta + l->moff[i], sizeof(int32_t) * (size_t)len);
+    for (int p = 0; p < np; p++) {
+        int32_t *h = (int32_t *)(sbuf + moff[p]);
+        h[0] = bad ? 0 : s->scnt[p];
+        h[1] = bad ? 0 : smc[p];
+        h[2] = bad != 0;
+        h[3] = 0;
+        memcpy(h + 4, &stamp[p], sizeof(double));
+    }
+    for (int i = 0; i < nl; i++) {
+        const int p = l->peer[i], len = (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
+        const int k = fill[p]++;
+        s->sidx[s->sdis[p] + k] = l->sidx[i];
+        int32_t *m = (int32_t *)(sbuf + moff[p]) + HDR_INTS;
+        memcpy(m + mfill[p], l->meta + l->moff[i], sizeof(int32_t) * (size_t)len);
         mfill[p] += len;
+        float *row = (float *)((int32_t *)(sbuf + moff[p]) + HDR_INTS + smc[p]) + (size_t)k * C;
+        memcpy(row, in + (size_t)l->sidx[i] * C, (size_t)rowb);
     }
     free(fill);
-    /* counts: check non-negative, shape (an item has >= 6 metadata ints), totals */
+    free(stamp);
+    const int tag = stage_tag(a);
     double t0 = MPI_Wtime();
-    MPI_Alltoall(c2, 2, MPI_INT, r2, 2, MPI_INT, comm);
-    for (int p = 0; p < np; p++) account(a, stage_peer(s, p), 2 * (int64_t)sizeof(int), 0);
-    int bad = 0;
-    int64_t tot[4] = {s->nsend, 0, l->nm, 0};
-    for (int p = 0; p < np && !bad; p++) {
-        int rc = r2[2 * p], rm = r2[2 * p + 1];
-        if (rc < 0 || rm < 0 || (int64_t)rm < 6 * (int64_t)rc || (rc == 0) != (rm == 0))
-            bad = mt_error("a2a: bad counts from rank %d: %d rows, %d metadata ints", stage_peer(s, p), rc, rm);
-        tot[1] += rc;
-        tot[3] += rm;
+    MPI_Request *sreq = mt_xmalloc(sizeof(MPI_Request) * (size_t)np);
+    for (int p = 0; p < np; p++) {
+        MPI_Isend(sbuf + moff[p], bad ? (int)sizeof(int32_t) * HDR_INTS : (int)mb[p], MPI_BYTE, p, tag, comm, &sreq[p]);
+        account(a, stage_peer(s, p), (int64_t)sizeof(int32_t) * (HDR_INTS + smc[p]), 0);
+        account(a, stage_peer(s, p), rowb * s->scnt[p], 1);
     }
-    if (!bad && (tot[1] > INT_MAX || tot[3] > INT_MAX))
-        bad = mt_error("a2a: %lld rows / %lld metadata ints received exceed the int range", (long long)tot[1],
-                       (long long)tot[3]);
-    MPI_Allreduce(MPI_IN_PLACE, tot, 4, MPI_INT64_T, MPI_SUM, a->ep);
-    if (!bad && (tot[0] != tot[1] || tot[2] != tot[3]))
-        bad = mt_error("a2a: counts inconsistent: %lld rows sent vs %lld received in total", (long long)tot[0],
-                       (long long)tot[1]);
-    int rc = agree(a, bad);
-    if (rc == 0) {
-        int *rmc = mt_xmalloc(sizeof(int) * (size_t)np * 2), *rmd = rmc + np;
-        int off = 0, moff = 0;
+    /* the turn (see xfer_finish): the other fiber computes while the messages travel */
+    const double ran = !a->in_place && (comm != a->node || a->node_peers) ? mt_fiber_yield() : 0;
+    char **rb = mt_xcalloc((size_t)np, sizeof(char *));
+    int *rbytes = mt_xcalloc((size_t)np, sizeof(int));
+    mt_watch_begin("MPI_Mprobe", comm);
+    for (int p = 0; p < np; p++) {
+        MPI_Message msg;
+        MPI_Status st;
+        MPI_Mprobe(p, tag, comm, &msg, &st);
+        MPI_Get_count(&st, MPI_BYTE, &rbytes[p]);
+        rb[p] = mt_alloc((size_t)rbytes[p] + 1);
+        MPI_Mrecv(rb[p], rbytes[p], MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    }
+    MPI_Waitall(np, sreq, MPI_STATUSES_IGNORE);
+    mt_watch_end();
+    free(sreq);
+    mt_free(sbuf);
+    /* headers: checked, then the arrival of the latest (a sleep on the emulated wire) */
+    int64_t rtot[2] = {0, 0};
+    double arrive = 0;
+    int *rmc = mt_xcalloc((size_t)np, sizeof(int));
+    for (int p = 0; p < np; p++) {
+        const int32_t *h = (const int32_t *)rb[p];
+        if (rbytes[p] < (int)sizeof(int32_t) * HDR_INTS) {
+            if (!bad) bad = mt_error("a2a: a message of %d bytes from rank %d is shorter than its header", rbytes[p], stage_peer(s, p));
+            continue;
+        }
+        double t;
+        memcpy(&t, h + 4, sizeof t);
+        if (t > arrive) arrive = t;
+        if (h[2]) {
+            if (!bad) bad = mt_error("a2a: rank %d of the EP group failed", stage_peer(s, p));
+            continue;
+        }
+        const int rc = h[0], rm = h[1];
+        if (rc < 0 || rm < 0 || (int64_t)rm < 6 * (int64_t)rc || (rc == 0) != (rm == 0) ||
+            (int64_t)rbytes[p] != (int64_t)sizeof(int32_t) * (HDR_INTS + rm) + rowb * rc) {
+            if (!bad) bad = mt_error("a2a: bad message from rank %d: %d rows, %d metadata ints, %d bytes", stage_peer(s, p), rc, rm, rbytes[p]);
+            continue;
+        }
+        s->rcnt[p] = rc;
+        rmc[p] = rm;
+        rtot[0] += rc;
+        rtot[1] += rm;
+    }
+    if (!bad && (rtot[0] > INT_MAX || rtot[1] > INT_MAX))
+        bad = mt_error("a2a: %lld rows / %lld metadata ints received exceed the int range", (long long)rtot[0], (long long)rtot[1]);
+    if (wired) mt_wire_sleep_until(arrive);
+    mt_dist_get()->comm_s += MPI_Wtime() - t0 - ran; /* what the other fiber's compute did not hide */
+    if (!bad) {
+        int off = 0, mo = 0;
+        *rmeta = mt_xmalloc(sizeof(int32_t) * ((size_t)rtot[1] + 1));
+        *rrows = mt_alloc((size_t)rowb * ((size_t)rtot[0] + 1));
         for (int p = 0; p < np; p++) {
-            s->rcnt[p] = r2[2 * p];
+            const int32_t *h = (const int32_t *)rb[p];
             s->rdis[p] = off;
-            rmc[p] = r2[2 * p + 1];
-            rmd[p] = moff;
+            memcpy(*rmeta + mo, h + HDR_INTS, sizeof(int32_t) * (size_t)rmc[p]);
+            memcpy(*rrows + (size_t)off * C, h + HDR_INTS + rmc[p], (size_t)rowb * (size_t)s->rcnt[p]);
             off += s->rcnt[p];
-            moff += rmc[p];
+            mo += rmc[p];
         }
         s->nrecv = off;
-        *nrmeta = moff;
-        *rmeta = mt_xmalloc(sizeof(int32_t) * ((size_t)moff + 1));
-        MPI_Alltoallv(smeta, smc, smd, MPI_INT32_T, *rmeta, rmc, rmd, MPI_INT32_T, comm);
-        for (int p = 0; p < np; p++) account(a, stage_peer(s, p), (int64_t)smc[p] * (int64_t)sizeof(int32_t), 0);
-        if (stage_wired(a, comm)) { /* the counts and the metadata, one message per peer */
-            int *b = mt_xmalloc(sizeof(int) * (size_t)np);
-            for (int p = 0; p < np; p++) b[p] = 2 + smc[p];
-            double *st = mt_xmalloc(sizeof(double) * 2 * (size_t)np);
-            wire_stamps(a, b, np, peer_ep, (int64_t)sizeof(int32_t), st);
-            MPI_Alltoall(st, 1, MPI_DOUBLE, st + np, 1, MPI_DOUBLE, comm);
-            mt_wire_sleep_until(latest(st + np, np));
-            free(st);
-            free(b);
-        }
-        free(rmc);
+        *nrmeta = mo;
         /* order in which combine sums the rows that return to one input row */
         rkey *k = mt_xmalloc(sizeof(rkey) * ((size_t)s->nsend + 1));
         for (int p = 0; p < np; p++)
@@ -278,10 +331,13 @@ static int stage_build(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *pee
         for (int i = 0; i < s->nsend; i++) s->rord[i] = k[i].i;
         free(k);
     }
-    mt_dist_get()->comm_s += MPI_Wtime() - t0;
-    free(c2);
-    free(smeta);
-    return rc;
+    for (int p = 0; p < np; p++) mt_free(rb[p]);
+    free(rb);
+    free(rbytes);
+    free(rmc);
+    free(smc);
+    free(mb);
+    return bad ? -1 : 0;
 }
 
 static void stage_free(mt_a2a_stage *s) {
@@ -465,22 +521,13 @@ static void q8_unpack(const float *in, float *out, int N, int C) {
     }
 }
 
-/* x[N, C] -> the last stage's items [nitem, C] (mt_alloc'd); q8: as INT8 rows */
-static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x, int q8) {
-    const int C = q8 ? q8_width(p->C) : p->C;
-    float *packed = q8 ? q8_pack(a, x, p->N, p->C) : NULL;
-    float *r = stage_fwd(a, &p->st[0], q8 ? packed : x, C);
-    mt_free(packed);
+/* x[N, C] -> the last stage's items [nitem, C] along the plan's counts (mt_alloc'd) */
+static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x) {
+    float *r = stage_fwd(a, &p->st[0], x, p->C);
     if (p->nst == 2) {
-        float *r2 = stage_fwd(a, &p->st[1], r, C);
+        float *r2 = stage_fwd(a, &p->st[1], r, p->C);
         mt_free(r);
         r = r2;
-    }
-    if (q8) {
-        float *u = mt_alloc(sizeof(float) * ((size_t)p->C * p->nitem + 1));
-        q8_unpack(r, u, p->nitem, p->C);
-        mt_free(r);
-        r = u;
     }
     return r;
 }
@@ -574,33 +621,40 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
     memset(p, 0, sizeof *p);
     *xe = NULL;
     int bad = 0;
-    if (N < 0 || K < 1 || C < 1 || E < 1 || E % a->size != 0)
+    if (N < 0 || K < 1 || C < 1 || E < 1 || E % a->size != 0) {
         bad = mt_error("a2a: bad shape N=%d K=%d C=%d E=%d for an EP group of %d ranks", N, K, C, E, a->size);
+        N = 0; /* nothing to send: the stages still run, so that no rank waits for this one */
+        if (K < 1 || E % a->size != 0 || E < 1) K = 1, E = a->size;
+    }
     for (int i = 0; i < N * K && !bad; i++)
         if (sel[i] < 0 || sel[i] >= E) bad = mt_error("a2a: token %d selects expert %d, not in [0,%d)", i / K, sel[i], E);
-    if (agree(a, bad)) return -1;
     const int LE = E / a->size;
     /* one node: the hierarchical exchange's first stage would only send rows to the ranks
-     * themselves (each its own relay) at the cost of extra collectives; flat moves the same
+     * themselves (each its own relay) at the cost of extra messages; flat moves the same
      * rows in the same order, so the results are the same bits */
     if (a->nnodes == 1) mode = MT_A2A_FLAT;
     p->mode = mode;
     p->N = N, p->K = K, p->C = C, p->E = E, p->LE = LE, p->e0 = a->rank * LE;
     p->nst = mode == MT_A2A_HIER ? 2 : 1;
     mcheck ck = {a, K, E, LE, 0};
+    const int q8 = a->q8, Cw = q8 ? q8_width(C) : C; /* the width of a travelling row */
 
     int32_t *tmp = mt_xmalloc(sizeof(int32_t) * (3 + 3 * (size_t)K)), *slot = mt_xmalloc(sizeof(int32_t) * (size_t)K),
             *wb = mt_xmalloc(sizeof(int32_t) * (size_t)K);
     for (int j = 0; j < K; j++) slot[j] = j;
     itemlist l0 = {0};
-    for (int t = 0; t < N; t++) {
+    for (int t = 0; t < N && !bad; t++) {
         for (int j = 0; j < K; j++) wb[j] = fbits(w ? w[(size_t)t * K + j] : 1.0f);
         push_groups(&l0, a, mode == MT_A2A_HIER, a->rank, t, t, sel + (size_t)t * K, slot, wb, K, LE, tmp);
     }
+    float *packed = q8 && !bad ? q8_pack(a, x, N, C) : NULL;
     int32_t *rmeta = NULL;
-    int nrmeta = 0, rc = stage_build(a, &p->st[0], a->ep, NULL, &l0, &rmeta, &nrmeta);
+    float *rows = NULL;
+    int nrmeta = 0;
+    bad = stage_exchange(a, &p->st[0], a->ep, NULL, &l0, bad, q8 ? packed : x, Cw, &rmeta, &nrmeta, &rows);
+    mt_free(packed);
     il_free(&l0);
-    if (rc == 0 && mode == MT_A2A_HIER) {
+    if (mode == MT_A2A_HIER) {
         /* the relay's fan-out inside the node */
         ck.hier_relay = 1;
         itemlist l1 = {0};
@@ -608,7 +662,7 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         for (int i = 0, o = 0; i < p->st[0].nrecv && !bad; i++) {
             int len;
             if (meta_item(&ck, rmeta + o, nrmeta - o, &len)) {
-                bad = 1;
+                bad = -1;
                 break;
             }
             const int32_t *m = rmeta + o;
@@ -637,37 +691,35 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         free(e);
         free(rmeta);
         rmeta = NULL;
-        if (agree(a, bad)) rc = -1;
-        else
-            rc = stage_build(a, &p->st[1], a->node, a->node_rank + a->node_start[a->node_id], &l1, &rmeta, &nrmeta);
+        float *rows0 = rows;
+        rows = NULL;
+        bad = stage_exchange(a, &p->st[1], a->node, a->node_rank + a->node_start[a->node_id], &l1, bad, rows0, Cw,
+                             &rmeta, &nrmeta, &rows);
+        mt_free(rows0);
         il_free(&l1);
     }
     free(tmp);
     free(slot);
     free(wb);
-    if (rc) {
-        free(rmeta);
-        mt_a2a_plan_free(p);
-        return -1;
-    }
     /* items of the last stage -> pairs, sorted into the grouped layout */
     ck.hier_relay = 0;
     const mt_a2a_stage *sl = &p->st[p->nst - 1];
-    p->nitem = sl->nrecv;
+    p->nitem = bad ? 0 : sl->nrecv;
     p->item_p = mt_xmalloc(sizeof(int32_t) * ((size_t)p->nitem + 1));
     int np = 0;
     for (int i = 0, o = 0; i < p->nitem; i++) {
         int len;
         if (meta_item(&ck, rmeta + o, nrmeta - o, &len)) {
-            bad = 1;
+            bad = -1;
             break;
         }
         p->item_p[i] = np;
         np += rmeta[o + 2];
         o += len;
     }
-    if (agree(a, bad)) {
+    if (bad) { /* no agreement needed: a rank that failed told every peer in the first stage */
         free(rmeta);
+        mt_free(rows);
         mt_a2a_plan_free(p);
         return -1;
     }
@@ -697,7 +749,12 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
     for (int e = 0; e < LE; e++) p->off[e + 1] += p->off[e];
     free(k);
 
-    float *items = move_fwd(a, p, x, a->q8);
+    float *items = rows;
+    if (q8) {
+        items = mt_alloc(sizeof(float) * ((size_t)C * p->nitem + 1));
+        q8_unpack(rows, items, p->nitem, C);
+        mt_free(rows);
+    }
     float *out = mt_alloc(sizeof(float) * (size_t)C * ((size_t)np + 1));
     for (int i = 0; i < p->nitem; i++)
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
@@ -709,16 +766,19 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
 
 /* ---- combine and the backwards ---- */
 
-/* part[nitem, C] = per item the weighted sum of its pairs' rows of y (mt_alloc'd) */
-static float *combine_items(const mt_a2a_plan *p, const float *y, const float *wr) {
-    const int C = p->C;
-    float *part = mt_alloc(sizeof(float) * (size_t)C * ((size_t)p->nitem + 1));
+/* part[nitem, W] = per item the weighted sum of its pairs' rows of y (W = C); with v, K
+ * more columns (W = C + K): each pair's value in its slot, zeros elsewhere (mt_alloc'd) */
+static float *combine_items(const mt_a2a_plan *p, const float *y, const float *wr, const float *v) {
+    const int C = p->C, W = C + (v ? p->K : 0);
+    float *part = mt_alloc(sizeof(float) * (size_t)W * ((size_t)p->nitem + 1));
     for (int i = 0; i < p->nitem; i++) {
-        float *o = part + (size_t)i * C;
+        float *o = part + (size_t)i * W;
+        if (v) memset(o + C, 0, sizeof(float) * (size_t)p->K);
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
             int r = p->pair_pos[q];
             const float *yr = y + (size_t)r * C;
             mt_moe_wrow(o, yr, wr ? wr[r] : 1.0f, C, q == p->item_p[i]);
+            if (v) o[C + p->slot[r]] = v[r];
         }
     }
     return part;
@@ -730,20 +790,30 @@ void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y,
     mt_a2a_combine_end(a, &r, out);
 }
 
-void mt_a2a_combine_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *y, const float *wr) {
+/* the combine's rows (with v: widened by the K values) back along the plan, in flight */
+static void back_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *y, const float *wr,
+                       const float *v) {
     MT_ASSERT(r->kind == 0);
-    const int C = p->C;
+    const int W = p->C + (v ? p->K : 0);
     const mt_a2a_stage *s0 = &p->st[0];
-    float *back = combine_items(p, y, wr);
+    float *back = combine_items(p, y, wr, v);
     if (p->nst == 2) { /* the node's stage first: the relays sum what crosses back to each node */
-        float *mid = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s0->nrecv + 1));
-        stage_bwd(a, &p->st[1], mid, s0->nrecv, back, C);
+        float *mid = mt_alloc(sizeof(float) * (size_t)W * ((size_t)s0->nrecv + 1));
+        stage_bwd(a, &p->st[1], mid, s0->nrecv, back, W);
         mt_free(back);
         back = mid;
     }
-    *r = (mt_a2a_req){.kind = 1, .p = p, .C = C, .sbuf = back};
-    r->rbuf = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s0->nsend + 1));
-    xfer_start(a, &r->x, s0, 1, back, r->rbuf, C);
+    *r = (mt_a2a_req){.kind = 1, .p = p, .C = W, .sbuf = back};
+    r->rbuf = mt_alloc(sizeof(float) * (size_t)W * ((size_t)s0->nsend + 1));
+    xfer_start(a, &r->x, s0, 1, back, r->rbuf, W);
+}
+
+void mt_a2a_combine_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *y, const float *wr) {
+    back_begin(a, p, r, y, wr, NULL);
+}
+
+void mt_a2a_dispatch_bwd_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *dxe, const float *v) {
+    back_begin(a, p, r, dxe, NULL, v);
 }
 
 void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out) {
@@ -790,7 +860,7 @@ void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float
 void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
                         const float *y) {
     const int C = p->C;
-    float *items = move_fwd(a, p, dout, 0);
+    float *items = move_fwd(a, p, dout);
     for (int i = 0; i < p->nitem; i++) {
         const float *g = items + (size_t)i * C;
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {

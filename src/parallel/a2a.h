@@ -9,12 +9,17 @@
  * expert the pairs in (source rank, token, slot) order. The layout does not depend on the
  * mode; only the way the bytes travel does:
  *  - MT_A2A_FLAT: a token row goes once to every rank that owns >= 1 of its experts
- *    (deduplicated per rank), one MPI_Alltoallv.
+ *    (deduplicated per rank), in one stage.
  *  - MT_A2A_HIER: ranks are grouped into nodes. A token row crosses to each destination node
  *    at most once, to a relay rank there (the rank with the sender's local index, modulo
  *    the node size; on the sender's own node, the sender itself), with the list of
  *    (expert, slot, weight) it must reach; the relay fans it out over the node communicator.
- * Each exchange first sends per-peer counts (MPI_Alltoall) and checks them.
+ * A dispatch stage sends each peer one message (point to point, tagged by the stage's
+ * sequence number): a header (rows, metadata ints, a failure flag, the wire arrival stamp),
+ * the rows' routing metadata and the rows; the receiver sizes it by MPI_Mprobe and checks
+ * it. No count exchange or agreement goes before the rows, so nothing of a dispatch is
+ * waited for in place. The stages record the counts; combine, gather and the backwards
+ * move rows along them (MPI_Ialltoallv).
  *
  * Combine is the reverse: expert outputs y[R,C] in the dispatch layout go back and each
  * source token receives out[t] = sum_j w_j * y_j. The summation order is fixed and the same
@@ -26,10 +31,13 @@
  * Backward: dispatch_bwd(dxe) = sum over the pairs of a token of dxe rows (a combine with
  * unit weights); combine_bwd(dout) = dy[r] = w_r * dout[tok_r] (a dispatch of dout). The
  * gradient of the routing weights, dw_r = <dout[tok_r], y_r>, is computed in the dispatch
- * layout (on the expert side); moving it back to the source layout is left to the caller.
+ * layout (on the expert side); mt_a2a_dispatch_bwd_begin moves it back beside the input
+ * gradients' rows (K more columns), mt_a2a_to_source alone.
  *
- * Errors are collective: when any rank detects bad input (expert out of range, inconsistent
- * counts) every rank returns -1 (mt_error() set on each), so nobody waits in a collective.
+ * Errors: when any rank's input is bad (a shape, an expert out of range) every rank's
+ * dispatch returns -1 (mt_error() set on each; the failure flag travels in the first
+ * stage's message, so nobody waits in a collective). A message that does not parse, which
+ * a correct peer never sends, fails the rank that received it.
  * Byte counters: each call adds the bytes this rank sent (rows, routing metadata, counts) to
  * the context's counters, split by whether the peer is on another node, on the same node,
  * or is this rank itself (a local copy, not traffic). */
@@ -55,6 +63,7 @@ typedef struct {
     int node_id, nnodes, local, local_size;
     int node_peers;     /* some node holds more than one rank (its node stage moves rows between ranks) */
     int in_place;       /* the exchange under way is waited for in place (no fiber hand-over) */
+    int seq;            /* dispatch stages run so far (their messages' tags) */
     int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
     int *local_of;      /* [size] index of each EP rank inside its node */
     int *node_start;    /* [nnodes+1] CSR of node_rank */
@@ -122,7 +131,7 @@ typedef struct {
 
 /* Dispatch. x[N,C], sel[N*K] (experts in [0,E), E divisible by the EP size), w[N*K] (may
  * be NULL: weights 1). Fills plan (free with mt_a2a_plan_free) and returns in *xe a new
- * mt_alloc'd buffer [plan->R, C] (free with mt_free). Collective; -1 on every rank on error. */
+ * mt_alloc'd buffer [plan->R, C] (free with mt_free). Every rank of the EP group calls it; -1 on every rank on bad input (above). */
 int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *plan, float **xe, const float *x,
                     const int32_t *sel, const float *w, int N, int K, int C, int E);
 void mt_a2a_plan_free(mt_a2a_plan *p);
@@ -147,6 +156,11 @@ void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out);
 void mt_a2a_gather_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *x);
 void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr);
 int mt_a2a_test(mt_a2a_req *r);
+/* The dispatch backward and the values' return in one exchange: as mt_a2a_combine_begin of
+ * dxe with unit weights, each row widened by K columns that carry v[R] to the source tokens'
+ * slots (as mt_a2a_to_source). mt_a2a_combine_end then writes out[N, C + K]: per token its
+ * dx row (mt_a2a_dispatch_bwd's bits), then its K values (mt_a2a_to_source's). */
+void mt_a2a_dispatch_bwd_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *dxe, const float *v);
 
 /* xr[R,C] = x[tok_r] rows of the source tokens in the dispatch layout, unweighted (a
  * dispatch of new rows along an existing plan, e.g. the output gradient in the backward). */

@@ -132,7 +132,7 @@ void mt_bench_ep_exchange(mt_group *g, int quick, double *layer_s, double *byte_
     for (int q = 0; q < 2; q++) {
         const int N = ns[q];
         float *x = mt_alloc(sizeof(float) * (size_t)N * C), *w = mt_alloc(sizeof(float) * (size_t)N * K);
-        float *out = mt_alloc(sizeof(float) * (size_t)N * C), *vs = mt_alloc(sizeof(float) * (size_t)N * K);
+        float *out = mt_alloc(sizeof(float) * (size_t)N * C), *outk = mt_alloc(sizeof(float) * (size_t)N * (C + K));
         int32_t *sel = mt_xmalloc(sizeof(int32_t) * (size_t)N * K);
         for (int i = 0; i < N * C; i++) x[i] = (float)(i % 97) * 0.01f;
         for (int i = 0; i < N; i++) {
@@ -152,8 +152,9 @@ void mt_bench_ep_exchange(mt_group *g, int quick, double *layer_s, double *byte_
             float *v = mt_alloc(sizeof(float) * ((size_t)p.R + 1));
             mt_a2a_combine(&a, &p, out, xe, p.w);
             mt_a2a_gather(&a, &p, ye, out);
-            mt_a2a_dispatch_bwd(&a, &p, out, ye);
-            mt_a2a_to_source(&a, &p, vs, v);
+            mt_a2a_req rq = {0}; /* the backward's rows with the routing-weight gradients, as the trainer sends them */
+            mt_a2a_dispatch_bwd_begin(&a, &p, &rq, ye, v);
+            mt_a2a_combine_end(&a, &rq, outk);
             double dt = MPI_Wtime() - t0;
             MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, comm);
             if (r > 0 && dt < best) best = dt; /* the first one is a warm-up */
@@ -163,7 +164,7 @@ void mt_bench_ep_exchange(mt_group *g, int quick, double *layer_s, double *byte_
             mt_a2a_plan_free(&p);
         }
         t[q] = best;
-        mt_free(x), mt_free(w), mt_free(out), mt_free(vs);
+        mt_free(x), mt_free(w), mt_free(out), mt_free(outk);
         free(sel);
     }
     mt_a2a_free(&a);

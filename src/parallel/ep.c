@@ -42,9 +42,10 @@ void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, 
 }
 
 /* The exchange's state of one batch. Split (mt_ep.split): the combine, the gather and the
- * dispatch backward are in flight from the call that begins them to wait(), the block
- * computing the shared experts or the gate|up weight gradient meanwhile; the dispatch and
- * to_source, which nothing can overlap inside the block, complete in their call. Otherwise
+ * dispatch backward (with the routing-weight gradients beside its rows) are in flight from
+ * the call that begins them to wait(), the block computing the shared experts or the gate|up
+ * weight gradient meanwhile; the dispatch, which nothing can overlap inside the block,
+ * completes in its call (in a fiber pair the other fiber computes while it travels). Otherwise
  * every operation completes in its call. What an operation writes into the caller's buffer
  * appears at wait() either way. */
 typedef struct {
@@ -53,14 +54,15 @@ typedef struct {
     float *sum;            /* [N, C] combine / dispatch_bwd result before it reaches the caller */
     float *dst;            /* pending: the caller's buffer and how it receives sum */
     int accumulate;
+    float *vs;             /* pending dispatch_bwd: where the K values of each token go */
     mt_a2a_req req;        /* the combine (or dispatch backward) or gather in flight */
     float *gather_dst;     /* the gather's destination */
     double t_begin;        /* when the operation in flight began (the trace's in-flight span) */
 } ep_plan;
 
-/* the [N, C] buffer a combine or dispatch_bwd sums into, kept for the batch's next one */
+/* the [N, C + K] buffer a combine or dispatch_bwd sums into, kept for the batch's next one */
 static float *plan_sum(ep_plan *pp) {
-    if (!pp->sum) pp->sum = mt_alloc(sizeof(float) * ((size_t)pp->plan.N * pp->plan.C + 1));
+    if (!pp->sum) pp->sum = mt_alloc(sizeof(float) * ((size_t)pp->plan.N * (pp->plan.C + pp->plan.K) + 1));
     return pp->sum;
 }
 
@@ -142,26 +144,20 @@ static void ep_redispatch(void *ctx, mt_ep_batch *b, const float *x, const uint1
     (void)ctx, (void)b, (void)x, (void)x16; /* the dispatched rows are kept until release */
 }
 
-static void ep_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate) {
+static void ep_dispatch_bwd(void *ctx, mt_ep_batch *b, float *dx, const float *dxe, int accumulate, float *vs,
+                            const float *v) {
     mt_ep *e = ctx;
     ep_plan *pp = b->plan;
     MT_ASSERT(!pp->dst && pp->req.kind == 0);
     add_count(e, pp);
     mt_trace_begin("comm.a2a");
     pp->t_begin = mt_now();
-    mt_a2a_combine_begin(&e->a2a, &pp->plan, &pp->req, dxe, NULL); /* a combine with unit weights */
+    mt_a2a_dispatch_bwd_begin(&e->a2a, &pp->plan, &pp->req, dxe, v); /* rows of C + K: dx, the values */
     mt_trace_end();
     if (!e->split) ep_finish(e, pp);
     pp->dst = dx;
     pp->accumulate = accumulate;
-}
-
-static void ep_to_source(void *ctx, mt_ep_batch *b, float *vs, const float *v) {
-    mt_ep *e = ctx;
-    const ep_plan *pp = b->plan;
-    mt_trace_begin("comm.a2a");
-    mt_a2a_to_source(&e->a2a, &pp->plan, vs, v);
-    mt_trace_end();
+    pp->vs = vs;
 }
 
 static int ep_test(void *ctx, mt_ep_batch *b) {
@@ -176,10 +172,21 @@ static void ep_wait(void *ctx, mt_ep_batch *b) {
     if (!pp) return;
     ep_finish(e, pp);
     if (!pp->dst) return;
-    const size_t n = (size_t)pp->plan.N * pp->plan.C;
-    if (pp->accumulate) mt_add(pp->dst, pp->sum, n);
-    else mt_copy(pp->dst, pp->sum, n);
+    const int N = pp->plan.N, C = pp->plan.C, K = pp->plan.K;
+    if (pp->vs) { /* rows of C + K: the token's row, then its K values */
+        for (int t = 0; t < N; t++) {
+            const float *r = pp->sum + (size_t)t * (C + K);
+            if (pp->accumulate) mt_add(pp->dst + (size_t)t * C, r, (size_t)C);
+            else mt_copy(pp->dst + (size_t)t * C, r, (size_t)C);
+            memcpy(pp->vs + (size_t)t * K, r + C, sizeof(float) * (size_t)K);
+        }
+    } else if (pp->accumulate) {
+        mt_add(pp->dst, pp->sum, (size_t)N * C);
+    } else {
+        mt_copy(pp->dst, pp->sum, (size_t)N * C);
+    }
     pp->dst = NULL;
+    pp->vs = NULL;
 }
 
 static void ep_release(void *ctx, mt_ep_batch *b) {
@@ -208,7 +215,7 @@ int mt_ep_init(mt_ep *e, MPI_Comm ep, int ranks_per_node, mt_a2a_mode mode, int 
     e->split = split != 0;
     e->ops = (mt_ep_ops){.ctx = e, .rank = e->a2a.rank, .size = e->a2a.size, .dispatch = ep_dispatch,
                          .combine = ep_combine, .gather = ep_gather, .redispatch = ep_redispatch,
-                         .dispatch_bwd = ep_dispatch_bwd, .to_source = ep_to_source, .test = ep_test,
+                         .dispatch_bwd = ep_dispatch_bwd, .test = ep_test,
                          .wait = ep_wait, .release = ep_release, .sum_f64 = ep_sum_f64,
                          .node_of = e->a2a.node_of};
     return 0;

@@ -126,13 +126,13 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
 /* train --wire: the MoE layer's exchanges when the EP group spans nodes, each message on
  * its sender's one outgoing link (lat + bytes / bw). An exchange is done when both its
  * directions are: the rows bound for the busiest rank's experts (imb times the mean's, sent
- * on the other ranks' links) and those they send back set its time. The forward sends the
- * dispatch's counts and metadata (about six int32 per row, waited for in place), its
- * tokens' rows, then its experts' rows back (combine); the backward the output gradients'
- * rows to the experts (gather), the input gradients' rows back, then a float per row for
- * the gate (parallel/ep.c). ctl_f / ctl_b: the small messages' seconds, rows: one
- * exchange's rows on the wire (plus lat). Returns 0 (all zero) when no wire is crossed. */
-typedef struct { double ctl_f, ctl_b, rows, lat; } wire_x;
+ * on the other ranks' links) and those they send back set its time. The forward sends its
+ * tokens' rows with their routing metadata (six int32 a row), then its experts' rows back
+ * (combine); the backward the output gradients' rows to the experts (gather), then the
+ * input gradients' rows back with the gate gradients beside them (K floats a row;
+ * parallel/ep.c). rows: one exchange's rows on the wire, the four's extra bytes spread
+ * evenly (6 + K a row); lat: its latency. Returns 0 (all zero) when no wire is crossed. */
+typedef struct { double rows, lat; } wire_x;
 static int wire_a2a(const ctx *x, const mt_layout *l, double n, wire_x *w) {
     const mt_cluster *cl = x->cl;
     const double C = x->c->hidden_size, K = x->c->num_experts_per_tok, imb = x->st->imbalance;
@@ -141,9 +141,7 @@ static int wire_a2a(const ctx *x, const mt_layout *l, double n, wire_x *w) {
     if (ep <= 1 || nn <= 1) return 0;
     const double rows = l->a2a == MT_A2A_HIER ? n * remote_nodes(x->c, nn) : n * K * (ep - (double)local) / ep;
     const double bw = x->st->wire_bw, lat = x->st->wire_lat;
-    w->ctl_f = lat + 6 * 4 * rows / bw; /* the counts and the metadata: one stamped message */
-    w->ctl_b = lat + 4 * imb * rows / bw;
-    w->rows = imb * rows * C * 4 / bw;
+    w->rows = imb * rows * (C * 4 + 6 + K) / bw;
     w->lat = lat;
     return 1;
 }
@@ -168,12 +166,11 @@ static int overlapped(const mt_plan_settings *st, int M) { return st->overlap &&
  * plan/sim.h): the forward's compute before the dispatch (pre), the experts', the shared
  * experts'; the backward's shared experts', experts' before and after the input gradients
  * leave, and the rest (route and attention); each of the four exchanges' copy (x_copy),
- * rows on the wire (x_wire, x_lat), the small messages (ctl_f, ctl_b) and full recompute's
- * exchanges again (b_ra). */
+ * rows on the wire (x_wire, x_lat) and full recompute's exchanges again (b_ra). */
 typedef struct {
     double fwd, bwd, comp, tp, a2a;
     double f_pre, f_exp, f_sh, b_sh, b_exp0, b_exp1, b_post;
-    double x_copy, x_wire, x_lat, ctl_f, ctl_b, b_ra;
+    double x_copy, x_wire, x_lat, b_ra;
 } unit_time;
 
 /* Seconds of `flops` FLOPs of GEMM calls of `call` FLOPs each: the training dtype's peak
@@ -215,8 +212,8 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     const double copy = 0.5 * a2a; /* one exchange's, without the wire */
     wire_x wx;
     if (u->moe && x->st->wire_bw > 0 && wire_a2a(x, l, n, &wx)) {
-        a2a = fmax(a2a, wx.ctl_f + 2 * (wx.rows + wx.lat));
-        a2a_b = fmax(a2a_b, wx.ctl_b + 2 * (wx.rows + wx.lat));
+        a2a = fmax(a2a, 2 * (wx.rows + wx.lat));
+        a2a_b = fmax(a2a_b, 2 * (wx.rows + wx.lat));
     } else
         memset(&wx, 0, sizeof wx);
     double cf = tg + ta + te + tm, cb = 2 * (tg + ta + te + tm);
@@ -252,8 +249,6 @@ static void unit_times(const ctx *x, const mt_layout *l, const mt_unit_cost *u, 
     t->x_copy = x->st->trainer ? copy : 0;
     t->x_wire = x->st->trainer ? wx.rows : copy;
     t->x_lat = wx.lat;
-    t->ctl_f = wx.ctl_f;
-    t->ctl_b = wx.ctl_b;
     t->b_ra = ra; /* full recompute: the forward's exchanges again, in place */
 }
 
@@ -376,10 +371,9 @@ static void kv_cache(const ctx *x, mt_plan_result *res) {
 
 /* The overlapped schedule's pieces (plan/sim.h) of the units [u0, u1) of a stage, as the
  * trainer hands over (parallel/a2a.c xfer_finish, model/moe_block.c): the forward at the
- * dispatch's rows (its counts and metadata waited for in place) and at the combine (after
- * the shared experts), the backward at the gather (after the shared experts) and at the
- * input gradients (after gate|up's weight gradient); the gate gradients are waited for in
- * place. The trainer runs the head's backward inside the forward (fused with the loss).
+ * dispatch's rows (its metadata travels with them) and at the combine (after the shared
+ * experts), the backward at the gather (after the shared experts) and at the input
+ * gradients (after gate|up's weight gradient; the gate gradients travel with them). The trainer runs the head's backward inside the forward (fused with the loss).
  * pf / pb hold 2 pieces per unit. */
 static void stage_passes(const ctx *x, const unit_time *ut, int u0, int u1, mt_sim_piece *pf, mt_sim_piece *pb,
                          mt_sim_pass *f, mt_sim_pass *b) {
@@ -391,7 +385,7 @@ static void stage_passes(const ctx *x, const unit_time *ut, int u0, int u1, mt_s
             c += t->fwd + (x->st->trainer && x->u[i].kind == MT_UNIT_HEAD ? t->bwd : 0);
             continue;
         }
-        pf[n++] = (mt_sim_piece){c + t->f_pre, t->ctl_f, t->x_wire, t->x_lat, t->x_copy, 0};
+        pf[n++] = (mt_sim_piece){c + t->f_pre, 0, t->x_wire, t->x_lat, t->x_copy, 0};
         pf[n++] = (mt_sim_piece){t->f_exp, 0, t->x_wire, t->x_lat, t->x_copy, t->f_sh};
         c = 0;
     }
@@ -406,7 +400,7 @@ static void stage_passes(const ctx *x, const unit_time *ut, int u0, int u1, mt_s
         }
         pb[n++] = (mt_sim_piece){c, in, t->x_wire, t->x_lat, t->x_copy, t->b_sh};
         pb[n++] = (mt_sim_piece){t->b_exp0, 0, t->x_wire, t->x_lat, t->x_copy, t->b_exp1};
-        c = t->b_post, in = t->ctl_b + t->b_ra;
+        c = t->b_post, in = t->b_ra;
     }
     *b = (mt_sim_pass){pb, n, c, in};
 }
@@ -467,7 +461,7 @@ static int eval_layout(const ctx *x, const mt_schedule *sched, const mt_layout *
             comp[s] += ut[i].comp;
             tpa[s] += ut[i].tp;
             a2a[s] += ut[i].a2a;
-            bwire += 2 * ut[i].x_wire + ut[i].ctl_b;
+            bwire += 2 * ut[i].x_wire;
             const double ud = st->trainer ? u->p_tp_trainer / l->tp + (u->p_tp - u->p_tp_trainer) + u->p_rep
                                           : u->p_tp / l->tp + u->p_rep,
                          ue = E > 0 ? u->p_expert / l->ep : 0;
