@@ -13,7 +13,8 @@
 # hid) on rank 0 and on the busiest rank (summary comm_share_min: the least any rank waited,
 # what the step loses to exchanges; the other rank's excess waits for the busiest one's
 # experts), the exposed all-to-all from the trace (--profile: the time inside the expert
-# exchanges' spans that the other fiber did not fill, packing and waits in place included,
+# exchanges' spans that the other fiber did not fill, waits in place included, the exchange's own
+# packing and sums (moe.permute spans) counted as compute,
 # over the step; least over the ranks), the share of the wire's cost it hides:
 # (off - X) / (off - nowire), and the EP ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
@@ -32,7 +33,7 @@
 # Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6), OV_WARM (150),
 #      OV_ACCUM (4: micro-batches per step; the pipe schedule pairs all but one forward and one
 #      backward; the warm-up always runs 4), OV_BUCKET_MB (1), OV_FLAGS (more train flags for
-#      every variant, e.g. --dist-opt), MT_BENCH_TMP (scratch, kept when given; each run's
+#      the warm-up and every variant, e.g. --dist-opt, --aux-scope ep-group), MT_BENCH_TMP (scratch, kept when given; each run's
 #      trace_rank*.json is there)
 set -u
 MT=${1:?usage: bash bench/bench_overlap.sh path/to/moetrain}
@@ -63,7 +64,7 @@ INIT=()
 if [ "$WARM" -gt 0 ]; then
     "${MPI[@]}" -np 2 "$MT" train --config "$TMP/ov.json" --data "$TMP/data" --batch 8 --seq 128 --accum 4 \
         --lr 1e-3 --warmup 20 --threads 1 --steps "$WARM" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
-        --overlap off --save-every 0 --out "$TMP/warm" > "$TMP/warm.log" 2>&1 || { tail -5 "$TMP/warm.log"; echo "FAIL: warm-up run"; exit 1; }
+        --overlap off --save-every 0 "${EXTRA[@]}" --out "$TMP/warm" > "$TMP/warm.log" 2>&1 || { tail -5 "$TMP/warm.log"; echo "FAIL: warm-up run"; exit 1; }
     INIT=(--init "$TMP/warm")
 fi
 echo "bench_overlap: $(lscpu | sed -n 's/^Model name: *//p'), $(getconf _NPROCESSORS_ONLN) cores; EP2 over 2 emulated nodes, wire $WIRE, buckets $BUCKET MiB ${OV_FLAGS:-}"

@@ -24,6 +24,12 @@
 #include "parallel/watchdog.h"
 #include "parallel/wire.h"
 #include "base/fiber.h"
+#include "base/trace.h"
+
+/* The trace span of the exchange's own compute: packing rows into messages, the combine's
+ * sums, the layout of what arrived (the permute and unpermute). Nested in the comm.a2a spans,
+ * it counts as compute in the profile, as the local exchange's permute does. */
+#define PERMUTE "moe.permute"
 
 int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     memset(a, 0, sizeof *a);
@@ -195,6 +201,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
                           int bad, const float *in, int C, int32_t **rmeta, int *nrmeta, float **rrows) {
     int np;
     MPI_Comm_size(comm, &np);
+    mt_trace_begin(PERMUTE); /* the messages' packing, up to the sends */
     s->comm = comm;
     s->np = np;
     s->peer_ep = peer_ep;
@@ -250,6 +257,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     }
     free(fill);
     free(stamp);
+    mt_trace_end();
     const int tag = stage_tag(a);
     double t0 = MPI_Wtime();
     MPI_Request *sreq = mt_xmalloc(sizeof(MPI_Request) * (size_t)np);
@@ -307,6 +315,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         bad = mt_error("a2a: %lld rows / %lld metadata ints received exceed the int range", (long long)rtot[0], (long long)rtot[1]);
     if (wired) mt_wire_sleep_until(arrive);
     mt_dist_get()->comm_s += MPI_Wtime() - t0 - ran; /* what the other fiber's compute did not hide */
+    mt_trace_begin(PERMUTE); /* the received messages into the stage's layout */
     if (!bad) {
         int off = 0, mo = 0;
         *rmeta = mt_xmalloc(sizeof(int32_t) * ((size_t)rtot[1] + 1));
@@ -332,6 +341,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         free(k);
     }
     for (int p = 0; p < np; p++) mt_free(rb[p]);
+    mt_trace_end();
     free(rb);
     free(rbytes);
     free(rmc);
@@ -435,9 +445,11 @@ static void xfer_finish(mt_a2a_xfer *x) {
 
 /* in[.,C] -> the stage's send buffer, rows in send order (mt_alloc'd) */
 static float *stage_pack(const mt_a2a_stage *s, const float *in, int C) {
+    mt_trace_begin(PERMUTE);
     size_t rb = sizeof(float) * (size_t)C;
     float *sb = mt_alloc(rb * ((size_t)s->nsend + 1));
     for (int i = 0; i < s->nsend; i++) memcpy(sb + (size_t)i * C, in + (size_t)s->sidx[i] * C, rb);
+    mt_trace_end();
     return sb;
 }
 
@@ -454,6 +466,7 @@ static float *stage_fwd(mt_a2a *a, const mt_a2a_stage *s, const float *in, int C
 /* ret: the rows [nsend, C] that came back; out[nin, C] = per input row the sum of its
  * returned rows, in rord order: ranks of one node, then nodes, each sum from a copy. */
 static void stage_sum(const mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, const float *ret, int C) {
+    mt_trace_begin(PERMUTE);
     size_t rb = sizeof(float) * (size_t)C;
     float *acc = mt_alloc(rb);
     memset(out, 0, rb * (size_t)nin);
@@ -482,6 +495,7 @@ static void stage_sum(const mt_a2a *a, const mt_a2a_stage *s, float *out, int ni
     }
     free(pr);
     mt_free(acc);
+    mt_trace_end();
 }
 
 /* back: rows [nrecv, C] returned to their senders, summed into out[nin, C] (stage_sum) */
@@ -643,11 +657,13 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
             *wb = mt_xmalloc(sizeof(int32_t) * (size_t)K);
     for (int j = 0; j < K; j++) slot[j] = j;
     itemlist l0 = {0};
+    mt_trace_begin(PERMUTE);
     for (int t = 0; t < N && !bad; t++) {
         for (int j = 0; j < K; j++) wb[j] = fbits(w ? w[(size_t)t * K + j] : 1.0f);
         push_groups(&l0, a, mode == MT_A2A_HIER, a->rank, t, t, sel + (size_t)t * K, slot, wb, K, LE, tmp);
     }
     float *packed = q8 && !bad ? q8_pack(a, x, N, C) : NULL;
+    mt_trace_end();
     int32_t *rmeta = NULL;
     float *rows = NULL;
     int nrmeta = 0;
@@ -723,6 +739,7 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         mt_a2a_plan_free(p);
         return -1;
     }
+    mt_trace_begin(PERMUTE); /* the plan and the rows in the grouped layout */
     p->item_p[p->nitem] = np;
     p->R = np;
     pkey *k = mt_xmalloc(sizeof(pkey) * ((size_t)np + 1));
@@ -760,6 +777,7 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
             memcpy(out + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
     mt_free(items);
+    mt_trace_end();
     *xe = out;
     return 0;
 }
@@ -770,6 +788,7 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
  * more columns (W = C + K): each pair's value in its slot, zeros elsewhere (mt_alloc'd) */
 static float *combine_items(const mt_a2a_plan *p, const float *y, const float *wr, const float *v) {
     const int C = p->C, W = C + (v ? p->K : 0);
+    mt_trace_begin(PERMUTE);
     float *part = mt_alloc(sizeof(float) * (size_t)W * ((size_t)p->nitem + 1));
     for (int i = 0; i < p->nitem; i++) {
         float *o = part + (size_t)i * W;
@@ -781,6 +800,7 @@ static float *combine_items(const mt_a2a_plan *p, const float *y, const float *w
             if (v) o[C + p->slot[r]] = v[r];
         }
     }
+    mt_trace_end();
     return part;
 }
 
@@ -843,9 +863,11 @@ void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr) {
         items = stage_fwd(a, &p->st[1], r->rbuf, C);
         mt_free(r->rbuf);
     }
+    mt_trace_begin(PERMUTE);
     for (int i = 0; i < p->nitem; i++)
         for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++)
             memcpy(xr + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
+    mt_trace_end();
     mt_free(items);
     mt_free(r->sbuf);
     memset(r, 0, sizeof *r);

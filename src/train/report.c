@@ -104,9 +104,11 @@ void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, doub
     if (o->profile) {
         /* the TP collectives and all-to-alls run inside the forward and backward spans; their
          * spans count only the waits (an exchange in flight behind compute is not in them,
-         * and a fiber's spans exclude the other fiber's time), i.e. the exposed time */
+         * and a fiber's spans exclude the other fiber's time), i.e. the exposed time, less
+         * the exchange's own compute (moe.permute: packing, the combine's sums), which counts
+         * as compute as the local exchange's permute does */
         double cf = mt_trace_total("fwd."), cb = mt_trace_total("bwd.");
-        double ctp = mt_trace_total("comm.tp"), ca2a = mt_trace_total("comm.a2a");
+        double ctp = mt_trace_total("comm.tp"), ca2a = mt_trace_total("comm.a2a") - mt_trace_total("moe.permute");
         double cpp = mt_trace_total("comm.pipeline"), cg = mt_trace_total("comm.gradients");
         double cpar = mt_trace_total("comm.params");
         double op = mt_trace_total("optimizer"), da = mt_trace_total("data");
