@@ -210,7 +210,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     s->rcnt = s->scnt + 2 * np;
     s->rdis = s->scnt + 3 * np;
     const int nl = bad ? 0 : l->n;
-    int *smc = mt_xcalloc((size_t)np * 2, sizeof(int)), *smd = smc + np; /* metadata ints per peer, offsets */
+    int *smc = mt_xcalloc((size_t)np, sizeof(int)); /* metadata ints per peer */
     for (int i = 0; i < nl; i++) {
         s->scnt[l->peer[i]]++;
         smc[l->peer[i]] += (i + 1 < l->n ? l->moff[i + 1] : l->nm) - l->moff[i];
@@ -219,11 +219,9 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     const int64_t rowb = (int64_t)sizeof(float) * C;
     int64_t *mb = mt_xmalloc(sizeof(int64_t) * 3 * (size_t)np), *moff = mb + np, *wb = mb + 2 * np;
     int64_t tot = 0;
-    for (int p = 0, off = 0, mo = 0; p < np; p++) {
+    for (int p = 0, off = 0; p < np; p++) {
         s->sdis[p] = off;
-        smd[p] = mo;
         off += s->scnt[p];
-        mo += smc[p];
         mb[p] = (int64_t)sizeof(int32_t) * (HDR_INTS + smc[p]) + rowb * s->scnt[p];
         moff[p] = tot;
         tot += mb[p];
