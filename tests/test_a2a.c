@@ -422,6 +422,22 @@ int main(int argc, char **argv) {
             CHECK(rc == -1 && xe == NULL, "bad expert on the last rank: rc %d (mode %d)", rc, m);
             if (g_rank == 0 && m == 0) printf("bad input -> every rank: %s\n", mt_last_error());
         }
+        /* a bad shape on one rank (K = 0): it sends its failure flag, every rank fails alike */
+        const int32_t ok_sel[2] = {0, 1};
+        for (int m = 0; m < 2; m++) {
+            const int bad_rank = a.size - 1, k = a.rank == bad_rank ? 0 : 2;
+            int rc = mt_a2a_dispatch(&a, (mt_a2a_mode)m, &p, &xe, x, ok_sel, NULL, 1, k, C, E);
+            CHECK(rc == -1 && xe == NULL, "bad shape on rank %d: rc %d here (mode %d)", bad_rank, rc, m);
+        }
+        /* and the exchange works after a failed one */
+        for (int m = 0; m < 2; m++) {
+            int rc = mt_a2a_dispatch(&a, (mt_a2a_mode)m, &p, &xe, x, ok_sel, NULL, 1, 2, C, E);
+            CHECK(rc == 0 && p.R >= 0, "dispatch after a failure: rc %d (mode %d): %s", rc, m, mt_last_error());
+            if (rc == 0) {
+                mt_free(xe);
+                mt_a2a_plan_free(&p);
+            }
+        }
     }
     mt_a2a_free(&a);
     int tot[2] = {g_pass, g_fail};
