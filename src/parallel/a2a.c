@@ -160,13 +160,10 @@ static int rkey_cmp(const void *x, const void *y) {
 static int stage_wired(const mt_a2a *a, MPI_Comm comm) { return mt_wire_get()->on && comm == a->ep && a->nnodes > 1; }
 
 /* this rank's arrival stamps for sending cnt[p] items of `item` bytes to the peers of comm */
-static void wire_stamps(const mt_a2a *a, const int *cnt, int np, const int *peer_ep, int64_t item, double *stamp) {
-    int64_t *bytes = mt_xmalloc(sizeof(int64_t) * (size_t)np);
-    for (int p = 0; p < np; p++) {
-        int e = peer_ep ? peer_ep[p] : p;
-        bytes[p] = a->node_of[e] != a->node_id ? (int64_t)cnt[p] * item : 0;
-    }
-    mt_wire_stamp(bytes, np, (a->rank + 1) % np, stamp);
+static void wire_stamps(const mt_a2a *a, const mt_a2a_stage *s, const int64_t *msg, double *stamp) {
+    int64_t *bytes = mt_xmalloc(sizeof(int64_t) * (size_t)s->np);
+    for (int p = 0; p < s->np; p++) bytes[p] = a->node_of[stage_peer(s, p)] != a->node_id ? msg[p] : 0;
+    mt_wire_stamp(bytes, s->np, (a->rank + 1) % s->np, stamp);
     free(bytes);
 }
 
@@ -217,7 +214,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     }
     s->nsend = nl;
     const int64_t rowb = (int64_t)sizeof(float) * C;
-    int64_t *mb = mt_xmalloc(sizeof(int64_t) * 3 * (size_t)np), *moff = mb + np, *wb = mb + 2 * np;
+    int64_t *mb = mt_xmalloc(sizeof(int64_t) * 2 * (size_t)np), *moff = mb + np; /* message bytes, offsets */
     int64_t tot = 0;
     for (int p = 0, off = 0; p < np; p++) {
         s->sdis[p] = off;
@@ -226,11 +223,10 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         moff[p] = tot;
         tot += mb[p];
         if (mb[p] > INT_MAX && !bad) bad = mt_error("a2a: a message of %lld bytes exceeds the int range", (long long)mb[p]);
-        wb[p] = a->node_of[stage_peer(s, p)] != a->node_id ? mb[p] : 0;
     }
     double *stamp = mt_xcalloc((size_t)np, sizeof(double));
     const int wired = stage_wired(a, comm);
-    if (wired) mt_wire_stamp(wb, np, (a->rank + 1) % np, stamp);
+    if (wired) wire_stamps(a, s, mb, stamp);
     /* messages, peer after peer: header, metadata, rows (rows stable by peer, as pushed) */
     char *sbuf = mt_alloc((size_t)tot + 1);
     s->sidx = mt_xmalloc(sizeof(int32_t) * ((size_t)nl + 1));
@@ -265,7 +261,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         account(a, stage_peer(s, p), rowb * s->scnt[p], 1);
     }
     /* the turn (see xfer_finish): the other fiber computes while the messages travel */
-    const double ran = !a->in_place && (comm != a->node || a->node_peers) ? mt_fiber_yield() : 0;
+    const double ran = comm != a->node || a->node_peers ? mt_fiber_yield() : 0;
     char **rb = mt_xcalloc((size_t)np, sizeof(char *));
     int *rbytes = mt_xcalloc((size_t)np, sizeof(int));
     mt_watch_begin("MPI_Mprobe", comm);
@@ -393,7 +389,7 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     memset(x, 0, sizeof *x);
     x->np = s->np;
     x->comm = s->comm;
-    x->hand_over = !a->in_place && (s->comm != a->node || a->node_peers);
+    x->hand_over = s->comm != a->node || a->node_peers;
     x->type = row_type(C);
     double t0 = MPI_Wtime();
     MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
@@ -401,7 +397,10 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     if (stage_wired(a, s->comm)) {
         x->wired = 1;
         x->stamp = mt_xmalloc(sizeof(double) * 2 * (size_t)s->np);
-        wire_stamps(a, sc, s->np, s->peer_ep, rowb, x->stamp);
+        int64_t *b = mt_xmalloc(sizeof(int64_t) * (size_t)s->np);
+        for (int p = 0; p < s->np; p++) b[p] = (int64_t)sc[p] * rowb;
+        wire_stamps(a, s, b, x->stamp);
+        free(b);
         MPI_Ialltoall(x->stamp, 1, MPI_DOUBLE, x->stamp + s->np, 1, MPI_DOUBLE, s->comm, &x->req[1]);
         x->nreq = 2;
     }
@@ -544,19 +543,6 @@ static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x) {
     return r;
 }
 
-/* item rows [nitem, C] back to out[N,C] (C: row width, the plan's or another) */
-static void move_bwd_c(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *items, int C) {
-    if (p->nst == 2) {
-        const mt_a2a_stage *s0 = &p->st[0];
-        float *mid = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s0->nrecv + 1));
-        stage_bwd(a, &p->st[1], mid, s0->nrecv, items, C);
-        stage_bwd(a, s0, out, p->N, mid, C);
-        mt_free(mid);
-    } else {
-        stage_bwd(a, &p->st[0], out, p->N, items, C);
-    }
-}
-
 /* ---- dispatch ---- */
 
 typedef struct { int32_t le, src, tok, slot, item; float w; } pkey;
@@ -637,6 +623,7 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         bad = mt_error("a2a: bad shape N=%d K=%d C=%d E=%d for an EP group of %d ranks", N, K, C, E, a->size);
         N = 0; /* nothing to send: the stages still run, so that no rank waits for this one */
         if (K < 1 || E % a->size != 0 || E < 1) K = 1, E = a->size;
+        if (C < 1) C = 1;
     }
     for (int i = 0; i < N * K && !bad; i++)
         if (sel[i] < 0 || sel[i] >= E) bad = mt_error("a2a: token %d selects expert %d, not in [0,%d)", i / K, sel[i], E);
@@ -901,23 +888,4 @@ void mt_a2a_gather(mt_a2a *a, const mt_a2a_plan *p, float *xr, const float *x) {
     mt_a2a_req r = {0};
     mt_a2a_gather_begin(a, p, &r, x);
     mt_a2a_gather_end(a, &r, xr);
-}
-
-void mt_a2a_to_source(mt_a2a *a, const mt_a2a_plan *p, float *vs, const float *v) {
-    /* one row of K values per item, each pair's value in its slot, zeros elsewhere: every
-     * slot of a token is set in exactly one item, so the sums on the way back are exact */
-    const int K = p->K;
-    float *items = mt_alloc(sizeof(float) * (size_t)K * ((size_t)p->nitem + 1));
-    memset(items, 0, sizeof(float) * (size_t)K * (size_t)p->nitem);
-    for (int i = 0; i < p->nitem; i++)
-        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
-            int r = p->pair_pos[q];
-            items[(size_t)i * K + p->slot[r]] = v[r];
-        }
-    /* a float per pair: waited for in place, so the backward's turns match the forward's
-     * (two a MoE layer) instead of giving the other fiber a turn for a few bytes */
-    a->in_place = 1;
-    move_bwd_c(a, p, vs, items, K);
-    a->in_place = 0;
-    mt_free(items);
 }

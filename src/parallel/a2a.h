@@ -32,7 +32,7 @@
  * unit weights); combine_bwd(dout) = dy[r] = w_r * dout[tok_r] (a dispatch of dout). The
  * gradient of the routing weights, dw_r = <dout[tok_r], y_r>, is computed in the dispatch
  * layout (on the expert side); mt_a2a_dispatch_bwd_begin moves it back beside the input
- * gradients' rows (K more columns), mt_a2a_to_source alone.
+ * gradients' rows (K more columns).
  *
  * Errors: when any rank's input is bad (a shape, an expert out of range) every rank's
  * dispatch returns -1 (mt_error() set on each; the failure flag travels in the first
@@ -62,7 +62,6 @@ typedef struct {
     int rank, size;     /* in ep */
     int node_id, nnodes, local, local_size;
     int node_peers;     /* some node holds more than one rank (its node stage moves rows between ranks) */
-    int in_place;       /* the exchange under way is waited for in place (no fiber hand-over) */
     int seq;            /* dispatch stages run so far (their messages' tags) */
     int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
     int *local_of;      /* [size] index of each EP rank inside its node */
@@ -157,16 +156,15 @@ void mt_a2a_gather_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const f
 void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr);
 int mt_a2a_test(mt_a2a_req *r);
 /* The dispatch backward and the values' return in one exchange: as mt_a2a_combine_begin of
- * dxe with unit weights, each row widened by K columns that carry v[R] to the source tokens'
- * slots (as mt_a2a_to_source). mt_a2a_combine_end then writes out[N, C + K]: per token its
- * dx row (mt_a2a_dispatch_bwd's bits), then its K values (mt_a2a_to_source's). */
+ * dxe with unit weights, each row widened by K columns that carry v[R] back to the source
+ * tokens' slots (each pair's value in its slot, zeros elsewhere: every slot of a token is set
+ * in exactly one row, so the sums on the way back are exact). mt_a2a_combine_end then writes
+ * out[N, C + K]: per token its dx row (mt_a2a_dispatch_bwd's bits), then vs[t*K + j] = v of
+ * pair (t, j)'s row on its expert's rank. */
 void mt_a2a_dispatch_bwd_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *dxe, const float *v);
 
 /* xr[R,C] = x[tok_r] rows of the source tokens in the dispatch layout, unweighted (a
  * dispatch of new rows along an existing plan, e.g. the output gradient in the backward). */
 void mt_a2a_gather(mt_a2a *a, const mt_a2a_plan *p, float *xr, const float *x);
-/* vs[N*K] on the source ranks (pair t*K + j) = v[r] of the pair's row on its expert's rank:
- * moves per-pair values (e.g. the routing-weight gradients dw) back to the source layout. */
-void mt_a2a_to_source(mt_a2a *a, const mt_a2a_plan *p, float *vs, const float *v);
 
 #endif

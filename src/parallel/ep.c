@@ -51,7 +51,7 @@ void mt_ep_count_rows(const mt_a2a *a, const int32_t *sel, int N, int K, int E, 
 typedef struct {
     mt_a2a_plan plan;
     mt_ep_count rows;      /* rows of one exchange along this plan */
-    float *sum;            /* [N, C] combine / dispatch_bwd result before it reaches the caller */
+    float *sum;            /* [N, C] combine / [N, C + K] dispatch_bwd result before it reaches the caller */
     float *dst;            /* pending: the caller's buffer and how it receives sum */
     int accumulate;
     float *vs;             /* pending dispatch_bwd: where the K values of each token go */
