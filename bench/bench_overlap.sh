@@ -16,7 +16,9 @@
 # exchanges' spans that the other fiber did not fill, waits in place included, the exchange's own
 # packing and sums (moe.permute spans) counted as compute,
 # over the step; least over the ranks), the share of the wire's cost it hides:
-# (off - X) / (off - nowire), and the EP ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean). Every
+# (off - X) / (off - nowire), and the EP ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean);
+# then the pipe run's exposed time split by cause (the link, a peer still computing, MPI) and
+# by exchange (bench/a2a_waits.py on its traces). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
 # With OV_BALANCE=N > 0 (default 1) two more variants place the experts anew from the load
 # every N steps (train --expert-balance N, train/balance.h): nowire-bal (as nowire) and
@@ -119,5 +121,7 @@ for n in "${VARIANTS[@]}"; do
         h = (toff > t0) ? (toff - t) / (toff - t0) : 0
         printf "  %-10s %9.3f %12.1f%% %12.1f%% %11.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, 100 * ea, (n ~ /^nowire/ || n == "off") ? 0 : 100 * h, im }'
 done
+echo "  pipe's exposed exchange time by cause and exchange (run 1; bench/a2a_waits.py):"
+python3 "$SRC/bench/a2a_waits.py" "$TMP/pipe.1" | sed 's/^/    /'
 [ $fail = 0 ] && echo "bench_overlap: losses of every variant identical to the blocking run"
 exit $fail

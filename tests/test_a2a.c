@@ -11,7 +11,9 @@
  *    1e-6 of the plain slot-order sum, relative to the sum of |terms|);
  *  - HIER sends no more inter-node bytes than FLAT, strictly fewer on the "one remote node"
  *    routing when a node has more than one rank;
- *  - bad input on one rank makes every rank return -1 (no hang).
+ *  - bad input on one rank makes every rank return -1 (no hang);
+ *  - (Open MPI, several ranks) a combine's wait completes while a peer that sent its rows
+ *    makes no MPI call: it does not wait for the peer to take this rank's rows.
  * Prints byte counts per routing and "a2a: N checks passed, M failed"; exit 1 on failure. */
 #define TEST_SALT 0xa2a0ULL
 #include <math.h>
@@ -19,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "base/common.h"
 #include "kernels/moe.h"
@@ -391,6 +395,70 @@ static void test_wire_queue(void) {
     mt_wire_set(0, 0);
 }
 
+/* Every rank dispatches rows to every rank and starts the combine back. Rank 0 then makes no
+ * MPI call until the others have finished their combine (files in a directory rank 0 made),
+ * up to 60 s: a wait that needed rank 0 to take its peers' rows (a collective's, or one
+ * that completes the sends too) would hold them there. Rows of 64 KiB and more travel by
+ * Open MPI's rendezvous, which moves them only inside a receiver's MPI calls; other MPI
+ * libraries may need the sender inside MPI too, so it runs under Open MPI only. */
+static void test_wait_without_peer(mt_a2a *a) {
+    char ver[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len;
+    MPI_Get_library_version(ver, &len);
+    if (a->size < 2 || !strstr(ver, "Open MPI")) return;
+    enum { N = 32, K = 2, CB = 2048 };
+    char dir[64] = "";
+    if (a->rank == 0) CHECK(mkdtemp(strcpy(dir, "/tmp/test_a2a.XXXXXX")) != NULL, "mkdtemp failed");
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    float *x = mt_xcalloc((size_t)N * CB, sizeof(float)), *out = mt_xcalloc((size_t)N * CB, sizeof(float)), *xe = NULL;
+    int32_t sel[N * K];
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < K; j++) sel[t * K + j] = (t * K + j) % E; /* every rank's experts */
+    for (size_t i = 0; i < (size_t)N * CB; i++) x[i] = (float)(i % 97) * 0.01f;
+    mt_a2a_plan p;
+    CHECK(mt_a2a_dispatch(a, MT_A2A_FLAT, &p, &xe, x, sel, NULL, N, K, CB, E) == 0, "dispatch: %s", mt_last_error());
+    mt_a2a_req r = {0};
+    mt_a2a_combine_begin(a, &p, &r, xe, NULL);
+    char path[96];
+    if (a->rank == 0) {
+        int seen = 0;
+        for (int ms = 0; ms < 60000 && seen < a->size - 1; ms++) {
+            seen = 0;
+            for (int q = 1; q < a->size; q++) {
+                snprintf(path, sizeof path, "%s/r%d", dir, q);
+                FILE *f = fopen(path, "r");
+                if (f) seen++, fclose(f);
+            }
+            if (seen < a->size - 1) nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
+        CHECK(seen == a->size - 1, "%d of %d ranks finished their combine while rank 0 made no MPI call", seen,
+              a->size - 1);
+    }
+    mt_a2a_combine_end(a, &r, out);
+    if (a->rank != 0) {
+        snprintf(path, sizeof path, "%s/r%d", dir, a->rank);
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL, "cannot write %s", path);
+        if (f) fclose(f);
+    }
+    /* out[t] = sum of the token's K rows, each x[t] (weights 1) */
+    int bad = 0;
+    for (size_t i = 0; i < (size_t)N * CB; i++) bad += out[i] != (float)K * x[i];
+    CHECK(bad == 0, "combine without a peer in MPI: %d wrong values", bad);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (a->rank == 0) {
+        for (int q = 1; q < a->size; q++) {
+            snprintf(path, sizeof path, "%s/r%d", dir, q);
+            remove(path);
+        }
+        remove(dir);
+    }
+    mt_free(xe);
+    mt_a2a_plan_free(&p);
+    free(x);
+    free(out);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -412,6 +480,8 @@ int main(int argc, char **argv) {
     const int Ks[2] = {2, 8};
     for (int ki = 0; ki < 2; ki++)
         for (int routing = 0; routing < 3; routing++) run_case(&a, Ks[ki], routing, 1000 * ki + 10 * routing + 1);
+
+    test_wait_without_peer(&a);
 
     /* bad input on one rank: every rank gets -1 */
     {

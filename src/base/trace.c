@@ -127,7 +127,10 @@ int mt_trace_write(const char *path) {
         first = 0;
         MT_ASSERT(len < cap);
     }
-    len += (size_t)snprintf(buf + len, cap - len, "\n],\"displayTimeUnit\":\"ms\"}\n");
+    /* the clock's origin (CLOCK_MONOTONIC seconds, one clock for the machine's processes): the
+     * ranks' traces of one run line up by it */
+    len += (size_t)snprintf(buf + len, cap - len, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock_origin_s\":%.6f}}\n",
+                            tr.origin);
     int rc = mt_write_file_atomic(path, buf, len);
     free(buf);
     return rc;

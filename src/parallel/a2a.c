@@ -30,6 +30,9 @@
  * sums, the layout of what arrived (the permute and unpermute). Nested in the comm.a2a spans,
  * it counts as compute in the profile, as the local exchange's permute does. */
 #define PERMUTE "moe.permute"
+/* The part of a wait for rows after the other fiber handed the thread back (all of it
+ * outside a fiber pair): what nothing hid. Nested in the comm.a2a spans; no total reads it. */
+#define BLOCKED "a2a.blocked"
 
 int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     memset(a, 0, sizeof *a);
@@ -90,7 +93,61 @@ int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node) {
     return 0;
 }
 
+/* sends in flight and the buffers they read (a->sent) */
+struct mt_a2a_sent {
+    MPI_Request *req;
+    int n;
+    void *buf, *buf2; /* mt_alloc'd, malloc'd */
+};
+
+static void sent_free(struct mt_a2a_sent *e) {
+    free(e->req);
+    mt_free(e->buf);
+    free(e->buf2);
+}
+
+/* frees the entries whose sends have completed (MPI_Testall also moves the others on) */
+static void sent_progress(mt_a2a *a) {
+    int k = 0;
+    for (int i = 0; i < a->nsent; i++) {
+        int done = 0;
+        MPI_Testall(a->sent[i].n, a->sent[i].req, &done, MPI_STATUSES_IGNORE);
+        if (done) sent_free(&a->sent[i]);
+        else a->sent[k++] = a->sent[i];
+    }
+    a->nsent = k;
+}
+
+/* takes req[n] (malloc'd) and the buffers they read: freed once the sends complete */
+static void sent_add(mt_a2a *a, MPI_Request *req, int n, void *buf, void *buf2) {
+    struct mt_a2a_sent e = {req, n, buf, buf2};
+    int done = 0;
+    MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+    if (done) {
+        sent_free(&e);
+        return;
+    }
+    if (a->nsent == a->capsent) {
+        a->capsent = a->capsent ? 2 * a->capsent : 16;
+        a->sent = mt_xrealloc(a->sent, sizeof *a->sent * (size_t)a->capsent);
+    }
+    a->sent[a->nsent++] = e;
+}
+
+void mt_a2a_flush(mt_a2a *a) {
+    if (!a->nsent) return;
+    mt_watch_begin("MPI_Waitall", a->ep);
+    for (int i = 0; i < a->nsent; i++) {
+        MPI_Waitall(a->sent[i].n, a->sent[i].req, MPI_STATUSES_IGNORE);
+        sent_free(&a->sent[i]);
+    }
+    mt_watch_end();
+    a->nsent = 0;
+}
+
 void mt_a2a_free(mt_a2a *a) {
+    mt_a2a_flush(a);
+    free(a->sent);
     if (a->node != MPI_COMM_NULL) MPI_Comm_free(&a->node);
     free(a->node_of);
     free(a->local_of);
@@ -254,6 +311,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     mt_trace_end();
     const int tag = stage_tag(a);
     double t0 = MPI_Wtime();
+    sent_progress(a);
     MPI_Request *sreq = mt_xmalloc(sizeof(MPI_Request) * (size_t)np);
     for (int p = 0; p < np; p++) {
         MPI_Isend(sbuf + moff[p], bad ? (int)sizeof(int32_t) * HDR_INTS : (int)mb[p], MPI_BYTE, p, tag, comm, &sreq[p]);
@@ -262,6 +320,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     }
     /* the turn (see xfer_finish): the other fiber computes while the messages travel */
     const double ran = comm != a->node || a->node_peers ? mt_fiber_yield() : 0;
+    mt_trace_begin(BLOCKED);
     char **rb = mt_xcalloc((size_t)np, sizeof(char *));
     int *rbytes = mt_xcalloc((size_t)np, sizeof(int));
     mt_watch_begin("MPI_Mprobe", comm);
@@ -273,10 +332,8 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         rb[p] = mt_alloc((size_t)rbytes[p] + 1);
         MPI_Mrecv(rb[p], rbytes[p], MPI_BYTE, &msg, MPI_STATUS_IGNORE);
     }
-    MPI_Waitall(np, sreq, MPI_STATUSES_IGNORE);
     mt_watch_end();
-    free(sreq);
-    mt_free(sbuf);
+    sent_add(a, sreq, np, sbuf, NULL); /* the peers take the messages in their own waits */
     /* headers: checked, then the arrival of the latest (a sleep on the emulated wire) */
     int64_t rtot[2] = {0, 0};
     double arrive = 0;
@@ -307,7 +364,8 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
     }
     if (!bad && (rtot[0] > INT_MAX || rtot[1] > INT_MAX))
         bad = mt_error("a2a: %lld rows / %lld metadata ints received exceed the int range", (long long)rtot[0], (long long)rtot[1]);
-    if (wired) mt_wire_sleep_until(arrive);
+    if (wired) { mt_trace_begin("a2a.wire"); mt_wire_sleep_until(arrive); mt_trace_end(); }
+    mt_trace_end();
     mt_dist_get()->comm_s += MPI_Wtime() - t0 - ran; /* what the other fiber's compute did not hide */
     mt_trace_begin(PERMUTE); /* the received messages into the stage's layout */
     if (!bad) {
@@ -381,37 +439,56 @@ static MPI_Datatype row_type(int C) {
     return t;
 }
 
-/* Starts moving a stage's rows: forward (send scnt, receive rcnt) or back (the reverse). */
-static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int back, const float *sb, float *rb, int C) {
+/* Starts moving a stage's rows: forward (send scnt, receive rcnt) or back (the reverse).
+ * Takes sb (mt_alloc'd): freed once the sends are done, which may be after xfer_finish.
+ * Each peer's block is one message (none for an empty one), tagged by the stage's number;
+ * on the wire its arrival stamp goes first, under the same tag (MPI keeps their order). */
+static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int back, float *sb, float *rb, int C) {
     const int *sc = back ? s->rcnt : s->scnt, *sd = back ? s->rdis : s->sdis;
     const int *rc = back ? s->scnt : s->rcnt, *rd = back ? s->sdis : s->rdis;
     const int64_t rowb = (int64_t)sizeof(float) * C;
+    const int np = s->np, tag = stage_tag(a);
     memset(x, 0, sizeof *x);
-    x->np = s->np;
+    x->a = a;
+    x->np = np;
     x->comm = s->comm;
     x->hand_over = s->comm != a->node || a->node_peers;
     x->type = row_type(C);
+    x->sbuf = sb;
+    x->req = mt_xmalloc(sizeof(MPI_Request) * 2 * (size_t)np);
+    x->sreq = mt_xmalloc(sizeof(MPI_Request) * 2 * (size_t)np);
     double t0 = MPI_Wtime();
-    MPI_Ialltoallv(sb, sc, sd, x->type, rb, rc, rd, x->type, s->comm, &x->req[0]);
-    x->nreq = 1;
-    if (stage_wired(a, s->comm)) {
-        x->wired = 1;
-        x->stamp = mt_xmalloc(sizeof(double) * 2 * (size_t)s->np);
-        int64_t *b = mt_xmalloc(sizeof(int64_t) * (size_t)s->np);
-        for (int p = 0; p < s->np; p++) b[p] = (int64_t)sc[p] * rowb;
+    sent_progress(a);
+    int me;
+    MPI_Comm_rank(s->comm, &me);
+    x->wired = stage_wired(a, s->comm);
+    if (x->wired) {
+        x->stamp = mt_xcalloc(2 * (size_t)np, sizeof(double));
+        int64_t *b = mt_xmalloc(sizeof(int64_t) * (size_t)np);
+        for (int p = 0; p < np; p++) b[p] = (int64_t)sc[p] * rowb;
         wire_stamps(a, s, b, x->stamp);
         free(b);
-        MPI_Ialltoall(x->stamp, 1, MPI_DOUBLE, x->stamp + s->np, 1, MPI_DOUBLE, s->comm, &x->req[1]);
-        x->nreq = 2;
     }
+    for (int p = 0; p < np; p++) {
+        if (p == me || rc[p] == 0) continue;
+        if (x->wired) MPI_Irecv(x->stamp + np + p, 1, MPI_DOUBLE, p, tag, s->comm, &x->req[x->nrecv++]);
+        MPI_Irecv(rb + (size_t)rd[p] * C, rc[p], x->type, p, tag, s->comm, &x->req[x->nrecv++]);
+    }
+    for (int p = 0; p < np; p++) {
+        if (p == me || sc[p] == 0) continue;
+        if (x->wired) MPI_Isend(x->stamp + p, 1, MPI_DOUBLE, p, tag, s->comm, &x->sreq[x->nsend++]);
+        MPI_Isend(sb + (size_t)sd[p] * C, sc[p], x->type, p, tag, s->comm, &x->sreq[x->nsend++]);
+    }
+    MT_ASSERT(sc[me] == rc[me]);
+    if (sc[me]) memcpy(rb + (size_t)rd[me] * C, sb + (size_t)sd[me] * C, (size_t)rowb * sc[me]);
     mt_dist_get()->comm_s += MPI_Wtime() - t0;
-    for (int p = 0; p < s->np; p++) account(a, stage_peer(s, p), (int64_t)sc[p] * rowb, 1);
+    for (int p = 0; p < np; p++) account(a, stage_peer(s, p), (int64_t)sc[p] * rowb, 1);
 }
 
 static int xfer_test(mt_a2a_xfer *x) {
-    if (!x->nreq) return 1;
+    if (!x->req) return 1;
     int done = 0;
-    MPI_Testall(x->nreq, x->req, &done, MPI_STATUSES_IGNORE);
+    MPI_Testall(x->nrecv, x->req, &done, MPI_STATUSES_IGNORE);
     return done && (!x->wired || mt_now() >= latest(x->stamp + x->np, x->np));
 }
 
@@ -419,24 +496,29 @@ static int xfer_test(mt_a2a_xfer *x) {
  * hands the thread over exactly once at each wait for rows (xfer_finish: the other fiber
  * computes one piece, up to its own next such wait, while the rows travel) and never at the
  * dispatch's small control exchanges, which it waits for in place. Every rank therefore
- * issues the two fibers' collectives in the same order (one communicator serves both, as
- * MPI requires), a wait in place always finds its peers coming, and a rank never waits for a
- * peer busy with its other fiber (a timing-dependent order measured no faster than the
- * shared experts' overlap alone). The node stage of a hierarchical exchange hands over only
+ * issues the two fibers' exchanges in the same order (their tags come from one counter), a
+ * wait in place always finds its peers coming (a timing-dependent order measured no faster
+ * than the shared experts' overlap alone). A wait completes this rank's receives only: the
+ * sends complete later (sent_add), as Open MPI moves a large message only while its receiver
+ * is inside MPI, and waiting for them held a rank until its peer, busy with its other fiber,
+ * came to its own wait. The node stage of a hierarchical exchange hands over only
  * when some node holds several ranks (the same answer on every rank): with one rank a node it
  * is a copy to itself, and a turn spent there would leave the other fiber's real exchange
  * without the compute that hides it. */
 static void xfer_finish(mt_a2a_xfer *x) {
-    if (!x->nreq) return;
+    if (!x->req) return;
     double t0 = MPI_Wtime();
     const double ran = x->hand_over ? mt_fiber_yield() : 0; /* the turn: the other fiber computes while the rows travel */
+    mt_trace_begin(BLOCKED);
     mt_watch_begin("MPI_Waitall", x->comm); /* so a stuck peer's report names the group */
-    MPI_Waitall(x->nreq, x->req, MPI_STATUSES_IGNORE);
+    MPI_Waitall(x->nrecv, x->req, MPI_STATUSES_IGNORE);
     mt_watch_end();
-    if (x->wired) mt_wire_sleep_until(latest(x->stamp + x->np, x->np));
+    if (x->wired) { mt_trace_begin("a2a.wire"); mt_wire_sleep_until(latest(x->stamp + x->np, x->np)); mt_trace_end(); }
+    mt_trace_end();
     mt_dist_get()->comm_s += MPI_Wtime() - t0 - ran; /* what the other fiber's compute did not hide */
-    MPI_Type_free(&x->type);
-    free(x->stamp);
+    MPI_Type_free(&x->type); /* MPI keeps it for the sends still pending */
+    free(x->req);
+    sent_add(x->a, x->sreq, x->nsend, x->sbuf, x->stamp);
     memset(x, 0, sizeof *x);
 }
 
@@ -456,7 +538,6 @@ static float *stage_fwd(mt_a2a *a, const mt_a2a_stage *s, const float *in, int C
     mt_a2a_xfer x;
     xfer_start(a, &x, s, 0, sb, rbuf, C);
     xfer_finish(&x);
-    mt_free(sb);
     return rbuf;
 }
 
@@ -495,8 +576,9 @@ static void stage_sum(const mt_a2a *a, const mt_a2a_stage *s, float *out, int ni
     mt_trace_end();
 }
 
-/* back: rows [nrecv, C] returned to their senders, summed into out[nin, C] (stage_sum) */
-static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, const float *back, int C) {
+/* back: rows [nrecv, C] returned to their senders, summed into out[nin, C] (stage_sum);
+ * takes back (mt_alloc'd) */
+static void stage_bwd(mt_a2a *a, const mt_a2a_stage *s, float *out, int nin, float *back, int C) {
     float *ret = mt_alloc(sizeof(float) * (size_t)C * ((size_t)s->nsend + 1));
     mt_a2a_xfer x;
     xfer_start(a, &x, s, 1, back, ret, C);
@@ -629,9 +711,10 @@ int mt_a2a_dispatch(mt_a2a *a, mt_a2a_mode mode, mt_a2a_plan *p, float **xe, con
         if (sel[i] < 0 || sel[i] >= E) bad = mt_error("a2a: token %d selects expert %d, not in [0,%d)", i / K, sel[i], E);
     const int LE = E / a->size;
     /* one node: the hierarchical exchange's first stage would only send rows to the ranks
-     * themselves (each its own relay) at the cost of extra messages; flat moves the same
-     * rows in the same order, so the results are the same bits */
-    if (a->nnodes == 1) mode = MT_A2A_FLAT;
+     * themselves (each its own relay) at the cost of extra messages; one rank a node: its
+     * second stage would be a copy to itself. Flat moves the same rows in the same order,
+     * so the results are the same bits */
+    if (a->nnodes == 1 || !a->node_peers) mode = MT_A2A_FLAT;
     p->mode = mode;
     p->N = N, p->K = K, p->C = C, p->E = E, p->LE = LE, p->e0 = a->rank * LE;
     p->nst = mode == MT_A2A_HIER ? 2 : 1;
@@ -805,10 +888,9 @@ static void back_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const flo
     if (p->nst == 2) { /* the node's stage first: the relays sum what crosses back to each node */
         float *mid = mt_alloc(sizeof(float) * (size_t)W * ((size_t)s0->nrecv + 1));
         stage_bwd(a, &p->st[1], mid, s0->nrecv, back, W);
-        mt_free(back);
         back = mid;
     }
-    *r = (mt_a2a_req){.kind = 1, .p = p, .C = W, .sbuf = back};
+    *r = (mt_a2a_req){.kind = 1, .p = p, .C = W};
     r->rbuf = mt_alloc(sizeof(float) * (size_t)W * ((size_t)s0->nsend + 1));
     xfer_start(a, &r->x, s0, 1, back, r->rbuf, W);
 }
@@ -825,7 +907,6 @@ void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out) {
     MT_ASSERT(r->kind == 1);
     xfer_finish(&r->x);
     stage_sum(a, &r->p->st[0], out, r->p->N, r->rbuf, r->C);
-    mt_free(r->sbuf);
     mt_free(r->rbuf);
     memset(r, 0, sizeof *r);
 }
@@ -833,9 +914,9 @@ void mt_a2a_combine_end(mt_a2a *a, mt_a2a_req *r, float *out) {
 void mt_a2a_gather_begin(mt_a2a *a, const mt_a2a_plan *p, mt_a2a_req *r, const float *x) {
     MT_ASSERT(r->kind == 0);
     const mt_a2a_stage *s0 = &p->st[0];
-    *r = (mt_a2a_req){.kind = 2, .p = p, .C = p->C, .sbuf = stage_pack(s0, x, p->C)};
+    *r = (mt_a2a_req){.kind = 2, .p = p, .C = p->C};
     r->rbuf = mt_alloc(sizeof(float) * (size_t)p->C * ((size_t)s0->nrecv + 1));
-    xfer_start(a, &r->x, s0, 0, r->sbuf, r->rbuf, p->C);
+    xfer_start(a, &r->x, s0, 0, stage_pack(s0, x, p->C), r->rbuf, p->C);
 }
 
 void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr) {
@@ -854,7 +935,6 @@ void mt_a2a_gather_end(mt_a2a *a, mt_a2a_req *r, float *xr) {
             memcpy(xr + (size_t)p->pair_pos[q] * C, items + (size_t)i * C, sizeof(float) * (size_t)C);
     mt_trace_end();
     mt_free(items);
-    mt_free(r->sbuf);
     memset(r, 0, sizeof *r);
 }
 

@@ -19,7 +19,9 @@
  * the rows' routing metadata and the rows; the receiver sizes it by MPI_Mprobe and checks
  * it. No count exchange or agreement goes before the rows, so nothing of a dispatch is
  * waited for in place. The stages record the counts; combine, gather and the backwards
- * move rows along them (MPI_Ialltoallv).
+ * move rows along them, point to point too (each peer's block, tagged the same way; a
+ * collective's receives would wait for the peer to enter MPI again). A wait completes
+ * this rank's receives; its sends complete later (mt_a2a_flush).
  *
  * Combine is the reverse: expert outputs y[R,C] in the dispatch layout go back and each
  * source token receives out[t] = sum_j w_j * y_j. The summation order is fixed and the same
@@ -62,7 +64,13 @@ typedef struct {
     int rank, size;     /* in ep */
     int node_id, nnodes, local, local_size;
     int node_peers;     /* some node holds more than one rank (its node stage moves rows between ranks) */
-    int seq;            /* dispatch stages run so far (their messages' tags) */
+    int seq;            /* stages run so far (their messages' tags) */
+    /* sends not yet known complete, with the buffers they read (freed once they are): a wait
+     * for rows completes this rank's receives only, so it never waits for a peer busy with
+     * its other fiber to take this rank's rows (Open MPI moves a large message only while
+     * its receiver is inside MPI). Tested at every exchange, all waited for by mt_a2a_flush */
+    struct mt_a2a_sent *sent;
+    int nsent, capsent;
     int *node_of;       /* [size] node of each EP rank; nodes numbered by their lowest rank */
     int *local_of;      /* [size] index of each EP rank inside its node */
     int *node_start;    /* [nnodes+1] CSR of node_rank */
@@ -78,6 +86,9 @@ typedef struct {
  * (node = rank / ranks_per_node); 0 groups by shared memory (MPI_COMM_TYPE_SHARED).
  * Returns -1 (on every rank) when ranks_per_node < 0. */
 int mt_a2a_init(mt_a2a *a, MPI_Comm ep, int ranks_per_node);
+/* Waits for the sends still pending (their peers receive them in their own waits) and
+ * frees their buffers: before the communicator goes; also frees a (mt_a2a_free). */
+void mt_a2a_flush(mt_a2a *a);
 void mt_a2a_free(mt_a2a *a);
 
 /* One exchange stage (internal; exposed only so a plan can be embedded by value). */
@@ -110,12 +121,15 @@ typedef struct {
 /* One stage's rows in flight (internal; by value in mt_a2a_req). On the wire
  * (parallel/wire.h) the senders' arrival stamps travel with the rows. */
 typedef struct {
-    MPI_Request req[2];       /* rows, stamps */
+    mt_a2a *a;
+    MPI_Request *req, *sreq;  /* [2 np] each: the receives (rows, stamps), the sends */
+    int nrecv, nsend;         /* requests posted of each */
     MPI_Datatype type;
     MPI_Comm comm;            /* the stage's communicator (named by the watchdog) */
-    int nreq, np, wired;
+    int np, wired;
     int hand_over;            /* the fiber hands the thread over at the wait (see xfer_finish) */
     double *stamp;            /* [2 np]: sent, received (wired only) */
+    void *sbuf;               /* the rows sent (owned: freed once the sends are done), or NULL */
 } mt_a2a_xfer;
 
 /* A split-phase combine or gather (mt_a2a_combine_begin / mt_a2a_gather_begin): the
@@ -125,7 +139,7 @@ typedef struct {
     const mt_a2a_plan *p;
     int C;
     mt_a2a_xfer x;
-    float *sbuf, *rbuf;       /* the rows sent and being received (owned) */
+    float *rbuf;              /* the rows being received (owned; the rows sent: x.sbuf) */
 } mt_a2a_req;
 
 /* Dispatch. x[N,C], sel[N*K] (experts in [0,E), E divisible by the EP size), w[N*K] (may
