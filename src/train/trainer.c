@@ -824,6 +824,9 @@ int mt_trainer_step(mt_trainer *t, const mt_batch *b, mt_step_result *r) {
         for (int l = 0; l < L; l++) bal[l] = t->red[1 + l];
         for (int k = 0; k < nm; k++) mce[k] = t->red[1 + L + k];
     }
+    /* every rank is past its last expert exchange: the sends left pending are done, and
+     * their buffers go now rather than at the next step's first exchange */
+    if (t->have_ep) mt_a2a_flush(&t->ep.a2a);
     mt_optim_reduce(&t->opt, &t->m, d);
     const double gnorm = mt_optim_grad_norm(&t->opt, &t->m, d);
     double ce = nvalid ? ce_sum / (double)nvalid : 0.0, bal_total = 0;
