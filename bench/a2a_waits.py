@@ -49,7 +49,9 @@ def enclosing(ev):
         spans.sort(key=lambda e: (e["a"], -e["dur"]))
         stack = []
         for e in spans:
-            while stack and stack[-1]["b"] < e["a"]:
+            # spans that ended before e began (their times are rounded to 0.1 us: a span that
+            # follows another may seem to start inside it)
+            while stack and stack[-1]["b"] <= e["a"] + 0.2:
                 stack.pop()
             if e["name"] == "a2a.blocked":
                 top = next((s["name"] for s in stack if s["name"].startswith(("fwd.", "bwd."))), "?")
