@@ -238,6 +238,10 @@ static double latest(const double *t, int n) {
  * overlapped schedule the whole stage travels behind the other fiber's compute. */
 enum { HDR_INTS = 6 }; /* items, metadata ints, bad, unused, stamp (a double in two ints) */
 
+/* whether a wait on comm hands the thread to the other fiber (see xfer_finish): not for a
+ * node stage with one rank a node, a copy to itself */
+static int hands_over(const mt_a2a *a, MPI_Comm comm) { return comm != a->node || a->node_peers; }
+
 /* this exchange's tag: every rank runs the same stages in the same order, so the counters
  * agree, and two fibers' messages between the same ranks never match each other's */
 static int stage_tag(mt_a2a *a) {
@@ -319,7 +323,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         account(a, stage_peer(s, p), rowb * s->scnt[p], 1);
     }
     /* the turn (see xfer_finish): the other fiber computes while the messages travel */
-    const double ran = comm != a->node || a->node_peers ? mt_fiber_yield() : 0;
+    const double ran = hands_over(a, comm) ? mt_fiber_yield() : 0;
     mt_trace_begin(BLOCKED);
     char **rb = mt_xcalloc((size_t)np, sizeof(char *));
     int *rbytes = mt_xcalloc((size_t)np, sizeof(int));
@@ -452,7 +456,7 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     x->a = a;
     x->np = np;
     x->comm = s->comm;
-    x->hand_over = s->comm != a->node || a->node_peers;
+    x->hand_over = hands_over(a, s->comm);
     x->type = row_type(C);
     x->sbuf = sb;
     x->req = mt_xmalloc(sizeof(MPI_Request) * 2 * (size_t)np);
@@ -612,17 +616,6 @@ static void q8_unpack(const float *in, float *out, int N, int C) {
         float *o = out + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] = (float)q[c] * sc[c / MT_FLASHCOMM_BLOCK];
     }
-}
-
-/* x[N, C] -> the last stage's items [nitem, C] along the plan's counts (mt_alloc'd) */
-static float *move_fwd(mt_a2a *a, const mt_a2a_plan *p, const float *x) {
-    float *r = stage_fwd(a, &p->st[0], x, p->C);
-    if (p->nst == 2) {
-        float *r2 = stage_fwd(a, &p->st[1], r, p->C);
-        mt_free(r);
-        r = r2;
-    }
-    return r;
 }
 
 /* ---- dispatch ---- */
@@ -942,26 +935,6 @@ int mt_a2a_test(mt_a2a_req *r) { return r->kind == 0 || xfer_test(&r->x); }
 
 void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float *dxe) {
     mt_a2a_combine(a, p, dx, dxe, NULL);
-}
-
-void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
-                        const float *y) {
-    const int C = p->C;
-    float *items = move_fwd(a, p, dout);
-    for (int i = 0; i < p->nitem; i++) {
-        const float *g = items + (size_t)i * C;
-        for (int q = p->item_p[i]; q < p->item_p[i + 1]; q++) {
-            int r = p->pair_pos[q];
-            float *d = dy + (size_t)r * C;
-            for (int c = 0; c < C; c++) d[c] = p->w[r] * g[c];
-            if (dw) {
-                double s = 0.0;
-                for (int c = 0; c < C; c++) s += (double)g[c] * y[(size_t)r * C + c];
-                dw[r] = (float)s;
-            }
-        }
-    }
-    mt_free(items);
 }
 
 void mt_a2a_gather(mt_a2a *a, const mt_a2a_plan *p, float *xr, const float *x) {

@@ -31,9 +31,9 @@
  * the nodes in ascending node order. Every sum starts from a copy of its first term.
  *
  * Backward: dispatch_bwd(dxe) = sum over the pairs of a token of dxe rows (a combine with
- * unit weights); combine_bwd(dout) = dy[r] = w_r * dout[tok_r] (a dispatch of dout). The
- * gradient of the routing weights, dw_r = <dout[tok_r], y_r>, is computed in the dispatch
- * layout (on the expert side); mt_a2a_dispatch_bwd_begin moves it back beside the input
+ * unit weights); gather(dout) = dout[tok_r] in the dispatch layout (a dispatch of dout along
+ * the plan), from which the expert side computes the combine's backward. The gradient of
+ * the routing weights, dw_r = <dout[tok_r], y_r>, is computed in the dispatch layout; mt_a2a_dispatch_bwd_begin moves it back beside the input
  * gradients' rows (K more columns).
  *
  * Errors: when any rank's input is bad (a shape, an expert out of range) every rank's
@@ -154,10 +154,6 @@ void mt_a2a_plan_free(mt_a2a_plan *p);
 void mt_a2a_combine(mt_a2a *a, const mt_a2a_plan *p, float *out, const float *y, const float *wr);
 /* Backward of dispatch: dx[N,C] = sum over the pairs of token t of dxe[R,C] rows. */
 void mt_a2a_dispatch_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dx, const float *dxe);
-/* Backward of combine (with wr = plan->w): dy[R,C] = w_r * dout[tok_r] and, if dw is not
- * NULL, dw[R] = <dout[tok_r], y_r> (needs y[R,C]), both in the dispatch layout. */
-void mt_a2a_combine_bwd(mt_a2a *a, const mt_a2a_plan *p, float *dy, float *dw, const float *dout,
-                        const float *y);
 
 /* The same two operations split in phases, for computing while the rows travel: _begin
  * sends (in the hierarchical mode, after the intra-node stage that comes first), _test says

@@ -3,7 +3,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "base/common.h"
@@ -151,7 +150,6 @@ void mt_bench_ep_exchange(mt_group *g, int quick, double *layer_s, double *byte_
             if (mt_a2a_dispatch(&a, MT_A2A_FLAT, &p, &xe, x, sel, w, N, K, C, E) != 0) break;
             float *ye = mt_alloc(sizeof(float) * ((size_t)p.R * C + 1));
             float *v = mt_alloc(sizeof(float) * ((size_t)p.R + 1));
-            memset(v, 0, sizeof(float) * (size_t)p.R);
             mt_a2a_combine(&a, &p, out, xe, p.w);
             mt_a2a_gather(&a, &p, ye, out);
             mt_a2a_req rq = {0}; /* the backward's rows with the routing-weight gradients, as the trainer sends them */

@@ -173,12 +173,20 @@ static void ep_wait(void *ctx, mt_ep_batch *b) {
     ep_finish(e, pp);
     if (!pp->dst) return;
     const int N = pp->plan.N, C = pp->plan.C, K = pp->plan.K;
-    if (pp->vs) { /* rows of C + K: the token's row, then its K values */
+    if (pp->vs) { /* rows of C + K: the token's row, then its K values (one parallel loop,
+                   * not a parallel region per token) */
+        float *dst = pp->dst, *vs = pp->vs;
+        const float *sum = pp->sum;
+        const int acc = pp->accumulate;
+#pragma omp parallel for schedule(static)
         for (int t = 0; t < N; t++) {
-            const float *r = pp->sum + (size_t)t * (C + K);
-            if (pp->accumulate) mt_add(pp->dst + (size_t)t * C, r, (size_t)C);
-            else mt_copy(pp->dst + (size_t)t * C, r, (size_t)C);
-            memcpy(pp->vs + (size_t)t * K, r + C, sizeof(float) * (size_t)K);
+            const float *r = sum + (size_t)t * (C + K);
+            float *d = dst + (size_t)t * C;
+            if (acc)
+                for (int c = 0; c < C; c++) d[c] += r[c];
+            else
+                memcpy(d, r, sizeof(float) * (size_t)C);
+            memcpy(vs + (size_t)t * K, r + C, sizeof(float) * (size_t)K);
         }
     } else if (pp->accumulate) {
         mt_add(pp->dst, pp->sum, (size_t)N * C);

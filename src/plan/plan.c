@@ -131,7 +131,7 @@ static double a2a_time(const ctx *x, const mt_layout *l, double n) {
  * (combine); the backward the output gradients' rows to the experts (gather), then the
  * input gradients' rows back with the gate gradients beside them (K floats a row;
  * parallel/ep.c). rows: one exchange's rows on the wire, the four's extra bytes spread
- * evenly (6 + K a row); lat: its latency. Returns 0 (all zero) when no wire is crossed. */
+ * evenly (6 + K bytes a row); lat: its latency. Returns 0 (all zero) when no wire is crossed. */
 typedef struct { double rows, lat; } wire_x;
 static int wire_a2a(const ctx *x, const mt_layout *l, double n, wire_x *w) {
     const mt_cluster *cl = x->cl;
