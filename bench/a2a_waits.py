@@ -12,7 +12,12 @@ steps from N (default 2: the first is warm-up), prints per rank:
       peer late  before the last peer reached its own wait of the same exchange (it was still
                  computing: load imbalance, or a longer turn of its other fiber),
       in MPI     the rest, with every peer waiting too (MPI's copies and its overheads);
-  - the same by exchange: the pass (fwd./bwd. span) and the MoE phase (moe.* span) it is in.
+  - the same by exchange: the pass (fwd./bwd. span) and the MoE phase (moe.* span) it is in;
+  - the part inside the overlapped schedule's pairs (overlap.pair spans: the forward of one
+    micro-batch and the backward of another as two fibers) and the rest: the pipeline's fill
+    and drain (the first forward and the last backward of a step, which nothing can pair),
+    or all of it without --overlap pipe. The paired part over the pairs' own time is the
+    steady state's exposure.
 The ranks' traces line up by their clock origin (otherData.clock_origin_s, one
 CLOCK_MONOTONIC for the machine); the k-th wait of every rank is the same exchange, as
 every rank issues the exchanges in one order (parallel/a2a.c).
@@ -86,6 +91,9 @@ def main():
         total = sum(s["dur"] for s in steps[first - 1:])
         where = enclosing(ev)
         wi = wires[r]
+        pairs = sorted(((e["a"], e["b"]) for e in ev if e["name"] == "overlap.pair" and e["a"] >= t0))
+        pair_time = sum(b - a for a, b in pairs)
+        pi, in_pairs = 0, 0.0
         parts = defaultdict(float)
         by = defaultdict(lambda: [0, 0.0, 0.0])
         j = 0
@@ -103,6 +111,10 @@ def main():
             parts["wire"] += w
             parts["peer late"] += late
             parts["in MPI"] += e["dur"] - w - late
+            while pi < len(pairs) and pairs[pi][1] < e["a"]:
+                pi += 1
+            if pi < len(pairs) and pairs[pi][0] <= e["a"] + 0.2 and e["b"] <= pairs[pi][1] + 0.2:
+                in_pairs += e["dur"]
             b = by[where.get(id(e), "?")]
             b[0] += 1
             b[1] += e["dur"]
@@ -110,6 +122,10 @@ def main():
         exp = sum(parts.values())
         split = ", ".join(f"{n} {100 * parts[n] / total:.2f}%" for n in ("wire", "peer late", "in MPI") if n != "peer late" or paired)
         print(f"rank {r}: exposed {100 * exp / total:.2f}% of steps {first}-{len(steps)} ({total / 1e6:.3f} s): {split}")
+        if pairs:
+            print(f"    steady state: {100 * in_pairs / pair_time:.2f}% of the overlapped pairs' time "
+                  f"({100 * pair_time / total:.1f}% of the steps) exposed; the rest, the fill and drain: "
+                  f"{100 * (exp - in_pairs) / total:.2f}% of the steps")
         for name, (n, d, w) in sorted(by.items(), key=lambda kv: -kv[1][1]):
             print(f"    {name:32s} {n:5d} waits  {100 * d / total:5.2f}%  (wire {100 * w / total:.2f}%)")
 

@@ -17,6 +17,10 @@
 # packing and sums (moe.permute spans) counted as compute,
 # over the step; least over the ranks), the share of the wire's cost it hides:
 # (off - X) / (off - nowire), and the EP ranks' load imbalance (summary ep_imbalance, busiest rank's rows over the mean);
+# for the pipe variants the steady state's exposure: the same exposed all-to-all inside the
+# overlapped pairs over the pairs' time (profile a2a_paired_s / paired_s; the first forward
+# and the last backward of a step, the pipeline's fill and drain, have nothing to pair with;
+# same rank as a2a busiest);
 # then the pipe run's exposed time split by cause (the link, a peer still computing, MPI) and
 # by exchange (bench/a2a_waits.py on its traces). Every
 # variant's losses must equal the blocking run's bit for bit (else FAIL).
@@ -32,7 +36,13 @@
 # the first tens of steps (max/mean tokens per expert ~4 at steps 1-5, 1.1-1.3 from step 100),
 # and the EP ranks' imbalance, not communication, then dominates the waits. OV_WARM=0 measures
 # from the init as before.
-# Env: OV_WIRE (default 0.2,50: GB/s per rank, latency us), OV_REPS (3), OV_STEPS (6), OV_WARM (150),
+# The wire: the issue asks for a link slow enough that the blocking run exposes >= 30% of its
+# step. OV_WIRE=auto (the default) sets it from the first nowire run: the bandwidth at which
+# the exchanges' inter-node bytes per rank and step (metrics a2a_inter_bytes over the ranks)
+# take OV_SHARE (0.32) of the blocking step, i.e. OV_SHARE / (1 - OV_SHARE) of the nowire
+# step, latency 50 us; so the ratio holds on a fast CPU and a slow one. The table's "off" row
+# shows the share it got.
+# Env: OV_WIRE (auto, or GBPS,US: GB/s per rank, latency us), OV_SHARE (0.32), OV_REPS (3), OV_STEPS (6), OV_WARM (150),
 #      OV_ACCUM (4: micro-batches per step; the pipe schedule pairs all but one forward and one
 #      backward; the warm-up always runs 4), OV_BUCKET_MB (1), OV_FLAGS (more train flags for
 #      the warm-up and every variant, e.g. --dist-opt, --aux-scope ep-group), MT_BENCH_TMP (scratch, kept when given; each run's
@@ -41,7 +51,8 @@ set -u
 MT=${1:?usage: bash bench/bench_overlap.sh path/to/moetrain}
 case "$MT" in /*) ;; *) MT="$PWD/$MT" ;; esac
 SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
-WIRE=${OV_WIRE:-0.2,50}
+WIRE=${OV_WIRE:-auto}
+SHARE=${OV_SHARE:-0.32}
 REPS=${OV_REPS:-3}
 STEPS=${OV_STEPS:-6}
 BUCKET=${OV_BUCKET_MB:-1}
@@ -80,8 +91,19 @@ run() { # name rep flags...
         --lr 1e-3 --warmup 2 --threads 1 --steps "$STEPS" --eval-every 0 --quiet --ep 2 --ranks-per-node 1 \
         --bucket-mb "$BUCKET" "${INIT[@]}" "${EXTRA[@]}" --profile --out "$TMP/$n.$r" "$@" > "$TMP/$n.$r.log" 2>&1 || { tail -5 "$TMP/$n.$r.log"; echo "FAIL: $n run $r"; exit 1; }
 }
+auto_wire() { # from nowire.1: GB/s at which the wire takes SHARE of the blocking step
+    grep '"event":"step"' "$TMP/nowire.1/metrics.jsonl" | awk -v share="$SHARE" \
+        -v st="$(grep '"event":"summary"' "$TMP/nowire.1/metrics.jsonl" | sed -E 's/.*"step_time_s":([0-9.eE+-]+).*/\1/')" '
+        { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+          match($0, /"a2a_inter_bytes":[0-9]+/); if (s > 1) { b += substr($0, RSTART + 18, RLENGTH - 18) / 2; n++ } }
+        END { if (n == 0 || st <= 0) exit 1; printf "%.4f,50\n", b / n / (share / (1 - share) * st) / 1e9 }'
+}
 for r in $(seq 1 "$REPS"); do
     run nowire "$r" --overlap off
+    if [ "$WIRE" = auto ]; then
+        WIRE=$(auto_wire) || { echo "FAIL: no exchange bytes in the nowire run to set the wire from"; exit 1; }
+        echo "  wire: $WIRE (GB/s per rank, us): the inter-node exchange bytes take $SHARE of the blocking step"
+    fi
     run off "$r" --overlap off --wire "$WIRE"
     run block "$r" --overlap block --wire "$WIRE"
     run pipe "$r" --overlap pipe --wire "$WIRE"
@@ -110,16 +132,28 @@ a2a() { # name: the median over the runs of the trace's exposed all-to-all over 
 }
 t0=$(summary nowire step_time_s)
 toff=$(summary off step_time_s)
-printf "  %-10s %9s %13s %13s %12s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "a2a busiest" "wire hidden" "ep imb."
+steady() { # name: the median over the runs of the steady state's exposure (pipe variants), same rank as a2a()
+    for r in $(seq 1 "$REPS"); do
+        awk '/"event":"profile"/ {
+            match($0, /"a2a_s":[0-9.eE+-]+/); a = substr($0, RSTART + 8, RLENGTH - 8) + 0
+            match($0, /"a2a_paired_s":[0-9.eE+-]+/); ap = substr($0, RSTART + 15, RLENGTH - 15) + 0
+            match($0, /"paired_s":[0-9.eE+-]+/); p = substr($0, RSTART + 11, RLENGTH - 11) + 0
+            if (m == "" || a < m) { m = a; s = p > 0 ? ap / p : "nan" } } END { print s }' "$TMP/$1.$r/metrics.jsonl"
+    done | median
+}
+printf "  %-10s %9s %13s %13s %12s %12s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "a2a busiest" "a2a steady" "wire hidden" "ep imb."
 for n in "${VARIANTS[@]}"; do
     t=$(summary $n step_time_s)
     c=$(summary $n comm_share)
     cm=$(summary $n comm_share_min)
     im=$(summary $n ep_imbalance)
     ea=$(a2a $n)
-    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v ea="$ea" -v im="$im" -v t0="$t0" -v toff="$toff" 'BEGIN {
+    es=-
+    case $n in pipe*) es=$(steady $n) ;; esac
+    awk -v n=$n -v t="$t" -v c="$c" -v cm="$cm" -v ea="$ea" -v es="$es" -v im="$im" -v t0="$t0" -v toff="$toff" 'BEGIN {
         h = (toff > t0) ? (toff - t) / (toff - t0) : 0
-        printf "  %-10s %9.3f %12.1f%% %12.1f%% %11.1f%% %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, 100 * ea, (n ~ /^nowire/ || n == "off") ? 0 : 100 * h, im }'
+        st = (es == "-" || es == "nan") ? "-" : sprintf("%.1f%%", 100 * es)
+        printf "  %-10s %9.3f %12.1f%% %12.1f%% %11.1f%% %12s %11.0f%% %9.3f\n", n, t, 100 * c, 100 * cm, 100 * ea, st, (n ~ /^nowire/ || n == "off") ? 0 : 100 * h, im }'
 done
 echo "  pipe's exposed exchange time by cause and exchange (run 1; bench/a2a_waits.py):"
 python3 "$SRC/bench/a2a_waits.py" "$TMP/pipe.1" | sed 's/^/    /'

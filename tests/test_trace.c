@@ -1,11 +1,13 @@
 /* tests/test_trace.c — base/trace: spans nest, their totals count by name prefix, a full
  * event buffer keeps the totals (train --profile's per-step breakdown) and drops only the
- * events, and the written file holds the recorded events and nothing else. */
+ * events, the written file holds the recorded events and nothing else, and inside a fiber
+ * pair a fiber's spans count only its own time, apart as the pair's (fiber) totals. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/common.h"
+#include "base/fiber.h"
 #include "base/trace.h"
 
 static int failures = 0;
@@ -26,6 +28,22 @@ static int count_in_file(const char *path, const char *needle) {
     for (const char *p = d; (p = strstr(p, needle)) != NULL; p += strlen(needle)) c++;
     free(d);
     return c;
+}
+
+/* a fiber: a span of 2 ms of its own, with the other fiber's turn (3 ms) inside it */
+static void fiber_a(void *v) {
+    (void)v;
+    mt_trace_begin("comm.x");
+    spin(0.001);
+    mt_fiber_yield();
+    spin(0.001);
+    mt_trace_end();
+}
+static void fiber_b(void *v) {
+    (void)v;
+    mt_trace_begin("compute.y");
+    spin(0.003);
+    mt_trace_end();
 }
 
 int main(void) {
@@ -70,6 +88,24 @@ int main(void) {
 
     mt_trace_reset_totals();
     CHECK(mt_trace_total("") == 0.0);
+
+    /* a pair: comm.x counts its own 2 ms, not the 3 ms of the other fiber's turn, and all of
+     * it as the fibers'; a span on the thread outside a pair is not the fibers' */
+    mt_trace_begin("comm.x");
+    spin(0.002);
+    mt_trace_end();
+    const double outside = mt_trace_total("comm.x");
+    mt_trace_begin("overlap.pair");
+    mt_fiber_pair(fiber_a, NULL, fiber_b, NULL);
+    mt_trace_end();
+    const double inside = mt_trace_total("comm.x") - outside, fib = mt_trace_total_fiber("comm.x");
+    CHECK(outside >= 0.002 && mt_trace_total_fiber("overlap.pair") == 0.0);
+    const double y = mt_trace_total_fiber("compute.y"), pair = mt_trace_total("overlap.pair");
+    CHECK(inside >= 0.002 && y >= 0.003);
+    CHECK(inside + y <= pair + 1e-6); /* the turn inside comm.x is not counted twice */
+    CHECK(fib == inside);
+    mt_trace_reset_totals();
+    CHECK(mt_trace_total_fiber("") == 0.0);
     remove(path);
     printf("test_trace: %d failure(s)\n", failures);
     return failures ? 1 : 0;

@@ -42,6 +42,7 @@ static struct {
     int ntot;
     const char *tot_name[MAX_TOTALS];
     double tot[MAX_TOTALS];
+    double tot_fiber[MAX_TOTALS]; /* the part of tot in spans that ran on a fiber (in a pair) */
 } tr;
 
 void mt_trace_enable(int pid, size_t max_events) {
@@ -82,9 +83,18 @@ void mt_trace_fiber_switch(int from, int to) {
 }
 
 static void add_total(const char *name, double dt) {
+    const double df = tr.cur ? dt : 0;
     for (int i = 0; i < tr.ntot; i++)
-        if (tr.tot_name[i] == name || strcmp(tr.tot_name[i], name) == 0) { tr.tot[i] += dt; return; }
-    if (tr.ntot < MAX_TOTALS) { tr.tot_name[tr.ntot] = name; tr.tot[tr.ntot++] = dt; }
+        if (tr.tot_name[i] == name || strcmp(tr.tot_name[i], name) == 0) {
+            tr.tot[i] += dt;
+            tr.tot_fiber[i] += df;
+            return;
+        }
+    if (tr.ntot < MAX_TOTALS) {
+        tr.tot_name[tr.ntot] = name;
+        tr.tot_fiber[tr.ntot] = df;
+        tr.tot[tr.ntot++] = dt;
+    }
 }
 
 void mt_trace_end(void) {
@@ -103,12 +113,16 @@ void mt_trace_async(const char *name, double t0, double t1) {
     add_total(name, t1 - t0);
 }
 
-double mt_trace_total(const char *prefix) {
+static double total_of(const char *prefix, const double *tot) {
     double s = 0;
     for (int i = 0; i < tr.ntot; i++)
-        if (strncmp(tr.tot_name[i], prefix, strlen(prefix)) == 0) s += tr.tot[i];
+        if (strncmp(tr.tot_name[i], prefix, strlen(prefix)) == 0) s += tot[i];
     return s;
 }
+
+double mt_trace_total(const char *prefix) { return total_of(prefix, tr.tot); }
+
+double mt_trace_total_fiber(const char *prefix) { return total_of(prefix, tr.tot_fiber); }
 
 void mt_trace_reset_totals(void) { tr.ntot = 0; }
 

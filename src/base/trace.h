@@ -24,6 +24,9 @@ void mt_trace_async(const char *name, double t0, double t1);
 void mt_trace_fiber_switch(int from, int to);
 /* Seconds spent inside spans whose name starts with `prefix` since the last reset. */
 double mt_trace_total(const char *prefix);
+/* The part of mt_trace_total(prefix) in spans that ran on a fiber, i.e. inside a fiber pair
+ * (the overlapped schedule's steady state). */
+double mt_trace_total_fiber(const char *prefix);
 void mt_trace_reset_totals(void);
 /* Writes the events to path as Chrome trace JSON (atomically) and keeps recording. */
 int mt_trace_write(const char *path);

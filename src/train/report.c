@@ -113,10 +113,14 @@ void mt_report_time(mt_report *rp, mt_report_step *s, double t0, double c0, doub
         double cpar = mt_trace_total("comm.params");
         double op = mt_trace_total("optimizer"), da = mt_trace_total("data");
         double comp = cf + cb - ctp - ca2a;
-        double prof[MT_PROF_N] = {comp, ctp, ca2a, cpp, cg, cpar, op, da,
-                                  dt - comp - ctp - ca2a - cpp - cg - cpar - op - da};
+        /* inside the fiber pairs (--overlap pipe): the schedule's steady state, without the
+         * step's first forward and last backward, which nothing can pair */
+        double ca2a_pair = mt_trace_total_fiber("comm.a2a") - mt_trace_total_fiber("moe.permute");
+        double prof[MT_PROF_ALL] = {comp, ctp, ca2a, cpp, cg, cpar, op, da,
+                                    dt - comp - ctp - ca2a - cpp - cg - cpar - op - da,
+                                    ca2a_pair, mt_trace_total("overlap.pair")};
         if (steady)
-            for (int i = 0; i < MT_PROF_N; i++) rp->prof_sum[i] += prof[i];
+            for (int i = 0; i < MT_PROF_ALL; i++) rp->prof_sum[i] += prof[i];
         if (!o->quiet)
             printf("  profile rank %d step %d: compute %.3f s | exposed comm: TP %.3f, all-to-all %.3f, pipeline "
                    "wait (bubble + p2p) %.3f, gradients %.3f, params %.3f s | optimizer %.3f | data %.3f | "
@@ -245,17 +249,17 @@ int mt_report_balance(mt_report *rp, int step, const mt_balance_stats *bs) {
 int mt_report_profile_summary(mt_report *rp) {
     mt_dist *d = rp->d;
     const int root = d->rank == 0;
-    double *all = root ? mt_xmalloc(sizeof(double) * MT_PROF_N * (size_t)d->size) : NULL;
-    for (int i = 0; i < MT_PROF_N; i++) rp->prof_sum[i] /= rp->steps_timed > 0 ? rp->steps_timed : 1;
-    mt_group_gather_f64(&d->all, rp->prof_sum, MT_PROF_N, all);
+    double *all = root ? mt_xmalloc(sizeof(double) * MT_PROF_ALL * (size_t)d->size) : NULL;
+    for (int i = 0; i < MT_PROF_ALL; i++) rp->prof_sum[i] /= rp->steps_timed > 0 ? rp->steps_timed : 1;
+    mt_group_gather_f64(&d->all, rp->prof_sum, MT_PROF_ALL, all);
     if (root) {
-        static const char *const nm[MT_PROF_N] = {"compute", "tp", "a2a", "pipeline_wait", "gradients", "params",
-                                                  "optimizer", "data", "other"};
+        static const char *const nm[MT_PROF_ALL] = {"compute",   "tp",   "a2a",   "pipeline_wait", "gradients", "params",
+                                                    "optimizer", "data", "other", "a2a_paired",    "paired"};
         for (int rk = 0; rk < d->size; rk++) {
             fprintf(rp->metrics, "{\"event\":\"profile\",\"rank\":%d,\"pp_rank\":%d", rk,
                     rk / (d->tp_size * d->dp_size));
-            for (int i = 0; i < MT_PROF_N; i++)
-                fprintf(rp->metrics, ",\"%s_s\":%.6f", nm[i], all[(size_t)rk * MT_PROF_N + i]);
+            for (int i = 0; i < MT_PROF_ALL; i++)
+                fprintf(rp->metrics, ",\"%s_s\":%.6f", nm[i], all[(size_t)rk * MT_PROF_ALL + i]);
             fprintf(rp->metrics, "}\n");
         }
     }

@@ -19,7 +19,9 @@ typedef struct { size_t all, train; } mt_rss_peaks;
 void mt_rss_mark(mt_rss_peaks *p);
 void mt_rss_after_save(mt_rss_peaks *p);
 
-enum { MT_PROF_N = 9 };           /* the --profile breakdown's parts */
+/* the --profile breakdown's parts (they sum to the step), then two more figures: the
+ * all-to-all's exposed time inside the overlapped schedule's fiber pairs and the pairs' time */
+enum { MT_PROF_N = 9, MT_PROF_ALL = MT_PROF_N + 2 };
 
 typedef struct {
     const mt_train_opts *o;       /* the options in force */
@@ -36,7 +38,7 @@ typedef struct {
     double t_timed, tok_timed, busy_timed, comm_timed;
     int steps_timed;
     double ema_tps;
-    double prof_sum[MT_PROF_N];   /* --profile: the breakdown summed over the steady-state steps */
+    double prof_sum[MT_PROF_ALL]; /* --profile: the breakdown summed over the steady-state steps */
     mt_rss_peaks rss;
 } mt_report;
 
