@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Overlap of the expert all-to-all with compute (issue 24): EP2 over two emulated nodes (one
 # rank each, one thread each) on a demo-shaped model twice as wide (hidden 256, 8 experts
-# top-2, OV_ACCUM (4) micro-batches of 8 x 128 tokens per rank), the inter-node link
+# top-2, OV_ACCUM (16) micro-batches of 8 x 128 tokens per rank), the inter-node link
 # emulated by --wire.
 # Variants, run round-robin OV_REPS times each (the median step time counts):
 #   nowire  --overlap off, no wire: the step without link time (the floor)
@@ -42,8 +42,8 @@
 # take OV_SHARE (0.32) of the blocking step, i.e. OV_SHARE / (1 - OV_SHARE) of the nowire
 # step, latency 50 us; so the ratio holds on a fast CPU and a slow one. The table's "off" row
 # shows the share it got.
-# Env: OV_WIRE (auto, or GBPS,US: GB/s per rank, latency us), OV_SHARE (0.32), OV_REPS (3), OV_STEPS (6), OV_WARM (150),
-#      OV_ACCUM (4: micro-batches per step; the pipe schedule pairs all but one forward and one
+# Env: OV_WIRE (auto, or GBPS,US: GB/s per rank, latency us), OV_SHARE (0.32), OV_REPS (3), OV_STEPS (4), OV_WARM (150),
+#      OV_ACCUM (16: micro-batches per step; the pipe schedule pairs all but one forward and one
 #      backward; the warm-up always runs 4), OV_BUCKET_MB (1), OV_FLAGS (more train flags for
 #      the warm-up and every variant, e.g. --dist-opt, --aux-scope ep-group), MT_BENCH_TMP (scratch, kept when given; each run's
 #      trace_rank*.json is there)
@@ -54,9 +54,9 @@ SRC=${MT_SRC:-$(cd "$(dirname "$0")/.." && pwd)}
 WIRE=${OV_WIRE:-auto}
 SHARE=${OV_SHARE:-0.32}
 REPS=${OV_REPS:-3}
-STEPS=${OV_STEPS:-6}
+STEPS=${OV_STEPS:-4}
 BUCKET=${OV_BUCKET_MB:-1}
-ACCUM=${OV_ACCUM:-4}
+ACCUM=${OV_ACCUM:-16}
 BAL=${OV_BALANCE:-1}
 VARIANTS=(nowire off block pipe)
 [ "$BAL" -gt 0 ] && VARIANTS+=(nowire-bal pipe-bal)
