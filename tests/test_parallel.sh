@@ -102,6 +102,16 @@ check "EP4 over 2 nodes, blocking, accum 2" "$T/s8/metrics.jsonl" "$T/ep4b/metri
 grep -q '"tid":3' "$T/ep4p/trace_rank0.json" && grep -q '"name":"a2a in flight"' "$T/ep4p/trace_rank0.json" \
     || fail "--overlap pipe: the trace has no second fiber's track or no exchange in flight"
 ok "EP4 --overlap pipe over the wire: the losses and validation losses of the blocking schedule, bit for bit"
+# the profile's steady-state figures: the pairs' time and the exposed all-to-all inside them
+# (part of the step's), none without the pairs
+paired() { # METRICS: per rank "a2a_s a2a_paired_s paired_s"
+    grep '"event":"profile"' "$1" | sed -E 's/.*"a2a_s":([0-9.]+).*"a2a_paired_s":([0-9.]+),"paired_s":([0-9.]+).*/\1 \2 \3/'
+}
+[ "$(paired "$T/ep4p/metrics.jsonl" | awk '$3 > 0 && $2 <= $1 + 1e-6 && $3 > $2' | wc -l)" = 4 ] \
+    || { paired "$T/ep4p/metrics.jsonl"; fail "--overlap pipe: the profile's paired figures are missing or inconsistent"; }
+[ "$(paired "$T/ep4b/metrics.jsonl" | awk '$2 == 0 && $3 == 0' | wc -l)" = 4 ] \
+    || { paired "$T/ep4b/metrics.jsonl"; fail "--overlap off: the profile reports paired time"; }
+ok "EP4 --profile: the pairs' time and the all-to-all exposed inside them reported (none with --overlap off)"
 # early_buckets TRACE: gradient buckets that went out before the reduction (comm.gradients) they end in
 early_buckets() {
     grep -oE '"name":"(comm.gradients|gradient bucket in flight)","ph":"X","pid":[0-9]+,"tid":[0-9]+,"ts":[0-9.]+,"dur":[0-9.]+' "$1" |
