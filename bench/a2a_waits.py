@@ -16,8 +16,9 @@ steps from N (default 2: the first is warm-up), prints per rank:
   - the part inside the overlapped schedule's pairs (overlap.pair spans: the forward of one
     micro-batch and the backward of another as two fibers) and the rest: the pipeline's fill
     and drain (the first forward and the last backward of a step, which nothing can pair),
-    or all of it without --overlap pipe. The paired part over the pairs' own time is the
-    steady state's exposure.
+    or all of it without --overlap pipe. (The trainer's profile gives the steady state's
+    exposure, a2a_paired_s / paired_s, which also counts the exchange's calls outside the
+    blocked waits.)
 The ranks' traces line up by their clock origin (otherData.clock_origin_s, one
 CLOCK_MONOTONIC for the machine); the k-th wait of every rank is the same exchange, as
 every rank issues the exchanges in one order (parallel/a2a.c).
@@ -123,8 +124,8 @@ def main():
         split = ", ".join(f"{n} {100 * parts[n] / total:.2f}%" for n in ("wire", "peer late", "in MPI") if n != "peer late" or paired)
         print(f"rank {r}: exposed {100 * exp / total:.2f}% of steps {first}-{len(steps)} ({total / 1e6:.3f} s): {split}")
         if pairs:
-            print(f"    steady state: {100 * in_pairs / pair_time:.2f}% of the overlapped pairs' time "
-                  f"({100 * pair_time / total:.1f}% of the steps) exposed; the rest, the fill and drain: "
+            print(f"    inside the overlapped pairs ({100 * pair_time / total:.1f}% of the steps): "
+                  f"{100 * in_pairs / pair_time:.2f}% of their time; outside them (the fill and drain): "
                   f"{100 * (exp - in_pairs) / total:.2f}% of the steps")
         for name, (n, d, w) in sorted(by.items(), key=lambda kv: -kv[1][1]):
             print(f"    {name:32s} {n:5d} waits  {100 * d / total:5.2f}%  (wire {100 * w / total:.2f}%)")

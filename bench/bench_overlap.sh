@@ -123,24 +123,22 @@ summary_of() { grep '"event":"summary"' "$TMP/$1.$2/metrics.jsonl" | sed -E "s/.
 summary() { # name key: the median over the runs of the summary's key
     for r in $(seq 1 "$REPS"); do summary_of "$1" "$r" "$2"; done | median
 }
-a2a() { # name: the median over the runs of the trace's exposed all-to-all over the step, least over the ranks
-    for r in $(seq 1 "$REPS"); do
-        awk -v st="$(summary_of "$1" "$r" step_time_s)" '/"event":"profile"/ {
-            match($0, /"a2a_s":[0-9.eE+-]+/); a = substr($0, RSTART + 8, RLENGTH - 8) / st
-            if (m == "" || a < m) m = a } END { print m }' "$TMP/$1.$r/metrics.jsonl"
-    done | median
+busiest() { # name run: the busiest rank's (least a2a_s) exposed all-to-all over the step, and
+    # inside the overlapped pairs over their time ("nan" without pairs)
+    awk -v st="$(summary_of "$1" "$2" step_time_s)" '
+        function num(k) { return match($0, "\"" k "\":[0-9.eE+-]+") ? substr($0, RSTART + length(k) + 3) + 0 : 0 }
+        /"event":"profile"/ { a = num("a2a_s")
+            if (m == "" || a < m) { m = a; p = num("paired_s"); s = p > 0 ? num("a2a_paired_s") / p : "nan" } }
+        END { print m / st, s }' "$TMP/$1.$2/metrics.jsonl"
+}
+a2a() { # name: the median over the runs of busiest's first figure
+    for r in $(seq 1 "$REPS"); do busiest "$1" "$r" | cut -d' ' -f1; done | median
+}
+steady() { # name: the median over the runs of the steady state's exposure (pipe variants)
+    for r in $(seq 1 "$REPS"); do busiest "$1" "$r" | cut -d' ' -f2; done | median
 }
 t0=$(summary nowire step_time_s)
 toff=$(summary off step_time_s)
-steady() { # name: the median over the runs of the steady state's exposure (pipe variants), same rank as a2a()
-    for r in $(seq 1 "$REPS"); do
-        awk '/"event":"profile"/ {
-            match($0, /"a2a_s":[0-9.eE+-]+/); a = substr($0, RSTART + 8, RLENGTH - 8) + 0
-            match($0, /"a2a_paired_s":[0-9.eE+-]+/); ap = substr($0, RSTART + 15, RLENGTH - 15) + 0
-            match($0, /"paired_s":[0-9.eE+-]+/); p = substr($0, RSTART + 11, RLENGTH - 11) + 0
-            if (m == "" || a < m) { m = a; s = p > 0 ? ap / p : "nan" } } END { print s }' "$TMP/$1.$r/metrics.jsonl"
-    done | median
-}
 printf "  %-10s %9s %13s %13s %12s %12s %12s %9s\n" variant "step s" "comm rank 0" "comm busiest" "a2a busiest" "a2a steady" "wire hidden" "ep imb."
 for n in "${VARIANTS[@]}"; do
     t=$(summary $n step_time_s)

@@ -2,6 +2,7 @@
  * event buffer keeps the totals (train --profile's per-step breakdown) and drops only the
  * events, the written file holds the recorded events and nothing else, and inside a fiber
  * pair a fiber's spans count only its own time, apart as the pair's (fiber) totals. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,7 @@ int main(void) {
     const double y = mt_trace_total_fiber("compute.y"), pair = mt_trace_total("overlap.pair");
     CHECK(inside >= 0.002 && y >= 0.003);
     CHECK(inside + y <= pair + 1e-6); /* the turn inside comm.x is not counted twice */
-    CHECK(fib == inside);
+    CHECK(fabs(fib - inside) < 1e-9); /* inside is a difference of two sums: rounding only */
     mt_trace_reset_totals();
     CHECK(mt_trace_total_fiber("") == 0.0);
     remove(path);

@@ -238,10 +238,6 @@ static double latest(const double *t, int n) {
  * overlapped schedule the whole stage travels behind the other fiber's compute. */
 enum { HDR_INTS = 6 }; /* items, metadata ints, bad, unused, stamp (a double in two ints) */
 
-/* whether a wait on comm hands the thread to the other fiber (see xfer_finish): not for a
- * node stage with one rank a node, a copy to itself */
-static int hands_over(const mt_a2a *a, MPI_Comm comm) { return comm != a->node || a->node_peers; }
-
 /* this exchange's tag: every rank runs the same stages in the same order, so the counters
  * agree, and two fibers' messages between the same ranks never match each other's */
 static int stage_tag(mt_a2a *a) {
@@ -323,7 +319,7 @@ static int stage_exchange(mt_a2a *a, mt_a2a_stage *s, MPI_Comm comm, const int *
         account(a, stage_peer(s, p), rowb * s->scnt[p], 1);
     }
     /* the turn (see xfer_finish): the other fiber computes while the messages travel */
-    const double ran = hands_over(a, comm) ? mt_fiber_yield() : 0;
+    const double ran = mt_fiber_yield();
     mt_trace_begin(BLOCKED);
     char **rb = mt_xcalloc((size_t)np, sizeof(char *));
     int *rbytes = mt_xcalloc((size_t)np, sizeof(int));
@@ -456,7 +452,6 @@ static void xfer_start(mt_a2a *a, mt_a2a_xfer *x, const mt_a2a_stage *s, int bac
     x->a = a;
     x->np = np;
     x->comm = s->comm;
-    x->hand_over = hands_over(a, s->comm);
     x->type = row_type(C);
     x->sbuf = sb;
     x->req = mt_xmalloc(sizeof(MPI_Request) * 2 * (size_t)np);
@@ -496,23 +491,20 @@ static int xfer_test(mt_a2a_xfer *x) {
     return done && (!x->wired || mt_now() >= latest(x->stamp + x->np, x->np));
 }
 
-/* Inside the overlapped schedule's fiber pair (base/fiber.h) the turn order of a fiber pair is the same on every rank, whatever the timing: a fiber
- * hands the thread over exactly once at each wait for rows (xfer_finish: the other fiber
- * computes one piece, up to its own next such wait, while the rows travel) and never at the
- * dispatch's small control exchanges, which it waits for in place. Every rank therefore
- * issues the two fibers' exchanges in the same order (their tags come from one counter), a
- * wait in place always finds its peers coming (a timing-dependent order measured no faster
- * than the shared experts' overlap alone). A wait completes this rank's receives only: the
- * sends complete later (sent_add), as Open MPI moves a large message only while its receiver
- * is inside MPI, and waiting for them held a rank until its peer, busy with its other fiber,
- * came to its own wait. The node stage of a hierarchical exchange hands over only
- * when some node holds several ranks (the same answer on every rank): with one rank a node it
- * is a copy to itself, and a turn spent there would leave the other fiber's real exchange
- * without the compute that hides it. */
+/* Inside the overlapped schedule's fiber pair (base/fiber.h) the turn order is the same on
+ * every rank, whatever the timing: a fiber hands the thread over exactly once at each wait
+ * for rows (here and in stage_exchange: the other fiber computes one piece, up to its own
+ * next such wait, while the rows travel). Every rank therefore issues the two fibers'
+ * exchanges in the same order, so their tags come from one counter (a timing-dependent
+ * order measured no faster than the shared experts' overlap alone). A wait completes this
+ * rank's receives only: the sends complete later (sent_add), as Open MPI moves a large
+ * message only while its receiver is inside MPI, and waiting for them held a rank until its
+ * peer, busy with its other fiber, came to its own wait. (A hierarchical exchange runs only
+ * where some node holds several ranks, so its node stage is a real exchange too.) */
 static void xfer_finish(mt_a2a_xfer *x) {
     if (!x->req) return;
     double t0 = MPI_Wtime();
-    const double ran = x->hand_over ? mt_fiber_yield() : 0; /* the turn: the other fiber computes while the rows travel */
+    const double ran = mt_fiber_yield(); /* the turn: the other fiber computes while the rows travel */
     mt_trace_begin(BLOCKED);
     mt_watch_begin("MPI_Waitall", x->comm); /* so a stuck peer's report names the group */
     MPI_Waitall(x->nrecv, x->req, MPI_STATUSES_IGNORE);

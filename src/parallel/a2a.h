@@ -63,7 +63,7 @@ typedef struct {
     MPI_Comm node;      /* the ranks of this node, ordered by EP rank (owned) */
     int rank, size;     /* in ep */
     int node_id, nnodes, local, local_size;
-    int node_peers;     /* some node holds more than one rank (its node stage moves rows between ranks) */
+    int node_peers;     /* some node holds more than one rank (else a hierarchical exchange runs as flat) */
     int seq;            /* stages run so far (their messages' tags) */
     /* sends not yet known complete, with the buffers they read (freed once they are): a wait
      * for rows completes this rank's receives only, so it never waits for a peer busy with
@@ -127,7 +127,6 @@ typedef struct {
     MPI_Datatype type;
     MPI_Comm comm;            /* the stage's communicator (named by the watchdog) */
     int np, wired;
-    int hand_over;            /* the fiber hands the thread over at the wait (see xfer_finish) */
     double *stamp;            /* [2 np]: sent, received (wired only) */
     void *sbuf;               /* the rows sent (owned: freed once the sends are done), or NULL */
 } mt_a2a_xfer;
